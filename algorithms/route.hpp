@@ -1,0 +1,36 @@
+// The route interface. A route is one way of carrying out a collective; the dispatcher
+// (shim/dispatch.cpp) picks one per call from the tuning table and falls back to pmpi
+// whenever a route is absent from this build or declines the call.
+#pragma once
+
+#include "config/tuning_table.hpp"
+#include "core/coll_args.hpp"
+#include "core/comm_context.hpp"
+#include "core/types.hpp"
+
+namespace streamcoll {
+
+class Route {
+ public:
+  virtual ~Route() = default;
+  virtual RouteId id() const = 0;
+
+  /// Whether this route can carry `a` on `ctx` with parameters `choice`. The answer must
+  /// be the same on every rank of the communicator: decide only from values equal on
+  /// all ranks (collective, counts, datatype, op, communicator layout, memory kind).
+  virtual bool accepts(const CollArgs& a, const CommContext& ctx,
+                       const config::RouteChoice& choice) const = 0;
+
+  /// Carries out the call. Returns an MPI error code; the dispatcher passes a failure to
+  /// the communicator's error handler. Non-blocking calls set *a.request.
+  virtual int run(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice) = 0;
+};
+
+/// The route for `id` in this build and process, or nullptr when it is not available
+/// (not built yet, or its library/device is missing here).
+Route* find_route(RouteId id);
+
+/// The real PMPI_ call for `a`, unchanged: its result, its errors, its request.
+int run_pmpi(const CollArgs& a);
+
+}  // namespace streamcoll

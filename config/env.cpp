@@ -1,0 +1,74 @@
+#include "config/env.hpp"
+
+#include <cctype>
+#include <cstdlib>
+
+namespace streamcoll::config {
+
+const std::vector<Knob>& knobs() {
+  static const std::vector<Knob> k = {
+      {"STREAMCOLL_DISABLE", "0", "1: intercept nothing; every call goes straight to PMPI_"},
+      {"STREAMCOLL_DEBUG", "none",
+       "none|warn|info|trace: rank-prefixed diagnostics on stderr"},
+      {"STREAMCOLL_STATS", "0",
+       "1: print calls, bytes and time per collective, route and memory kind at MPI_Finalize "
+       "(set it on every rank)"},
+      {"STREAMCOLL_CHECK", "0",
+       "1: before each routed call, one extra PMPI_Allreduce verifies that all ranks chose "
+       "the same route and buffer kind; aborts with a message otherwise"},
+      {"STREAMCOLL_TUNING_FILE", "",
+       "path of a tuning table; replaces the embedded default (a bad file is reported and "
+       "the default is used)"},
+      {"STREAMCOLL_ROUTE", "",
+       "force routes per collective, e.g. allreduce:nccl,bcast:pmpi,reduce:ht:algo=ring"},
+  };
+  return k;
+}
+
+namespace {
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+const char* get(const char* name) {
+  const char* v = std::getenv(name);
+  return (v && *v) ? v : nullptr;
+}
+}  // namespace
+
+bool parse_bool(std::string_view s, bool* out) {
+  auto v = lower(s);
+  if (v == "1" || v == "yes" || v == "true" || v == "on") return *out = true, true;
+  if (v == "0" || v == "no" || v == "false" || v == "off") return *out = false, true;
+  return false;
+}
+
+bool parse_log_level(std::string_view s, LogLevel* out) {
+  auto v = lower(s);
+  static const char* const names[] = {"none", "warn", "info", "trace"};
+  for (int i = 0; i < 4; ++i)
+    if (v == names[i] || v == std::to_string(i)) return *out = static_cast<LogLevel>(i), true;
+  return false;
+}
+
+Settings read_settings() {
+  Settings s;
+  auto boolean = [&](const char* name, bool* dst) {
+    if (const char* v = get(name); v && !parse_bool(v, dst))
+      s.problems.push_back(std::string(name) + "='" + v + "' is not a boolean; ignored");
+  };
+  boolean("STREAMCOLL_DISABLE", &s.disable);
+  boolean("STREAMCOLL_STATS", &s.stats);
+  boolean("STREAMCOLL_CHECK", &s.check);
+  if (const char* v = get("STREAMCOLL_DEBUG"); v && !parse_log_level(v, &s.debug)) {
+    s.debug = LogLevel::warn;
+    s.problems.push_back(std::string("STREAMCOLL_DEBUG='") + v +
+                         "' is not none|warn|info|trace; using warn");
+  }
+  if (const char* v = get("STREAMCOLL_TUNING_FILE")) s.tuning_file = v;
+  if (const char* v = get("STREAMCOLL_ROUTE")) s.route = v;
+  return s;
+}
+
+}  // namespace streamcoll::config

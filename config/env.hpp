@@ -1,0 +1,40 @@
+// Every environment variable streamcoll reads is declared here, and only here.
+// README.md's environment table documents the same list (a unit test keeps them equal).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/log.hpp"
+
+namespace streamcoll::config {
+
+struct Knob {
+  std::string_view name;
+  std::string_view default_value;
+  std::string_view help;
+};
+
+/// All knobs, in the order README lists them.
+const std::vector<Knob>& knobs();
+
+/// The settings the environment asks for, read once when the runtime starts.
+struct Settings {
+  bool disable = false;          ///< STREAMCOLL_DISABLE: pass every call straight through
+  LogLevel debug = LogLevel::none;
+  bool stats = false;            ///< STREAMCOLL_STATS: table at MPI_Finalize
+  bool check = false;            ///< STREAMCOLL_CHECK: verify route agreement per call
+  std::string tuning_file;       ///< STREAMCOLL_TUNING_FILE
+  std::string route;             ///< STREAMCOLL_ROUTE
+  std::vector<std::string> problems;  ///< values that could not be understood
+};
+Settings read_settings();
+
+/// Parses a boolean knob value: 1/yes/true/on and 0/no/false/off (case-insensitive).
+/// Returns false and leaves *out alone for anything else.
+bool parse_bool(std::string_view s, bool* out);
+/// Parses a STREAMCOLL_DEBUG value: none|warn|info|trace or 0..3.
+bool parse_log_level(std::string_view s, LogLevel* out);
+
+}  // namespace streamcoll::config

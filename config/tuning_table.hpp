@@ -1,0 +1,138 @@
+// The tuning table: human-readable rules that map a call to a route.
+//
+// One rule per line, whitespace-separated, '#' starts a comment:
+//
+//   # collective  bytes    ranks  nodes  ppn  memory  stream  route  [key=value ...]
+//   allreduce     0-32K    64-    *      *    device  *       ht     algo=rd
+//   *             *        *      *      *    *       *       pmpi
+//
+//   collective  a collective name (allreduce, reduce, bcast, allgather, allgatherv,
+//               reduce_scatter, reduce_scatter_block, alltoall, barrier), a
+//               comma-separated list of them, or '*'. Non-blocking calls use the name of
+//               their blocking form.
+//   bytes       message size in bytes (see CallKey::bytes), as N, A-B (inclusive), A-
+//               (A and up) or '*'. Sizes take binary suffixes K, M, G (KiB, MiB, GiB).
+//   ranks       communicator size, same range syntax.
+//   nodes       number of nodes the communicator spans, same range syntax.
+//   ppn         largest number of ranks of the communicator on one node, same syntax.
+//   memory      host, pinned, device, managed, a comma-separated list, or '*'.
+//   stream      yes (communicator carries a stream attribute), no, or '*'.
+//   route       pmpi, nccl, ht, blueconnect, nvgroup, ccube.
+//   key=value   route parameters; each route accepts its own keys (route_params()).
+//
+// The first rule that matches wins; a call that matches no rule goes to pmpi.
+// Parsing is pure and thread-compatible; a parsed table is immutable and may be read by
+// any number of threads.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "core/types.hpp"
+
+namespace streamcoll::config {
+
+/// An inclusive range of unsigned values; the default covers everything.
+struct Range {
+  uint64_t lo = 0;
+  uint64_t hi = std::numeric_limits<uint64_t>::max();
+  bool contains(uint64_t v) const { return lo <= v && v <= hi; }
+};
+
+/// What a rule is matched against. Every field must be equal on all ranks of the
+/// communicator, so that all ranks choose the same route.
+struct CallKey {
+  Coll coll = Coll::allreduce;
+  /// Bytes of the call's largest buffer on one rank: count*size for allreduce, reduce
+  /// and bcast; the whole receive buffer for allgather(v) and the whole send buffer for
+  /// reduce_scatter(_block) and alltoall (the nccl-tests convention); 0 for barrier.
+  uint64_t bytes = 0;
+  int ranks = 1;
+  int nodes = 1;
+  int ppn = 1;
+  MemKind mem = MemKind::host;
+  bool stream = false;
+};
+
+/// A route and its parameters, as written in the table.
+struct RouteChoice {
+  RouteId route = RouteId::pmpi;
+  std::vector<std::pair<std::string, std::string>> params;
+  /// The value of parameter `key`, if given.
+  std::optional<std::string_view> param(std::string_view key) const;
+};
+
+struct Rule {
+  uint32_t colls = 0;  ///< bit i set: Coll(i) matches
+  Range bytes, ranks, nodes, ppn;
+  uint32_t mems = 0;   ///< bit i set: MemKind(i) matches
+  int stream = -1;     ///< -1 any, 0 no, 1 yes
+  RouteChoice choice;
+  std::string origin;  ///< "file:line" or "STREAMCOLL_ROUTE", for messages
+  bool matches(const CallKey& k) const;
+};
+
+struct ParseError {
+  std::string source;
+  int line = 0;  ///< 1-based; 0 when the error is not tied to a line
+  std::string reason;
+  std::string to_string() const;
+};
+
+class TuningTable {
+ public:
+  /// Parses a whole table. `source` names it in messages (a path, or "<default>").
+  static TuningTable parse(std::string_view text, std::string_view source,
+                           std::optional<ParseError>* error);
+  /// Parses STREAMCOLL_ROUTE: "allreduce:nccl,bcast:pmpi,reduce:ht:algo=ring".
+  /// Each entry forces a route for one collective ('*' for all), whatever the size,
+  /// memory or communicator. Returns rules to put in front of a table.
+  static std::vector<Rule> parse_forced(std::string_view spec, std::optional<ParseError>* error);
+
+  /// Puts `rules` before the existing rules (they win).
+  void prepend(std::vector<Rule> rules);
+
+  /// The first matching rule, or nullptr (meaning pmpi).
+  const Rule* match(const CallKey& key) const;
+
+  /// False when no rule can send a call of collective `c` on memory `m` to a route other
+  /// than pmpi; the shim then passes such calls through without looking further.
+  bool may_leave_pmpi(Coll c, MemKind m) const {
+    return routed_[static_cast<int>(c)] >> static_cast<int>(m) & 1u;
+  }
+  /// may_leave_pmpi for host or pinned memory.
+  bool routes_host(Coll c) const {
+    return may_leave_pmpi(c, MemKind::host) || may_leave_pmpi(c, MemKind::pinned);
+  }
+
+  const std::vector<Rule>& rules() const { return rules_; }
+
+ private:
+  void index();
+  std::vector<Rule> rules_;
+  uint32_t routed_[kNumColls] = {};  ///< per collective, bit per MemKind
+};
+
+/// The table compiled into the library, used when no file is given or a file is bad.
+std::string_view default_table_text();
+
+/// Parameter keys a route accepts, with the allowed values ("" = a byte size,
+/// "hierarchy" = AxBx...). Unknown keys are rejected at parse time.
+struct ParamSpec {
+  std::string_view key;
+  std::vector<std::string_view> values;  ///< empty: see `kind`
+  std::string_view kind;                 ///< "size", "hierarchy" or "" (enumerated)
+};
+const std::vector<ParamSpec>& route_params(RouteId r);
+
+/// "4K" -> 4096, "1MiB" -> 1048576, "7" -> 7. Rejects anything else.
+std::optional<uint64_t> parse_size(std::string_view s);
+/// "*", "N", "A-B", "A-" -> Range.
+std::optional<Range> parse_range(std::string_view s);
+
+}  // namespace streamcoll::config

@@ -1,0 +1,78 @@
+// The arguments of one intercepted collective call, in one shape for every collective.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+
+#include "core/types.hpp"
+
+namespace streamcoll {
+
+/// Field use per collective (elements, never bytes):
+///   allreduce, reduce, bcast:   count, datatype (reduce: root; bcast: root, recvbuf is
+///                               the buffer)
+///   reduce_scatter_block:       count = elements each rank receives, datatype
+///   reduce_scatter:             recvcounts[size], datatype
+///   allgather, alltoall:        sendcount/sendtype, recvcount/recvtype (per rank)
+///   allgatherv:                 sendcount/sendtype, recvcounts[size], displs[size], recvtype
+///   barrier:                    comm only
+struct CollArgs {
+  Coll coll = Coll::barrier;
+  bool nonblocking = false;
+  const void* sendbuf = nullptr;
+  void* recvbuf = nullptr;
+  int count = 0;
+  MPI_Datatype datatype = MPI_DATATYPE_NULL;
+  int sendcount = 0;
+  MPI_Datatype sendtype = MPI_DATATYPE_NULL;
+  int recvcount = 0;
+  MPI_Datatype recvtype = MPI_DATATYPE_NULL;
+  const int* recvcounts = nullptr;
+  const int* displs = nullptr;
+  MPI_Op op = MPI_OP_NULL;
+  int root = 0;
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Request* request = nullptr;  ///< non-blocking calls only
+};
+
+/// True for the collectives that take an MPI_Op.
+inline bool takes_op(Coll c) {
+  return c == Coll::allreduce || c == Coll::reduce || c == Coll::reduce_scatter ||
+         c == Coll::reduce_scatter_block;
+}
+
+/// Arguments that MPI itself must reject (negative counts, null handles, a missing
+/// request). Such calls go to PMPI_ unchanged so that the application sees the real
+/// MPI's error class through its error handler.
+bool obviously_invalid(const CollArgs& a);
+
+/// True if the call has a null sendbuf or recvbuf pointer at all (cheap pre-check for
+/// null_data_buffer; bcast's only buffer is recvbuf).
+inline bool has_null_pointer(const CollArgs& a) {
+  if (a.coll == Coll::barrier) return false;
+  return a.recvbuf == nullptr || (a.coll != Coll::bcast && a.sendbuf == nullptr);
+}
+
+/// One buffer the call reads or writes on this rank, with its extent in bytes.
+struct BufferUse {
+  const void* ptr;
+  uint64_t bytes;
+};
+
+/// The buffers that matter for memory classification on this rank: MPI_IN_PLACE,
+/// zero-sized and insignificant buffers (recvbuf of a non-root reduce) are left out.
+/// Fills at most 2 entries of `out`, returns how many. Element sizes in bytes come from
+/// the caller (send and receive type sizes).
+int significant_buffers(const CollArgs& a, int rank, int size, int send_type_size,
+                        int recv_type_size, BufferUse out[2]);
+
+/// True if a buffer that holds data on this rank is a null pointer. With a predefined
+/// datatype that is always an error (MPI_ERR_BUFFER); some MPIs crash on it instead.
+bool null_data_buffer(const CollArgs& a, int rank, int size, int send_type_size,
+                      int recv_type_size);
+
+/// The tuning-table size of the call (config::CallKey::bytes).
+uint64_t call_bytes(const CollArgs& a, int size, int send_type_size, int recv_type_size);
+
+}  // namespace streamcoll

@@ -1,0 +1,118 @@
+#include "core/comm_context.hpp"
+
+#include <mutex>
+#include <unordered_set>
+
+#include "core/log.hpp"
+
+namespace streamcoll {
+namespace {
+
+int g_keyval = MPI_KEYVAL_INVALID;
+std::mutex g_mu;                              // guards creation and the live set
+std::unordered_set<CommContext*> g_live;      // contexts not yet deleted
+
+void destroy(CommContext* ctx) {
+  if (ctx->local != MPI_COMM_NULL) PMPI_Comm_free(&ctx->local);
+  delete ctx;
+}
+
+int delete_fn(MPI_Comm, int, void* value, void*) {
+  auto* ctx = static_cast<CommContext*>(value);
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_live.erase(ctx);
+  }
+  destroy(ctx);
+  return MPI_SUCCESS;
+}
+
+// Collective over comm. Fills the node layout.
+bool build(CommContext* ctx) {
+  MPI_Comm comm = ctx->comm;
+  int inter = 0;
+  if (PMPI_Comm_test_inter(comm, &inter) != MPI_SUCCESS) return false;
+  ctx->inter = inter != 0;
+  if (ctx->inter) return true;
+  PMPI_Comm_rank(comm, &ctx->rank);
+  PMPI_Comm_size(comm, &ctx->size);
+  if (PMPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, ctx->rank, MPI_INFO_NULL, &ctx->local) !=
+      MPI_SUCCESS)
+    return false;
+  PMPI_Comm_rank(ctx->local, &ctx->local_rank);
+  PMPI_Comm_size(ctx->local, &ctx->local_size);
+  // Nodes = number of local rank-0s; also the largest and smallest node.
+  int in[3] = {ctx->local_rank == 0 ? 1 : 0, ctx->local_size, -ctx->local_size};
+  int max[3] = {0, 0, 0};
+  int leaders = 0;
+  if (PMPI_Allreduce(&in[0], &leaders, 1, MPI_INT, MPI_SUM, comm) != MPI_SUCCESS ||
+      PMPI_Allreduce(&in[1], &max[1], 2, MPI_INT, MPI_MAX, comm) != MPI_SUCCESS)
+    return false;
+  ctx->nodes = leaders;
+  ctx->ppn = max[1];
+  ctx->uniform = max[1] == -max[2];
+  SC_INFO("communicator of %d ranks: %d node(s), %d..%d ranks per node", ctx->size, ctx->nodes,
+          -max[2], max[1]);
+  return true;
+}
+
+}  // namespace
+
+CommContext* comm_context(MPI_Comm comm) {
+  if (g_keyval == MPI_KEYVAL_INVALID) return nullptr;
+  void* value = nullptr;
+  int found = 0;
+  if (PMPI_Comm_get_attr(comm, g_keyval, &value, &found) != MPI_SUCCESS) return nullptr;
+  if (found) return static_cast<CommContext*>(value);
+
+  // Not yet created. Every rank arrives here at the same call on comm, so the collective
+  // operations in build() match up. Different communicators may be set up concurrently
+  // by different threads; each thread only builds its own.
+  auto* ctx = new CommContext;
+  ctx->comm = comm;
+  if (!build(ctx)) {
+    SC_WARN("could not set up a context for a communicator; its calls pass through");
+    destroy(ctx);
+    return nullptr;
+  }
+  if (PMPI_Comm_set_attr(comm, g_keyval, ctx) != MPI_SUCCESS) {
+    destroy(ctx);
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_live.insert(ctx);
+  return ctx;
+}
+
+void comm_contexts_start() {
+  if (g_keyval == MPI_KEYVAL_INVALID)
+    PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_fn, &g_keyval, nullptr);
+}
+
+void comm_contexts_stop() {
+  if (g_keyval == MPI_KEYVAL_INVALID) return;
+  // Deleting the attribute runs delete_fn, which removes the entry; take one at a time.
+  for (;;) {
+    MPI_Comm comm;
+    {
+      std::lock_guard<std::mutex> lock(g_mu);
+      if (g_live.empty()) break;
+      comm = (*g_live.begin())->comm;
+    }
+    if (PMPI_Comm_delete_attr(comm, g_keyval) != MPI_SUCCESS) {
+      // The communicator is gone without its callback having run; drop the entry.
+      CommContext* stale = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(g_mu);
+        for (CommContext* c : g_live)
+          if (c->comm == comm) stale = c;
+        g_live.erase(stale);
+      }
+      if (stale) destroy(stale);
+    }
+  }
+  PMPI_Comm_free_keyval(&g_keyval);
+  g_keyval = MPI_KEYVAL_INVALID;
+}
+
+}  // namespace streamcoll

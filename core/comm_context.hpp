@@ -1,0 +1,36 @@
+// What streamcoll knows about one communicator. Created at the first call on the
+// communicator that needs it (a collective operation over the communicator), cached as
+// an MPI attribute under a private keyval, and freed by the attribute's delete callback
+// when the communicator is freed, or by Runtime::stop() before MPI_Finalize.
+#pragma once
+
+#include <mpi.h>
+
+namespace streamcoll {
+
+struct CommContext {
+  MPI_Comm comm = MPI_COMM_NULL;  ///< the application's communicator (not owned)
+  int rank = 0;
+  int size = 1;
+  bool inter = false;             ///< inter-communicators get no routes (nothing below set)
+
+  // Node layout, from MPI_Comm_split_type(MPI_COMM_TYPE_SHARED).
+  MPI_Comm local = MPI_COMM_NULL;  ///< ranks of `comm` on this node (owned)
+  int local_rank = 0;
+  int local_size = 1;
+  int nodes = 1;                   ///< nodes the communicator spans
+  int ppn = 1;                     ///< largest number of its ranks on one node
+  bool uniform = true;             ///< every node holds `ppn` ranks
+};
+
+/// The context of `comm`, created if needed. Collective over `comm` the first time it is
+/// called for that communicator (all ranks must call it at the same point). Returns
+/// nullptr if MPI refuses (the caller then passes the call through).
+CommContext* comm_context(MPI_Comm comm);
+
+/// Keyval management, for the runtime: create at start, and free every live context
+/// (deleting the attribute from its communicator) at stop.
+void comm_contexts_start();
+void comm_contexts_stop();
+
+}  // namespace streamcoll

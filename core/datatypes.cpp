@@ -1,0 +1,103 @@
+#include "core/datatypes.hpp"
+
+namespace streamcoll {
+namespace {
+
+std::vector<TypeInfo> build_types() {
+  struct Entry {
+    MPI_Datatype t;
+    const char* name;
+    TypeClass cls;
+  };
+#define T(x, c) Entry{x, #x, TypeClass::c}
+  const Entry entries[] = {
+      T(MPI_SIGNED_CHAR, c_integer), T(MPI_UNSIGNED_CHAR, c_integer),
+      T(MPI_SHORT, c_integer), T(MPI_UNSIGNED_SHORT, c_integer),
+      T(MPI_INT, c_integer), T(MPI_UNSIGNED, c_integer),
+      T(MPI_LONG, c_integer), T(MPI_UNSIGNED_LONG, c_integer),
+      T(MPI_LONG_LONG, c_integer), T(MPI_UNSIGNED_LONG_LONG, c_integer),
+      T(MPI_INT8_T, c_integer), T(MPI_INT16_T, c_integer),
+      T(MPI_INT32_T, c_integer), T(MPI_INT64_T, c_integer),
+      T(MPI_UINT8_T, c_integer), T(MPI_UINT16_T, c_integer),
+      T(MPI_UINT32_T, c_integer), T(MPI_UINT64_T, c_integer),
+      T(MPI_INTEGER, fortran_integer),
+      T(MPI_FLOAT, floating), T(MPI_DOUBLE, floating), T(MPI_LONG_DOUBLE, floating),
+      T(MPI_REAL, floating), T(MPI_DOUBLE_PRECISION, floating),
+      T(MPI_C_BOOL, logical), T(MPI_CXX_BOOL, logical), T(MPI_LOGICAL, logical),
+      T(MPI_C_FLOAT_COMPLEX, complex), T(MPI_C_DOUBLE_COMPLEX, complex),
+      T(MPI_C_LONG_DOUBLE_COMPLEX, complex), T(MPI_COMPLEX, complex),
+      T(MPI_DOUBLE_COMPLEX, complex),
+      T(MPI_BYTE, byte),
+      T(MPI_AINT, multi_language), T(MPI_OFFSET, multi_language), T(MPI_COUNT, multi_language),
+      T(MPI_FLOAT_INT, pair), T(MPI_DOUBLE_INT, pair), T(MPI_LONG_INT, pair),
+      T(MPI_2INT, pair), T(MPI_SHORT_INT, pair), T(MPI_LONG_DOUBLE_INT, pair),
+      T(MPI_2REAL, pair), T(MPI_2DOUBLE_PRECISION, pair), T(MPI_2INTEGER, pair),
+      T(MPI_CHAR, character), T(MPI_WCHAR, character), T(MPI_CHARACTER, character),
+  };
+#undef T
+  std::vector<TypeInfo> out;
+  for (const Entry& e : entries) {
+    if (e.t == MPI_DATATYPE_NULL) continue;
+    int size = 0;
+    if (PMPI_Type_size(e.t, &size) != MPI_SUCCESS || size <= 0) continue;  // absent here
+    // MPI_LONG_LONG and MPI_LONG_LONG_INT, or MPI_C_COMPLEX and MPI_C_FLOAT_COMPLEX, may be
+    // the same handle; keep the first name.
+    bool dup = false;
+    for (const TypeInfo& t : out) dup = dup || t.type == e.t;
+    if (!dup) out.push_back(TypeInfo{e.t, e.name, size, e.cls});
+  }
+  return out;
+}
+
+}  // namespace
+
+const std::vector<TypeInfo>& all_types() {
+  static const std::vector<TypeInfo> types = build_types();
+  return types;
+}
+
+const TypeInfo* find_type(MPI_Datatype t) {
+  for (const TypeInfo& info : all_types())
+    if (info.type == t) return &info;
+  return nullptr;
+}
+
+const std::vector<OpInfo>& all_ops() {
+  static const std::vector<OpInfo> ops = {
+      {MPI_MAX, OpKind::max, "MPI_MAX"},       {MPI_MIN, OpKind::min, "MPI_MIN"},
+      {MPI_SUM, OpKind::sum, "MPI_SUM"},       {MPI_PROD, OpKind::prod, "MPI_PROD"},
+      {MPI_LAND, OpKind::land, "MPI_LAND"},    {MPI_BAND, OpKind::band, "MPI_BAND"},
+      {MPI_LOR, OpKind::lor, "MPI_LOR"},       {MPI_BOR, OpKind::bor, "MPI_BOR"},
+      {MPI_LXOR, OpKind::lxor, "MPI_LXOR"},    {MPI_BXOR, OpKind::bxor, "MPI_BXOR"},
+      {MPI_MAXLOC, OpKind::maxloc, "MPI_MAXLOC"}, {MPI_MINLOC, OpKind::minloc, "MPI_MINLOC"},
+  };
+  return ops;
+}
+
+const OpInfo* find_op(MPI_Op op) {
+  for (const OpInfo& info : all_ops())
+    if (info.op == op) return &info;
+  return nullptr;
+}
+
+bool op_defined_for(OpKind op, TypeClass cls) {
+  using C = TypeClass;
+  const bool integer = cls == C::c_integer || cls == C::fortran_integer || cls == C::multi_language;
+  switch (op) {
+    case OpKind::max:
+    case OpKind::min: return integer || cls == C::floating;
+    case OpKind::sum:
+    case OpKind::prod: return integer || cls == C::floating || cls == C::complex;
+    case OpKind::land:
+    case OpKind::lor:
+    case OpKind::lxor: return cls == C::c_integer || cls == C::logical;
+    case OpKind::band:
+    case OpKind::bor:
+    case OpKind::bxor: return integer || cls == C::byte;
+    case OpKind::maxloc:
+    case OpKind::minloc: return cls == C::pair;
+  }
+  return false;
+}
+
+}  // namespace streamcoll

@@ -1,0 +1,61 @@
+// Predefined MPI datatypes and reduction operations, and which ops MPI defines for which
+// types (MPI-4.0, section 6.9.2). Only predefined, contiguous handles are listed:
+// anything not found here (derived types, user ops) is passed through to PMPI_.
+// The tables are built at first use after MPI_Init and are read-only afterwards.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+namespace streamcoll {
+
+/// MPI's groups of basic datatypes for reductions.
+enum class TypeClass : uint8_t {
+  c_integer,        ///< MPI_INT, MPI_UINT64_T, MPI_SIGNED_CHAR, ...
+  fortran_integer,  ///< MPI_INTEGER
+  floating,         ///< MPI_FLOAT, MPI_DOUBLE, MPI_LONG_DOUBLE, MPI_REAL, ...
+  logical,          ///< MPI_C_BOOL, MPI_CXX_BOOL, MPI_LOGICAL
+  complex,          ///< MPI_C_FLOAT_COMPLEX, ..., MPI_COMPLEX
+  byte,             ///< MPI_BYTE
+  multi_language,   ///< MPI_AINT, MPI_OFFSET, MPI_COUNT
+  pair,             ///< MPI_2INT, MPI_DOUBLE_INT, ... (MINLOC/MAXLOC only; not contiguous)
+  character,        ///< MPI_CHAR, MPI_WCHAR, MPI_CHARACTER (no reductions)
+};
+
+struct TypeInfo {
+  MPI_Datatype type;
+  std::string_view name;  ///< "MPI_INT"
+  int size;               ///< bytes, from PMPI_Type_size
+  TypeClass cls;
+};
+
+/// The predefined datatype `t`, or nullptr (derived, null, or not in this MPI).
+const TypeInfo* find_type(MPI_Datatype t);
+/// Every predefined datatype this MPI has (size > 0).
+const std::vector<TypeInfo>& all_types();
+
+enum class OpKind : uint8_t { max, min, sum, prod, land, band, lor, bor, lxor, bxor, maxloc, minloc };
+inline constexpr int kNumOps = 12;
+
+struct OpInfo {
+  MPI_Op op;
+  OpKind kind;
+  std::string_view name;  ///< "MPI_SUM"
+};
+
+/// The predefined reduction op `op` (not MPI_REPLACE/MPI_NO_OP), or nullptr.
+const OpInfo* find_op(MPI_Op op);
+const std::vector<OpInfo>& all_ops();
+
+/// Whether MPI defines `op` on datatypes of class `cls` (MPI-4.0 section 6.9.2).
+bool op_defined_for(OpKind op, TypeClass cls);
+
+/// Whether a datatype of class `cls` is a contiguous array of one basic type, so that a
+/// route may treat the buffer as `count * size` bytes of that type.
+inline bool is_contiguous_basic(TypeClass cls) { return cls != TypeClass::pair; }
+
+}  // namespace streamcoll

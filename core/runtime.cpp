@@ -1,0 +1,121 @@
+#include "core/runtime.hpp"
+
+#include <mpi.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "core/comm_context.hpp"
+#include "core/cuda_driver.hpp"
+#include "core/datatypes.hpp"
+#include "core/log.hpp"
+
+namespace streamcoll {
+namespace {
+
+// MPI deletes MPI_COMM_SELF's attributes first thing in MPI_Finalize, while MPI is
+// still fully usable: the standard hook for a tool to clean up (MPI-4.0 section 11.2.4).
+int self_delete_fn(MPI_Comm, int, void*, void*) {
+  Runtime::get().stop();
+  return MPI_SUCCESS;
+}
+
+}  // namespace
+
+bool Runtime::start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  int s = state_.load();
+  if (s != not_started) return s == running;
+  int initialized = 0, finalized = 0;
+  PMPI_Initialized(&initialized);
+  PMPI_Finalized(&finalized);
+  if (!initialized || finalized) return false;
+
+  settings_ = config::read_settings();
+  set_log_level(settings_.debug);
+  int rank = 0;
+  PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  set_log_rank(rank);
+  for (const auto& p : settings_.problems) SC_WARN("%s", p.c_str());
+  if (settings_.disable) {
+    SC_INFO("STREAMCOLL_DISABLE is set: every call passes through");
+    state_.store(disabled, std::memory_order_release);
+    return false;
+  }
+
+  load_table();
+  const cuda::Driver& drv = cuda::driver();
+  cuda_usable_ = drv.usable;
+  if (drv.usable)
+    SC_INFO("CUDA driver %d, %d device(s)", drv.version, drv.device_count);
+  else
+    SC_INFO("GPU routes off: %s", drv.reason.c_str());
+  all_types();  // build the datatype table while MPI is surely initialised
+
+  for (int c = 0; c < kNumColls; ++c) {
+    bool full = settings_.check || table_.routes_host(static_cast<Coll>(c));
+    if (cuda_usable_) {
+      for (MemKind m : {MemKind::device, MemKind::managed})
+        full = full || table_.may_leave_pmpi(static_cast<Coll>(c), m);
+    }
+    if (full) full_path_ |= 1u << c;
+  }
+
+  comm_contexts_start();
+  PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, self_delete_fn, &self_keyval_, nullptr);
+  PMPI_Comm_set_attr(MPI_COMM_SELF, self_keyval_, nullptr);
+  state_.store(running, std::memory_order_release);
+  SC_INFO("started (%zu tuning rules%s%s)", table_.rules().size(),
+          settings_.stats ? ", statistics on" : "", settings_.check ? ", checks on" : "");
+  return true;
+}
+
+void Runtime::load_table() {
+  std::optional<config::ParseError> err;
+  if (!settings_.tuning_file.empty()) {
+    std::ifstream in(settings_.tuning_file);
+    if (!in) {
+      log_error("STREAMCOLL_TUNING_FILE=%s: cannot open; using the default table",
+                settings_.tuning_file.c_str());
+    } else {
+      std::stringstream text;
+      text << in.rdbuf();
+      table_ = config::TuningTable::parse(text.str(), settings_.tuning_file, &err);
+      if (err) {
+        log_error("%s; using the default table", err->to_string().c_str());
+      } else {
+        SC_INFO("tuning table %s: %zu rules", settings_.tuning_file.c_str(),
+                table_.rules().size());
+      }
+    }
+  }
+  if (settings_.tuning_file.empty() || err) {
+    std::optional<config::ParseError> derr;
+    table_ = config::TuningTable::parse(config::default_table_text(), "<default>", &derr);
+  }
+  if (!settings_.route.empty()) {
+    std::optional<config::ParseError> rerr;
+    auto forced = config::TuningTable::parse_forced(settings_.route, &rerr);
+    if (rerr)
+      log_error("%s; STREAMCOLL_ROUTE ignored", rerr->to_string().c_str());
+    else
+      table_.prepend(std::move(forced));
+  }
+}
+
+void Runtime::stop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_.load() != running) return;
+  // No new call is routed from here on; calls pass straight through.
+  state_.store(stopped, std::memory_order_release);
+  if (settings_.stats) {
+    std::string table = stats_.report(MPI_COMM_WORLD);
+    if (!table.empty()) std::fputs(table.c_str(), stderr);
+  }
+  comm_contexts_stop();
+  if (self_keyval_ != MPI_KEYVAL_INVALID) PMPI_Comm_free_keyval(&self_keyval_);
+  SC_INFO("stopped");
+}
+
+}  // namespace streamcoll

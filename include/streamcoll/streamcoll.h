@@ -1,0 +1,46 @@
+/* streamcoll: stream-aware, route-selecting MPI collectives for GPU buffers.
+ *
+ * This header is the library's small C API, for tests, benchmarks and tools. An
+ * application needs none of it: streamcoll works on unmodified MPI programs through
+ * LD_PRELOAD or by linking libstreamcoll before libmpi.
+ *
+ * When the library may only be preloaded, look the functions up at run time:
+ *   int (*get)(const char*, const char*, const char*, streamcoll_stat_t*) =
+ *       dlsym(RTLD_DEFAULT, "streamcoll_get_stats");
+ * A null result means streamcoll is not loaded in this process.
+ *
+ * Thread safety: every function may be called from any thread after MPI_Init.
+ */
+#ifndef STREAMCOLL_STREAMCOLL_H
+#define STREAMCOLL_STREAMCOLL_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define STREAMCOLL_VERSION "0.1.0"
+
+/** Counters of this process (not summed over ranks). */
+typedef struct {
+  unsigned long long calls;   /**< calls made */
+  unsigned long long bytes;   /**< bytes, as the tuning table counts them (README) */
+  double seconds;             /**< host time spent inside the calls */
+} streamcoll_stat_t;
+
+/** This process's counters for calls matching all three names; NULL matches any.
+ *  `collective` is a collective name ("allreduce") or its non-blocking name
+ *  ("iallreduce"); `route` a route ("pmpi", "nccl", ...); `memory` a memory kind
+ *  ("host", "pinned", "device", "managed", "mixed").
+ *  Counters are kept only while STREAMCOLL_STATS=1; otherwise they stay 0.
+ *  Returns 0, or -1 (and leaves *out alone) if a name is unknown or out is NULL. */
+int streamcoll_get_stats(const char *collective, const char *route, const char *memory,
+                         streamcoll_stat_t *out);
+
+/** The library version, STREAMCOLL_VERSION of the build. */
+const char *streamcoll_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* STREAMCOLL_STREAMCOLL_H */

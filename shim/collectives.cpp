@@ -1,0 +1,169 @@
+// The collective wrappers: translate the arguments, nothing more. Routing is in
+// shim/dispatch.cpp.
+#include <mpi.h>
+
+#include "shim/dispatch.hpp"
+#include "shim/export.hpp"
+
+using streamcoll::Coll;
+using streamcoll::CollArgs;
+using streamcoll::dispatch;
+
+namespace {
+
+CollArgs reduction(Coll c, const void* sendbuf, void* recvbuf, int count, MPI_Datatype dt,
+                   MPI_Op op, MPI_Comm comm, MPI_Request* req, bool nb) {
+  CollArgs a;
+  a.coll = c;
+  a.nonblocking = nb;
+  a.sendbuf = sendbuf;
+  a.recvbuf = recvbuf;
+  a.count = count;
+  a.datatype = dt;
+  a.op = op;
+  a.comm = comm;
+  a.request = req;
+  return a;
+}
+
+CollArgs gather_like(Coll c, const void* sendbuf, int sendcount, MPI_Datatype sendtype,
+                     void* recvbuf, int recvcount, MPI_Datatype recvtype, MPI_Comm comm,
+                     MPI_Request* req, bool nb) {
+  CollArgs a;
+  a.coll = c;
+  a.nonblocking = nb;
+  a.sendbuf = sendbuf;
+  a.sendcount = sendcount;
+  a.sendtype = sendtype;
+  a.recvbuf = recvbuf;
+  a.recvcount = recvcount;
+  a.recvtype = recvtype;
+  a.comm = comm;
+  a.request = req;
+  return a;
+}
+
+int allreduce(const void* s, void* r, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c,
+              MPI_Request* q, bool nb) {
+  return dispatch(reduction(Coll::allreduce, s, r, n, t, op, c, q, nb));
+}
+int reduce(const void* s, void* r, int n, MPI_Datatype t, MPI_Op op, int root, MPI_Comm c,
+           MPI_Request* q, bool nb) {
+  CollArgs a = reduction(Coll::reduce, s, r, n, t, op, c, q, nb);
+  a.root = root;
+  return dispatch(a);
+}
+int bcast(void* buf, int n, MPI_Datatype t, int root, MPI_Comm c, MPI_Request* q, bool nb) {
+  CollArgs a = reduction(Coll::bcast, nullptr, buf, n, t, MPI_OP_NULL, c, q, nb);
+  a.root = root;
+  return dispatch(a);
+}
+int reduce_scatter_block(const void* s, void* r, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c,
+                         MPI_Request* q, bool nb) {
+  return dispatch(reduction(Coll::reduce_scatter_block, s, r, n, t, op, c, q, nb));
+}
+int reduce_scatter(const void* s, void* r, const int counts[], MPI_Datatype t, MPI_Op op,
+                   MPI_Comm c, MPI_Request* q, bool nb) {
+  CollArgs a = reduction(Coll::reduce_scatter, s, r, 0, t, op, c, q, nb);
+  a.recvcounts = counts;
+  return dispatch(a);
+}
+int allgatherv(const void* s, int sn, MPI_Datatype st, void* r, const int counts[],
+               const int displs[], MPI_Datatype rt, MPI_Comm c, MPI_Request* q, bool nb) {
+  CollArgs a = gather_like(Coll::allgatherv, s, sn, st, r, 0, rt, c, q, nb);
+  a.recvcounts = counts;
+  a.displs = displs;
+  return dispatch(a);
+}
+int barrier(MPI_Comm c, MPI_Request* q, bool nb) {
+  CollArgs a;
+  a.coll = Coll::barrier;
+  a.nonblocking = nb;
+  a.comm = c;
+  a.request = q;
+  return dispatch(a);
+}
+
+}  // namespace
+
+// Blocking.
+SC_EXPORT int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count,
+                            MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
+  return allreduce(sendbuf, recvbuf, count, datatype, op, comm, nullptr, false);
+}
+SC_EXPORT int MPI_Reduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype,
+                         MPI_Op op, int root, MPI_Comm comm) {
+  return reduce(sendbuf, recvbuf, count, datatype, op, root, comm, nullptr, false);
+}
+SC_EXPORT int MPI_Bcast(void* buffer, int count, MPI_Datatype datatype, int root, MPI_Comm comm) {
+  return bcast(buffer, count, datatype, root, comm, nullptr, false);
+}
+SC_EXPORT int MPI_Allgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype,
+                            void* recvbuf, int recvcount, MPI_Datatype recvtype, MPI_Comm comm) {
+  return dispatch(gather_like(Coll::allgather, sendbuf, sendcount, sendtype, recvbuf, recvcount,
+                              recvtype, comm, nullptr, false));
+}
+SC_EXPORT int MPI_Allgatherv(const void* sendbuf, int sendcount, MPI_Datatype sendtype,
+                             void* recvbuf, const int recvcounts[], const int displs[],
+                             MPI_Datatype recvtype, MPI_Comm comm) {
+  return allgatherv(sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, comm,
+                    nullptr, false);
+}
+SC_EXPORT int MPI_Reduce_scatter_block(const void* sendbuf, void* recvbuf, int recvcount,
+                                       MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
+  return reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm, nullptr, false);
+}
+SC_EXPORT int MPI_Reduce_scatter(const void* sendbuf, void* recvbuf, const int recvcounts[],
+                                 MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
+  return reduce_scatter(sendbuf, recvbuf, recvcounts, datatype, op, comm, nullptr, false);
+}
+SC_EXPORT int MPI_Alltoall(const void* sendbuf, int sendcount, MPI_Datatype sendtype,
+                           void* recvbuf, int recvcount, MPI_Datatype recvtype, MPI_Comm comm) {
+  return dispatch(gather_like(Coll::alltoall, sendbuf, sendcount, sendtype, recvbuf, recvcount,
+                              recvtype, comm, nullptr, false));
+}
+SC_EXPORT int MPI_Barrier(MPI_Comm comm) { return barrier(comm, nullptr, false); }
+
+// Non-blocking: the same, with a request.
+SC_EXPORT int MPI_Iallreduce(const void* sendbuf, void* recvbuf, int count,
+                             MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
+                             MPI_Request* request) {
+  return allreduce(sendbuf, recvbuf, count, datatype, op, comm, request, true);
+}
+SC_EXPORT int MPI_Ireduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype,
+                          MPI_Op op, int root, MPI_Comm comm, MPI_Request* request) {
+  return reduce(sendbuf, recvbuf, count, datatype, op, root, comm, request, true);
+}
+SC_EXPORT int MPI_Ibcast(void* buffer, int count, MPI_Datatype datatype, int root, MPI_Comm comm,
+                         MPI_Request* request) {
+  return bcast(buffer, count, datatype, root, comm, request, true);
+}
+SC_EXPORT int MPI_Iallgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype,
+                             void* recvbuf, int recvcount, MPI_Datatype recvtype, MPI_Comm comm,
+                             MPI_Request* request) {
+  return dispatch(gather_like(Coll::allgather, sendbuf, sendcount, sendtype, recvbuf, recvcount,
+                              recvtype, comm, request, true));
+}
+SC_EXPORT int MPI_Iallgatherv(const void* sendbuf, int sendcount, MPI_Datatype sendtype,
+                              void* recvbuf, const int recvcounts[], const int displs[],
+                              MPI_Datatype recvtype, MPI_Comm comm, MPI_Request* request) {
+  return allgatherv(sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, comm,
+                    request, true);
+}
+SC_EXPORT int MPI_Ireduce_scatter_block(const void* sendbuf, void* recvbuf, int recvcount,
+                                        MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
+                                        MPI_Request* request) {
+  return reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm, request, true);
+}
+SC_EXPORT int MPI_Ireduce_scatter(const void* sendbuf, void* recvbuf, const int recvcounts[],
+                                  MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
+                                  MPI_Request* request) {
+  return reduce_scatter(sendbuf, recvbuf, recvcounts, datatype, op, comm, request, true);
+}
+SC_EXPORT int MPI_Ialltoall(const void* sendbuf, int sendcount, MPI_Datatype sendtype,
+                            void* recvbuf, int recvcount, MPI_Datatype recvtype, MPI_Comm comm,
+                            MPI_Request* request) {
+  return dispatch(gather_like(Coll::alltoall, sendbuf, sendcount, sendtype, recvbuf, recvcount,
+                              recvtype, comm, request, true));
+}
+SC_EXPORT int MPI_Ibarrier(MPI_Comm comm, MPI_Request* request) { return barrier(comm, request, true); }

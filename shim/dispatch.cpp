@@ -1,0 +1,215 @@
+// How a collective call is routed. Read this file first.
+//
+//   MPI_Allreduce(...)                       shim/collectives.cpp builds CollArgs
+//   -> dispatch(args)
+//      fast path: runtime off, or no GPU and no host routes -> PMPI_ call
+//      decide():  invalid arguments, inter-communicator, derived type, user op,
+//                 mixed memory kinds                          -> pmpi
+//                 MPI_COMM_NULL                               -> MPI_ERR_COMM
+//                 negative recvcounts[i] (v-variants)         -> MPI_ERR_COUNT
+//                 non-blocking call without a request         -> MPI_ERR_REQUEST
+//                 null data buffer with a predefined type     -> MPI_ERR_BUFFER
+//                 memory kind of the significant buffers (CUDA driver)
+//                 communicator context (node layout)          core/comm_context
+//                 tuning table: first matching rule           config/tuning_table
+//                 route absent in this build, or declines     -> pmpi
+//      STREAMCOLL_CHECK: one PMPI_Allreduce verifies every rank chose the same
+//      route and memory kind
+//      route.run(args)                                        algorithms/
+//      statistics (STREAMCOLL_STATS)                          core/stats
+#include "shim/dispatch.hpp"
+
+#include <time.h>
+
+#include <cstdlib>
+
+#include "algorithms/route.hpp"
+#include "core/comm_context.hpp"
+#include "core/cuda_driver.hpp"
+#include "core/datatypes.hpp"
+#include "core/eligibility.hpp"
+#include "core/log.hpp"
+#include "core/runtime.hpp"
+
+namespace streamcoll {
+namespace {
+
+struct Decision {
+  int error = MPI_SUCCESS;  ///< raised by streamcoll itself instead of running the call
+  MPI_Comm error_comm = MPI_COMM_NULL;  ///< where `error` is raised
+  RouteId route = RouteId::pmpi;
+  MemKind mem = MemKind::host;
+  uint64_t bytes = 0;
+  CommContext* ctx = nullptr;
+  const config::RouteChoice* choice = nullptr;
+};
+
+uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+int type_size(MPI_Datatype t, const TypeInfo* info) {
+  if (info) return info->size;
+  int size = 0;
+  if (t == MPI_DATATYPE_NULL || PMPI_Type_size(t, &size) != MPI_SUCCESS) return 0;
+  return size;
+}
+
+MemKind combine(const BufferUse* bufs, int n) {
+  MemKind kind = MemKind::host;
+  for (int i = 0; i < n; ++i) {
+    MemKind k = cuda::classify(bufs[i].ptr);
+    if (i == 0) kind = k;
+    else if (k != kind) return MemKind::mixed;
+  }
+  return kind;
+}
+
+// Aborts the job when ranks disagree on (route, memory kind). One allreduce of
+// (x, -x) with MPI_MAX yields the largest and the smallest value over the ranks.
+void check_agreement(const CollArgs& a, const Decision& d, int rank) {
+  int v = static_cast<int>(d.route) * kNumMemKinds + static_cast<int>(d.mem);
+  int in[2] = {v, -v}, out[2] = {0, 0};
+  if (PMPI_Allreduce(in, out, 2, MPI_INT, MPI_MAX, a.comm) != MPI_SUCCESS) return;
+  if (out[0] == -out[1]) return;
+  auto route_of = [](int x) { return std::string(name(static_cast<RouteId>(x / kNumMemKinds))); };
+  auto mem_of = [](int x) { return std::string(name(static_cast<MemKind>(x % kNumMemKinds))); };
+  log_error(
+      "STREAMCOLL_CHECK: ranks disagree on %s: this rank (%d) chose route %s on %s memory; "
+      "others chose between %s/%s and %s/%s. All ranks must pass buffers of the same kind. "
+      "Aborting.",
+      call_name(a.coll, a.nonblocking).c_str(), rank, route_of(v).c_str(), mem_of(v).c_str(),
+      route_of(-out[1]).c_str(), mem_of(-out[1]).c_str(), route_of(out[0]).c_str(),
+      mem_of(out[0]).c_str());
+  PMPI_Abort(a.comm, MPI_ERR_OTHER);
+}
+
+Decision decide(const CollArgs& a, Runtime& rt) {
+  Decision d;
+  if (a.comm == MPI_COMM_NULL) {
+    // Raised here because some MPIs (Open MPI 4.1's MPI_Allgather) crash on it. Errors
+    // without a valid communicator go to MPI_COMM_WORLD's handler, as Open MPI and
+    // MPICH raise them.
+    d.error = MPI_ERR_COMM;
+    d.error_comm = MPI_COMM_WORLD;
+    return d;
+  }
+  if (a.nonblocking && a.request == nullptr) {  // Open MPI 4.1 writes through it
+    d.error = MPI_ERR_REQUEST;
+    d.error_comm = a.comm;
+    return d;
+  }
+  CallFacts f;
+  f.coll = a.coll;
+  f.invalid_args = obviously_invalid(a);
+  if (f.invalid_args) return d;  // PMPI raises the error; nothing else may touch a.comm
+
+  int inter = 0;
+  if (PMPI_Comm_test_inter(a.comm, &inter) != MPI_SUCCESS || inter) return d;
+  int rank = 0, size = 1;
+  PMPI_Comm_rank(a.comm, &rank);
+  PMPI_Comm_size(a.comm, &size);
+  if (a.recvcounts) {
+    // Open MPI 4.1 copies a negative count of the v-variants before checking it.
+    for (int i = 0; i < size; ++i)
+      if (a.recvcounts[i] < 0) {
+        d.error = MPI_ERR_COUNT;
+        d.error_comm = a.comm;
+        return d;
+      }
+  }
+  if ((a.coll == Coll::reduce || a.coll == Coll::bcast) && (a.root < 0 || a.root >= size))
+    return d;  // MPI_ERR_ROOT from PMPI
+
+  const bool reduction_family = a.coll == Coll::allreduce || a.coll == Coll::reduce ||
+                                a.coll == Coll::bcast || a.coll == Coll::reduce_scatter ||
+                                a.coll == Coll::reduce_scatter_block;
+  MPI_Datatype st = reduction_family ? a.datatype : a.sendtype;
+  MPI_Datatype rt_ = reduction_family ? a.datatype : a.recvtype;
+  if (a.sendbuf == MPI_IN_PLACE && !reduction_family) st = rt_;
+  f.send_type = a.coll == Coll::barrier ? nullptr : find_type(st);
+  f.recv_type = a.coll == Coll::barrier ? nullptr : find_type(rt_);
+  const int sts = type_size(st, f.send_type), rts = type_size(rt_, f.recv_type);
+  f.counts_match = a.sendbuf == MPI_IN_PLACE || reduction_family ||
+                   a.coll == Coll::allgatherv || a.sendcount == a.recvcount;
+  f.op = takes_op(a.coll) ? find_op(a.op) : nullptr;
+  d.bytes = f.bytes = call_bytes(a, size, sts, rts);
+
+  // A null pointer where a predefined datatype says data lives: MPI_ERR_BUFFER (as
+  // MPICH reports it), rather than handing it to an MPI that may dereference it.
+  if (has_null_pointer(a) && f.send_type && f.recv_type &&
+      null_data_buffer(a, rank, size, sts, rts)) {
+    SC_WARN("%s: null buffer with %llu bytes of data; raising MPI_ERR_BUFFER",
+            call_name(a.coll, a.nonblocking).c_str(), static_cast<unsigned long long>(d.bytes));
+    d.error = MPI_ERR_BUFFER;
+    d.error_comm = a.comm;
+    return d;
+  }
+
+  BufferUse bufs[2];
+  d.mem = f.mem = combine(bufs, significant_buffers(a, rank, size, sts, rts, bufs));
+  if (!rt.full_path(a.coll)) return d;  // only statistics asked for the facts above
+  const Verdict verdict = eligibility(f);
+  const bool check = rt.check_on();
+  if (!check && (verdict != Verdict::eligible || !rt.table().may_leave_pmpi(a.coll, d.mem))) {
+    SC_TRACE("%s %llu B on %s memory -> pmpi (%s)", call_name(a.coll, a.nonblocking).c_str(),
+             static_cast<unsigned long long>(d.bytes), std::string(name(d.mem)).c_str(),
+             verdict == Verdict::eligible ? "no rule routes it" : describe(verdict));
+    return d;
+  }
+
+  d.ctx = comm_context(a.comm);
+  if (!d.ctx) return d;
+  if (verdict == Verdict::eligible) {
+    config::CallKey key{a.coll, d.bytes, size, d.ctx->nodes, d.ctx->ppn, d.mem, false};
+    if (const config::Rule* rule = rt.table().match(key)) {
+      d.choice = &rule->choice;
+      Route* route = find_route(rule->choice.route);
+      if (route && route->accepts(a, *d.ctx, rule->choice)) {
+        d.route = rule->choice.route;
+      } else if (rule->choice.route != RouteId::pmpi) {
+        SC_TRACE("%s: route %s (%s) %s; using pmpi", call_name(a.coll, a.nonblocking).c_str(),
+                 std::string(name(rule->choice.route)).c_str(), rule->origin.c_str(),
+                 route ? "declines this call" : "is not available");
+      }
+    }
+  }
+  if (check) check_agreement(a, d, rank);
+  SC_TRACE("%s %llu B on %s memory -> %s", call_name(a.coll, a.nonblocking).c_str(),
+           static_cast<unsigned long long>(d.bytes), std::string(name(d.mem)).c_str(),
+           std::string(name(d.route)).c_str());
+  return d;
+}
+
+}  // namespace
+
+int dispatch(const CollArgs& a) {
+  Runtime& rt = Runtime::get();
+  if (!rt.active()) return run_pmpi(a);
+  const bool timed = rt.stats_on();
+  // The pass-through fast path: nothing to route, and no argument that streamcoll must
+  // screen itself (see decide()).
+  if (!timed && !rt.full_path(a.coll) && a.comm != MPI_COMM_NULL && !has_null_pointer(a) &&
+      a.recvcounts == nullptr && (a.request != nullptr || !a.nonblocking))
+    return run_pmpi(a);
+
+  const uint64_t t0 = timed ? now_ns() : 0;
+  Decision d = decide(a, rt);
+  int rc;
+  if (d.error != MPI_SUCCESS) {
+    PMPI_Comm_call_errhandler(d.error_comm, d.error);
+    rc = d.error;
+  } else if (d.route == RouteId::pmpi) {
+    rc = run_pmpi(a);
+  } else {
+    static const config::RouteChoice kNoParams;
+    rc = find_route(d.route)->run(a, *d.ctx, d.choice ? *d.choice : kNoParams);
+    if (rc != MPI_SUCCESS) PMPI_Comm_call_errhandler(a.comm, rc);
+  }
+  if (timed) rt.stats().record(a.coll, a.nonblocking, d.route, d.mem, d.bytes, now_ns() - t0);
+  return rc;
+}
+
+}  // namespace streamcoll

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Runs one MPI test program under mpirun.
+#   run.sh MODE NP PROGRAM [ENV=VALUE ...]
+# MODE: preload  the program is not linked with streamcoll; LD_PRELOAD=$STREAMCOLL_LIB
+#       linked   the program is linked with libstreamcoll
+#       plain    no streamcoll at all (the reference)
+# In preload and linked modes the program is told to prove interception through the
+# statistics (STREAMCOLL_STATS=1, STREAMCOLL_EXPECT_INTERCEPT=1).
+set -euo pipefail
+mode=$1 np=$2 prog=$3
+shift 3
+mpirun=${MPIRUN:-mpirun}
+args=(-np "$np")
+envs=("$@")
+if "$mpirun" --version 2>&1 | grep -q "Open MPI"; then
+  args+=(--oversubscribe --allow-run-as-root --bind-to none)
+  envs+=(OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1)
+fi
+case $mode in
+  preload) envs+=(LD_PRELOAD="$STREAMCOLL_LIB" STREAMCOLL_STATS=1 STREAMCOLL_EXPECT_INTERCEPT=1) ;;
+  linked) envs+=(STREAMCOLL_STATS=1 STREAMCOLL_EXPECT_INTERCEPT=1) ;;
+  plain) ;;
+  *) echo "unknown mode $mode" >&2; exit 2 ;;
+esac
+# Variables reach every rank through the environment of mpirun itself (Open MPI and
+# MPICH both forward it for local ranks); -x would be Open MPI only.
+exec env "${envs[@]}" timeout 600 "$mpirun" "${args[@]}" "$prog"

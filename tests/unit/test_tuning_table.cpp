@@ -1,0 +1,222 @@
+#include <doctest/doctest.h>
+
+#include "config/tuning_table.hpp"
+
+using namespace streamcoll;
+using namespace streamcoll::config;
+
+namespace {
+TuningTable parse_ok(std::string_view text) {
+  std::optional<ParseError> err;
+  TuningTable t = TuningTable::parse(text, "t.conf", &err);
+  REQUIRE_MESSAGE(!err, (err ? err->to_string() : ""));
+  return t;
+}
+ParseError parse_bad(std::string_view text) {
+  std::optional<ParseError> err;
+  TuningTable t = TuningTable::parse(text, "t.conf", &err);
+  REQUIRE(err);
+  CHECK(t.rules().empty());
+  return *err;
+}
+CallKey key(Coll c, uint64_t bytes, int ranks, MemKind m, bool stream = false) {
+  CallKey k;
+  k.coll = c;
+  k.bytes = bytes;
+  k.ranks = ranks;
+  k.nodes = 1;
+  k.ppn = ranks;
+  k.mem = m;
+  k.stream = stream;
+  return k;
+}
+}  // namespace
+
+TEST_CASE("sizes and ranges") {
+  CHECK(parse_size("0") == 0u);
+  CHECK(parse_size("7") == 7u);
+  CHECK(parse_size("4K") == 4096u);
+  CHECK(parse_size("4KiB") == 4096u);
+  CHECK(parse_size("1M") == 1048576u);
+  CHECK(parse_size("2G") == 2147483648u);
+  CHECK_FALSE(parse_size(""));
+  CHECK_FALSE(parse_size("K"));
+  CHECK_FALSE(parse_size("4X"));
+  CHECK_FALSE(parse_size("-4"));
+  CHECK_FALSE(parse_size("99999999999999999999"));
+  CHECK_FALSE(parse_size("18446744073709551615G"));
+
+  auto any = parse_range("*");
+  REQUIRE(any);
+  CHECK(any->contains(0));
+  CHECK(any->contains(~0ull));
+  auto one = parse_range("8");
+  REQUIRE(one);
+  CHECK(one->contains(8));
+  CHECK_FALSE(one->contains(9));
+  auto closed = parse_range("1K-4K");
+  REQUIRE(closed);
+  CHECK(closed->contains(1024));
+  CHECK(closed->contains(4096));
+  CHECK_FALSE(closed->contains(4097));
+  CHECK_FALSE(closed->contains(1023));
+  auto open = parse_range("64-");
+  REQUIRE(open);
+  CHECK(open->contains(64));
+  CHECK(open->contains(1ull << 40));
+  CHECK_FALSE(open->contains(63));
+  CHECK_FALSE(parse_range("4K-1K"));
+  CHECK_FALSE(parse_range("-4"));
+  CHECK_FALSE(parse_range("a-b"));
+}
+
+TEST_CASE("first matching rule wins") {
+  TuningTable t = parse_ok(R"(
+# a comment line
+allreduce   0-32K  64-  *  *  device  *  ht algo=rd   # trailing comment
+allreduce   *      *    *  *  device  *  nccl
+bcast,reduce *     *    *  *  *       yes ht
+*           *      *    *  *  *       *  pmpi
+)");
+  REQUIRE(t.rules().size() == 4);
+  const Rule* r = t.match(key(Coll::allreduce, 1024, 64, MemKind::device));
+  REQUIRE(r);
+  CHECK(r->choice.route == RouteId::ht);
+  CHECK(r->choice.param("algo") == std::string_view("rd"));
+  CHECK_FALSE(r->choice.param("chunk"));
+  CHECK(r->origin == "t.conf:3");
+
+  // Too few ranks for the first rule, too many bytes: the second.
+  CHECK(t.match(key(Coll::allreduce, 1024, 8, MemKind::device))->choice.route == RouteId::nccl);
+  CHECK(t.match(key(Coll::allreduce, 32769, 64, MemKind::device))->choice.route ==
+        RouteId::nccl);
+  // Host memory falls to the catch-all.
+  CHECK(t.match(key(Coll::allreduce, 8, 64, MemKind::host))->choice.route == RouteId::pmpi);
+  // The stream column.
+  CHECK(t.match(key(Coll::bcast, 8, 2, MemKind::host, true))->choice.route == RouteId::ht);
+  CHECK(t.match(key(Coll::reduce, 8, 2, MemKind::host, true))->choice.route == RouteId::ht);
+  CHECK(t.match(key(Coll::bcast, 8, 2, MemKind::host, false))->choice.route == RouteId::pmpi);
+}
+
+TEST_CASE("no match means pmpi, and the fast-path index is exact enough") {
+  TuningTable t = parse_ok("allreduce * * * * device * nccl\nbcast * * * * host,pinned * ht\n");
+  CHECK(t.match(key(Coll::alltoall, 8, 2, MemKind::device)) == nullptr);
+  CHECK(t.may_leave_pmpi(Coll::allreduce, MemKind::device));
+  CHECK_FALSE(t.may_leave_pmpi(Coll::allreduce, MemKind::host));
+  CHECK_FALSE(t.may_leave_pmpi(Coll::allreduce, MemKind::managed));
+  CHECK_FALSE(t.routes_host(Coll::allreduce));
+  CHECK(t.routes_host(Coll::bcast));
+  CHECK_FALSE(t.may_leave_pmpi(Coll::barrier, MemKind::device));
+}
+
+TEST_CASE("mixed memory never matches, not even '*'") {
+  TuningTable t = parse_ok("* * * * * * * nccl\n");
+  CHECK(t.match(key(Coll::allreduce, 8, 2, MemKind::mixed)) == nullptr);
+  CHECK(t.match(key(Coll::allreduce, 8, 2, MemKind::managed)) != nullptr);
+}
+
+TEST_CASE("nodes and ppn columns") {
+  TuningTable t = parse_ok("allreduce * * 2- 4 * * blueconnect hierarchy=4x2 chunk=1M\n");
+  CallKey k = key(Coll::allreduce, 8, 8, MemKind::device);
+  k.nodes = 2;
+  k.ppn = 4;
+  const Rule* r = t.match(k);
+  REQUIRE(r);
+  CHECK(r->choice.param("hierarchy") == std::string_view("4x2"));
+  CHECK(r->choice.param("chunk") == std::string_view("1M"));
+  k.nodes = 1;
+  CHECK(t.match(k) == nullptr);
+  k.nodes = 2;
+  k.ppn = 2;
+  CHECK(t.match(k) == nullptr);
+}
+
+TEST_CASE("malformed tables name the line and the reason") {
+  struct Case {
+    const char* text;
+    int line;
+    const char* reason_part;
+  } cases[] = {
+      {"allreduce * * * * device *\n", 1, "expected 8 columns"},
+      {"\n# c\nallreduse * * * * device * nccl\n", 3, "unknown collective 'allreduse'"},
+      {"allreduce 4Q * * * device * nccl\n", 1, "bad bytes range '4Q'"},
+      {"allreduce * 9-2 * * device * nccl\n", 1, "bad ranks range '9-2'"},
+      {"allreduce * * x * device * nccl\n", 1, "bad nodes range"},
+      {"allreduce * * * y device * nccl\n", 1, "bad ppn range"},
+      {"allreduce * * * * gpu * nccl\n", 1, "unknown memory kind 'gpu'"},
+      {"allreduce * * * * device maybe nccl\n", 1, "stream must be yes, no or *"},
+      {"allreduce * * * * device * mpich\n", 1, "unknown route 'mpich'"},
+      {"allreduce * * * * device * ht algo=tree\n", 1, "'algo' must be one of rd|rabenseifner|ring|mpi"},
+      {"allreduce * * * * device * ht chunk=big\n", 1, "'chunk' needs a byte size"},
+      {"allreduce * * * * device * ht algo\n", 1, "is not key=value"},
+      {"allreduce * * * * device * nccl algo=rd\n", 1, "takes no parameter 'algo'"},
+      {"allreduce * * * * device * blueconnect hierarchy=2x0\n", 1, "needs factors like 2x4"},
+      {"* * * * * * * pmpi\nbcast * * * * host * pmpi extra\n", 2, "is not key=value"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.text);
+    ParseError e = parse_bad(c.text);
+    CHECK(e.source == "t.conf");
+    CHECK(e.line == c.line);
+    CHECK(e.reason.find(c.reason_part) != std::string::npos);
+    CHECK(e.to_string().rfind("t.conf:" + std::to_string(c.line) + ": ", 0) == 0);
+  }
+}
+
+TEST_CASE("STREAMCOLL_ROUTE forces routes in front of the table") {
+  std::optional<ParseError> err;
+  auto forced = TuningTable::parse_forced("allreduce:nccl, bcast:pmpi ,reduce:ht:algo=ring:chunk=64K", &err);
+  REQUIRE_FALSE(err);
+  REQUIRE(forced.size() == 3);
+  TuningTable t = parse_ok("* * * * * * * pmpi\n");
+  t.prepend(std::move(forced));
+  REQUIRE(t.rules().size() == 4);
+  CHECK(t.match(key(Coll::allreduce, 1 << 30, 4096, MemKind::host))->choice.route ==
+        RouteId::nccl);
+  CHECK(t.match(key(Coll::bcast, 0, 1, MemKind::device))->choice.route == RouteId::pmpi);
+  const Rule* r = t.match(key(Coll::reduce, 8, 2, MemKind::pinned));
+  CHECK(r->choice.route == RouteId::ht);
+  CHECK(r->choice.param("algo") == std::string_view("ring"));
+  CHECK(r->choice.param("chunk") == std::string_view("64K"));
+  CHECK(r->origin == "STREAMCOLL_ROUTE");
+  CHECK(t.match(key(Coll::alltoall, 8, 2, MemKind::device))->choice.route == RouteId::pmpi);
+  CHECK(t.routes_host(Coll::allreduce));
+  CHECK_FALSE(t.routes_host(Coll::alltoall));
+
+  auto all = TuningTable::parse_forced("*:nccl", &err);
+  REQUIRE(all.size() == 1);
+  for (int c = 0; c < kNumColls; ++c) CHECK(((all[0].colls >> c) & 1u) == 1u);
+
+  for (const char* bad : {"allreduce", "allreduce:", "allreduce:foo", "foo:nccl",
+                          "allreduce:ht:algo=x", "allreduce:nccl,bcast"}) {
+    CAPTURE(bad);
+    std::optional<ParseError> e;
+    CHECK(TuningTable::parse_forced(bad, &e).empty());
+    REQUIRE(e);
+    CHECK(e->source == "STREAMCOLL_ROUTE");
+  }
+}
+
+TEST_CASE("the embedded default table parses and routes only to routes this build has") {
+  std::optional<ParseError> err;
+  TuningTable t = TuningTable::parse(default_table_text(), "<default>", &err);
+  REQUIRE_FALSE(err);
+  CHECK_FALSE(t.rules().empty());
+  for (int c = 0; c < kNumColls; ++c)
+    for (MemKind m : {MemKind::host, MemKind::pinned, MemKind::device, MemKind::managed}) {
+      const Rule* r = t.match(key(static_cast<Coll>(c), 8, 4, m));
+      REQUIRE(r);
+      CHECK(r->choice.route == RouteId::pmpi);
+    }
+}
+
+TEST_CASE("names round-trip") {
+  for (int c = 0; c < kNumColls; ++c)
+    CHECK(parse_coll(name(static_cast<Coll>(c))) == static_cast<Coll>(c));
+  for (int r = 0; r < kNumRoutes; ++r)
+    CHECK(parse_route(name(static_cast<RouteId>(r))) == static_cast<RouteId>(r));
+  for (int m = 0; m < kNumMemKinds; ++m)
+    CHECK(parse_mem(name(static_cast<MemKind>(m))) == static_cast<MemKind>(m));
+  CHECK_FALSE(parse_coll("iallreduce"));
+  CHECK_FALSE(parse_route("NCCL"));
+}
