@@ -30,7 +30,4 @@ class Route {
 /// (not built yet, or its library/device is missing here).
 Route* find_route(RouteId id);
 
-/// The real PMPI_ call for `a`, unchanged: its result, its errors, its request.
-int run_pmpi(const CollArgs& a);
-
 }  // namespace streamcoll

@@ -66,6 +66,7 @@ bool Runtime::start() {
   PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, self_delete_fn, &self_keyval_, nullptr);
   PMPI_Comm_set_attr(MPI_COMM_SELF, self_keyval_, nullptr);
   state_.store(running, std::memory_order_release);
+  if (!settings_.stats) g_passthrough.store(~full_path_ & ((1u << kNumColls) - 1));
   SC_INFO("started (%zu tuning rules%s%s)", table_.rules().size(),
           settings_.stats ? ", statistics on" : "", settings_.check ? ", checks on" : "");
   return true;
@@ -108,6 +109,7 @@ void Runtime::stop() {
   std::lock_guard<std::mutex> lock(mu_);
   if (state_.load() != running) return;
   // No new call is routed from here on; calls pass straight through.
+  g_passthrough.store(0);
   state_.store(stopped, std::memory_order_release);
   if (settings_.stats) {
     std::string table = stats_.report(MPI_COMM_WORLD);

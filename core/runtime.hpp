@@ -15,6 +15,11 @@
 
 namespace streamcoll {
 
+/// Bit c set: a call of collective Coll(c) with well-formed arguments goes straight to
+/// PMPI_ (runtime running, no statistics, nothing in the table or the memory can route
+/// it elsewhere). Read by every wrapper; written only by Runtime::start/stop.
+inline std::atomic<uint32_t> g_passthrough{0};
+
 class Runtime {
  public:
   enum State : int { not_started = 0, running = 1, disabled = 2, stopped = 3 };

@@ -1,8 +1,9 @@
 // How a collective call is routed. Read this file first.
 //
 //   MPI_Allreduce(...)                       shim/collectives.cpp builds CollArgs
-//   -> dispatch(args)
-//      fast path: runtime off, or no GPU and no host routes -> PMPI_ call
+//   -> dispatch(args)                        shim/dispatch.hpp, inlined
+//      fast path: no GPU, no host routes, no statistics     -> PMPI_ call
+//   -> dispatch_routed(args)
 //      decide():  invalid arguments, inter-communicator, derived type, user op,
 //                 mixed memory kinds                          -> pmpi
 //                 MPI_COMM_NULL                               -> MPI_ERR_COMM
@@ -23,6 +24,7 @@
 
 #include <cstdlib>
 
+#include "algorithms/pmpi.hpp"
 #include "algorithms/route.hpp"
 #include "core/comm_context.hpp"
 #include "core/cuda_driver.hpp"
@@ -185,15 +187,10 @@ Decision decide(const CollArgs& a, Runtime& rt) {
 
 }  // namespace
 
-int dispatch(const CollArgs& a) {
+int dispatch_routed(const CollArgs& a) {
   Runtime& rt = Runtime::get();
   if (!rt.active()) return run_pmpi(a);
   const bool timed = rt.stats_on();
-  // The pass-through fast path: nothing to route, and no argument that streamcoll must
-  // screen itself (see decide()).
-  if (!timed && !rt.full_path(a.coll) && a.comm != MPI_COMM_NULL && !has_null_pointer(a) &&
-      a.recvcounts == nullptr && (a.request != nullptr || !a.nonblocking))
-    return run_pmpi(a);
 
   const uint64_t t0 = timed ? now_ns() : 0;
   Decision d = decide(a, rt);

@@ -2,9 +2,9 @@
 # Environment knobs, seen from outside: statistics table, STREAMCOLL_DISABLE, a bad
 # tuning file (file:line and the reason, then the run goes on with the default table), a
 # bad STREAMCOLL_ROUTE, debug lines tagged with the rank.
-#   behaviour.sh LIBSTREAMCOLL BAD_INPUT_PROGRAM DEMO_PROGRAM
+#   behaviour.sh LIBSTREAMCOLL DEMO_PROGRAM
 set -uo pipefail
-lib=$1 bad_input=$2 demo=$3
+lib=$1 demo=$2
 here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -13,8 +13,7 @@ ok() { echo "ok: $1"; passed=$((passed + 1)); }
 fail() { echo "FAIL: $1"; failed=$((failed + 1)); }
 run() {  # run NP PROGRAM ARGS... with LD_PRELOAD; output in $tmp/out, $tmp/err
   local np=$1; shift
-  STREAMCOLL_LIB=$lib "$here/run.sh" plain "$np" "$@" LD_PRELOAD="$lib" "${extra[@]}" \
-    >"$tmp/out" 2>"$tmp/err"
+  env LD_PRELOAD="$lib" "${extra[@]}" "$here/run.sh" plain "$np" "$@" >"$tmp/out" 2>"$tmp/err"
 }
 
 # 1. The statistics table: every collective of the demo, summed over 3 ranks.

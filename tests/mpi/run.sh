@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs one MPI test program under mpirun.
-#   run.sh MODE NP PROGRAM [ENV=VALUE ...]
+#   [VAR=VALUE ...] run.sh MODE NP PROGRAM [PROGRAM ARGS ...]
 # MODE: preload  the program is not linked with streamcoll; LD_PRELOAD=$STREAMCOLL_LIB
 #       linked   the program is linked with libstreamcoll
 #       plain    no streamcoll at all (the reference)
@@ -11,7 +11,7 @@ mode=$1 np=$2 prog=$3
 shift 3
 mpirun=${MPIRUN:-mpirun}
 args=(-np "$np")
-envs=("$@")
+envs=()
 if "$mpirun" --version 2>&1 | grep -q "Open MPI"; then
   args+=(--oversubscribe --allow-run-as-root --bind-to none)
   envs+=(OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1)
@@ -24,4 +24,4 @@ case $mode in
 esac
 # Variables reach every rank through the environment of mpirun itself (Open MPI and
 # MPICH both forward it for local ranks); -x would be Open MPI only.
-exec env "${envs[@]}" timeout 600 "$mpirun" "${args[@]}" "$prog"
+exec env "${envs[@]}" timeout 600 "$mpirun" "${args[@]}" "$prog" "$@"
