@@ -11,6 +11,7 @@ namespace streamcoll {
 
 /// The real PMPI_ call for `a`, unchanged: its result, its errors, its request.
 inline int run_pmpi(const CollArgs& a) {
+  if (a.fortran) return a.fortran->run(a.fortran);
   if (a.nonblocking) {
     switch (a.coll) {
       case Coll::allreduce:

@@ -34,6 +34,14 @@ struct CollArgs {
   int root = 0;
   MPI_Comm comm = MPI_COMM_NULL;
   MPI_Request* request = nullptr;  ///< non-blocking calls only
+  /// Set for calls made through the Fortran bindings (shim/fortran.cpp): the MPI's own
+  /// Fortran binding with the caller's original arguments, which the pmpi route runs
+  /// instead of the C call so that Fortran handles, sentinels and ierr stay exact.
+  const struct FortranCall* fortran = nullptr;
+};
+
+struct FortranCall {
+  int (*run)(const FortranCall* self);  ///< runs the real Fortran call, returns its ierr
 };
 
 /// True for the collectives that take an MPI_Op.

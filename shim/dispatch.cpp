@@ -105,6 +105,7 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   }
   CallFacts f;
   f.coll = a.coll;
+  f.fortran = a.fortran != nullptr;
   f.invalid_args = obviously_invalid(a);
   if (f.invalid_args) return d;  // PMPI raises the error; nothing else may touch a.comm
 

@@ -1,0 +1,312 @@
+// The Fortran bindings (mpif.h and `use mpi`). Open MPI's and MPICH's Fortran wrappers
+// call PMPI_ directly, so a PMPI tool sees Fortran calls only if it intercepts the
+// Fortran symbols itself. Each wrapper converts the handles for the dispatcher (for the
+// statistics, the agreement check and, later, routing) and hands it the MPI's own
+// Fortran binding with the caller's original arguments: the pmpi route runs that, so
+// Fortran handles, MPI_IN_PLACE/MPI_BOTTOM and ierr behave exactly as without streamcoll.
+// Routes other than pmpi take C calls only for now (Verdict::fortran).
+// Not covered: the mpi_f08 bindings.
+#include <dlfcn.h>
+#include <mpi.h>
+
+#include <cctype>
+#include <string>
+#include <tuple>
+
+#include "core/log.hpp"
+#include "shim/dispatch.hpp"
+#include "shim/export.hpp"
+
+using streamcoll::Coll;
+using streamcoll::CollArgs;
+using streamcoll::FortranCall;
+using F = MPI_Fint;
+
+static_assert(sizeof(MPI_Fint) == sizeof(int), "recvcounts/displs are passed as int arrays");
+
+namespace {
+
+// The MPI library's own Fortran binding `base` (e.g. "pmpi_allreduce"), in whichever
+// of the usual name manglings it exports.
+void* resolve(const char* base) {
+  std::string b = base, upper = base;
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  for (const std::string& name : {b + "_", b + "__", b, upper})
+    if (void* p = dlsym(RTLD_DEFAULT, name.c_str())) return p;
+  streamcoll::log_error("Fortran binding %s not found in the MPI library; aborting", base);
+  PMPI_Abort(MPI_COMM_WORLD, MPI_ERR_INTERN);
+  return nullptr;
+}
+
+// Fortran's MPI_IN_PLACE and MPI_BOTTOM are addresses of special variables; map them to
+// the C constants so that the dispatcher sees the call as MPI defines it.
+struct Sentinels {
+  const void* in_place[5] = {};
+  const void* bottom[5] = {};
+  Sentinels() {
+    int i = 0, j = 0;
+    // Open MPI: the variables themselves.
+    for (const char* n : {"mpi_fortran_in_place_", "mpi_fortran_in_place", "mpi_fortran_in_place__",
+                          "MPI_FORTRAN_IN_PLACE"})
+      if (void* p = dlsym(RTLD_DEFAULT, n); p && i < 4) in_place[i++] = p;
+    for (const char* n : {"mpi_fortran_bottom_", "mpi_fortran_bottom", "mpi_fortran_bottom__",
+                          "MPI_FORTRAN_BOTTOM"})
+      if (void* p = dlsym(RTLD_DEFAULT, n); p && j < 4) bottom[j++] = p;
+    // MPICH: a C variable holding the address, set when Fortran initialises MPI.
+    if (auto* p = static_cast<void**>(dlsym(RTLD_DEFAULT, "MPIR_F_MPI_IN_PLACE")); p && *p)
+      in_place[i++] = *p;
+    if (auto* p = static_cast<void**>(dlsym(RTLD_DEFAULT, "MPIR_F_MPI_BOTTOM")); p && *p)
+      bottom[j++] = *p;
+  }
+};
+
+const void* c_buf(const void* p) {
+  static const Sentinels s;
+  for (const void* x : s.in_place)
+    if (x && p == x) return MPI_IN_PLACE;
+  for (const void* x : s.bottom)
+    if (x && p == x) return MPI_BOTTOM;
+  return p;
+}
+void* c_buf(void* p) { return const_cast<void*>(c_buf(static_cast<const void*>(p))); }
+
+// The real Fortran call with its arguments, run by the pmpi route.
+template <class... A>
+struct Real final : FortranCall {
+  using Fn = void (*)(A...);
+  Real(Fn fn, F* ierr, A... args) : FortranCall{&invoke}, fn_(fn), args_(args...), ierr_(ierr) {}
+  static int invoke(const FortranCall* self) {
+    const Real* r = static_cast<const Real*>(self);
+    std::apply(r->fn_, r->args_);
+    return *r->ierr_;
+  }
+  Fn fn_;
+  std::tuple<A...> args_;
+  F* ierr_;
+};
+
+template <class Fn>
+Fn real(const char* base) {
+  return reinterpret_cast<Fn>(resolve(base));
+}
+
+void run(CollArgs& a, const FortranCall& call, F* ierr, MPI_Request* scratch) {
+  a.fortran = &call;
+  if (a.nonblocking) a.request = scratch;  // only screened; the real call sets the Fortran one
+  int rc = streamcoll::dispatch_routed(a);
+  if (rc != MPI_SUCCESS) *ierr = rc;  // raised by streamcoll itself (ierr already set otherwise)
+}
+
+CollArgs reduction(Coll c, void* s, void* r, F count, F type, F op, F comm, bool nb) {
+  CollArgs a;
+  a.coll = c;
+  a.nonblocking = nb;
+  a.sendbuf = c_buf(s);
+  a.recvbuf = c_buf(r);
+  a.count = count;
+  a.datatype = PMPI_Type_f2c(type);
+  a.op = PMPI_Op_f2c(op);
+  a.comm = PMPI_Comm_f2c(comm);
+  return a;
+}
+
+CollArgs gather_like(Coll c, void* s, F sc, F st, void* r, F rc, F rt, F comm, bool nb) {
+  CollArgs a;
+  a.coll = c;
+  a.nonblocking = nb;
+  a.sendbuf = c_buf(s);
+  a.sendcount = sc;
+  a.sendtype = PMPI_Type_f2c(st);
+  a.recvbuf = c_buf(r);
+  a.recvcount = rc;
+  a.recvtype = PMPI_Type_f2c(rt);
+  a.comm = PMPI_Comm_f2c(comm);
+  return a;
+}
+
+// One implementation per call; the macro below exports it under the four usual names.
+void allreduce(void* s, void* r, F* n, F* t, F* op, F* comm, F* ierr) {
+  static const auto fn = real<void (*)(void*, void*, F*, F*, F*, F*, F*)>("pmpi_allreduce");
+  Real call(fn, ierr, s, r, n, t, op, comm, ierr);
+  CollArgs a = reduction(Coll::allreduce, s, r, *n, *t, *op, *comm, false);
+  run(a, call, ierr, nullptr);
+}
+void iallreduce(void* s, void* r, F* n, F* t, F* op, F* comm, F* req, F* ierr) {
+  static const auto fn = real<void (*)(void*, void*, F*, F*, F*, F*, F*, F*)>("pmpi_iallreduce");
+  Real call(fn, ierr, s, r, n, t, op, comm, req, ierr);
+  CollArgs a = reduction(Coll::allreduce, s, r, *n, *t, *op, *comm, true);
+  MPI_Request scratch;
+  run(a, call, ierr, &scratch);
+}
+void reduce(void* s, void* r, F* n, F* t, F* op, F* root, F* comm, F* ierr) {
+  static const auto fn = real<void (*)(void*, void*, F*, F*, F*, F*, F*, F*)>("pmpi_reduce");
+  Real call(fn, ierr, s, r, n, t, op, root, comm, ierr);
+  CollArgs a = reduction(Coll::reduce, s, r, *n, *t, *op, *comm, false);
+  a.root = *root;
+  run(a, call, ierr, nullptr);
+}
+void ireduce(void* s, void* r, F* n, F* t, F* op, F* root, F* comm, F* req, F* ierr) {
+  static const auto fn = real<void (*)(void*, void*, F*, F*, F*, F*, F*, F*, F*)>("pmpi_ireduce");
+  Real call(fn, ierr, s, r, n, t, op, root, comm, req, ierr);
+  CollArgs a = reduction(Coll::reduce, s, r, *n, *t, *op, *comm, true);
+  a.root = *root;
+  MPI_Request scratch;
+  run(a, call, ierr, &scratch);
+}
+void bcast(void* b, F* n, F* t, F* root, F* comm, F* ierr) {
+  static const auto fn = real<void (*)(void*, F*, F*, F*, F*, F*)>("pmpi_bcast");
+  Real call(fn, ierr, b, n, t, root, comm, ierr);
+  CollArgs a = reduction(Coll::bcast, nullptr, b, *n, *t, PMPI_Op_c2f(MPI_OP_NULL), *comm, false);
+  a.root = *root;
+  run(a, call, ierr, nullptr);
+}
+void ibcast(void* b, F* n, F* t, F* root, F* comm, F* req, F* ierr) {
+  static const auto fn = real<void (*)(void*, F*, F*, F*, F*, F*, F*)>("pmpi_ibcast");
+  Real call(fn, ierr, b, n, t, root, comm, req, ierr);
+  CollArgs a = reduction(Coll::bcast, nullptr, b, *n, *t, PMPI_Op_c2f(MPI_OP_NULL), *comm, true);
+  a.root = *root;
+  MPI_Request scratch;
+  run(a, call, ierr, &scratch);
+}
+void allgather(void* s, F* sc, F* st, void* r, F* rc, F* rt, F* comm, F* ierr) {
+  static const auto fn = real<void (*)(void*, F*, F*, void*, F*, F*, F*, F*)>("pmpi_allgather");
+  Real call(fn, ierr, s, sc, st, r, rc, rt, comm, ierr);
+  CollArgs a = gather_like(Coll::allgather, s, *sc, *st, r, *rc, *rt, *comm, false);
+  run(a, call, ierr, nullptr);
+}
+void iallgather(void* s, F* sc, F* st, void* r, F* rc, F* rt, F* comm, F* req, F* ierr) {
+  static const auto fn =
+      real<void (*)(void*, F*, F*, void*, F*, F*, F*, F*, F*)>("pmpi_iallgather");
+  Real call(fn, ierr, s, sc, st, r, rc, rt, comm, req, ierr);
+  CollArgs a = gather_like(Coll::allgather, s, *sc, *st, r, *rc, *rt, *comm, true);
+  MPI_Request scratch;
+  run(a, call, ierr, &scratch);
+}
+void allgatherv(void* s, F* sc, F* st, void* r, F* rcs, F* ds, F* rt, F* comm, F* ierr) {
+  static const auto fn =
+      real<void (*)(void*, F*, F*, void*, F*, F*, F*, F*, F*)>("pmpi_allgatherv");
+  Real call(fn, ierr, s, sc, st, r, rcs, ds, rt, comm, ierr);
+  CollArgs a = gather_like(Coll::allgatherv, s, *sc, *st, r, 0, *rt, *comm, false);
+  a.recvcounts = rcs;
+  a.displs = ds;
+  run(a, call, ierr, nullptr);
+}
+void iallgatherv(void* s, F* sc, F* st, void* r, F* rcs, F* ds, F* rt, F* comm, F* req,
+                 F* ierr) {
+  static const auto fn =
+      real<void (*)(void*, F*, F*, void*, F*, F*, F*, F*, F*, F*)>("pmpi_iallgatherv");
+  Real call(fn, ierr, s, sc, st, r, rcs, ds, rt, comm, req, ierr);
+  CollArgs a = gather_like(Coll::allgatherv, s, *sc, *st, r, 0, *rt, *comm, true);
+  a.recvcounts = rcs;
+  a.displs = ds;
+  MPI_Request scratch;
+  run(a, call, ierr, &scratch);
+}
+void reduce_scatter_block(void* s, void* r, F* n, F* t, F* op, F* comm, F* ierr) {
+  static const auto fn =
+      real<void (*)(void*, void*, F*, F*, F*, F*, F*)>("pmpi_reduce_scatter_block");
+  Real call(fn, ierr, s, r, n, t, op, comm, ierr);
+  CollArgs a = reduction(Coll::reduce_scatter_block, s, r, *n, *t, *op, *comm, false);
+  run(a, call, ierr, nullptr);
+}
+void ireduce_scatter_block(void* s, void* r, F* n, F* t, F* op, F* comm, F* req, F* ierr) {
+  static const auto fn =
+      real<void (*)(void*, void*, F*, F*, F*, F*, F*, F*)>("pmpi_ireduce_scatter_block");
+  Real call(fn, ierr, s, r, n, t, op, comm, req, ierr);
+  CollArgs a = reduction(Coll::reduce_scatter_block, s, r, *n, *t, *op, *comm, true);
+  MPI_Request scratch;
+  run(a, call, ierr, &scratch);
+}
+void reduce_scatter(void* s, void* r, F* rcs, F* t, F* op, F* comm, F* ierr) {
+  static const auto fn =
+      real<void (*)(void*, void*, F*, F*, F*, F*, F*)>("pmpi_reduce_scatter");
+  Real call(fn, ierr, s, r, rcs, t, op, comm, ierr);
+  CollArgs a = reduction(Coll::reduce_scatter, s, r, 0, *t, *op, *comm, false);
+  a.recvcounts = rcs;
+  run(a, call, ierr, nullptr);
+}
+void ireduce_scatter(void* s, void* r, F* rcs, F* t, F* op, F* comm, F* req, F* ierr) {
+  static const auto fn =
+      real<void (*)(void*, void*, F*, F*, F*, F*, F*, F*)>("pmpi_ireduce_scatter");
+  Real call(fn, ierr, s, r, rcs, t, op, comm, req, ierr);
+  CollArgs a = reduction(Coll::reduce_scatter, s, r, 0, *t, *op, *comm, true);
+  a.recvcounts = rcs;
+  MPI_Request scratch;
+  run(a, call, ierr, &scratch);
+}
+void alltoall(void* s, F* sc, F* st, void* r, F* rc, F* rt, F* comm, F* ierr) {
+  static const auto fn = real<void (*)(void*, F*, F*, void*, F*, F*, F*, F*)>("pmpi_alltoall");
+  Real call(fn, ierr, s, sc, st, r, rc, rt, comm, ierr);
+  CollArgs a = gather_like(Coll::alltoall, s, *sc, *st, r, *rc, *rt, *comm, false);
+  run(a, call, ierr, nullptr);
+}
+void ialltoall(void* s, F* sc, F* st, void* r, F* rc, F* rt, F* comm, F* req, F* ierr) {
+  static const auto fn =
+      real<void (*)(void*, F*, F*, void*, F*, F*, F*, F*, F*)>("pmpi_ialltoall");
+  Real call(fn, ierr, s, sc, st, r, rc, rt, comm, req, ierr);
+  CollArgs a = gather_like(Coll::alltoall, s, *sc, *st, r, *rc, *rt, *comm, true);
+  MPI_Request scratch;
+  run(a, call, ierr, &scratch);
+}
+void barrier(F* comm, F* ierr) {
+  static const auto fn = real<void (*)(F*, F*)>("pmpi_barrier");
+  Real call(fn, ierr, comm, ierr);
+  CollArgs a;
+  a.coll = Coll::barrier;
+  a.comm = PMPI_Comm_f2c(*comm);
+  run(a, call, ierr, nullptr);
+}
+void ibarrier(F* comm, F* req, F* ierr) {
+  static const auto fn = real<void (*)(F*, F*, F*)>("pmpi_ibarrier");
+  Real call(fn, ierr, comm, req, ierr);
+  CollArgs a;
+  a.coll = Coll::barrier;
+  a.nonblocking = true;
+  a.comm = PMPI_Comm_f2c(*comm);
+  MPI_Request scratch;
+  run(a, call, ierr, &scratch);
+}
+
+}  // namespace
+
+// Exports `impl` as name_, name__, name and NAME (the manglings Fortran compilers use).
+#define SC_FORTRAN(lower, UPPER, impl, params, args) \
+  SC_EXPORT void lower##_ params { impl args; }     \
+  SC_EXPORT void lower##__ params { impl args; }    \
+  SC_EXPORT void lower params { impl args; }        \
+  SC_EXPORT void UPPER params { impl args; }
+
+#define P6 (void* a, void* b, F* c, F* d, F* e, F* f, F* g)
+#define A6 (a, b, c, d, e, f, g)
+#define P7 (void* a, void* b, F* c, F* d, F* e, F* f, F* g, F* h)
+#define A7 (a, b, c, d, e, f, g, h)
+#define P8 (void* a, void* b, F* c, F* d, F* e, F* f, F* g, F* h, F* i)
+#define A8 (a, b, c, d, e, f, g, h, i)
+#define PG (void* a, F* b, F* c, void* d, F* e, F* f, F* g, F* h)
+#define AG (a, b, c, d, e, f, g, h)
+#define PGI (void* a, F* b, F* c, void* d, F* e, F* f, F* g, F* h, F* i)
+#define AGI (a, b, c, d, e, f, g, h, i)
+#define PGV (void* a, F* b, F* c, void* d, F* e, F* f, F* g, F* h, F* i)
+#define PGVI (void* a, F* b, F* c, void* d, F* e, F* f, F* g, F* h, F* i, F* j)
+#define AGVI (a, b, c, d, e, f, g, h, i, j)
+
+SC_FORTRAN(mpi_allreduce, MPI_ALLREDUCE, allreduce, P6, A6)
+SC_FORTRAN(mpi_iallreduce, MPI_IALLREDUCE, iallreduce, P7, A7)
+SC_FORTRAN(mpi_reduce, MPI_REDUCE, reduce, P7, A7)
+SC_FORTRAN(mpi_ireduce, MPI_IREDUCE, ireduce, P8, A8)
+SC_FORTRAN(mpi_bcast, MPI_BCAST, bcast, (void* a, F* b, F* c, F* d, F* e, F* f),
+           (a, b, c, d, e, f))
+SC_FORTRAN(mpi_ibcast, MPI_IBCAST, ibcast, (void* a, F* b, F* c, F* d, F* e, F* f, F* g),
+           (a, b, c, d, e, f, g))
+SC_FORTRAN(mpi_allgather, MPI_ALLGATHER, allgather, PG, AG)
+SC_FORTRAN(mpi_iallgather, MPI_IALLGATHER, iallgather, PGI, AGI)
+SC_FORTRAN(mpi_allgatherv, MPI_ALLGATHERV, allgatherv, PGV, AGI)
+SC_FORTRAN(mpi_iallgatherv, MPI_IALLGATHERV, iallgatherv, PGVI, AGVI)
+SC_FORTRAN(mpi_reduce_scatter_block, MPI_REDUCE_SCATTER_BLOCK, reduce_scatter_block, P6, A6)
+SC_FORTRAN(mpi_ireduce_scatter_block, MPI_IREDUCE_SCATTER_BLOCK, ireduce_scatter_block, P7, A7)
+SC_FORTRAN(mpi_reduce_scatter, MPI_REDUCE_SCATTER, reduce_scatter, P6, A6)
+SC_FORTRAN(mpi_ireduce_scatter, MPI_IREDUCE_SCATTER, ireduce_scatter, P7, A7)
+SC_FORTRAN(mpi_alltoall, MPI_ALLTOALL, alltoall, PG, AG)
+SC_FORTRAN(mpi_ialltoall, MPI_IALLTOALL, ialltoall, PGI, AGI)
+SC_FORTRAN(mpi_barrier, MPI_BARRIER, barrier, (F* a, F* b), (a, b))
+SC_FORTRAN(mpi_ibarrier, MPI_IBARRIER, ibarrier, (F* a, F* b, F* c), (a, b, c))
