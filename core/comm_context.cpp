@@ -58,12 +58,13 @@ bool build(CommContext* ctx) {
 
 }  // namespace
 
-CommContext* comm_context(MPI_Comm comm) {
+CommContext* comm_context(MPI_Comm comm, bool create) {
   if (g_keyval == MPI_KEYVAL_INVALID) return nullptr;
   void* value = nullptr;
   int found = 0;
   if (PMPI_Comm_get_attr(comm, g_keyval, &value, &found) != MPI_SUCCESS) return nullptr;
   if (found) return static_cast<CommContext*>(value);
+  if (!create) return nullptr;
 
   // Not yet created. Every rank arrives here at the same call on comm, so the collective
   // operations in build() match up. Different communicators may be set up concurrently
@@ -82,6 +83,11 @@ CommContext* comm_context(MPI_Comm comm) {
   std::lock_guard<std::mutex> lock(g_mu);
   g_live.insert(ctx);
   return ctx;
+}
+
+size_t comm_contexts_live() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_live.size();
 }
 
 void comm_contexts_start() {

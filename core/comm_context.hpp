@@ -6,6 +6,8 @@
 
 #include <mpi.h>
 
+#include <cstddef>
+
 namespace streamcoll {
 
 struct CommContext {
@@ -23,14 +25,17 @@ struct CommContext {
   bool uniform = true;             ///< every node holds `ppn` ranks
 };
 
-/// The context of `comm`, created if needed. Collective over `comm` the first time it is
-/// called for that communicator (all ranks must call it at the same point). Returns
-/// nullptr if MPI refuses (the caller then passes the call through).
-CommContext* comm_context(MPI_Comm comm);
+/// The context of `comm`. With `create`, it is created if needed: collective over `comm`
+/// (blocking) the first time, so all ranks must call it at the same point, and only from
+/// a blocking collective: starting a non-blocking one must stay a local operation.
+/// Returns nullptr when there is none (yet) or MPI refuses; the call then passes through.
+CommContext* comm_context(MPI_Comm comm, bool create);
 
 /// Keyval management, for the runtime: create at start, and free every live context
 /// (deleting the attribute from its communicator) at stop.
 void comm_contexts_start();
 void comm_contexts_stop();
+/// Contexts alive now (for tests and diagnostics).
+size_t comm_contexts_live();
 
 }  // namespace streamcoll

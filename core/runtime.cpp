@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/agreement.hpp"
 #include "core/comm_context.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/datatypes.hpp"
@@ -111,6 +112,7 @@ void Runtime::stop() {
   // No new call is routed from here on; calls pass straight through.
   g_passthrough.store(0);
   state_.store(stopped, std::memory_order_release);
+  if (settings_.check) finish_agreement_checks();
   if (settings_.stats) {
     std::string table = stats_.report(MPI_COMM_WORLD);
     if (!table.empty()) std::fputs(table.c_str(), stderr);

@@ -14,8 +14,8 @@
 //                 communicator context (node layout)          core/comm_context
 //                 tuning table: first matching rule           config/tuning_table
 //                 route absent in this build, or declines     -> pmpi
-//      STREAMCOLL_CHECK: one PMPI_Allreduce verifies every rank chose the same
-//      route and memory kind
+//      STREAMCOLL_CHECK: one extra allreduce verifies every rank chose the same
+//      route and memory kind                                 core/agreement
 //      route.run(args)                                        algorithms/
 //      statistics (STREAMCOLL_STATS)                          core/stats
 #include "shim/dispatch.hpp"
@@ -26,6 +26,7 @@
 
 #include "algorithms/pmpi.hpp"
 #include "algorithms/route.hpp"
+#include "core/agreement.hpp"
 #include "core/comm_context.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/datatypes.hpp"
@@ -67,25 +68,6 @@ MemKind combine(const BufferUse* bufs, int n) {
     else if (k != kind) return MemKind::mixed;
   }
   return kind;
-}
-
-// Aborts the job when ranks disagree on (route, memory kind). One allreduce of
-// (x, -x) with MPI_MAX yields the largest and the smallest value over the ranks.
-void check_agreement(const CollArgs& a, const Decision& d, int rank) {
-  int v = static_cast<int>(d.route) * kNumMemKinds + static_cast<int>(d.mem);
-  int in[2] = {v, -v}, out[2] = {0, 0};
-  if (PMPI_Allreduce(in, out, 2, MPI_INT, MPI_MAX, a.comm) != MPI_SUCCESS) return;
-  if (out[0] == -out[1]) return;
-  auto route_of = [](int x) { return std::string(name(static_cast<RouteId>(x / kNumMemKinds))); };
-  auto mem_of = [](int x) { return std::string(name(static_cast<MemKind>(x % kNumMemKinds))); };
-  log_error(
-      "STREAMCOLL_CHECK: ranks disagree on %s: this rank (%d) chose route %s on %s memory; "
-      "others chose between %s/%s and %s/%s. All ranks must pass buffers of the same kind. "
-      "Aborting.",
-      call_name(a.coll, a.nonblocking).c_str(), rank, route_of(v).c_str(), mem_of(v).c_str(),
-      route_of(-out[1]).c_str(), mem_of(-out[1]).c_str(), route_of(out[0]).c_str(),
-      mem_of(out[0]).c_str());
-  PMPI_Abort(a.comm, MPI_ERR_OTHER);
 }
 
 Decision decide(const CollArgs& a, Runtime& rt) {
@@ -163,9 +145,11 @@ Decision decide(const CollArgs& a, Runtime& rt) {
     return d;
   }
 
-  d.ctx = comm_context(a.comm);
-  if (!d.ctx) return d;
-  if (verdict == Verdict::eligible) {
+  // The communicator's context holds the layout the table matches on. It is created
+  // collectively at the first blocking call that could be routed; until then non-blocking
+  // calls on the communicator pass through (the same on every rank).
+  if (verdict == Verdict::eligible && rt.table().may_leave_pmpi(a.coll, d.mem) &&
+      (d.ctx = comm_context(a.comm, !a.nonblocking)) != nullptr) {
     config::CallKey key{a.coll, d.bytes, size, d.ctx->nodes, d.ctx->ppn, d.mem, false};
     if (const config::Rule* rule = rt.table().match(key)) {
       d.choice = &rule->choice;
@@ -179,7 +163,7 @@ Decision decide(const CollArgs& a, Runtime& rt) {
       }
     }
   }
-  if (check) check_agreement(a, d, rank);
+  if (check) check_agreement(a.comm, a.coll, a.nonblocking, d.route, d.mem, rank);
   SC_TRACE("%s %llu B on %s memory -> %s", call_name(a.coll, a.nonblocking).c_str(),
            static_cast<unsigned long long>(d.bytes), std::string(name(d.mem)).c_str(),
            std::string(name(d.route)).c_str());

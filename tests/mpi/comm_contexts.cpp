@@ -1,0 +1,106 @@
+// Communicator contexts: created once per communicator, by blocking calls only, with the
+// node layout; freed by MPI_Comm_free and by the runtime's stop before MPI_Finalize.
+// Linked against the library's internals; run with 1 to 4 ranks on one node.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+#include <mpi.h>
+
+#include "core/comm_context.hpp"
+#include "core/runtime.hpp"
+
+using namespace streamcoll;
+
+namespace {
+int world_size() {
+  int s = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+}  // namespace
+
+TEST_CASE("a context per communicator, with the node layout") {
+  REQUIRE(Runtime::get().active());
+  const size_t live = comm_contexts_live();
+  CommContext* w = comm_context(MPI_COMM_WORLD, true);
+  REQUIRE(w != nullptr);
+  CHECK(comm_context(MPI_COMM_WORLD, true) == w);
+  CHECK(comm_context(MPI_COMM_WORLD, false) == w);
+  CHECK(comm_contexts_live() == live + 1);
+  CHECK(w->size == world_size());
+  CHECK_FALSE(w->inter);
+  CHECK(w->nodes == 1);  // the tests run on one machine
+  CHECK(w->ppn == world_size());
+  CHECK(w->uniform);
+  CHECK(w->local_size == world_size());
+  CHECK(w->local != MPI_COMM_NULL);
+}
+
+TEST_CASE("non-blocking calls never create one; MPI_Comm_free frees it") {
+  MPI_Comm dup;
+  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+  const size_t live = comm_contexts_live();
+  CHECK(comm_context(dup, false) == nullptr);
+  CHECK(comm_contexts_live() == live);
+  CommContext* c = comm_context(dup, true);
+  REQUIRE(c != nullptr);
+  CHECK(c->comm == dup);
+  CHECK(comm_contexts_live() == live + 1);
+  // MPI_Comm_dup does not copy it (null copy callback).
+  MPI_Comm dup2;
+  MPI_Comm_dup(dup, &dup2);
+  CHECK(comm_context(dup2, false) == nullptr);
+  MPI_Comm_free(&dup2);
+  MPI_Comm_free(&dup);
+  CHECK(comm_contexts_live() == live);
+}
+
+TEST_CASE("split communicators get their own layout") {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm half;
+  MPI_Comm_split(MPI_COMM_WORLD, rank % 2, -rank, &half);
+  CommContext* c = comm_context(half, true);
+  REQUIRE(c != nullptr);
+  int size = 0, hrank = 0;
+  MPI_Comm_size(half, &size);
+  MPI_Comm_rank(half, &hrank);
+  CHECK(c->size == size);
+  CHECK(c->rank == hrank);
+  CHECK(c->ppn == size);
+  MPI_Comm_free(&half);
+}
+
+TEST_CASE("an inter-communicator gets a context that routes nothing") {
+  if (world_size() < 2) return;
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm half, inter;
+  MPI_Comm_split(MPI_COMM_WORLD, rank % 2, rank, &half);
+  MPI_Intercomm_create(half, 0, MPI_COMM_WORLD, rank % 2 == 0 ? 1 : 0, 7, &inter);
+  CommContext* c = comm_context(inter, true);
+  REQUIRE(c != nullptr);
+  CHECK(c->inter);
+  CHECK(c->local == MPI_COMM_NULL);
+  MPI_Comm_free(&inter);
+  MPI_Comm_free(&half);
+}
+
+TEST_CASE("the runtime's stop frees every context left") {
+  MPI_Comm keep;
+  MPI_Comm_dup(MPI_COMM_WORLD, &keep);
+  REQUIRE(comm_context(keep, true) != nullptr);
+  CHECK(comm_contexts_live() >= 2);  // world and keep
+  Runtime::get().stop();
+  CHECK(comm_contexts_live() == 0);
+  CHECK_FALSE(Runtime::get().active());
+  MPI_Comm_free(&keep);  // no context left on it: must not crash
+}
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  doctest::Context ctx(argc, argv);
+  ctx.setOption("order-by", "file");
+  int rc = ctx.run();
+  MPI_Finalize();
+  return rc;
+}
