@@ -1,5 +1,6 @@
-// The collective wrappers: translate the arguments, nothing more. Routing is in
-// shim/dispatch.cpp.
+// The collective wrappers: take the pass-through fast path when it holds (one atomic load
+// and a few compares, then a tail call to PMPI_), otherwise translate the arguments for
+// the dispatcher. Routing is in shim/dispatch.cpp.
 #include <mpi.h>
 
 #include "shim/dispatch.hpp"
@@ -8,6 +9,7 @@
 using streamcoll::Coll;
 using streamcoll::CollArgs;
 using streamcoll::dispatch;
+using streamcoll::pass_through;
 
 namespace {
 
@@ -89,17 +91,25 @@ int barrier(MPI_Comm c, MPI_Request* q, bool nb) {
 // Blocking.
 SC_EXPORT int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count,
                             MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
+  if (pass_through(Coll::allreduce, comm, sendbuf, recvbuf))
+    return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
   return allreduce(sendbuf, recvbuf, count, datatype, op, comm, nullptr, false);
 }
 SC_EXPORT int MPI_Reduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype,
                          MPI_Op op, int root, MPI_Comm comm) {
+  if (pass_through(Coll::reduce, comm, sendbuf, recvbuf))
+    return PMPI_Reduce(sendbuf, recvbuf, count, datatype, op, root, comm);
   return reduce(sendbuf, recvbuf, count, datatype, op, root, comm, nullptr, false);
 }
 SC_EXPORT int MPI_Bcast(void* buffer, int count, MPI_Datatype datatype, int root, MPI_Comm comm) {
+  if (pass_through(Coll::bcast, comm, buffer, buffer))
+    return PMPI_Bcast(buffer, count, datatype, root, comm);
   return bcast(buffer, count, datatype, root, comm, nullptr, false);
 }
 SC_EXPORT int MPI_Allgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype,
                             void* recvbuf, int recvcount, MPI_Datatype recvtype, MPI_Comm comm) {
+  if (pass_through(Coll::allgather, comm, sendbuf, recvbuf))
+    return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
   return dispatch(gather_like(Coll::allgather, sendbuf, sendcount, sendtype, recvbuf, recvcount,
                               recvtype, comm, nullptr, false));
 }
@@ -111,6 +121,8 @@ SC_EXPORT int MPI_Allgatherv(const void* sendbuf, int sendcount, MPI_Datatype se
 }
 SC_EXPORT int MPI_Reduce_scatter_block(const void* sendbuf, void* recvbuf, int recvcount,
                                        MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
+  if (pass_through(Coll::reduce_scatter_block, comm, sendbuf, recvbuf))
+    return PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm);
   return reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm, nullptr, false);
 }
 SC_EXPORT int MPI_Reduce_scatter(const void* sendbuf, void* recvbuf, const int recvcounts[],
@@ -119,28 +131,42 @@ SC_EXPORT int MPI_Reduce_scatter(const void* sendbuf, void* recvbuf, const int r
 }
 SC_EXPORT int MPI_Alltoall(const void* sendbuf, int sendcount, MPI_Datatype sendtype,
                            void* recvbuf, int recvcount, MPI_Datatype recvtype, MPI_Comm comm) {
+  if (pass_through(Coll::alltoall, comm, sendbuf, recvbuf))
+    return PMPI_Alltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
   return dispatch(gather_like(Coll::alltoall, sendbuf, sendcount, sendtype, recvbuf, recvcount,
                               recvtype, comm, nullptr, false));
 }
-SC_EXPORT int MPI_Barrier(MPI_Comm comm) { return barrier(comm, nullptr, false); }
+SC_EXPORT int MPI_Barrier(MPI_Comm comm) {
+  if (pass_through(Coll::barrier, comm, &comm, &comm)) return PMPI_Barrier(comm);
+  return barrier(comm, nullptr, false);
+}
 
-// Non-blocking: the same, with a request.
+// Non-blocking: the same, with a request (and no fast path without one).
 SC_EXPORT int MPI_Iallreduce(const void* sendbuf, void* recvbuf, int count,
                              MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
                              MPI_Request* request) {
+  if (request && pass_through(Coll::allreduce, comm, sendbuf, recvbuf))
+    return PMPI_Iallreduce(sendbuf, recvbuf, count, datatype, op, comm, request);
   return allreduce(sendbuf, recvbuf, count, datatype, op, comm, request, true);
 }
 SC_EXPORT int MPI_Ireduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype,
                           MPI_Op op, int root, MPI_Comm comm, MPI_Request* request) {
+  if (request && pass_through(Coll::reduce, comm, sendbuf, recvbuf))
+    return PMPI_Ireduce(sendbuf, recvbuf, count, datatype, op, root, comm, request);
   return reduce(sendbuf, recvbuf, count, datatype, op, root, comm, request, true);
 }
 SC_EXPORT int MPI_Ibcast(void* buffer, int count, MPI_Datatype datatype, int root, MPI_Comm comm,
                          MPI_Request* request) {
+  if (request && pass_through(Coll::bcast, comm, buffer, buffer))
+    return PMPI_Ibcast(buffer, count, datatype, root, comm, request);
   return bcast(buffer, count, datatype, root, comm, request, true);
 }
 SC_EXPORT int MPI_Iallgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype,
                              void* recvbuf, int recvcount, MPI_Datatype recvtype, MPI_Comm comm,
                              MPI_Request* request) {
+  if (request && pass_through(Coll::allgather, comm, sendbuf, recvbuf))
+    return PMPI_Iallgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm,
+                           request);
   return dispatch(gather_like(Coll::allgather, sendbuf, sendcount, sendtype, recvbuf, recvcount,
                               recvtype, comm, request, true));
 }
@@ -153,6 +179,8 @@ SC_EXPORT int MPI_Iallgatherv(const void* sendbuf, int sendcount, MPI_Datatype s
 SC_EXPORT int MPI_Ireduce_scatter_block(const void* sendbuf, void* recvbuf, int recvcount,
                                         MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
                                         MPI_Request* request) {
+  if (request && pass_through(Coll::reduce_scatter_block, comm, sendbuf, recvbuf))
+    return PMPI_Ireduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm, request);
   return reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm, request, true);
 }
 SC_EXPORT int MPI_Ireduce_scatter(const void* sendbuf, void* recvbuf, const int recvcounts[],
@@ -163,7 +191,14 @@ SC_EXPORT int MPI_Ireduce_scatter(const void* sendbuf, void* recvbuf, const int 
 SC_EXPORT int MPI_Ialltoall(const void* sendbuf, int sendcount, MPI_Datatype sendtype,
                             void* recvbuf, int recvcount, MPI_Datatype recvtype, MPI_Comm comm,
                             MPI_Request* request) {
+  if (request && pass_through(Coll::alltoall, comm, sendbuf, recvbuf))
+    return PMPI_Ialltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm,
+                          request);
   return dispatch(gather_like(Coll::alltoall, sendbuf, sendcount, sendtype, recvbuf, recvcount,
                               recvtype, comm, request, true));
 }
-SC_EXPORT int MPI_Ibarrier(MPI_Comm comm, MPI_Request* request) { return barrier(comm, request, true); }
+SC_EXPORT int MPI_Ibarrier(MPI_Comm comm, MPI_Request* request) {
+  if (request && pass_through(Coll::barrier, comm, &comm, &comm))
+    return PMPI_Ibarrier(comm, request);
+  return barrier(comm, request, true);
+}

@@ -1,9 +1,8 @@
 // How a collective call is routed. Read this file first.
 //
-//   MPI_Allreduce(...)                       shim/collectives.cpp builds CollArgs
-//   -> dispatch(args)                        shim/dispatch.hpp, inlined
-//      fast path: no GPU, no host routes, no statistics     -> PMPI_ call
-//   -> dispatch_routed(args)
+//   MPI_Allreduce(...)                       shim/collectives.cpp
+//      pass_through(): no GPU, no host routes, no statistics -> PMPI_ call
+//   -> dispatch(CollArgs)
 //      decide():  invalid arguments, inter-communicator, derived type, user op,
 //                 mixed memory kinds                          -> pmpi
 //                 MPI_COMM_NULL                               -> MPI_ERR_COMM
@@ -172,7 +171,7 @@ Decision decide(const CollArgs& a, Runtime& rt) {
 
 }  // namespace
 
-int dispatch_routed(const CollArgs& a) {
+int dispatch(const CollArgs& a) {
   Runtime& rt = Runtime::get();
   if (!rt.active()) return run_pmpi(a);
   const bool timed = rt.stats_on();

@@ -1,23 +1,25 @@
-// The one entry point every collective wrapper calls.
+// The entry points every collective wrapper uses.
 #pragma once
 
-#include "algorithms/pmpi.hpp"
+#include <mpi.h>
+
 #include "core/coll_args.hpp"
 #include "core/runtime.hpp"
 
 namespace streamcoll {
 
-/// Routes and runs one intercepted call; returns what the MPI call returns.
-int dispatch_routed(const CollArgs& a);
-
-/// The fast path, inlined into each wrapper: when nothing can route the call and no
-/// argument needs screening (see dispatch_routed), the real call, directly.
-inline int dispatch(const CollArgs& a) {
-  if ((g_passthrough.load(std::memory_order_relaxed) >> static_cast<int>(a.coll) & 1u) &&
-      a.comm != MPI_COMM_NULL && !has_null_pointer(a) && a.recvcounts == nullptr &&
-      (a.request != nullptr || !a.nonblocking))
-    return run_pmpi(a);
-  return dispatch_routed(a);
+/// The pass-through fast path, checked by each wrapper before anything else: when it
+/// holds, the wrapper tail-calls the PMPI_ function itself. It holds when nothing can
+/// route the collective (g_passthrough) and the arguments need no screening by
+/// streamcoll (a valid communicator, non-null buffers, a request for a non-blocking
+/// call; v-variants never take it, their counts are screened in dispatch()).
+inline bool pass_through(Coll c, MPI_Comm comm, const void* sendbuf, const void* recvbuf) {
+  return (g_passthrough.load(std::memory_order_relaxed) >> static_cast<int>(c) & 1u) &&
+         comm != MPI_COMM_NULL && sendbuf != nullptr && recvbuf != nullptr;
 }
+
+/// Everything else: screens, classifies, routes and runs one call, and records its
+/// statistics; returns what the MPI call returns. shim/dispatch.cpp.
+int dispatch(const CollArgs& a);
 
 }  // namespace streamcoll

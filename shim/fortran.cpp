@@ -93,7 +93,7 @@ Fn real(const char* base) {
 void run(CollArgs& a, const FortranCall& call, F* ierr, MPI_Request* scratch) {
   a.fortran = &call;
   if (a.nonblocking) a.request = scratch;  // only screened; the real call sets the Fortran one
-  int rc = streamcoll::dispatch_routed(a);
+  int rc = streamcoll::dispatch(a);
   if (rc != MPI_SUCCESS) *ierr = rc;  // raised by streamcoll itself (ierr already set otherwise)
 }
 
