@@ -3,13 +3,14 @@
 //   MPI_Allreduce(...)                       shim/collectives.cpp
 //      pass_through(): no GPU, no host routes, no statistics -> PMPI_ call
 //   -> dispatch(CollArgs)
-//      decide():  invalid arguments, inter-communicator, derived type, user op,
-//                 mixed memory kinds                          -> pmpi
-//                 MPI_COMM_NULL                               -> MPI_ERR_COMM
-//                 negative recvcounts[i] (v-variants)         -> MPI_ERR_COUNT
+//      decide():  MPI_COMM_NULL                               -> MPI_ERR_COMM
 //                 non-blocking call without a request         -> MPI_ERR_REQUEST
+//                 other invalid arguments, inter-communicator -> pmpi (MPI raises)
+//                 negative recvcounts[i] (v-variants)         -> MPI_ERR_COUNT
 //                 null data buffer with a predefined type     -> MPI_ERR_BUFFER
 //                 memory kind of the significant buffers (CUDA driver)
+//                 derived type, user op, mixed memory kinds,
+//                 Fortran binding (core/eligibility)          -> pmpi
 //                 communicator context (node layout)          core/comm_context
 //                 tuning table: first matching rule           config/tuning_table
 //                 route absent in this build, or declines     -> pmpi
@@ -20,8 +21,6 @@
 #include "shim/dispatch.hpp"
 
 #include <time.h>
-
-#include <cstdlib>
 
 #include "algorithms/pmpi.hpp"
 #include "algorithms/route.hpp"
@@ -110,12 +109,12 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   const bool reduction_family = a.coll == Coll::allreduce || a.coll == Coll::reduce ||
                                 a.coll == Coll::bcast || a.coll == Coll::reduce_scatter ||
                                 a.coll == Coll::reduce_scatter_block;
-  MPI_Datatype st = reduction_family ? a.datatype : a.sendtype;
-  MPI_Datatype rt_ = reduction_family ? a.datatype : a.recvtype;
-  if (a.sendbuf == MPI_IN_PLACE && !reduction_family) st = rt_;
-  f.send_type = a.coll == Coll::barrier ? nullptr : find_type(st);
-  f.recv_type = a.coll == Coll::barrier ? nullptr : find_type(rt_);
-  const int sts = type_size(st, f.send_type), rts = type_size(rt_, f.recv_type);
+  const MPI_Datatype rtype = reduction_family ? a.datatype : a.recvtype;
+  const MPI_Datatype stype =
+      reduction_family ? a.datatype : (a.sendbuf == MPI_IN_PLACE ? rtype : a.sendtype);
+  f.send_type = a.coll == Coll::barrier ? nullptr : find_type(stype);
+  f.recv_type = a.coll == Coll::barrier ? nullptr : find_type(rtype);
+  const int sts = type_size(stype, f.send_type), rts = type_size(rtype, f.recv_type);
   f.counts_match = a.sendbuf == MPI_IN_PLACE || reduction_family ||
                    a.coll == Coll::allgatherv || a.sendcount == a.recvcount;
   f.op = takes_op(a.coll) ? find_op(a.op) : nullptr;
