@@ -867,24 +867,30 @@ PendingPtr make_reduce(const Comm& c, const TypeDesc& t, Op op, int n, int root,
 
 // In place, the whole input sits in the receive buffer and only the first block of the
 // result is defined afterwards.
+// Buffers of a reduce-scatter: `total` input elements, `mine` of them come back to this
+// rank (in place: at the start of the input buffer; otherwise into a guarded buffer).
+void scatter_buffers(Pending& p, const Comm& c, const TypeDesc& t, Op op, size_t total,
+                     size_t mine, bool in_place, uint64_t salt) {
+  if (in_place) {
+    p.recv = Buffer(total, t.k.size);
+    fill(t, p.recv.data(), total, op, c.rank, 0, salt);
+    p.check_end = mine;
+  } else {
+    p.send = Buffer(total, t.k.size);
+    fill(t, p.send.data(), total, op, c.rank, 0, salt);
+    p.recv = Buffer(mine + kGuard, t.k.size);
+    fill_sentinel(t, p.recv, c.rank, salt);
+    p.check_end = mine + kGuard;
+  }
+  p.snapshot();
+}
+
 PendingPtr make_reduce_scatter_block(const Comm& c, const TypeDesc& t, Op op, int blk,
                                      bool in_place) {
   PendingPtr p =
       new_pending("MPI_Reduce_scatter_block", "reduce_scatter_block", c, &t, op, blk, -1, in_place);
   const uint64_t salt = ++g_salt;
-  const size_t total = static_cast<size_t>(blk) * c.size;
-  if (in_place) {
-    p->recv = Buffer(total, t.k.size);
-    fill(t, p->recv.data(), total, op, c.rank, 0, salt);
-    p->check_end = blk;
-  } else {
-    p->send = Buffer(total, t.k.size);
-    fill(t, p->send.data(), total, op, c.rank, 0, salt);
-    p->recv = Buffer(blk + kGuard, t.k.size);
-    fill_sentinel(t, p->recv, c.rank, salt);
-    p->check_end = blk + kGuard;
-  }
-  p->snapshot();
+  scatter_buffers(*p, c, t, op, static_cast<size_t>(blk) * c.size, blk, in_place, salt);
   fill_reduced(t, p->want.data(), blk, op, c.size, static_cast<uint64_t>(blk) * c.rank, salt);
   Pending* q = p.get();
   p->call = [q, &c, &t, op, blk, in_place](MPI_Request* r) {
@@ -907,18 +913,7 @@ PendingPtr make_reduce_scatter(const Comm& c, const TypeDesc& t, Op op, int base
     total += p->counts[r];
   }
   const size_t n = p->counts[c.rank];
-  if (in_place) {
-    p->recv = Buffer(total, t.k.size);
-    fill(t, p->recv.data(), total, op, c.rank, 0, salt);
-    p->check_end = n;
-  } else {
-    p->send = Buffer(total, t.k.size);
-    fill(t, p->send.data(), total, op, c.rank, 0, salt);
-    p->recv = Buffer(n + kGuard, t.k.size);
-    fill_sentinel(t, p->recv, c.rank, salt);
-    p->check_end = n + kGuard;
-  }
-  p->snapshot();
+  scatter_buffers(*p, c, t, op, total, n, in_place, salt);
   fill_reduced(t, p->want.data(), n, op, c.size, mine, salt);
   Pending* q = p.get();
   p->call = [q, &c, &t, op, in_place](MPI_Request* r) {
