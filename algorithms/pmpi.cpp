@@ -9,10 +9,12 @@ namespace {
 class PmpiRoute final : public Route {
  public:
   RouteId id() const override { return RouteId::pmpi; }
-  bool accepts(const CollArgs&, const CommContext&, const config::RouteChoice&) const override {
+  bool accepts(const CollArgs&, CommContext&, const config::RouteChoice&,
+               const CallEnv&) override {
     return true;
   }
-  int run(const CollArgs& a, CommContext&, const config::RouteChoice&) override {
+  // Stream semantics for pmpi (the stream synchronised first) are the dispatcher's.
+  int run(const CollArgs& a, CommContext&, const config::RouteChoice&, const CallEnv&) override {
     return run_pmpi(a);
   }
 };

@@ -10,6 +10,14 @@
 
 namespace streamcoll {
 
+/// What the dispatcher knows about a call beyond its arguments.
+struct CallEnv {
+  MemKind mem = MemKind::host;  ///< kind of the significant buffers
+  bool has_stream = false;      ///< the communicator carries a stream (streamext) and the
+                                ///< buffers are in GPU memory: stream semantics apply
+  void* stream = nullptr;       ///< that stream (a CUstream / cudaStream_t; 0 is valid)
+};
+
 class Route {
  public:
   virtual ~Route() = default;
@@ -18,12 +26,16 @@ class Route {
   /// Whether this route can carry `a` on `ctx` with parameters `choice`. The answer must
   /// be the same on every rank of the communicator: decide only from values equal on
   /// all ranks (collective, counts, datatype, op, communicator layout, memory kind).
-  virtual bool accepts(const CollArgs& a, const CommContext& ctx,
-                       const config::RouteChoice& choice) const = 0;
+  /// A route may set up its per-communicator state here (ctx.route_state), collectively,
+  /// but only when `a` is a blocking call: starting a non-blocking call stays local.
+  virtual bool accepts(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,
+                       const CallEnv& env) = 0;
 
   /// Carries out the call. Returns an MPI error code; the dispatcher passes a failure to
-  /// the communicator's error handler. Non-blocking calls set *a.request.
-  virtual int run(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice) = 0;
+  /// the communicator's error handler. Non-blocking calls set *a.request. With
+  /// env.has_stream the call is ordered on env.stream and must not block the host.
+  virtual int run(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,
+                  const CallEnv& env) = 0;
 };
 
 /// The route for `id` in this build and process, or nullptr when it is not available

@@ -1,5 +1,6 @@
 #include "core/comm_context.hpp"
 
+#include <algorithm>
 #include <mutex>
 #include <unordered_set>
 
@@ -11,6 +12,7 @@ namespace {
 int g_keyval = MPI_KEYVAL_INVALID;
 std::mutex g_mu;                              // guards creation and the live set
 std::unordered_set<CommContext*> g_live;      // contexts not yet deleted
+uint64_t g_seq = 0;                           // contexts created so far
 
 void destroy(CommContext* ctx) {
   if (ctx->local != MPI_COMM_NULL) PMPI_Comm_free(&ctx->local);
@@ -81,6 +83,7 @@ CommContext* comm_context(MPI_Comm comm, bool create) {
     return nullptr;
   }
   std::lock_guard<std::mutex> lock(g_mu);
+  ctx->seq = g_seq++;
   g_live.insert(ctx);
   return ctx;
 }
@@ -97,13 +100,19 @@ void comm_contexts_start() {
 
 void comm_contexts_stop() {
   if (g_keyval == MPI_KEYVAL_INVALID) return;
-  // Deleting the attribute runs delete_fn, which removes the entry; take one at a time.
+  // Deleting the attribute runs delete_fn, which removes the entry; take one at a time,
+  // oldest first. Tearing down route state (an NCCL communicator) may synchronise with
+  // the other ranks of the communicator, so every rank goes in the same order: creation
+  // order, which MPI's ordering of collective calls makes consistent across ranks.
   for (;;) {
     MPI_Comm comm;
     {
       std::lock_guard<std::mutex> lock(g_mu);
       if (g_live.empty()) break;
-      comm = (*g_live.begin())->comm;
+      comm = (*std::min_element(g_live.begin(), g_live.end(),
+                                [](const CommContext* x, const CommContext* y) {
+                                  return x->seq < y->seq;
+                                }))->comm;
     }
     if (PMPI_Comm_delete_attr(comm, g_keyval) != MPI_SUCCESS) {
       // The communicator is gone without its callback having run; drop the entry.

@@ -7,8 +7,18 @@
 #include <mpi.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "core/types.hpp"
 
 namespace streamcoll {
+
+/// What a route keeps for one communicator (e.g. its NCCL communicator). Destroyed with
+/// the context: at MPI_Comm_free, or before MPI_Finalize, in context creation order.
+struct RouteState {
+  virtual ~RouteState() = default;
+};
 
 struct CommContext {
   MPI_Comm comm = MPI_COMM_NULL;  ///< the application's communicator (not owned)
@@ -23,6 +33,10 @@ struct CommContext {
   int nodes = 1;                   ///< nodes the communicator spans
   int ppn = 1;                     ///< largest number of its ranks on one node
   bool uniform = true;             ///< every node holds `ppn` ranks
+
+  /// Per route, created by the route at its first call on the communicator.
+  std::unique_ptr<RouteState> route_state[kNumRoutes];
+  uint64_t seq = 0;  ///< creation order in this process (contexts are torn down in it)
 };
 
 /// The context of `comm`. With `create`, it is created if needed: collective over `comm`

@@ -7,6 +7,9 @@
 namespace streamcoll::cuda {
 namespace {
 
+#define STREAMCOLL_STR2(x) #x
+#define STREAMCOLL_STR(x) STREAMCOLL_STR2(x)
+
 Driver load() {
   Driver d;
 #if !STREAMCOLL_HAVE_CUDA
@@ -18,15 +21,17 @@ Driver load() {
     d.reason = std::string("libcuda.so.1 not loadable: ") + (e ? e : "unknown");
     return d;
   }
+  std::string missing;
   auto sym = [&](auto& fn, const char* name) {
     fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
-    return fn != nullptr;
+    if (!fn) missing += missing.empty() ? name : std::string(", ") + name;
   };
-  if (!sym(d.cuInit, "cuInit") || !sym(d.cuDriverGetVersion, "cuDriverGetVersion") ||
-      !sym(d.cuDeviceGetCount, "cuDeviceGetCount") ||
-      !sym(d.cuPointerGetAttributes, "cuPointerGetAttributes") ||
-      !sym(d.cuGetErrorString, "cuGetErrorString")) {
-    d.reason = "libcuda.so.1 lacks a needed entry point";
+  // STREAMCOLL_STR expands the header's macro first: the versioned symbol name.
+#define STREAMCOLL_CUDA_LOAD(fn) sym(d.fn, STREAMCOLL_STR(fn));
+  STREAMCOLL_CUDA_ENTRY_POINTS(STREAMCOLL_CUDA_LOAD)
+#undef STREAMCOLL_CUDA_LOAD
+  if (!missing.empty()) {
+    d.reason = "libcuda.so.1 lacks " + missing + " (driver older than the CUDA headers?)";
     return d;
   }
   if (CUresult r = d.cuInit(0); r != CUDA_SUCCESS) {
@@ -75,5 +80,43 @@ MemKind classify(const void* p) {
   return MemKind::host;
 #endif
 }
+
+int device_of(const void* p) {
+#if STREAMCOLL_HAVE_CUDA
+  const Driver& d = driver();
+  if (!d.usable || p == nullptr) return -1;
+  int ordinal = -1;
+  if (d.cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                              reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS)
+    return -1;
+  return ordinal;
+#else
+  (void)p;
+  return -1;
+#endif
+}
+
+#if STREAMCOLL_HAVE_CUDA
+std::string describe(const char* what, CUresult r) {
+  const char* msg = nullptr;
+  if (driver().cuGetErrorString) driver().cuGetErrorString(r, &msg);
+  return std::string(what) + ": " + (msg ? msg : "unknown error") + " (error " +
+         std::to_string(static_cast<int>(r)) + ")";
+}
+
+ScopedContext::ScopedContext(CUcontext ctx) {
+  const Driver& d = driver();
+  CUcontext current = nullptr;
+  if (d.cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == ctx) return;
+  pushed_ = d.cuCtxPushCurrent(ctx) == CUDA_SUCCESS;
+}
+
+ScopedContext::~ScopedContext() {
+  if (pushed_) {
+    CUcontext popped;
+    driver().cuCtxPopCurrent(&popped);
+  }
+}
+#endif
 
 }  // namespace streamcoll::cuda

@@ -10,6 +10,19 @@
 
 #if STREAMCOLL_HAVE_CUDA
 #include <cuda.h>
+
+// The entry points streamcoll uses, as X(name). cuda.h maps some names to versioned
+// symbols (cuStreamDestroy -> cuStreamDestroy_v2); the loader looks up the symbol the
+// header maps to, so each pointer has the header's signature.
+#define STREAMCOLL_CUDA_ENTRY_POINTS(X)                                                 \
+  X(cuInit) X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuGetErrorString)               \
+  X(cuPointerGetAttributes) X(cuPointerGetAttribute) X(cuDeviceGet)                     \
+  X(cuDeviceGetPCIBusId) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)       \
+  X(cuCtxGetCurrent) X(cuCtxPushCurrent) X(cuCtxPopCurrent)                             \
+  X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamQuery) X(cuStreamSynchronize)          \
+  X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord)              \
+  X(cuEventQuery) X(cuEventSynchronize) X(cuMemcpyDtoDAsync) X(cuMemAllocAsync)         \
+  X(cuMemFreeAsync)
 #endif
 
 namespace streamcoll::cuda {
@@ -20,11 +33,9 @@ struct Driver {
   int version = 0;     ///< cuDriverGetVersion, e.g. 13000
   std::string reason;  ///< why not usable
 #if STREAMCOLL_HAVE_CUDA
-  CUresult (*cuInit)(unsigned) = nullptr;
-  CUresult (*cuDriverGetVersion)(int*) = nullptr;
-  CUresult (*cuDeviceGetCount)(int*) = nullptr;
-  CUresult (*cuPointerGetAttributes)(unsigned, CUpointer_attribute*, void**, CUdeviceptr) = nullptr;
-  CUresult (*cuGetErrorString)(CUresult, const char**) = nullptr;
+#define STREAMCOLL_CUDA_MEMBER(fn) decltype(&::fn) fn = nullptr;
+  STREAMCOLL_CUDA_ENTRY_POINTS(STREAMCOLL_CUDA_MEMBER)
+#undef STREAMCOLL_CUDA_MEMBER
 #endif
 };
 
@@ -35,5 +46,26 @@ const Driver& driver();
 /// Where `p` lives. Host when the driver is not usable, for nullptr, and for pointers the
 /// driver does not know. Cost: one cuPointerGetAttributes (no context needed).
 MemKind classify(const void* p);
+
+/// The ordinal of the device that holds (or, for managed memory, last held) `p`, or -1.
+int device_of(const void* p);
+
+#if STREAMCOLL_HAVE_CUDA
+/// "cuStreamQuery: an illegal memory access was encountered (error 700)".
+std::string describe(const char* what, CUresult r);
+
+/// Makes the primary context of a device current for the scope, if it is not already
+/// (the common case for a CUDA runtime application costs one cuCtxGetCurrent).
+class ScopedContext {
+ public:
+  explicit ScopedContext(CUcontext ctx);
+  ~ScopedContext();
+  ScopedContext(const ScopedContext&) = delete;
+  ScopedContext& operator=(const ScopedContext&) = delete;
+
+ private:
+  bool pushed_ = false;
+};
+#endif
 
 }  // namespace streamcoll::cuda

@@ -39,3 +39,44 @@ OwnedRequest* take(MPI_Request req) {
 }
 
 }  // namespace streamcoll::requests
+
+namespace streamcoll {
+namespace {
+
+int query_fn(void* self, MPI_Status* status) {
+  PMPI_Status_set_elements(status, MPI_BYTE, 0);
+  PMPI_Status_set_cancelled(status, 0);
+  status->MPI_SOURCE = MPI_UNDEFINED;
+  status->MPI_TAG = MPI_UNDEFINED;
+  // MPI returns the query function's result as the error of MPI_Wait/MPI_Test.
+  return static_cast<ManagedRequest*>(self)->error();
+}
+
+int free_fn(void* self) {
+  auto* op = static_cast<ManagedRequest*>(self);
+  // Forget the handle now, before MPI may hand the same value to a new request.
+  requests::take(op->handle());
+  delete op;
+  return MPI_SUCCESS;
+}
+
+int cancel_fn(void*, int) { return MPI_SUCCESS; }  // collectives cannot be cancelled
+
+}  // namespace
+
+void ManagedRequest::complete() {
+  if (!completed_.exchange(true)) PMPI_Grequest_complete(handle_);
+}
+
+int start_request(ManagedRequest* op, MPI_Request* out) {
+  int rc = PMPI_Grequest_start(query_fn, free_fn, cancel_fn, op, &op->handle_);
+  if (rc != MPI_SUCCESS) {
+    delete op;
+    return rc;
+  }
+  requests::adopt(op->handle_, op);
+  *out = op->handle_;
+  return MPI_SUCCESS;
+}
+
+}  // namespace streamcoll

@@ -27,7 +27,29 @@ class OwnedRequest {
   virtual void on_test() = 0;
   /// MPI_Request_free: the handle is given up; the operation must still complete.
   virtual void on_free() {}
+  /// The error code MPI_Wait/MPI_Test report for this request once it is complete.
+  virtual int error() const { return MPI_SUCCESS; }
 };
+
+/// An OwnedRequest whose generalized request streamcoll starts (requests::start) and
+/// which MPI deletes, through the request's free function, once the application has
+/// waited for it (or freed it) and it is complete.
+class ManagedRequest : public OwnedRequest {
+ public:
+  /// Marks the request complete (MPI_Grequest_complete); later calls do nothing.
+  /// Thread-safe.
+  void complete();
+  MPI_Request handle() const { return handle_; }
+
+ private:
+  friend int start_request(ManagedRequest* op, MPI_Request* out);
+  MPI_Request handle_ = MPI_REQUEST_NULL;
+  std::atomic<bool> completed_{false};
+};
+
+/// Starts a generalized request owned by `op`, adopts it (requests::adopt) and stores it
+/// in *out. Returns an MPI error code; on failure `op` is deleted.
+int start_request(ManagedRequest* op, MPI_Request* out);
 
 namespace requests {
 

@@ -11,6 +11,7 @@
 #include "core/cuda_driver.hpp"
 #include "core/datatypes.hpp"
 #include "core/log.hpp"
+#include "streamext/stream_attr.hpp"
 
 namespace streamcoll {
 namespace {
@@ -54,20 +55,22 @@ bool Runtime::start() {
     SC_INFO("GPU routes off: %s", drv.reason.c_str());
   all_types();  // build the datatype table while MPI is surely initialised
 
+  uint32_t full_path = 0;
   for (int c = 0; c < kNumColls; ++c) {
     bool full = settings_.check || table_.routes_host(static_cast<Coll>(c));
     if (cuda_usable_) {
       for (MemKind m : {MemKind::device, MemKind::managed})
         full = full || table_.may_leave_pmpi(static_cast<Coll>(c), m);
     }
-    if (full) full_path_ |= 1u << c;
+    if (full) full_path |= 1u << c;
   }
+  full_path_.store(full_path);
 
   comm_contexts_start();
   PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, self_delete_fn, &self_keyval_, nullptr);
   PMPI_Comm_set_attr(MPI_COMM_SELF, self_keyval_, nullptr);
   state_.store(running, std::memory_order_release);
-  if (!settings_.stats) g_passthrough.store(~full_path_ & ((1u << kNumColls) - 1));
+  if (!settings_.stats) g_passthrough.store(~full_path & ((1u << kNumColls) - 1));
   SC_INFO("started (%zu tuning rules%s%s)", table_.rules().size(),
           settings_.stats ? ", statistics on" : "", settings_.check ? ", checks on" : "");
   return true;
@@ -106,6 +109,13 @@ void Runtime::load_table() {
   }
 }
 
+void Runtime::enable_stream_attribute() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_.load() != running || !cuda_usable_) return;
+  full_path_.store((1u << kNumColls) - 1);
+  g_passthrough.store(0);
+}
+
 void Runtime::stop() {
   std::lock_guard<std::mutex> lock(mu_);
   if (state_.load() != running) return;
@@ -118,6 +128,7 @@ void Runtime::stop() {
     if (!table.empty()) std::fputs(table.c_str(), stderr);
   }
   comm_contexts_stop();
+  streamext::stop();
   if (self_keyval_ != MPI_KEYVAL_INVALID) PMPI_Comm_free_keyval(&self_keyval_);
   SC_INFO("stopped");
 }

@@ -52,7 +52,14 @@ class Runtime {
 
   /// Whether a call of `c` must be looked at beyond the pass-through fast path: buffers
   /// may be on a GPU, the table may route host memory, or STREAMCOLL_CHECK is on.
-  bool full_path(Coll c) const { return full_path_ >> static_cast<int>(c) & 1u; }
+  bool full_path(Coll c) const {
+    return full_path_.load(std::memory_order_relaxed) >> static_cast<int>(c) & 1u;
+  }
+
+  /// A communicator may now carry a CUDA stream (streamext): with a usable GPU, every
+  /// collective takes the full path, so that GPU buffers on such a communicator are
+  /// stream-ordered even when the table sends them to pmpi.
+  void enable_stream_attribute();
 
  private:
   Runtime() = default;
@@ -64,7 +71,7 @@ class Runtime {
   config::TuningTable table_;
   Stats stats_;
   bool cuda_usable_ = false;
-  uint32_t full_path_ = 0;
+  std::atomic<uint32_t> full_path_{0};
   int self_keyval_ = MPI_KEYVAL_INVALID;
 };
 

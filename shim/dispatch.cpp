@@ -9,11 +9,14 @@
 //                 negative recvcounts[i] (v-variants)         -> MPI_ERR_COUNT
 //                 null data buffer with a predefined type     -> MPI_ERR_BUFFER
 //                 memory kind of the significant buffers (CUDA driver)
+//                 GPU buffers: the communicator's stream, if any  streamext/
 //                 derived type, user op, mixed memory kinds,
 //                 Fortran binding (core/eligibility)          -> pmpi
 //                 communicator context (node layout)          core/comm_context
 //                 tuning table: first matching rule           config/tuning_table
 //                 route absent in this build, or declines     -> pmpi
+//                 (pmpi with a stream: the stream is synchronised first, so the
+//                 call is still correct, only not asynchronous)
 //      STREAMCOLL_CHECK: one extra allreduce verifies every rank chose the same
 //      route and memory kind                                 core/agreement
 //      route.run(args)                                        algorithms/
@@ -29,8 +32,10 @@
 #include "core/cuda_driver.hpp"
 #include "core/datatypes.hpp"
 #include "core/eligibility.hpp"
+#include "core/errors.hpp"
 #include "core/log.hpp"
 #include "core/runtime.hpp"
+#include "streamext/stream_attr.hpp"
 
 namespace streamcoll {
 namespace {
@@ -39,7 +44,7 @@ struct Decision {
   int error = MPI_SUCCESS;  ///< raised by streamcoll itself instead of running the call
   MPI_Comm error_comm = MPI_COMM_NULL;  ///< where `error` is raised
   RouteId route = RouteId::pmpi;
-  MemKind mem = MemKind::host;
+  CallEnv env;  ///< memory kind, attached stream
   uint64_t bytes = 0;
   CommContext* ctx = nullptr;
   const config::RouteChoice* choice = nullptr;
@@ -132,13 +137,16 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   }
 
   BufferUse bufs[2];
-  d.mem = f.mem = combine(bufs, significant_buffers(a, rank, size, sts, rts, bufs));
+  d.env.mem = f.mem = combine(bufs, significant_buffers(a, rank, size, sts, rts, bufs));
   if (!rt.full_path(a.coll)) return d;  // only statistics asked for the facts above
+  if (d.env.mem == MemKind::device || d.env.mem == MemKind::managed)
+    d.env.has_stream = streamext::attached(a.comm, &d.env.stream);
   const Verdict verdict = eligibility(f);
   const bool check = rt.check_on();
-  if (!check && (verdict != Verdict::eligible || !rt.table().may_leave_pmpi(a.coll, d.mem))) {
+  if (!check &&
+      (verdict != Verdict::eligible || !rt.table().may_leave_pmpi(a.coll, d.env.mem))) {
     SC_TRACE("%s %llu B on %s memory -> pmpi (%s)", call_name(a.coll, a.nonblocking).c_str(),
-             static_cast<unsigned long long>(d.bytes), std::string(name(d.mem)).c_str(),
+             static_cast<unsigned long long>(d.bytes), std::string(name(d.env.mem)).c_str(),
              verdict == Verdict::eligible ? "no rule routes it" : describe(verdict));
     return d;
   }
@@ -146,13 +154,14 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   // The communicator's context holds the layout the table matches on. It is created
   // collectively at the first blocking call that could be routed; until then non-blocking
   // calls on the communicator pass through (the same on every rank).
-  if (verdict == Verdict::eligible && rt.table().may_leave_pmpi(a.coll, d.mem) &&
+  if (verdict == Verdict::eligible && rt.table().may_leave_pmpi(a.coll, d.env.mem) &&
       (d.ctx = comm_context(a.comm, !a.nonblocking)) != nullptr) {
-    config::CallKey key{a.coll, d.bytes, size, d.ctx->nodes, d.ctx->ppn, d.mem, false};
+    config::CallKey key{a.coll,   d.bytes,   size, d.ctx->nodes, d.ctx->ppn,
+                        d.env.mem, d.env.has_stream};
     if (const config::Rule* rule = rt.table().match(key)) {
       d.choice = &rule->choice;
       Route* route = find_route(rule->choice.route);
-      if (route && route->accepts(a, *d.ctx, rule->choice)) {
+      if (route && route->accepts(a, *d.ctx, rule->choice, d.env)) {
         d.route = rule->choice.route;
       } else if (rule->choice.route != RouteId::pmpi) {
         SC_TRACE("%s: route %s (%s) %s; using pmpi", call_name(a.coll, a.nonblocking).c_str(),
@@ -161,11 +170,25 @@ Decision decide(const CollArgs& a, Runtime& rt) {
       }
     }
   }
-  if (check) check_agreement(a.comm, a.coll, a.nonblocking, d.route, d.mem, rank);
-  SC_TRACE("%s %llu B on %s memory -> %s", call_name(a.coll, a.nonblocking).c_str(),
-           static_cast<unsigned long long>(d.bytes), std::string(name(d.mem)).c_str(),
-           std::string(name(d.route)).c_str());
+  if (check) check_agreement(a.comm, a.coll, a.nonblocking, d.route, d.env.mem, rank);
+  SC_TRACE("%s %llu B on %s memory%s -> %s", call_name(a.coll, a.nonblocking).c_str(),
+           static_cast<unsigned long long>(d.bytes), std::string(name(d.env.mem)).c_str(),
+           d.env.has_stream ? " with a stream" : "", std::string(name(d.route)).c_str());
   return d;
+}
+
+// Before the real MPI call on a communicator that carries a stream: the input may still
+// be being written by work on the stream, so the host waits for the stream; the MPI call
+// then returns (blocking) with the result in place for later work on the stream.
+int sync_stream(void* stream) {
+#if STREAMCOLL_HAVE_CUDA
+  if (CUresult r = cuda::driver().cuStreamSynchronize(static_cast<CUstream>(stream));
+      r != CUDA_SUCCESS)
+    return fail(Failure::cuda, cuda::describe("cuStreamSynchronize (before the MPI call)", r));
+#else
+  (void)stream;
+#endif
+  return MPI_SUCCESS;
 }
 
 }  // namespace
@@ -182,13 +205,18 @@ int dispatch(const CollArgs& a) {
     PMPI_Comm_call_errhandler(d.error_comm, d.error);
     rc = d.error;
   } else if (d.route == RouteId::pmpi) {
-    rc = run_pmpi(a);
+    rc = d.env.has_stream ? sync_stream(d.env.stream) : MPI_SUCCESS;
+    if (rc == MPI_SUCCESS)
+      rc = run_pmpi(a);
+    else
+      PMPI_Comm_call_errhandler(a.comm, rc);
   } else {
     static const config::RouteChoice kNoParams;
-    rc = find_route(d.route)->run(a, *d.ctx, d.choice ? *d.choice : kNoParams);
+    rc = find_route(d.route)->run(a, *d.ctx, d.choice ? *d.choice : kNoParams, d.env);
     if (rc != MPI_SUCCESS) PMPI_Comm_call_errhandler(a.comm, rc);
   }
-  if (timed) rt.stats().record(a.coll, a.nonblocking, d.route, d.mem, d.bytes, now_ns() - t0);
+  if (timed)
+    rt.stats().record(a.coll, a.nonblocking, d.route, d.env.mem, d.bytes, now_ns() - t0);
   return rc;
 }
 

@@ -1,0 +1,39 @@
+#include "core/errors.hpp"
+
+#include <mpi.h>
+
+#include <mutex>
+
+#include "core/log.hpp"
+
+namespace streamcoll {
+
+int fail(Failure f, const std::string& detail) {
+  static std::mutex mu;
+  static int codes[4] = {-1, -1, -1, -1};
+  static const struct {
+    int cls;
+    const char* text;
+  } kinds[4] = {
+      {MPI_ERR_OTHER, "streamcoll: a CUDA call failed (details on stderr)"},
+      {MPI_ERR_OTHER, "streamcoll: an NCCL call failed (details on stderr)"},
+      {MPI_ERR_OTHER,
+       "streamcoll: the communicator's NCCL communicator was aborted after an asynchronous "
+       "error (details on stderr)"},
+      {MPI_ERR_BUFFER,
+       "streamcoll: a buffer is on another GPU than the communicator's NCCL communicator"},
+  };
+  const int i = static_cast<int>(f);
+  log_error("%s", detail.c_str());
+  std::lock_guard<std::mutex> lock(mu);
+  if (codes[i] < 0) {
+    int code = kinds[i].cls;
+    if (PMPI_Add_error_code(kinds[i].cls, &code) != MPI_SUCCESS ||
+        PMPI_Add_error_string(code, const_cast<char*>(kinds[i].text)) != MPI_SUCCESS)
+      code = kinds[i].cls;
+    codes[i] = code;
+  }
+  return codes[i];
+}
+
+}  // namespace streamcoll

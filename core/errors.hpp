@@ -1,0 +1,25 @@
+// streamcoll's own MPI error codes, for failures that no MPI call of the application's
+// would produce: a CUDA or NCCL failure, an aborted NCCL communicator, a buffer on the
+// wrong GPU. Each is a code of an existing MPI error class (MPI_Error_class gives that
+// class) with its own string (MPI_Error_string), added with MPI_Add_error_code at first
+// use. The detailed message (which call, which communicator) goes to stderr, rank-tagged.
+#pragma once
+
+#include <string>
+
+namespace streamcoll {
+
+enum class Failure {
+  cuda,          ///< a CUDA driver call failed                  (class MPI_ERR_OTHER)
+  nccl,          ///< an NCCL call failed                         (class MPI_ERR_OTHER)
+  nccl_aborted,  ///< the communicator's NCCL communicator was aborted after an
+                 ///< asynchronous error (a peer failed)          (class MPI_ERR_OTHER)
+  wrong_device,  ///< a buffer is on another GPU than the communicator's NCCL
+                 ///< communicator                                (class MPI_ERR_BUFFER)
+};
+
+/// Logs `detail` (always, not only under STREAMCOLL_DEBUG) and returns the MPI error code
+/// for `f`, to be raised through the communicator's error handler. Thread-safe.
+int fail(Failure f, const std::string& detail);
+
+}  // namespace streamcoll
