@@ -8,9 +8,12 @@ std::string_view default_table_text() {
   return R"(# streamcoll default tuning table
 # Only the routes this build carries appear here; every call the table does not send
 # elsewhere goes to the real MPI call (pmpi), so behaviour equals plain CUDA-aware MPI.
-# collective  bytes  ranks  nodes  ppn  memory          stream  route
-*             *      *      *      *    device,managed  *       pmpi
-*             *      *      *      *    host,pinned     *       pmpi
+# nccl declines what it cannot carry (datatype, op, ranks sharing a GPU, no libnccl);
+# those calls go to pmpi too.
+# collective                                                    bytes  ranks  nodes  ppn  memory          stream  route
+allreduce,reduce,bcast,allgather,reduce_scatter_block,alltoall  *      *      *      *    device          *       nccl
+*                                                               *      *      *      *    device,managed  *       pmpi
+*                                                               *      *      *      *    host,pinned     *       pmpi
 )";
 }
 

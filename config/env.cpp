@@ -21,6 +21,9 @@ const std::vector<Knob>& knobs() {
        "the default is used)"},
       {"STREAMCOLL_ROUTE", "",
        "force routes per collective, e.g. allreduce:nccl,bcast:pmpi,reduce:ht:algo=ring"},
+      {"STREAMCOLL_NCCL_LIB", "libnccl.so.2",
+       "the NCCL library to open (a file name for the loader's search path, or a path); "
+       "if it cannot be opened the nccl route is off and its calls go to pmpi"},
   };
   return k;
 }
@@ -68,6 +71,7 @@ Settings read_settings() {
   }
   if (const char* v = get("STREAMCOLL_TUNING_FILE")) s.tuning_file = v;
   if (const char* v = get("STREAMCOLL_ROUTE")) s.route = v;
+  if (const char* v = get("STREAMCOLL_NCCL_LIB")) s.nccl_lib = v;
   return s;
 }
 

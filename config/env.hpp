@@ -27,6 +27,7 @@ struct Settings {
   bool check = false;            ///< STREAMCOLL_CHECK: verify route agreement per call
   std::string tuning_file;       ///< STREAMCOLL_TUNING_FILE
   std::string route;             ///< STREAMCOLL_ROUTE
+  std::string nccl_lib;          ///< STREAMCOLL_NCCL_LIB (empty: libnccl.so.2)
   std::vector<std::string> problems;  ///< values that could not be understood
 };
 Settings read_settings();

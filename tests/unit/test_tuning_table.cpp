@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include "config/tuning_table.hpp"
 
 using namespace streamcoll;
@@ -197,17 +199,32 @@ TEST_CASE("STREAMCOLL_ROUTE forces routes in front of the table") {
   }
 }
 
-TEST_CASE("the embedded default table parses and routes only to routes this build has") {
+TEST_CASE("the embedded default table: NCCL's six collectives on device memory, else pmpi") {
   std::optional<ParseError> err;
   TuningTable t = TuningTable::parse(default_table_text(), "<default>", &err);
   REQUIRE_FALSE(err);
   CHECK_FALSE(t.rules().empty());
+  const Coll nccl_colls[] = {Coll::allreduce, Coll::reduce,
+                             Coll::bcast,     Coll::allgather,
+                             Coll::reduce_scatter_block, Coll::alltoall};
   for (int c = 0; c < kNumColls; ++c)
-    for (MemKind m : {MemKind::host, MemKind::pinned, MemKind::device, MemKind::managed}) {
-      const Rule* r = t.match(key(static_cast<Coll>(c), 8, 4, m));
-      REQUIRE(r);
-      CHECK(r->choice.route == RouteId::pmpi);
-    }
+    for (MemKind m : {MemKind::host, MemKind::pinned, MemKind::device, MemKind::managed})
+      for (uint64_t bytes : {uint64_t{8}, uint64_t{1} << 30}) {
+        const Coll coll = static_cast<Coll>(c);
+        const Rule* r = t.match(key(coll, bytes, 4, m));
+        REQUIRE(r);
+        bool nccl = m == MemKind::device;
+        nccl = nccl && std::find(std::begin(nccl_colls), std::end(nccl_colls), coll) !=
+                           std::end(nccl_colls);
+        CAPTURE(name(coll));
+        CAPTURE(name(m));
+        CHECK(r->choice.route == (nccl ? RouteId::nccl : RouteId::pmpi));
+      }
+  // Host memory never leaves pmpi by default: the pass-through fast path stays on.
+  for (int c = 0; c < kNumColls; ++c) {
+    CHECK_FALSE(t.may_leave_pmpi(static_cast<Coll>(c), MemKind::host));
+    CHECK_FALSE(t.routes_host(static_cast<Coll>(c)));
+  }
 }
 
 TEST_CASE("names round-trip") {

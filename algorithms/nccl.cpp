@@ -1,0 +1,494 @@
+// nccl: the collective on the communicator's NCCL communicator.
+//
+// Source: NCCL (NVIDIA) picks ring or tree per call; ring allreduce costs
+// 2(p-1)·α + 2(p-1)/p·n·β for n bytes on p ranks, tree 2·log2(p)·α + 2·n·β (pipelined).
+// Stream semantics: Aluminum (Dryden et al., MLHPC 2018), sections IV-B and V-A.
+//
+// Per communicator (route state, created at the first blocking call routed here, a
+// collective step on every rank):
+//   1. the rank's GPU is the device of the call's buffer; every rank's (host, PCI bus id)
+//      is gathered, and ranks sharing a GPU turn the route off for the communicator
+//      (NCCL refuses them; the calls fall back to pmpi, on every rank alike);
+//   2. rank 0 makes an ncclUniqueId, PMPI_Bcast carries it, ncclCommInitRank; one
+//      PMPI_Allreduce agrees on success, so either every rank uses NCCL or none does.
+// Non-blocking calls on a communicator without NCCL state yet go to pmpi: setting up is
+// collective, and starting a non-blocking call must stay local.
+//
+// Streams per call:
+//   classic blocking        NCCL on an internal stream that is ordered after the legacy
+//                           default stream; the host waits for it (polling NCCL's
+//                           asynchronous errors).
+//   classic non-blocking    the same stream; MPI_Test queries an event, MPI_Wait waits.
+//   attached S, blocking    NCCL on S; returns at once.
+//   attached S, MPI_I*      an internal stream waits for S, runs NCCL, records an event;
+//                           MPI_Wait/MPI_Test make S wait for that event (host never).
+// NCCL serialises the operations of one NCCL communicator in issue order, whatever
+// stream each is on.
+#include <nccl.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "algorithms/nccl_lib.hpp"
+#include "algorithms/nccl_map.hpp"
+#include "algorithms/route.hpp"
+#include "core/cuda_driver.hpp"
+#include "core/errors.hpp"
+#include "core/log.hpp"
+#include "core/requests.hpp"
+#include "core/runtime.hpp"
+
+namespace streamcoll {
+namespace {
+
+using cuda::driver;
+using cuda::ScopedContext;
+
+// One NCCL communicator and the CUDA objects around it. Shared by the communicator's
+// route state and the requests in flight, so MPI_Comm_free may come before MPI_Wait.
+class NcclComm {
+ public:
+  const nccl::Library* lib = nullptr;
+  ncclComm_t comm = nullptr;
+  int device = -1;
+  CUdevice cudev = 0;
+  CUcontext cuctx = nullptr;   ///< the device's primary context (retained)
+  CUstream classic = nullptr;  ///< blocking stream: ordered after the legacy stream
+  CUstream side = nullptr;     ///< non-blocking stream for MPI_I* with an attached stream
+  int size = 1;
+
+  ~NcclComm() {
+    if (!cuctx) return;
+    {
+      ScopedContext scope(cuctx);
+      if (comm && !aborted_.load()) lib->ncclCommDestroy(comm);
+      for (CUevent e : events_) driver().cuEventDestroy(e);
+      if (classic) driver().cuStreamDestroy(classic);
+      if (side) driver().cuStreamDestroy(side);
+    }
+    driver().cuDevicePrimaryCtxRelease(cudev);
+  }
+
+  /// An event from the pool (timing disabled), or nullptr with *rc set.
+  CUevent take_event(int* rc) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!events_.empty()) {
+        CUevent e = events_.back();
+        events_.pop_back();
+        return e;
+      }
+    }
+    CUevent e = nullptr;
+    if (CUresult r = driver().cuEventCreate(&e, CU_EVENT_DISABLE_TIMING); r != CUDA_SUCCESS) {
+      *rc = fail(Failure::cuda, cuda::describe("cuEventCreate", r));
+      return nullptr;
+    }
+    return e;
+  }
+  void give_event(CUevent e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(e);
+  }
+
+  /// MPI_SUCCESS, or the error code once an asynchronous NCCL error (a failed peer, a
+  /// network error) has been seen: then the NCCL communicator is aborted, which ends its
+  /// kernels instead of leaving them spinning, and every later call on it fails.
+  int poll() {
+    if (aborted_.load(std::memory_order_acquire)) return abort_code_;
+    ncclResult_t async = ncclSuccess;
+    ncclResult_t r = lib->ncclCommGetAsyncError(comm, &async);
+    if (r != ncclSuccess) async = r;
+    if (async == ncclSuccess || async == ncclInProgress) return MPI_SUCCESS;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!aborted_.load()) {
+      std::string what = lib->describe("asynchronous NCCL error", async, comm);
+      lib->ncclCommAbort(comm);
+      abort_code_ = fail(Failure::nccl_aborted,
+                         what + "; NCCL communicator of " + std::to_string(size) +
+                             " ranks aborted, its later calls fail");
+      aborted_.store(true, std::memory_order_release);
+    }
+    return abort_code_;
+  }
+
+  /// Waits on the host until `e` has completed (or `s` is idle when e is null), polling
+  /// for asynchronous NCCL errors. The caller has the context current.
+  int wait(CUevent e, CUstream s) {
+    for (unsigned i = 1;; ++i) {
+      CUresult r = e ? driver().cuEventQuery(e) : driver().cuStreamQuery(s);
+      if (r == CUDA_SUCCESS) return MPI_SUCCESS;
+      if (r != CUDA_ERROR_NOT_READY)
+        return fail(Failure::cuda, cuda::describe(e ? "cuEventQuery" : "cuStreamQuery", r));
+      if (i % 1024 == 0) {
+        if (int rc = poll(); rc != MPI_SUCCESS) return rc;
+        if (i >= 64 * 1024) sched_yield();  // a long operation: let other threads run
+      }
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<CUevent> events_;
+  std::atomic<bool> aborted_{false};
+  int abort_code_ = MPI_SUCCESS;
+};
+
+class NcclState final : public RouteState {
+ public:
+  enum Status { unset, ready, off };
+  Status status = unset;
+  std::shared_ptr<NcclComm> comm;
+};
+
+// A non-blocking call in flight. Completion is an event on the stream that ran it.
+class NcclRequest final : public ManagedRequest {
+ public:
+  NcclRequest(std::shared_ptr<NcclComm> c, CUevent done, bool stream_mode, CUstream user)
+      : comm_(std::move(c)), done_(done), stream_mode_(stream_mode), user_(user) {}
+  ~NcclRequest() override { comm_->give_event(done_); }
+
+  void on_wait() override {
+    if (finished()) return;
+    ScopedContext scope(comm_->cuctx);
+    if (stream_mode_) {
+      enqueue_wait();
+    } else {
+      error_ = comm_->wait(done_, nullptr);
+    }
+    finish();
+  }
+  void on_test() override {
+    if (finished()) return;
+    ScopedContext scope(comm_->cuctx);
+    if (stream_mode_) {
+      enqueue_wait();
+      finish();
+      return;
+    }
+    CUresult r = driver().cuEventQuery(done_);
+    if (r == CUDA_SUCCESS) {
+      finish();
+    } else if (r != CUDA_ERROR_NOT_READY) {
+      error_ = fail(Failure::cuda, cuda::describe("cuEventQuery", r));
+      finish();
+    } else if (int rc = comm_->poll(); rc != MPI_SUCCESS) {
+      error_ = rc;
+      finish();
+    }
+  }
+  void on_free() override { on_wait(); }
+  int error() const override { return error_; }
+
+ private:
+  // Stream semantics: the attached stream waits for the operation; the host does not.
+  void enqueue_wait() {
+    if (CUresult r = driver().cuStreamWaitEvent(user_, done_, 0); r != CUDA_SUCCESS)
+      error_ = fail(Failure::cuda, cuda::describe("cuStreamWaitEvent", r));
+  }
+  bool finished() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return finished_;
+  }
+  void finish() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finished_) return;
+      finished_ = true;
+    }
+    complete();
+  }
+
+  std::shared_ptr<NcclComm> comm_;
+  CUevent done_;
+  bool stream_mode_;
+  CUstream user_;
+  int error_ = MPI_SUCCESS;
+  std::mutex mu_;
+  bool finished_ = false;
+};
+
+const TypeInfo* call_type(const CollArgs& a) {
+  return find_type(takes_op(a.coll) || a.coll == Coll::bcast ? a.datatype : a.recvtype);
+}
+
+// The buffer whose device the call runs on (significant on every rank).
+const void* main_buffer(const CollArgs& a) {
+  if (a.coll == Coll::bcast || a.sendbuf == MPI_IN_PLACE || a.sendbuf == nullptr)
+    return a.recvbuf;
+  return a.sendbuf;
+}
+
+// This host, as NCCL tells hosts apart: host name and boot id (containers on one host
+// share the boot id, not always the host name).
+uint64_t host_hash() {
+  char name[256] = {0};
+  gethostname(name, sizeof(name) - 1);
+  uint64_t h = nccl::hash(name);
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (boot >> id) h = nccl::hash(id.c_str(), h);
+  return h;
+}
+
+// Local half of the set-up: CUDA objects on the buffer's device. Returns false, with the
+// reason, if this rank cannot take part.
+bool open_device(NcclComm& c, const void* buffer, nccl::GpuId* id, std::string* why) {
+  const cuda::Driver& d = driver();
+  c.device = cuda::device_of(buffer);
+  char bus[64] = {0};
+  CUresult r;
+  if (c.device < 0) return *why = "no device for the buffer", false;
+  if ((r = d.cuDeviceGet(&c.cudev, c.device)) != CUDA_SUCCESS ||
+      (r = d.cuDeviceGetPCIBusId(bus, sizeof(bus) - 1, c.cudev)) != CUDA_SUCCESS)
+    return *why = cuda::describe("cuDeviceGetPCIBusId", r), false;
+  if ((r = d.cuDevicePrimaryCtxRetain(&c.cuctx, c.cudev)) != CUDA_SUCCESS) {
+    c.cuctx = nullptr;
+    return *why = cuda::describe("cuDevicePrimaryCtxRetain", r), false;
+  }
+  ScopedContext scope(c.cuctx);
+  if ((r = d.cuStreamCreate(&c.classic, CU_STREAM_DEFAULT)) != CUDA_SUCCESS ||
+      (r = d.cuStreamCreate(&c.side, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS)
+    return *why = cuda::describe("cuStreamCreate", r), false;
+  id->host = host_hash();
+  id->bus = nccl::hash(bus);
+  return true;
+}
+
+// The collective set-up (file comment). Every rank reaches it at the same call.
+void set_up(NcclState& st, const CollArgs& a, const CommContext& ctx) {
+  st.status = NcclState::off;
+  const nccl::Library& lib = nccl::library(Runtime::get().settings().nccl_lib);
+  auto c = std::make_shared<NcclComm>();
+  c->lib = &lib;
+  c->size = ctx.size;
+  struct Entry {
+    uint64_t host, bus, ok;
+  } mine{0, 0, 0};
+  std::string why;
+  nccl::GpuId id;
+  if (!lib.usable) {
+    why = lib.reason;
+  } else if (open_device(*c, main_buffer(a), &id, &why)) {
+    mine = {id.host, id.bus, 1};
+  }
+  std::vector<Entry> all(static_cast<size_t>(ctx.size));
+  if (PMPI_Allgather(&mine, 3, MPI_UINT64_T, all.data(), 3, MPI_UINT64_T, ctx.comm) !=
+      MPI_SUCCESS)
+    return;
+  std::vector<nccl::GpuId> gpus;
+  for (int r = 0; r < ctx.size; ++r) {
+    if (!all[r].ok) {
+      SC_INFO("nccl: off for a communicator of %d ranks: rank %d cannot use it%s%s", ctx.size,
+              r, r == ctx.rank ? ": " : "", r == ctx.rank ? why.c_str() : "");
+      return;
+    }
+    gpus.push_back({all[r].host, all[r].bus});
+  }
+  if (auto pair = nccl::shared_gpu(gpus)) {
+    SC_INFO("nccl: off for a communicator of %d ranks: ranks %d and %d share one GPU; its "
+            "calls go to pmpi", ctx.size, pair->first, pair->second);
+    return;
+  }
+
+  struct {
+    ncclUniqueId id;
+    int ok;
+  } root{};
+  if (ctx.rank == 0) {
+    ncclResult_t r = lib.ncclGetUniqueId(&root.id);
+    root.ok = r == ncclSuccess;
+    if (!root.ok) log_error("%s", lib.describe("ncclGetUniqueId", r).c_str());
+  }
+  if (PMPI_Bcast(&root, sizeof(root), MPI_BYTE, 0, ctx.comm) != MPI_SUCCESS || !root.ok) return;
+  int ok = 0;
+  {
+    ScopedContext scope(c->cuctx);
+    ncclResult_t r = lib.ncclCommInitRank(&c->comm, ctx.size, root.id, ctx.rank);
+    ok = r == ncclSuccess;
+    if (!ok) {
+      log_error("%s", lib.describe("ncclCommInitRank", r).c_str());
+      c->comm = nullptr;
+    }
+  }
+  int all_ok = 0;
+  if (PMPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, ctx.comm) != MPI_SUCCESS || !all_ok) {
+    if (c->comm) {
+      ScopedContext scope(c->cuctx);
+      lib.ncclCommAbort(c->comm);
+      c->comm = nullptr;
+    }
+    SC_WARN("nccl: could not create an NCCL communicator of %d ranks; its calls go to pmpi",
+            ctx.size);
+    return;
+  }
+  SC_INFO("nccl: NCCL %d communicator of %d ranks on device %d", lib.version, ctx.size,
+          c->device);
+  st.comm = std::move(c);
+  st.status = NcclState::ready;
+}
+
+NcclState& state_of(CommContext& ctx) {
+  auto& slot = ctx.route_state[static_cast<int>(RouteId::nccl)];
+  if (!slot) slot = std::make_unique<NcclState>();
+  return static_cast<NcclState&>(*slot);
+}
+
+// Enqueues the collective on `s`. Returns the NCCL result; *cu gets a CUDA failure of the
+// copies around it (in-place reduce-scatter and alltoall).
+ncclResult_t enqueue(const CollArgs& a, const CommContext& ctx, const NcclComm& c, CUstream s,
+                     CUresult* cu) {
+  const nccl::Library& L = *c.lib;
+  const TypeInfo* t = call_type(a);
+  const size_t ts = static_cast<size_t>(t->size);
+  const int p = ctx.size, me = ctx.rank;
+  auto* rbuf = static_cast<char*>(a.recvbuf);
+  const void* sbuf = a.sendbuf;
+  *cu = CUDA_SUCCESS;
+  switch (a.coll) {
+    case Coll::allreduce: {
+      auto type = *nccl::reduction_type(*t);
+      auto op = *nccl::reduction_op(find_op(a.op)->kind);
+      return L.ncclAllReduce(sbuf == MPI_IN_PLACE ? rbuf : sbuf, rbuf, a.count, type, op,
+                             c.comm, s);
+    }
+    case Coll::reduce: {
+      auto type = *nccl::reduction_type(*t);
+      auto op = *nccl::reduction_op(find_op(a.op)->kind);
+      // MPI_IN_PLACE is only valid at the root, where the input is the receive buffer.
+      return L.ncclReduce(sbuf == MPI_IN_PLACE ? rbuf : sbuf, rbuf, a.count, type, op, a.root,
+                          c.comm, s);
+    }
+    case Coll::bcast:
+      return L.ncclBroadcast(rbuf, rbuf, a.count * ts, ncclUint8, a.root, c.comm, s);
+    case Coll::allgather: {
+      const size_t block = static_cast<size_t>(a.recvcount) * ts;
+      // MPI in place: this rank's block is already at its place in recvbuf, which is
+      // NCCL's in-place condition (sendbuff == recvbuff + rank * block).
+      const void* src = sbuf == MPI_IN_PLACE ? rbuf + me * block : sbuf;
+      return L.ncclAllGather(src, rbuf, block, ncclUint8, c.comm, s);
+    }
+    case Coll::reduce_scatter_block: {
+      auto type = *nccl::reduction_type(*t);
+      auto op = *nccl::reduction_op(find_op(a.op)->kind);
+      if (sbuf != MPI_IN_PLACE)
+        return L.ncclReduceScatter(sbuf, rbuf, a.count, type, op, c.comm, s);
+      // MPI in place: input is all of recvbuf, the result goes to its start. NCCL's in
+      // place leaves it at rank * count; move it down (the ranges overlap only at rank 0,
+      // which needs no move).
+      const size_t block = static_cast<size_t>(a.count) * ts;
+      char* mine = rbuf + me * block;
+      ncclResult_t r = L.ncclReduceScatter(rbuf, mine, a.count, type, op, c.comm, s);
+      if (r == ncclSuccess && me != 0)
+        *cu = driver().cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(rbuf),
+                                         reinterpret_cast<CUdeviceptr>(mine), block, s);
+      return r;
+    }
+    case Coll::alltoall: {
+      const size_t block = static_cast<size_t>(a.recvcount) * ts;
+      CUdeviceptr copy = 0;
+      const char* src = static_cast<const char*>(sbuf);
+      if (sbuf == MPI_IN_PLACE) {  // send from a stream-ordered copy of recvbuf
+        if ((*cu = driver().cuMemAllocAsync(&copy, block * p, s)) != CUDA_SUCCESS ||
+            (*cu = driver().cuMemcpyDtoDAsync(copy, reinterpret_cast<CUdeviceptr>(rbuf),
+                                              block * p, s)) != CUDA_SUCCESS)
+          return ncclSuccess;
+        src = reinterpret_cast<const char*>(copy);
+      }
+      ncclResult_t r = L.ncclGroupStart();
+      for (int peer = 0; peer < p && r == ncclSuccess; ++peer) {
+        r = L.ncclSend(src + peer * block, block, ncclUint8, peer, c.comm, s);
+        if (r == ncclSuccess) r = L.ncclRecv(rbuf + peer * block, block, ncclUint8, peer, c.comm, s);
+      }
+      ncclResult_t end = L.ncclGroupEnd();
+      if (r == ncclSuccess) r = end;
+      if (copy) *cu = driver().cuMemFreeAsync(copy, s);
+      return r;
+    }
+    default:
+      return ncclInvalidUsage;  // accepts() lets no other collective through
+  }
+}
+
+class NcclRoute final : public Route {
+ public:
+  RouteId id() const override { return RouteId::nccl; }
+
+  bool accepts(const CollArgs& a, CommContext& ctx, const config::RouteChoice&,
+               const CallEnv& env) override {
+    if (ctx.inter) return false;
+    const OpInfo* op = takes_op(a.coll) ? find_op(a.op) : nullptr;
+    if (nccl::Support s = nccl::supports(a.coll, env.mem, call_type(a), op);
+        s != nccl::Support::ok) {
+      SC_TRACE("nccl: %s", nccl::describe(s));
+      return false;
+    }
+    NcclState& st = state_of(ctx);
+    if (st.status == NcclState::unset) {
+      if (a.nonblocking) return false;  // set up at the first blocking call
+      set_up(st, a, ctx);
+    }
+    return st.status == NcclState::ready;
+  }
+
+  int run(const CollArgs& a, CommContext& ctx, const config::RouteChoice&,
+          const CallEnv& env) override {
+    std::shared_ptr<NcclComm> c = state_of(ctx).comm;
+    if (int rc = c->poll(); rc != MPI_SUCCESS) return rc;
+    if (int dev = cuda::device_of(main_buffer(a)); dev != c->device)
+      return fail(Failure::wrong_device,
+                  call_name(a.coll, a.nonblocking) + ": buffer on device " +
+                      std::to_string(dev) + ", but this communicator's NCCL communicator is on "
+                      "device " + std::to_string(c->device));
+    const cuda::Driver& d = driver();
+    ScopedContext scope(c->cuctx);
+    auto user = static_cast<CUstream>(env.stream);
+    CUstream s = c->classic;
+    int rc = MPI_SUCCESS;
+    if (env.has_stream && a.nonblocking) {
+      // Ordered after the work on the attached stream, which itself goes on.
+      CUevent ready = c->take_event(&rc);
+      if (!ready) return rc;
+      CUresult r = d.cuEventRecord(ready, user);
+      if (r == CUDA_SUCCESS) r = d.cuStreamWaitEvent(c->side, ready, 0);
+      c->give_event(ready);  // the wait has captured it; the event may be recorded again
+      if (r != CUDA_SUCCESS) return fail(Failure::cuda, cuda::describe("cuStreamWaitEvent", r));
+      s = c->side;
+    } else if (env.has_stream) {
+      s = user;
+    }
+
+    CUresult cu;
+    ncclResult_t nr = enqueue(a, ctx, *c, s, &cu);
+    if (nr != ncclSuccess)
+      return fail(Failure::nccl,
+                  c->lib->describe(call_name(a.coll, a.nonblocking).c_str(), nr, c->comm));
+    if (cu != CUDA_SUCCESS)
+      return fail(Failure::cuda, cuda::describe(call_name(a.coll, a.nonblocking).c_str(), cu));
+
+    if (!a.nonblocking) return env.has_stream ? MPI_SUCCESS : c->wait(nullptr, s);
+    CUevent done = c->take_event(&rc);
+    if (!done) return rc;
+    if (CUresult r = d.cuEventRecord(done, s); r != CUDA_SUCCESS) {
+      c->give_event(done);
+      return fail(Failure::cuda, cuda::describe("cuEventRecord", r));
+    }
+    return start_request(new NcclRequest(c, done, env.has_stream, user), a.request);
+  }
+};
+
+}  // namespace
+
+Route* nccl_route() {
+  static NcclRoute r;
+  return &r;
+}
+
+}  // namespace streamcoll
