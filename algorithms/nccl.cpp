@@ -245,7 +245,14 @@ bool open_device(NcclComm& c, const void* buffer, nccl::GpuId* id, std::string* 
   c.device = cuda::device_of(buffer);
   char bus[64] = {0};
   CUresult r;
-  if (c.device < 0) return *why = "no device for the buffer", false;
+  if (c.device < 0) {  // managed memory may have no device: the thread's current one
+    CUcontext current = nullptr;
+    CUdevice dev = -1;
+    if (d.cuCtxGetCurrent(&current) == CUDA_SUCCESS && current &&
+        d.cuCtxGetDevice(&dev) == CUDA_SUCCESS)
+      c.device = dev;
+  }
+  if (c.device < 0) return *why = "no GPU for the buffer and no current CUDA context", false;
   if ((r = d.cuDeviceGet(&c.cudev, c.device)) != CUDA_SUCCESS ||
       (r = d.cuDeviceGetPCIBusId(bus, sizeof(bus) - 1, c.cudev)) != CUDA_SUCCESS)
     return *why = cuda::describe("cuDeviceGetPCIBusId", r), false;
@@ -286,8 +293,8 @@ void set_up(NcclState& st, const CollArgs& a, const CommContext& ctx) {
   std::vector<nccl::GpuId> gpus;
   for (int r = 0; r < ctx.size; ++r) {
     if (!all[r].ok) {
-      SC_INFO("nccl: off for a communicator of %d ranks: rank %d cannot use it%s%s", ctx.size,
-              r, r == ctx.rank ? ": " : "", r == ctx.rank ? why.c_str() : "");
+      if (!mine.ok) SC_WARN("nccl: off for a communicator of %d ranks: %s", ctx.size, why.c_str());
+      else SC_INFO("nccl: off for a communicator of %d ranks: rank %d cannot use it", ctx.size, r);
       return;
     }
     gpus.push_back({all[r].host, all[r].bus});
@@ -442,7 +449,9 @@ class NcclRoute final : public Route {
           const CallEnv& env) override {
     std::shared_ptr<NcclComm> c = state_of(ctx).comm;
     if (int rc = c->poll(); rc != MPI_SUCCESS) return rc;
-    if (int dev = cuda::device_of(main_buffer(a)); dev != c->device)
+    // Managed memory is reachable from any GPU; device memory only from its own.
+    if (int dev = env.mem == MemKind::device ? cuda::device_of(main_buffer(a)) : c->device;
+        dev != c->device)
       return fail(Failure::wrong_device,
                   call_name(a.coll, a.nonblocking) + ": buffer on device " +
                       std::to_string(dev) + ", but this communicator's NCCL communicator is on "

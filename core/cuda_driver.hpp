@@ -18,7 +18,7 @@
   X(cuInit) X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuGetErrorString)               \
   X(cuPointerGetAttributes) X(cuPointerGetAttribute) X(cuDeviceGet)                     \
   X(cuDeviceGetPCIBusId) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)       \
-  X(cuCtxGetCurrent) X(cuCtxPushCurrent) X(cuCtxPopCurrent)                             \
+  X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxPushCurrent) X(cuCtxPopCurrent)                         \
   X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamQuery) X(cuStreamSynchronize)          \
   X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord)              \
   X(cuEventQuery) X(cuEventSynchronize) X(cuMemcpyDtoDAsync) X(cuMemAllocAsync)         \

@@ -33,6 +33,13 @@ std::vector<TypeInfo> build_types() {
       T(MPI_2INT, pair), T(MPI_SHORT_INT, pair), T(MPI_LONG_DOUBLE_INT, pair),
       T(MPI_2REAL, pair), T(MPI_2DOUBLE_PRECISION, pair), T(MPI_2INTEGER, pair),
       T(MPI_CHAR, character), T(MPI_WCHAR, character), T(MPI_CHARACTER, character),
+  // 16-bit floating point, where the MPI has it (MPICH's extensions).
+#ifdef MPIX_C_FLOAT16
+      T(MPIX_C_FLOAT16, floating),
+#endif
+#ifdef MPIX_BFLOAT16
+      T(MPIX_BFLOAT16, floating),
+#endif
   };
 #undef T
   std::vector<TypeInfo> out;

@@ -54,6 +54,15 @@ TEST_CASE("reduction types: NCCL's type of the same representation, or none") {
   }
 }
 
+TEST_CASE("16-bit floating point by name, where an MPI has the types") {
+  TypeInfo half{MPI_DATATYPE_NULL, "MPIX_C_FLOAT16", 2, TypeClass::floating};
+  TypeInfo bf16{MPI_DATATYPE_NULL, "MPIX_BFLOAT16", 2, TypeClass::floating};
+  CHECK(nc::reduction_type(half) == ncclFloat16);
+  CHECK(nc::reduction_type(bf16) == ncclBfloat16);
+  TypeInfo odd{MPI_DATATYPE_NULL, "MPI_REAL16", 16, TypeClass::floating};
+  CHECK_FALSE(nc::reduction_type(odd));
+}
+
 TEST_CASE("every predefined type: a mapped type has the MPI type's size") {
   auto nccl_size = [](ncclDataType_t t) {
     switch (t) {
