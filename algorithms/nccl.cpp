@@ -29,11 +29,15 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "algorithms/nccl_lib.hpp"
@@ -98,26 +102,32 @@ class NcclComm {
     events_.push_back(e);
   }
 
-  /// MPI_SUCCESS, or the error code once an asynchronous NCCL error (a failed peer, a
-  /// network error) has been seen: then the NCCL communicator is aborted, which ends its
-  /// kernels instead of leaving them spinning, and every later call on it fails.
-  int poll() {
-    if (aborted_.load(std::memory_order_acquire)) return abort_code_;
+  /// Polls NCCL for an asynchronous error (a failed peer, a network error); on one, the
+  /// NCCL communicator is aborted, which ends its kernels instead of leaving them
+  /// spinning, and every later call on it fails. Returns whether it is aborted. Makes no
+  /// MPI call: the watchdog thread uses it too.
+  bool failed() {
+    if (aborted_.load(std::memory_order_acquire)) return true;
     ncclResult_t async = ncclSuccess;
-    ncclResult_t r = lib->ncclCommGetAsyncError(comm, &async);
-    if (r != ncclSuccess) async = r;
-    if (async == ncclSuccess || async == ncclInProgress) return MPI_SUCCESS;
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!aborted_.load()) {
-      std::string what = lib->describe("asynchronous NCCL error", async, comm);
-      lib->ncclCommAbort(comm);
-      abort_code_ = fail(Failure::nccl_aborted,
-                         what + "; NCCL communicator of " + std::to_string(size) +
-                             " ranks aborted, its later calls fail");
-      aborted_.store(true, std::memory_order_release);
+    {
+      std::shared_lock<std::shared_timed_mutex> use(use_);
+      if (aborted_.load(std::memory_order_acquire)) return true;
+      ncclResult_t r = lib->ncclCommGetAsyncError(comm, &async);
+      if (r != ncclSuccess) async = r;
     }
-    return abort_code_;
+    if (async == ncclSuccess || async == ncclInProgress) return false;
+    abort(async);
+    return true;
   }
+
+  /// failed() as an MPI error code, for the threads that make MPI calls.
+  int poll() { return failed() ? error_code(Failure::nccl_aborted) : MPI_SUCCESS; }
+
+  /// Holds off abort() while the calling thread enqueues work on the NCCL communicator.
+  std::shared_lock<std::shared_timed_mutex> use() {
+    return std::shared_lock<std::shared_timed_mutex>(use_);
+  }
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
 
   /// Waits on the host until `e` has completed (or `s` is idle when e is null), polling
   /// for asynchronous NCCL errors. The caller has the context current.
@@ -135,10 +145,81 @@ class NcclComm {
   }
 
  private:
-  std::mutex mu_;
+  void abort(ncclResult_t async) {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (aborted_.load()) return;
+    std::string what = lib->describe("asynchronous NCCL error", async, comm);
+    // Wait for a thread inside an NCCL call on this communicator to leave it. One that
+    // stays (blocked inside NCCL by the very failure) is not waited for: aborting is what
+    // unblocks it, and a hung job is worse.
+    std::unique_lock<std::shared_timed_mutex> excl(use_, std::defer_lock);
+    if (!excl.try_lock_for(std::chrono::seconds(1)))
+      what += " (a thread is still inside NCCL; aborting anyway)";
+    lib->ncclCommAbort(comm);
+    log_error("%s; NCCL communicator of %d ranks aborted, its later calls fail", what.c_str(),
+              size);
+    aborted_.store(true, std::memory_order_release);
+  }
+
+  std::mutex mu_;                // the event pool
   std::vector<CUevent> events_;
+  std::mutex abort_mu_;          // one abort
+  std::shared_timed_mutex use_;  // shared: a call uses `comm`; exclusive: abort
   std::atomic<bool> aborted_{false};
-  int abort_code_ = MPI_SUCCESS;
+};
+
+// Polls every ready NCCL communicator for asynchronous errors every 100 ms, so that a
+// failure is noticed (and the NCCL communicator aborted, which ends its kernels) also
+// while the host does not wait inside streamcoll: stream-ordered calls, or a program
+// blocked in cudaStreamSynchronize. Started with the first NCCL communicator, stopped
+// (joined) at runtime stop.
+class Watchdog {
+ public:
+  static Watchdog& get() {
+    static Watchdog w;
+    return w;
+  }
+  void watch(const std::shared_ptr<NcclComm>& c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    comms_.push_back(c);
+    if (!thread_.joinable() && !stopping_) thread_ = std::thread([this] { loop(); });
+  }
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+      comms_.clear();
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopping_) {
+      cv_.wait_for(lock, std::chrono::milliseconds(100));
+      std::vector<std::shared_ptr<NcclComm>> live;
+      for (auto it = comms_.begin(); it != comms_.end();) {
+        if (auto c = it->lock()) {
+          live.push_back(std::move(c));
+          ++it;
+        } else {
+          it = comms_.erase(it);
+        }
+      }
+      lock.unlock();
+      for (auto& c : live) c->failed();
+      live.clear();  // the last owner may be here: destroy outside the lock
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::weak_ptr<NcclComm>> comms_;
+  std::thread thread_;
+  bool stopping_ = false;
 };
 
 class NcclState final : public RouteState {
@@ -338,6 +419,7 @@ void set_up(NcclState& st, const CollArgs& a, const CommContext& ctx) {
   }
   SC_INFO("nccl: NCCL %d communicator of %d ranks on device %d", lib.version, ctx.size,
           c->device);
+  Watchdog::get().watch(c);
   st.comm = std::move(c);
   st.status = NcclState::ready;
 }
@@ -475,7 +557,12 @@ class NcclRoute final : public Route {
     }
 
     CUresult cu;
-    ncclResult_t nr = enqueue(a, ctx, *c, s, &cu);
+    ncclResult_t nr;
+    {
+      auto use = c->use();
+      if (c->aborted()) return c->poll();
+      nr = enqueue(a, ctx, *c, s, &cu);
+    }
     if (nr != ncclSuccess)
       return fail(Failure::nccl,
                   c->lib->describe(call_name(a.coll, a.nonblocking).c_str(), nr, c->comm));
@@ -499,5 +586,7 @@ Route* nccl_route() {
   static NcclRoute r;
   return &r;
 }
+
+void nccl_shutdown() { Watchdog::get().stop(); }
 
 }  // namespace streamcoll

@@ -6,6 +6,7 @@ namespace streamcoll {
 Route* pmpi_route();
 #if STREAMCOLL_HAVE_NCCL
 Route* nccl_route();
+void nccl_shutdown();
 #endif
 
 Route* find_route(RouteId id) {
@@ -16,6 +17,12 @@ Route* find_route(RouteId id) {
 #endif
     default: return nullptr;  // not in this build
   }
+}
+
+void routes_shutdown() {
+#if STREAMCOLL_HAVE_NCCL
+  nccl_shutdown();
+#endif
 }
 
 }  // namespace streamcoll

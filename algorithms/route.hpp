@@ -42,4 +42,8 @@ class Route {
 /// (not built yet, or its library/device is missing here).
 Route* find_route(RouteId id);
 
+/// Stops what routes run in the background (threads), after every communicator context
+/// is gone; from Runtime::stop().
+void routes_shutdown();
+
 }  // namespace streamcoll

@@ -9,6 +9,11 @@
 namespace streamcoll {
 
 int fail(Failure f, const std::string& detail) {
+  log_error("%s", detail.c_str());
+  return error_code(f);
+}
+
+int error_code(Failure f) {
   static std::mutex mu;
   static int codes[4] = {-1, -1, -1, -1};
   static const struct {
@@ -24,7 +29,6 @@ int fail(Failure f, const std::string& detail) {
        "streamcoll: a buffer is on another GPU than the communicator's NCCL communicator"},
   };
   const int i = static_cast<int>(f);
-  log_error("%s", detail.c_str());
   std::lock_guard<std::mutex> lock(mu);
   if (codes[i] < 0) {
     int code = kinds[i].cls;

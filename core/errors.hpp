@@ -19,7 +19,11 @@ enum class Failure {
 };
 
 /// Logs `detail` (always, not only under STREAMCOLL_DEBUG) and returns the MPI error code
-/// for `f`, to be raised through the communicator's error handler. Thread-safe.
+/// for `f`, to be raised through the communicator's error handler. Thread-safe; calls
+/// MPI (the first time per kind), so only from threads that may call MPI.
 int fail(Failure f, const std::string& detail);
+
+/// The MPI error code for `f`, without logging. Same threading rule as fail().
+int error_code(Failure f);
 
 }  // namespace streamcoll
