@@ -24,6 +24,10 @@ const std::vector<Knob>& knobs() {
       {"STREAMCOLL_NCCL_LIB", "libnccl.so.2",
        "the NCCL library to open (a file name for the loader's search path, or a path); "
        "if it cannot be opened the nccl route is off and its calls go to pmpi"},
+      {"STREAMCOLL_MPI_CUDA_AWARE", "auto",
+       "auto|yes|no: whether the MPI accepts GPU buffers (auto asks it: "
+       "MPIX_Query_cuda_support, MPIX_GPU_query_support; not found means no); when it does "
+       "not, GPU buffers of calls that go to the MPI are staged through host memory"},
   };
   return k;
 }
@@ -55,6 +59,14 @@ bool parse_log_level(std::string_view s, LogLevel* out) {
   return false;
 }
 
+bool parse_cuda_aware(std::string_view s, CudaAware* out) {
+  if (lower(s) == "auto") return *out = CudaAware::auto_detect, true;
+  bool b = false;
+  if (!parse_bool(s, &b)) return false;
+  *out = b ? CudaAware::yes : CudaAware::no;
+  return true;
+}
+
 Settings read_settings() {
   Settings s;
   auto boolean = [&](const char* name, bool* dst) {
@@ -72,6 +84,10 @@ Settings read_settings() {
   if (const char* v = get("STREAMCOLL_TUNING_FILE")) s.tuning_file = v;
   if (const char* v = get("STREAMCOLL_ROUTE")) s.route = v;
   if (const char* v = get("STREAMCOLL_NCCL_LIB")) s.nccl_lib = v;
+  if (const char* v = get("STREAMCOLL_MPI_CUDA_AWARE");
+      v && !parse_cuda_aware(v, &s.mpi_cuda_aware))
+    s.problems.push_back(std::string("STREAMCOLL_MPI_CUDA_AWARE='") + v +
+                         "' is not auto|yes|no; using auto");
   return s;
 }
 

@@ -2,6 +2,7 @@
 // README.md's environment table documents the same list (a unit test keeps them equal).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,6 +20,13 @@ struct Knob {
 /// All knobs, in the order README lists them.
 const std::vector<Knob>& knobs();
 
+/// STREAMCOLL_MPI_CUDA_AWARE: whether the MPI library accepts GPU buffers.
+enum class CudaAware : uint8_t {
+  auto_detect,  ///< ask the MPI (core/host_staging.cpp)
+  yes,          ///< GPU buffers go to the MPI as they are
+  no,           ///< GPU buffers of calls that go to the MPI are staged through host memory
+};
+
 /// The settings the environment asks for, read once when the runtime starts.
 struct Settings {
   bool disable = false;          ///< STREAMCOLL_DISABLE: pass every call straight through
@@ -28,6 +36,7 @@ struct Settings {
   std::string tuning_file;       ///< STREAMCOLL_TUNING_FILE
   std::string route;             ///< STREAMCOLL_ROUTE
   std::string nccl_lib;          ///< STREAMCOLL_NCCL_LIB (empty: libnccl.so.2)
+  CudaAware mpi_cuda_aware = CudaAware::auto_detect;  ///< STREAMCOLL_MPI_CUDA_AWARE
   std::vector<std::string> problems;  ///< values that could not be understood
 };
 Settings read_settings();
@@ -37,5 +46,7 @@ Settings read_settings();
 bool parse_bool(std::string_view s, bool* out);
 /// Parses a STREAMCOLL_DEBUG value: none|warn|info|trace or 0..3.
 bool parse_log_level(std::string_view s, LogLevel* out);
+/// Parses a STREAMCOLL_MPI_CUDA_AWARE value: auto, or a boolean (yes/no, 1/0, ...).
+bool parse_cuda_aware(std::string_view s, CudaAware* out);
 
 }  // namespace streamcoll::config

@@ -22,7 +22,7 @@
   X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamQuery) X(cuStreamSynchronize)          \
   X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord)              \
   X(cuEventQuery) X(cuEventSynchronize) X(cuMemcpyDtoDAsync) X(cuMemAllocAsync)         \
-  X(cuMemFreeAsync)
+  X(cuMemFreeAsync) X(cuMemcpyAsync) X(cuMemHostAlloc) X(cuMemFreeHost)
 #endif
 
 namespace streamcoll::cuda {

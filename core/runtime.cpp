@@ -6,10 +6,12 @@
 #include <fstream>
 #include <sstream>
 
+#include "algorithms/route.hpp"
 #include "core/agreement.hpp"
 #include "core/comm_context.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/datatypes.hpp"
+#include "core/host_staging.hpp"
 #include "core/log.hpp"
 #include "streamext/stream_attr.hpp"
 
@@ -54,10 +56,14 @@ bool Runtime::start() {
   else
     SC_INFO("GPU routes off: %s", drv.reason.c_str());
   all_types();  // build the datatype table while MPI is surely initialised
+  // An MPI that is not CUDA-aware gets GPU buffers staged through host memory; then
+  // every collective with buffers must be looked at, whatever the table says.
+  const bool staging = drv.usable && host_staging::start(settings_.mpi_cuda_aware);
 
   uint32_t full_path = 0;
   for (int c = 0; c < kNumColls; ++c) {
-    bool full = settings_.check || table_.routes_host(static_cast<Coll>(c));
+    bool full = settings_.check || table_.routes_host(static_cast<Coll>(c)) ||
+                (staging && static_cast<Coll>(c) != Coll::barrier);
     if (cuda_usable_) {
       for (MemKind m : {MemKind::device, MemKind::managed})
         full = full || table_.may_leave_pmpi(static_cast<Coll>(c), m);
@@ -127,8 +133,10 @@ void Runtime::stop() {
     std::string table = stats_.report(MPI_COMM_WORLD);
     if (!table.empty()) std::fputs(table.c_str(), stderr);
   }
+  routes_shutdown();  // background threads first: they may hold route state
   comm_contexts_stop();
   streamext::stop();
+  host_staging::stop();
   if (self_keyval_ != MPI_KEYVAL_INVALID) PMPI_Comm_free_keyval(&self_keyval_);
   SC_INFO("stopped");
 }

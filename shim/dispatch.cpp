@@ -17,6 +17,8 @@
 //                 route absent in this build, or declines     -> pmpi
 //                 (pmpi with a stream: the stream is synchronised first, so the
 //                 call is still correct, only not asynchronous)
+//                 (pmpi on GPU buffers with an MPI that is not CUDA-aware: the
+//                 buffers are staged through host memory  core/host_staging)
 //      STREAMCOLL_CHECK: one extra allreduce verifies every rank chose the same
 //      route and memory kind                                 core/agreement
 //      route.run(args)                                        algorithms/
@@ -33,6 +35,7 @@
 #include "core/datatypes.hpp"
 #include "core/eligibility.hpp"
 #include "core/errors.hpp"
+#include "core/host_staging.hpp"
 #include "core/log.hpp"
 #include "core/runtime.hpp"
 #include "streamext/stream_attr.hpp"
@@ -206,10 +209,12 @@ int dispatch(const CollArgs& a) {
     rc = d.error;
   } else if (d.route == RouteId::pmpi) {
     rc = d.env.has_stream ? sync_stream(d.env.stream) : MPI_SUCCESS;
-    if (rc == MPI_SUCCESS)
-      rc = run_pmpi(a);
-    else
+    if (rc != MPI_SUCCESS)
       PMPI_Comm_call_errhandler(a.comm, rc);
+    else if (host_staging::wanted(a, d.env.mem))
+      rc = host_staging::run(a);  // raises its own CUDA failures
+    else
+      rc = run_pmpi(a);
   } else {
     static const config::RouteChoice kNoParams;
     rc = find_route(d.route)->run(a, *d.ctx, d.choice ? *d.choice : kNoParams, d.env);

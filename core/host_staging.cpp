@@ -1,0 +1,563 @@
+#include "core/host_staging.hpp"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <unordered_map>
+
+#include "algorithms/pmpi.hpp"
+#include "core/cuda_driver.hpp"
+#include "core/errors.hpp"
+#include "core/log.hpp"
+#include "core/requests.hpp"
+#include "core/stats.hpp"
+
+namespace streamcoll::host_staging {
+
+// ---- Pure logic ---------------------------------------------------------------------
+
+bool should_stage(MemKind mem, bool fortran, bool mpi_cuda_aware) {
+  if (mpi_cuda_aware || fortran) return false;
+  // mixed: some buffer is not host memory of the same kind as the other; run() stages
+  // the ones on a GPU and leaves host and pinned buffers alone.
+  return mem == MemKind::device || mem == MemKind::managed || mem == MemKind::mixed;
+}
+
+Awareness resolve_awareness(config::CudaAware setting, int query_ompi, int query_mpich) {
+  switch (setting) {
+    case config::CudaAware::yes:
+      return {true, "STREAMCOLL_MPI_CUDA_AWARE=yes"};
+    case config::CudaAware::no:
+      return {false, "STREAMCOLL_MPI_CUDA_AWARE=no"};
+    case config::CudaAware::auto_detect:
+      break;
+  }
+  if (query_ompi >= 0)
+    return {query_ompi != 0, "MPIX_Query_cuda_support() = " + std::to_string(query_ompi)};
+  if (query_mpich >= 0)
+    return {query_mpich != 0, "MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA) says " +
+                                  std::to_string(query_mpich)};
+  return {false, "the MPI has neither MPIX_Query_cuda_support nor MPIX_GPU_query_support"};
+}
+
+ByteRange TypeSpan::elements(int64_t displ, int64_t count) const {
+  if (count <= 0 || size <= 0) return {};
+  const int64_t base = displ * extent + true_lb;
+  const int64_t last = (count - 1) * extent;  // negative for a negative extent
+  return {base + std::min<int64_t>(0, last), base + true_extent + std::max<int64_t>(0, last)};
+}
+
+namespace {
+
+// Sorted, with overlapping and touching ranges joined.
+std::vector<ByteRange> merged(std::vector<ByteRange> v) {
+  std::sort(v.begin(), v.end(),
+            [](const ByteRange& x, const ByteRange& y) { return x.lo < y.lo; });
+  std::vector<ByteRange> out;
+  for (const ByteRange& r : v) {
+    if (r.empty()) continue;
+    if (!out.empty() && r.lo <= out.back().hi)
+      out.back().hi = std::max(out.back().hi, r.hi);
+    else
+      out.push_back(r);
+  }
+  return out;
+}
+
+}  // namespace
+
+StagingExtents staging_extents(const CollArgs& a, int rank, int size, const TypeSpan& S,
+                               const TypeSpan& R) {
+  StagingExtents x;
+  const bool in_place = a.sendbuf == MPI_IN_PLACE;
+  std::vector<ByteRange> in, out;
+  auto add = [](std::vector<ByteRange>& v, ByteRange r) {
+    if (!r.empty()) v.push_back(r);
+  };
+  const int64_t n = a.count, p = size;
+  switch (a.coll) {
+    case Coll::barrier:
+      break;
+    case Coll::allreduce:
+    case Coll::reduce:
+      if (a.coll == Coll::reduce && rank != a.root) {  // recvbuf is not significant
+        if (!in_place) x.send = S.elements(0, n);
+        break;
+      }
+      if (!in_place) x.send = S.elements(0, n);
+      add(out, R.elements(0, n));
+      if (in_place) in = out;
+      break;
+    case Coll::bcast:
+      add(rank == a.root ? in : out, R.elements(0, n));
+      break;
+    case Coll::allgather:
+      if (!in_place) x.send = S.elements(0, a.sendcount);
+      add(out, R.elements(0, int64_t{a.recvcount} * p));
+      if (in_place) add(in, R.elements(int64_t{rank} * a.recvcount, a.recvcount));
+      break;
+    case Coll::allgatherv:
+      if (!in_place) x.send = S.elements(0, a.sendcount);
+      for (int i = 0; i < size; ++i) add(out, R.elements(a.displs[i], a.recvcounts[i]));
+      if (in_place) add(in, R.elements(a.displs[rank], a.recvcounts[rank]));
+      break;
+    case Coll::alltoall:
+      if (!in_place) x.send = S.elements(0, int64_t{a.sendcount} * p);
+      add(out, R.elements(0, int64_t{a.recvcount} * p));
+      if (in_place) in = out;
+      break;
+    case Coll::reduce_scatter_block:
+      if (!in_place) x.send = S.elements(0, n * p);
+      add(out, R.elements(0, n));
+      if (in_place) add(in, R.elements(0, n * p));
+      break;
+    case Coll::reduce_scatter: {
+      int64_t total = 0;
+      for (int i = 0; i < size; ++i) total += std::max(0, a.recvcounts[i]);
+      if (!in_place) x.send = S.elements(0, total);
+      add(out, R.elements(0, a.recvcounts[rank]));
+      if (in_place) add(in, R.elements(0, total));
+      break;
+    }
+  }
+  // Holes in the receive type: MPI leaves them alone, so the copy back must carry what
+  // they held.
+  if (!R.dense()) in.insert(in.end(), out.begin(), out.end());
+  x.recv_in = merged(std::move(in));
+  x.recv_out = merged(std::move(out));
+  for (const auto* v : {&x.recv_in, &x.recv_out})
+    for (const ByteRange& r : *v) {
+      if (x.recv.empty()) {
+        x.recv = r;
+      } else {
+        x.recv.lo = std::min(x.recv.lo, r.lo);
+        x.recv.hi = std::max(x.recv.hi, r.hi);
+      }
+    }
+  return x;
+}
+
+// ---- Running a staged call ----------------------------------------------------------
+
+namespace {
+
+bool on_gpu(MemKind k) { return k == MemKind::device || k == MemKind::managed; }
+
+// p + off, as the MPI itself computes buffer addresses (off may be negative).
+const void* at(const void* p, int64_t off) {
+  return reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) +
+                                       static_cast<uintptr_t>(off));
+}
+void* at(void* p, int64_t off) {
+  return reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(off));
+}
+
+bool span_of(MPI_Datatype t, TypeSpan* s) {
+  int size = 0;
+  MPI_Aint lb = 0, extent = 0, true_lb = 0, true_extent = 0;
+  if (t == MPI_DATATYPE_NULL || PMPI_Type_size(t, &size) != MPI_SUCCESS ||
+      PMPI_Type_get_extent(t, &lb, &extent) != MPI_SUCCESS ||
+      PMPI_Type_get_true_extent(t, &true_lb, &true_extent) != MPI_SUCCESS)
+    return false;
+  *s = TypeSpan{size, extent, true_lb, true_extent};
+  return true;
+}
+
+// The send and receive datatypes of `a` (reduction family and bcast: a.datatype).
+bool spans_of(const CollArgs& a, TypeSpan* send, TypeSpan* recv) {
+  switch (a.coll) {
+    case Coll::barrier:
+      *send = *recv = TypeSpan{};
+      return true;
+    case Coll::allreduce:
+    case Coll::reduce:
+    case Coll::bcast:
+    case Coll::reduce_scatter:
+    case Coll::reduce_scatter_block:
+      if (!span_of(a.datatype, recv)) return false;
+      *send = *recv;
+      return true;
+    case Coll::allgather:
+    case Coll::allgatherv:
+    case Coll::alltoall:
+      if (!span_of(a.recvtype, recv)) return false;
+      if (a.sendbuf == MPI_IN_PLACE) return *send = *recv, true;
+      return span_of(a.sendtype, send);
+  }
+  return false;
+}
+
+// A non-blocking call on staged buffers: the MPI's request on the host copies, and the
+// copies back that complete it. Completed by MPI_Wait/MPI_Test (and the array forms)
+// through the owned-request hooks, or by MPI_Request_free (which waits).
+class StagedRequest final : public ManagedRequest {
+ public:
+  StagedRequest(MPI_Request inner, void* host, std::vector<Copy> back, Backend& be)
+      : inner_(inner), host_(host), back_(std::move(back)), be_(be) {}
+  ~StagedRequest() override {
+    // Only when start_request failed: the MPI's operation must end before its buffers go.
+    if (!done_ && inner_ != MPI_REQUEST_NULL) PMPI_Wait(&inner_, MPI_STATUS_IGNORE);
+    if (host_) be_.release(host_);
+  }
+
+  void on_wait() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_) return;
+    finish(PMPI_Wait(&inner_, MPI_STATUS_IGNORE));
+  }
+  void on_test() override {
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock() || done_) return;  // another thread is completing it
+    int flag = 0;
+    int rc = PMPI_Test(&inner_, &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS || flag) finish(rc);
+  }
+  void on_free() override { on_wait(); }
+  int error() const override { return error_; }
+
+ private:
+  void finish(int rc) {  // mu_ held
+    if (rc == MPI_SUCCESS && !back_.empty()) rc = be_.copy(back_.data(), back_.size());
+    error_ = rc;
+    done_ = true;
+    be_.release(host_);
+    host_ = nullptr;
+    complete();
+  }
+
+  MPI_Request inner_;
+  void* host_;
+  std::vector<Copy> back_;
+  Backend& be_;
+  std::mutex mu_;
+  bool done_ = false;
+  int error_ = MPI_SUCCESS;
+};
+
+int raise(MPI_Comm comm, int rc) {
+  PMPI_Comm_call_errhandler(comm, rc);
+  return rc;
+}
+
+}  // namespace
+
+int run(const CollArgs& a, Backend& be) {
+  if (a.fortran) return run_pmpi(a);
+  int rank = 0, size = 1;
+  TypeSpan S, R;
+  if (PMPI_Comm_rank(a.comm, &rank) != MPI_SUCCESS ||
+      PMPI_Comm_size(a.comm, &size) != MPI_SUCCESS || !spans_of(a, &S, &R))
+    return run_pmpi(a);  // the MPI raises whatever is wrong
+  const StagingExtents x = staging_extents(a, rank, size, S, R);
+  const bool stage_send = a.sendbuf != MPI_IN_PLACE && a.coll != Coll::bcast &&
+                          !x.send.empty() && on_gpu(be.classify(at(a.sendbuf, x.send.lo)));
+  const bool stage_recv = !x.recv.empty() && on_gpu(be.classify(at(a.recvbuf, x.recv.lo)));
+  if (!stage_send && !stage_recv) return run_pmpi(a);
+
+  // One host block: the send part, then (64-byte aligned) the receive part.
+  const uint64_t send_bytes = stage_send ? x.send.bytes() : 0;
+  const uint64_t recv_off = (send_bytes + 63) & ~uint64_t{63};
+  const uint64_t total = recv_off + (stage_recv ? x.recv.bytes() : 0);
+  const void* gpu = stage_send ? a.sendbuf : a.recvbuf;
+  void* host = be.alloc(total, gpu);
+  if (host == nullptr) {
+    log_error("%s: no host memory to stage %llu bytes of GPU buffers",
+              call_name(a.coll, a.nonblocking).c_str(), static_cast<unsigned long long>(total));
+    return raise(a.comm, MPI_ERR_NO_MEM);
+  }
+  char* const hbase = static_cast<char*>(host);
+  // Host address of recvbuf + off (off inside x.recv).
+  auto hrecv = [&](int64_t off) { return hbase + recv_off + (off - x.recv.lo); };
+
+  std::vector<Copy> copies;
+  if (stage_send) copies.push_back({hbase, at(a.sendbuf, x.send.lo), send_bytes, a.sendbuf});
+  if (stage_recv)
+    for (const ByteRange& r : x.recv_in)
+      copies.push_back({hrecv(r.lo), at(a.recvbuf, r.lo), r.bytes(), a.recvbuf});
+  if (!copies.empty()) {
+    if (int rc = be.copy(copies.data(), copies.size()); rc != MPI_SUCCESS) {
+      be.release(host);
+      return raise(a.comm, rc);
+    }
+  }
+  std::vector<Copy> back;
+  if (stage_recv)
+    for (const ByteRange& r : x.recv_out)
+      back.push_back({at(a.recvbuf, r.lo), hrecv(r.lo), r.bytes(), a.recvbuf});
+
+  CollArgs b = a;
+  if (stage_send) b.sendbuf = at(static_cast<const void*>(hbase), -x.send.lo);
+  if (stage_recv) b.recvbuf = at(static_cast<void*>(hbase + recv_off), -x.recv.lo);
+  if (log_enabled(LogLevel::trace)) {
+    uint64_t in = 0, out = 0;
+    for (const Copy& c : copies) in += c.bytes;
+    for (const Copy& c : back) out += c.bytes;
+    SC_TRACE("%s: GPU buffers staged through host memory (%llu bytes to the host, %llu back)",
+             call_name(a.coll, a.nonblocking).c_str(), static_cast<unsigned long long>(in),
+             static_cast<unsigned long long>(out));
+  }
+
+  if (!a.nonblocking) {
+    int rc = run_pmpi(b);
+    if (rc == MPI_SUCCESS && !back.empty()) {
+      rc = be.copy(back.data(), back.size());
+      if (rc != MPI_SUCCESS) raise(a.comm, rc);
+    }
+    be.release(host);
+    return rc;
+  }
+  MPI_Request inner = MPI_REQUEST_NULL;
+  b.request = &inner;
+  if (int rc = run_pmpi(b); rc != MPI_SUCCESS) {
+    be.release(host);
+    return rc;
+  }
+  // start_request deletes the request on failure; its destructor waits for `inner`.
+  return start_request(new StagedRequest(inner, host, std::move(back), be), a.request);
+}
+
+// ---- The CUDA backend and process-wide state ----------------------------------------
+
+namespace {
+std::atomic<bool> g_enabled{false};
+
+// A symbol of the MPI library: in the global scope, else in the library that holds
+// PMPI_Init (an MPI opened with RTLD_LOCAL, e.g. by a language runtime).
+void* mpi_symbol(const char* name) {
+  if (void* s = dlsym(RTLD_DEFAULT, name)) return s;
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&PMPI_Init), &info) && info.dli_fname) {
+    if (void* lib = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD)) {
+      void* s = dlsym(lib, name);
+      dlclose(lib);  // stays loaded: the application holds it
+      return s;
+    }
+  }
+  return nullptr;
+}
+
+#if STREAMCOLL_HAVE_CUDA
+// Copies run on the per-thread default stream of the GPU's primary context, then the
+// host waits for it: no stream of the application's is involved, and the result is in
+// GPU memory before the call returns. Host blocks are pinned (portable), cached.
+class CudaBackend final : public Backend {
+ public:
+  MemKind classify(const void* p) override { return cuda::classify(p); }
+
+  void* alloc(uint64_t bytes, const void* gpu) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (;;) {
+        auto best = free_.end();
+        for (auto it = free_.begin(); it != free_.end(); ++it)
+          if (it->bytes >= bytes && (best == free_.end() || it->bytes < best->bytes)) best = it;
+        if (best == free_.end()) break;
+        Block b = *best;
+        free_.erase(best);
+        // A context destroyed behind our back (cudaDeviceReset) took the block with it.
+        if (cuda::classify(b.p) != MemKind::pinned) continue;
+        used_[b.p] = b;
+        return b.p;
+      }
+    }
+    // Sizes that can be reused: powers of two from 64 KiB, 16 MiB steps above 64 MiB.
+    constexpr uint64_t kStep = uint64_t{16} << 20;
+    Block b{nullptr, 0, nullptr, true};
+    b.bytes = bytes <= (uint64_t{64} << 20) ? std::max(round_pow2(bytes), uint64_t{64} << 10)
+                                            : (bytes + kStep - 1) / kStep * kStep;
+    if (context_for(gpu, &b.ctx, false) == MPI_SUCCESS) {
+      cuda::ScopedContext scope(b.ctx);
+      if (cuda::driver().cuMemHostAlloc(&b.p, b.bytes, CU_MEMHOSTALLOC_PORTABLE) !=
+          CUDA_SUCCESS)
+        b.p = nullptr;
+    }
+    if (b.p == nullptr) {  // pageable memory: slower copies, same results
+      b = Block{std::malloc(bytes), bytes, nullptr, false};
+      if (b.p == nullptr) return nullptr;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    used_[b.p] = b;
+    return b.p;
+  }
+
+  void release(void* host) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = used_.find(host);
+    if (it == used_.end()) return;
+    Block b = it->second;
+    used_.erase(it);
+    if (!b.pinned) return std::free(b.p);
+    if (stopped_) return free_block(b);
+    free_.push_back(b);
+    uint64_t cached = 0;
+    for (const Block& f : free_) cached += f.bytes;
+    while (free_.size() > kMaxCached || cached > kMaxCachedBytes) {
+      // Too many: drop the smallest; too large: drop the largest.
+      auto victim = free_.size() > kMaxCached
+                        ? std::min_element(free_.begin(), free_.end(), by_size)
+                        : std::max_element(free_.begin(), free_.end(), by_size);
+      cached -= victim->bytes;
+      free_block(*victim);
+      free_.erase(victim);
+    }
+  }
+
+  int copy(const Copy* c, size_t n) override {
+    const cuda::Driver& d = cuda::driver();
+    size_t i = 0;
+    while (i < n) {
+      CUcontext ctx = nullptr;
+      if (int rc = context_for(c[i].gpu, &ctx, true); rc != MPI_SUCCESS) return rc;
+      cuda::ScopedContext scope(ctx);
+      int rc = MPI_SUCCESS;
+      size_t j = i;
+      for (; j < n && rc == MPI_SUCCESS; ++j) {
+        if (j > i && c[j].gpu != c[j - 1].gpu) {
+          CUcontext next = nullptr;
+          if ((rc = context_for(c[j].gpu, &next, true)) != MPI_SUCCESS) break;
+          if (next != ctx) break;
+        }
+        const CUresult r = cuda::driver().cuMemcpyAsync(
+            reinterpret_cast<CUdeviceptr>(c[j].dst), reinterpret_cast<CUdeviceptr>(c[j].src),
+            c[j].bytes, CU_STREAM_PER_THREAD);
+        if (r != CUDA_SUCCESS)
+          rc = fail(Failure::cuda, cuda::describe("cuMemcpyAsync (staging a GPU buffer)", r));
+      }
+      // Even after a failure: nothing may still be copying when the caller frees memory.
+      if (CUresult r = d.cuStreamSynchronize(CU_STREAM_PER_THREAD);
+          r != CUDA_SUCCESS && rc == MPI_SUCCESS)
+        rc = fail(Failure::cuda, cuda::describe("cuStreamSynchronize (staging)", r));
+      if (rc != MPI_SUCCESS) return rc;
+      i = j;
+    }
+    return MPI_SUCCESS;
+  }
+
+  void stop() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = true;
+    for (const Block& b : free_) free_block(b);
+    free_.clear();
+    if (!used_.empty()) return;  // blocks of requests still in flight need their contexts
+    std::lock_guard<std::mutex> ctx_lock(ctx_mu_);
+    for (size_t dev = 0; dev < primary_.size(); ++dev)
+      if (primary_[dev]) {
+        CUdevice cudev;
+        if (cuda::driver().cuDeviceGet(&cudev, static_cast<int>(dev)) == CUDA_SUCCESS)
+          cuda::driver().cuDevicePrimaryCtxRelease(cudev);
+        primary_[dev] = nullptr;
+      }
+  }
+
+ private:
+  struct Block {
+    void* p;
+    uint64_t bytes;
+    CUcontext ctx;  // where a pinned block was allocated
+    bool pinned;
+  };
+  static constexpr size_t kMaxCached = 4;
+  static constexpr uint64_t kMaxCachedBytes = uint64_t{1} << 30;
+  static bool by_size(const Block& x, const Block& y) { return x.bytes < y.bytes; }
+  static uint64_t round_pow2(uint64_t v) {
+    uint64_t p = 1;
+    while (p < v) p <<= 1;
+    return p;
+  }
+
+  void free_block(const Block& b) {  // mu_ held
+    cuda::ScopedContext scope(b.ctx);
+    cuda::driver().cuMemFreeHost(b.p);  // fails harmlessly if the context is gone
+  }
+
+  // The primary context of the device that holds `gpu` (managed memory without one: the
+  // current context's device, else device 0), retained once per device.
+  int context_for(const void* gpu, CUcontext* out, bool report) {
+    const cuda::Driver& d = cuda::driver();
+    int dev = cuda::device_of(gpu);
+    if (dev < 0) {
+      CUcontext current = nullptr;
+      CUdevice cur = -1;
+      if (d.cuCtxGetCurrent(&current) == CUDA_SUCCESS && current &&
+          d.cuCtxGetDevice(&cur) == CUDA_SUCCESS)
+        dev = cur;
+    }
+    if (dev < 0 || dev >= d.device_count) dev = 0;
+    std::lock_guard<std::mutex> lock(ctx_mu_);
+    if (primary_.size() < static_cast<size_t>(d.device_count))
+      primary_.resize(static_cast<size_t>(d.device_count), nullptr);
+    if (!primary_[dev]) {
+      CUdevice cudev;
+      CUcontext ctx = nullptr;
+      CUresult r = d.cuDeviceGet(&cudev, dev);
+      if (r == CUDA_SUCCESS) r = d.cuDevicePrimaryCtxRetain(&ctx, cudev);
+      if (r != CUDA_SUCCESS)
+        return report ? fail(Failure::cuda,
+                             cuda::describe("cuDevicePrimaryCtxRetain (staging)", r))
+                      : MPI_ERR_OTHER;
+      primary_[dev] = ctx;
+    }
+    *out = primary_[dev];
+    return MPI_SUCCESS;
+  }
+
+  std::mutex mu_;  // free_, used_, stopped_
+  std::vector<Block> free_;
+  std::unordered_map<void*, Block> used_;
+  bool stopped_ = false;
+  std::mutex ctx_mu_;
+  std::vector<CUcontext> primary_;  // by device ordinal
+};
+
+CudaBackend& cuda_backend() {
+  static CudaBackend* b = new CudaBackend;  // never destroyed: requests may outlive main
+  return *b;
+}
+#endif  // STREAMCOLL_HAVE_CUDA
+
+}  // namespace
+
+bool enabled() { return g_enabled.load(std::memory_order_relaxed); }
+
+bool start(config::CudaAware setting) {
+  int query_ompi = -1, query_mpich = -1;
+  if (setting == config::CudaAware::auto_detect) {
+    if (auto ompi = reinterpret_cast<int (*)()>(mpi_symbol("MPIX_Query_cuda_support"))) {
+      query_ompi = ompi() ? 1 : 0;
+    } else if (auto mpich = reinterpret_cast<int (*)(int, int*)>(
+                   mpi_symbol("MPIX_GPU_query_support"))) {
+      int supported = 0;
+      const int kCuda = 0;  // MPIX_GPU_SUPPORT_CUDA (MPICH's mpi.h / mpix.h)
+      if (mpich(kCuda, &supported) == MPI_SUCCESS) query_mpich = supported ? 1 : 0;
+    }
+  }
+  const Awareness aw = resolve_awareness(setting, query_ompi, query_mpich);
+  const bool on = !aw.aware && STREAMCOLL_HAVE_CUDA;
+  if (on)
+    SC_INFO("the MPI is not CUDA-aware (%s): GPU buffers of calls it carries are staged "
+            "through host memory",
+            aw.how.c_str());
+  else
+    SC_INFO("the MPI is CUDA-aware (%s): GPU buffers go to it as they are", aw.how.c_str());
+  g_enabled.store(on, std::memory_order_relaxed);
+  return on;
+}
+
+void stop() {
+#if STREAMCOLL_HAVE_CUDA
+  if (g_enabled.load(std::memory_order_relaxed)) cuda_backend().stop();
+#endif
+}
+
+int run(const CollArgs& a) {
+#if STREAMCOLL_HAVE_CUDA
+  return run(a, cuda_backend());
+#else
+  return run_pmpi(a);
+#endif
+}
+
+}  // namespace streamcoll::host_staging

@@ -1,0 +1,148 @@
+// Host staging: GPU buffers for an MPI that is not CUDA-aware.
+//
+// A call on GPU memory that goes to the real MPI (route pmpi: no rule routes it, or the
+// route declines it) hands the MPI the application's device pointers. A CUDA-aware MPI
+// takes them; any other MPI (Debian's Open MPI, MPIX_Query_cuda_support() == 0) crashes
+// on them. When the MPI is not CUDA-aware, such a call runs instead on host copies:
+//
+//   inputs   GPU -> host (the stream the communicator carries is already synchronised
+//            by the dispatcher; without one, classic semantics say the input is ready)
+//   call     the PMPI_ call on the host copies (MPI_IN_PLACE stays MPI_IN_PLACE, with
+//            the in-place data in the staged receive buffer)
+//   results  host -> GPU, complete before the call returns (blocking), or before
+//            MPI_Wait/MPI_Test report the request complete (non-blocking: the request is
+//            a streamcoll-owned generalized request wrapping the MPI's own)
+//
+// Only the bytes the call reads and writes on this rank move (staging_extents), whatever
+// the datatype (the extents come from MPI_Type_get_true_extent, so derived types with
+// holes work; holes of the receive buffer are preserved). Device and managed memory are
+// staged (managed memory is host-accessible, but not while the GPU may be using it on
+// devices without concurrent managed access, so staging is the choice that is always
+// correct); host and pinned buffers go to the MPI as they are, also in a call that mixes
+// kinds. Calls through the Fortran bindings are not staged (passed through unchanged).
+// Host copies are pinned (cuMemHostAlloc), from a small cache.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/env.hpp"
+#include "core/coll_args.hpp"
+#include "core/types.hpp"
+
+namespace streamcoll::host_staging {
+
+// ---- Pure logic (unit-tested) -----------------------------------------------------
+
+/// Whether a call that goes to the MPI (route pmpi) must be staged: its buffers are in
+/// device or managed memory (or a mix with host memory), the MPI is not CUDA-aware, and
+/// it was made through the C bindings.
+bool should_stage(MemKind mem, bool fortran, bool mpi_cuda_aware);
+
+/// The outcome of STREAMCOLL_MPI_CUDA_AWARE: `query_ompi` is what
+/// MPIX_Query_cuda_support() returned, `query_mpich` what MPIX_GPU_query_support(CUDA)
+/// said; -1 where the MPI lacks the function. Neither known under auto: not aware
+/// (staging is always correct, only slower). `how` says why, for the log.
+struct Awareness {
+  bool aware = false;
+  std::string how;
+};
+Awareness resolve_awareness(config::CudaAware setting, int query_ompi, int query_mpich);
+
+/// Bytes [lo, hi) relative to a buffer's address (lo may be negative: displacements and
+/// type lower bounds may point before it).
+struct ByteRange {
+  int64_t lo = 0, hi = 0;
+  bool empty() const { return hi <= lo; }
+  uint64_t bytes() const { return empty() ? 0 : static_cast<uint64_t>(hi - lo); }
+  bool operator==(const ByteRange& o) const { return lo == o.lo && hi == o.hi; }
+};
+
+/// A datatype's layout, from PMPI_Type_size, PMPI_Type_get_extent and
+/// PMPI_Type_get_true_extent.
+struct TypeSpan {
+  int64_t size = 0;         ///< bytes of data in one element
+  int64_t extent = 0;       ///< stride from one element to the next
+  int64_t true_lb = 0;      ///< first data byte of element 0
+  int64_t true_extent = 0;  ///< from the first to the last data byte of one element
+  /// A predefined contiguous type of `s` bytes.
+  static TypeSpan contiguous(int64_t s) { return TypeSpan{s, s, 0, s}; }
+  /// Every byte between the first and the last is data (no holes, no padding).
+  bool dense() const { return extent == size && true_lb == 0 && true_extent == size; }
+  /// The bytes `count` elements starting `displ` elements from the buffer occupy.
+  ByteRange elements(int64_t displ, int64_t count) const;
+};
+
+/// What a call reads and writes on this rank, relative to sendbuf and recvbuf (bcast:
+/// recvbuf is the buffer).
+struct StagingExtents {
+  ByteRange send;                   ///< read from sendbuf (empty: MPI_IN_PLACE, none)
+  ByteRange recv;                   ///< staged part of recvbuf: covers recv_in, recv_out
+  std::vector<ByteRange> recv_in;   ///< copied to the host before the call
+  std::vector<ByteRange> recv_out;  ///< copied back after it
+};
+
+/// The extents of `a` on `rank` of `size` ranks. `send` and `recv` describe the send and
+/// receive datatypes (the reduction family and bcast: both `a.datatype`). Rules:
+/// MPI_IN_PLACE reads the receive buffer; reduce's recvbuf matters only at the root;
+/// bcast reads the buffer at the root and writes it elsewhere; reduce_scatter(_block)
+/// writes only this rank's block at the start of recvbuf; allgatherv writes each
+/// rank's block at its displacement, and nothing between blocks; a receive type with
+/// holes also reads what it writes, so that the holes are written back unchanged.
+/// Ranges are sorted and disjoint.
+StagingExtents staging_extents(const CollArgs& a, int rank, int size, const TypeSpan& send,
+                               const TypeSpan& recv);
+
+// ---- Running a staged call ----------------------------------------------------------
+
+/// One copy between GPU and host memory; `gpu` is the GPU buffer it belongs to.
+struct Copy {
+  void* dst;
+  const void* src;
+  uint64_t bytes;
+  const void* gpu;
+};
+
+/// Where staged data lives and how it moves. The CUDA driver in production; tests use
+/// host memory that the MPI must not touch.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual MemKind classify(const void* p) = 0;
+  /// Host memory for `bytes` (> 0) of staged data for a call on `gpu`; nullptr if none.
+  virtual void* alloc(uint64_t bytes, const void* gpu) = 0;
+  virtual void release(void* host) = 0;
+  /// Performs the copies; returns once they are complete and visible to later GPU work
+  /// on any stream. MPI_SUCCESS, or an error code from fail().
+  virtual int copy(const Copy* copies, size_t n) = 0;
+};
+
+/// Runs the C call `a` on the MPI with its GPU buffers staged through host memory (see
+/// the file comment); buffers that are not on a GPU, and calls with nothing to stage,
+/// go to the MPI as they are. Returns what the MPI returns; a failed copy or allocation
+/// is raised through a.comm's error handler here (the MPI raises its own errors).
+/// Non-blocking calls get a streamcoll-owned request in *a.request.
+int run(const CollArgs& a, Backend& backend);
+
+// ---- Process-wide state -------------------------------------------------------------
+
+/// Decides, once, when the runtime starts with a usable CUDA driver, whether GPU buffers
+/// must be staged; logs the outcome at info level. Returns enabled().
+bool start(config::CudaAware setting);
+/// Frees the cached host buffers (from Runtime::stop).
+void stop();
+/// start() found (or was told) that the MPI is not CUDA-aware: GPU buffers are staged.
+bool enabled();
+
+/// Whether the dispatcher must stage this pmpi call: enabled() and should_stage.
+inline bool wanted(const CollArgs& a, MemKind mem) {
+  return (mem == MemKind::device || mem == MemKind::managed || mem == MemKind::mixed) &&
+         enabled() && should_stage(mem, a.fortran != nullptr, false);
+}
+/// run() with the CUDA driver.
+int run(const CollArgs& a);
+
+}  // namespace streamcoll::host_staging
