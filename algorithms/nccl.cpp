@@ -134,7 +134,9 @@ class NcclComm {
   int wait(CUevent e, CUstream s) {
     for (unsigned i = 1;; ++i) {
       CUresult r = e ? driver().cuEventQuery(e) : driver().cuStreamQuery(s);
-      if (r == CUDA_SUCCESS) return MPI_SUCCESS;
+      // An abort ends NCCL's kernels too, and a failure may end them early: done with an
+      // asynchronous error pending, or after an abort, is not done.
+      if (r == CUDA_SUCCESS) return poll();
       if (r != CUDA_ERROR_NOT_READY)
         return fail(Failure::cuda, cuda::describe(e ? "cuEventQuery" : "cuStreamQuery", r));
       if (i % 1024 == 0) {
@@ -241,6 +243,7 @@ class NcclRequest final : public ManagedRequest {
     ScopedContext scope(comm_->cuctx);
     if (stream_mode_) {
       enqueue_wait();
+      error_ = error_ != MPI_SUCCESS ? error_ : comm_->poll();
     } else {
       error_ = comm_->wait(done_, nullptr);
     }
@@ -251,11 +254,13 @@ class NcclRequest final : public ManagedRequest {
     ScopedContext scope(comm_->cuctx);
     if (stream_mode_) {
       enqueue_wait();
+      error_ = error_ != MPI_SUCCESS ? error_ : comm_->poll();
       finish();
       return;
     }
     CUresult r = driver().cuEventQuery(done_);
     if (r == CUDA_SUCCESS) {
+      error_ = comm_->poll();
       finish();
     } else if (r != CUDA_ERROR_NOT_READY) {
       error_ = fail(Failure::cuda, cuda::describe("cuEventQuery", r));
@@ -485,10 +490,13 @@ ncclResult_t enqueue(const CollArgs& a, const CommContext& ctx, const NcclComm& 
       CUdeviceptr copy = 0;
       const char* src = static_cast<const char*>(sbuf);
       if (sbuf == MPI_IN_PLACE) {  // send from a stream-ordered copy of recvbuf
-        if ((*cu = driver().cuMemAllocAsync(&copy, block * p, s)) != CUDA_SUCCESS ||
-            (*cu = driver().cuMemcpyDtoDAsync(copy, reinterpret_cast<CUdeviceptr>(rbuf),
-                                              block * p, s)) != CUDA_SUCCESS)
+        if ((*cu = driver().cuMemAllocAsync(&copy, block * p, s)) != CUDA_SUCCESS)
           return ncclSuccess;
+        if ((*cu = driver().cuMemcpyDtoDAsync(copy, reinterpret_cast<CUdeviceptr>(rbuf),
+                                              block * p, s)) != CUDA_SUCCESS) {
+          driver().cuMemFreeAsync(copy, s);
+          return ncclSuccess;
+        }
         src = reinterpret_cast<const char*>(copy);
       }
       ncclResult_t r = L.ncclGroupStart();

@@ -169,11 +169,11 @@ inline std::string nccl_unavailable_reason(std::string* version = nullptr) {
   return "";  // left open: streamcoll opens the same library
 }
 
-/// Whether the MPI library itself takes device pointers (CUDA-aware), which the pmpi
-/// route (and every fallback to it) needs on device buffers: streamcoll passes them to
-/// the real MPI call unchanged. STREAMCOLL_TEST_PMPI_DEVICE=1/0 overrides the answer;
-/// otherwise Open MPI is asked (MPIX_Query_cuda_support); other MPIs are assumed
-/// CUDA-aware. Empty when yes; else why not.
+/// Whether calls that go to the real MPI (route pmpi, and every fallback to it) may
+/// carry device buffers here. streamcoll stages them through host memory when the MPI is
+/// not CUDA-aware (core/host_staging), so they may, unless STREAMCOLL_MPI_CUDA_AWARE=yes
+/// tells streamcoll to hand an MPI that is not CUDA-aware the device pointers.
+/// STREAMCOLL_TEST_PMPI_DEVICE=1/0 overrides the answer. Empty when yes; else why not.
 inline std::string pmpi_device_unsupported_reason() {
   if (const char* v = std::getenv("STREAMCOLL_TEST_PMPI_DEVICE"))
     return env_true("STREAMCOLL_TEST_PMPI_DEVICE")
@@ -181,9 +181,11 @@ inline std::string pmpi_device_unsupported_reason() {
                : std::string("STREAMCOLL_TEST_PMPI_DEVICE=") + v +
                      ": the real MPI call is not to be given device buffers";
 #if defined(OMPI_HAVE_MPI_EXT_CUDA) && OMPI_HAVE_MPI_EXT_CUDA
-  if (!MPIX_Query_cuda_support())
-    return "this Open MPI is not CUDA-aware (MPIX_Query_cuda_support() = 0): the pmpi "
-           "route cannot take device buffers (STREAMCOLL_TEST_PMPI_DEVICE=1 overrides)";
+  const char* aware = std::getenv("STREAMCOLL_MPI_CUDA_AWARE");
+  if (aware && (std::string(aware) == "yes" || std::string(aware) == "1") &&
+      !MPIX_Query_cuda_support())
+    return "STREAMCOLL_MPI_CUDA_AWARE=yes, but this Open MPI is not CUDA-aware "
+           "(MPIX_Query_cuda_support() = 0): device buffers would crash the real MPI call";
 #endif
   return "";
 }

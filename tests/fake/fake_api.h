@@ -1,0 +1,108 @@
+/* The extra entry points of the fake CUDA driver (fake_cuda.cpp, built as libcuda.so.1)
+ * and the fake NCCL (fake_nccl.cpp), for the fake NCCL and for test programs. Nothing
+ * here is part of CUDA or NCCL: the fakes export these names beside the real API, and
+ * their users find them with dlsym on the handle of dlopen("libcuda.so.1") (the same
+ * object streamcoll opens) or of dlopen($STREAMCOLL_NCCL_LIB).
+ *
+ * No CUDA header is needed: a CUstream is a `struct CUstream_st *`, as in cuda.h and
+ * streamcoll/streamext.h.
+ */
+#ifndef STREAMCOLL_TESTS_FAKE_API_H
+#define STREAMCOLL_TESTS_FAKE_API_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct CUstream_st;
+struct CUevent_st;
+
+/* A byte range a piece of stream work reads or writes (for the happens-before check). */
+typedef struct {
+  const void *ptr;
+  size_t bytes;
+  int write;
+} fake_cuda_range;
+
+/* ---- fake CUDA: for test programs -------------------------------------------------- */
+
+/* "Device memory": host memory that the fake driver reports as device memory of device 0
+ * (of `device`; of device 0 but managed). NULL for 0 bytes or no memory. fake_cuda_free
+ * frees all four kinds. */
+typedef void *(*fake_cuda_malloc_fn)(size_t bytes);
+typedef void *(*fake_cuda_malloc_device_fn)(int device, size_t bytes);
+typedef void *(*fake_cuda_malloc_managed_fn)(size_t bytes);
+/* Page-locked host memory of device 0's context, as cuMemHostAlloc gives. */
+typedef void *(*fake_cuda_malloc_pinned_fn)(size_t bytes);
+/* Frees it, like cuMemFree; reports a race if stream work on it is not known done. */
+typedef void (*fake_cuda_free_fn)(void *ptr);
+
+/* What a CUDA runtime program does first (cudaSetDevice(0)): retains device 0's primary
+ * context and makes it current on the calling thread. fini releases it. */
+typedef int (*fake_cuda_runtime_init_fn)(void);
+typedef void (*fake_cuda_runtime_fini_fn)(void);
+
+/* Streams for the program's own use (cuStreamCreate/Destroy/Synchronize, but not counted
+ * in the cu* call counters, so that counters show streamcoll's calls only). */
+typedef struct CUstream_st *(*fake_cuda_stream_create_fn)(unsigned flags);
+typedef void (*fake_cuda_stream_destroy_fn)(struct CUstream_st *stream);
+typedef int (*fake_cuda_stream_sync_fn)(struct CUstream_st *stream);
+/* Stream work not yet run (always 0 without FAKE_CUDA_DEFER=1). */
+typedef int (*fake_cuda_pending_fn)(struct CUstream_st *stream);
+/* A host-to-device copy on the stream (src is copied at once; dst written when it runs). */
+typedef int (*fake_cuda_enqueue_copy_fn)(struct CUstream_st *stream, void *dst,
+                                         const void *src, size_t bytes);
+/* The host is about to read (write=0) or write (write=1) the range: returns the number
+ * of stream operations on it that the host has not seen complete (each is a race, also
+ * counted under "races" and printed on stderr). */
+typedef int (*fake_cuda_host_access_fn)(const void *ptr, size_t bytes, int write);
+/* 1 when FAKE_CUDA_DEFER=1 (stream work waits until something waits for it). */
+typedef int (*fake_cuda_deferred_fn)(void);
+/* Counters, by name: an entry point without its version suffix ("cuStreamSynchronize",
+ * calls made through the CUDA API, i.e. by streamcoll), or "live_streams",
+ * "live_events", "ctx_refs", "live_allocs", "live_async_allocs", "live_host_allocs",
+ * "races", "executed",
+ * "not_ready", "errors". Unknown names give ~0ull. */
+typedef unsigned long long (*fake_cuda_counter_fn)(const char *name);
+/* cuStreamSynchronize calls made through the CUDA API (the program's own are not). */
+typedef unsigned long long (*fake_cuda_sync_count_fn)(void);
+
+/* ---- fake CUDA: for the fake NCCL ---------------------------------------------------- */
+
+/* Work on a stream: fn(arg) runs when the stream reaches it (at once without deferral);
+ * fn owns arg. ranges: what it reads and writes. check_ctx: the legacy stream handle
+ * needs a current context (as for an API call). Returns a CUresult. */
+typedef int (*fake_cuda_enqueue_fn)(struct CUstream_st *stream, int check_ctx,
+                                    void (*fn)(void *), void *arg,
+                                    const fake_cuda_range *ranges, int nranges,
+                                    const char *what);
+/* Events outside the counters: create, record, make a stream wait, wait on the host,
+ * destroy. */
+typedef struct CUevent_st *(*fake_cuda_event_new_fn)(void);
+typedef int (*fake_cuda_event_record_fn)(struct CUevent_st *event, struct CUstream_st *stream,
+                                         int check_ctx);
+typedef int (*fake_cuda_stream_wait_fn)(struct CUstream_st *stream, struct CUevent_st *event,
+                                        int check_ctx);
+typedef int (*fake_cuda_event_sync_fn)(struct CUevent_st *event);
+typedef void (*fake_cuda_event_delete_fn)(struct CUevent_st *event);
+/* 1 if [ptr, ptr + bytes) lies in one live fake device allocation. */
+typedef int (*fake_cuda_is_device_fn)(const void *ptr, size_t bytes);
+/* The device of the calling thread's current context, or -1 if none is current. */
+typedef int (*fake_cuda_current_device_fn)(void);
+
+/* ---- fake NCCL -------------------------------------------------------------------------- */
+
+/* Operations issued (collectives, and each send/recv group once). */
+typedef unsigned long long (*fake_nccl_calls_fn)(void);
+/* Counters, by name: an entry point ("ncclCommInitRank", "ncclCommAbort",
+ * "ncclCommDestroy", "ncclAllReduce", ...: calls made), or "executed" (operations run),
+ * "init_failures", "mismatches" (ranks ran different operations), "errors". */
+typedef unsigned long long (*fake_nccl_counter_fn)(const char *name);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* STREAMCOLL_TESTS_FAKE_API_H */

@@ -1,0 +1,816 @@
+// A fake NCCL for tests without a GPU: the entry points streamcoll looks up
+// (algorithms/nccl_lib.hpp, STREAMCOLL_NCCL_ENTRY_POINTS) with nccl.h's signatures, plus
+// the fake_nccl_* counters of fake_api.h. It runs on the fake CUDA driver (fake_cuda.cpp,
+// libcuda.so.1, found with dlopen) and cannot work with a real one.
+//
+// The ranks of one communicator are processes on one host. ncclGetUniqueId makes a random
+// name; ncclCommInitRank opens the POSIX shared memory segment /fakenccl-<name>: a control
+// block (a sense-reversing barrier on std::atomic, spinning with sched_yield) and one slot
+// per rank (FAKE_NCCL_SLOT_BYTES of data each, default 64 MiB, sparse; pages of large
+// operations are given back after them). Init is collective (every rank maps the segment,
+// then a barrier); rank 0 then unlinks the name, so nothing is left in /dev/shm even if a
+// process dies later. The segment is a file in FAKE_NCCL_SEGMENT_DIR instead when that is
+// set, or in $TMPDIR or /tmp when there is no /dev/shm.
+//
+// An operation is a closure on the caller's stream of the fake CUDA, so it runs when the
+// stream gets to it (at once, or later with FAKE_CUDA_DEFER=1). Running it: every rank
+// copies its input into its slot with the operation's signature, barrier, checks that all
+// ranks run the same operation, computes its output from the slots, barrier. Operations of
+// one communicator are ordered in issue order across streams, as NCCL does (each waits
+// for the previous one through an event). Reductions: sum, prod, min, max on int8, uint8,
+// int32, uint32, int64, uint64, float32, float64 (float16, bfloat16 and fp8 give
+// ncclInvalidArgument). Send/recv between ncclGroupStart/End become one exchange at
+// ncclGroupEnd. Collectives inside a group run as if outside it.
+//
+// Checks, like real NCCL's argument checks (ncclInvalidArgument, with ncclGetLastError
+// saying why): buffers must be fake device memory; buffers may overlap only in NCCL's
+// in-place forms (sendbuff == recvbuff for allreduce, broadcast, reduce;
+// sendbuff == recvbuff + rank * sendcount for allgather; recvbuff == sendbuff + rank *
+// recvcount for reduce-scatter); send and receive buffers of one group must not overlap;
+// ncclCommInitRank needs a current CUDA context; ranks running different operations
+// ("mismatches") make the communicator report ncclInvalidUsage as its asynchronous error.
+//
+// Knobs: FAKE_NCCL_ASYNC_ERROR_AFTER=N: ncclCommGetAsyncError reports ncclRemoteError on
+// a communicator once N operations have been issued on it. FAKE_NCCL_FAIL_INIT=K (K >= 1):
+// ncclCommInitRank fails on rank K-1 after the handshake (the others succeed; the segment
+// is gone for the failed rank only, as when a rank fails late in init);
+// FAKE_NCCL_FAIL_INIT=all: it fails on every rank, before the handshake.
+// FAKE_NCCL_TIMEOUT_S (default 120): a barrier waiting longer aborts the process.
+//
+// Threads: ncclCommGetAsyncError and ncclCommAbort may come from any thread (streamcoll's
+// watchdog); an abort makes pending and running operations of the communicator end at
+// once (a barrier in progress is left), on every rank. Groups are per thread.
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <nccl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "fake_api.h"
+
+#define FAKE_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+constexpr int kMaxRanks = 128;
+constexpr size_t kControlBytes = 4096;
+constexpr size_t kHeaderBytes = 4096;
+const char kIdMagic[] = "fakenccl:";
+
+struct Control {
+  std::atomic<uint32_t> nranks;
+  std::atomic<uint32_t> joined;
+  std::atomic<uint32_t> arrived;
+  std::atomic<uint32_t> sense;
+  std::atomic<uint32_t> aborted;
+};
+static_assert(sizeof(Control) <= kControlBytes, "control block");
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "process-shared atomics");
+
+enum Kind : uint32_t { k_allreduce = 1, k_reduce, k_broadcast, k_allgather, k_reducescatter, k_sendrecv };
+const char* kind_name(uint32_t k) {
+  static const char* const names[] = {"?", "AllReduce", "Reduce", "Broadcast", "AllGather",
+                                      "ReduceScatter", "SendRecv"};
+  return k <= k_sendrecv ? names[k] : "?";
+}
+
+struct Signature {
+  uint64_t seq;
+  uint32_t kind, dtype, op;
+  int32_t root;
+  uint64_t count;
+};
+
+struct SlotHeader {
+  Signature sig;
+  uint64_t peer_off[kMaxRanks];    // send/recv: where this rank's data for each peer starts
+  uint64_t peer_bytes[kMaxRanks];  // and how many bytes
+};
+static_assert(sizeof(SlotHeader) <= kHeaderBytes, "slot header");
+
+// ---- the fake CUDA's helpers ----------------------------------------------------------
+
+struct Cuda {
+  bool ok = false;
+  fake_cuda_enqueue_fn enqueue = nullptr;
+  fake_cuda_event_new_fn event_new = nullptr;
+  fake_cuda_event_record_fn event_record = nullptr;
+  fake_cuda_stream_wait_fn stream_wait = nullptr;
+  fake_cuda_event_sync_fn event_sync = nullptr;
+  fake_cuda_event_delete_fn event_delete = nullptr;
+  fake_cuda_is_device_fn is_device = nullptr;
+  fake_cuda_current_device_fn current_device = nullptr;
+};
+
+const Cuda& cuda() {
+  static const Cuda c = [] {
+    Cuda c;
+    void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) return c;
+    bool all = true;
+    auto get = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(h, name));
+      all = all && fn != nullptr;
+    };
+    get(c.enqueue, "fake_cuda_enqueue");
+    get(c.event_new, "fake_cuda_event_new");
+    get(c.event_record, "fake_cuda_event_record");
+    get(c.stream_wait, "fake_cuda_stream_wait");
+    get(c.event_sync, "fake_cuda_event_sync");
+    get(c.event_delete, "fake_cuda_event_delete");
+    get(c.is_device, "fake_cuda_is_device");
+    get(c.current_device, "fake_cuda_current_device");
+    c.ok = all;
+    return c;
+  }();
+  return c;
+}
+
+// ---- counters and errors -----------------------------------------------------------------
+
+std::mutex g_mu;  // counters only
+std::map<std::string, unsigned long long> g_counters;
+std::atomic<unsigned long long> g_calls{0};
+thread_local std::string t_last_error;
+
+void tally(const char* name) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  ++g_counters[name];
+}
+
+ncclResult_t fail(ncclResult_t r, const std::string& why) {
+  t_last_error = "fake NCCL: " + why;
+  tally("errors");
+  if (const char* v = getenv("FAKE_NCCL_VERBOSE"); v && strcmp(v, "1") == 0)
+    fprintf(stderr, "%s\n", t_last_error.c_str());
+  return r;
+}
+
+double now_s() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+size_t env_size(const char* name, size_t def) {
+  const char* v = getenv(name);
+  return v && *v ? static_cast<size_t>(strtoull(v, nullptr, 10)) : def;
+}
+
+// ---- the communicator ------------------------------------------------------------------
+
+// What the closures share with the handle (the handle may be destroyed first).
+struct Shared {
+  int rank = 0, nranks = 1;
+  char* base = nullptr;
+  size_t map_bytes = 0, slot_bytes = 0;
+  uint32_t local_sense = 0;
+  uint64_t executed = 0;
+  std::atomic<bool> aborted{false};
+  std::atomic<int> async_error{ncclSuccess};
+
+  ~Shared() {
+    if (base) munmap(base, map_bytes);
+  }
+  Control* control() const { return reinterpret_cast<Control*>(base); }
+  SlotHeader* header(int r) const {
+    return reinterpret_cast<SlotHeader*>(base + kControlBytes + static_cast<size_t>(r) * (kHeaderBytes + slot_bytes));
+  }
+  char* data(int r) const { return reinterpret_cast<char*>(header(r)) + kHeaderBytes; }
+
+  // false if the communicator was aborted meanwhile.
+  bool barrier() {
+    Control* c = control();
+    local_sense ^= 1u;
+    if (c->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(nranks)) {
+      c->arrived.store(0, std::memory_order_relaxed);
+      c->sense.store(local_sense, std::memory_order_release);
+      return true;
+    }
+    static const double timeout = static_cast<double>(env_size("FAKE_NCCL_TIMEOUT_S", 120));
+    const double start = now_s();
+    for (unsigned i = 1; c->sense.load(std::memory_order_acquire) != local_sense; ++i) {
+      if (c->aborted.load(std::memory_order_acquire) || aborted.load()) return false;
+      sched_yield();
+      if (i % 4096 == 0 && now_s() - start > timeout) {
+        fprintf(stderr, "fake NCCL: rank %d of %d waited %.0f s in a barrier; the other ranks "
+                "never ran the matching operation. Aborting.\n", rank, nranks, timeout);
+        abort();
+      }
+    }
+    return true;
+  }
+};
+
+}  // namespace
+
+struct ncclComm {
+  std::shared_ptr<Shared> sh;
+  CUevent_st* last = nullptr;  // recorded after the latest operation (cudaEvent_t)
+  std::atomic<uint64_t> issued{0};  // read by ncclCommGetAsyncError from any thread
+  int device = -1;
+};
+
+namespace {
+
+size_t type_size(ncclDataType_t t) {
+  switch (t) {
+    case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
+    case ncclFloat16: case ncclBfloat16: return 2;
+    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+    default: return 0;
+  }
+}
+
+bool reducible(ncclDataType_t t) {
+  switch (t) {
+    case ncclInt8: case ncclUint8: case ncclInt32: case ncclUint32: case ncclInt64:
+    case ncclUint64: case ncclFloat32: case ncclFloat64: return true;
+    default: return false;
+  }
+}
+
+template <class T>
+T combine(T a, T b, ncclRedOp_t op) {
+  switch (op) {
+    case ncclSum: return static_cast<T>(a + b);
+    case ncclProd: return static_cast<T>(a * b);
+    case ncclMin: return b < a ? b : a;
+    case ncclMax: return a < b ? b : a;
+    default: return a;
+  }
+}
+
+// out[i] = op over ranks of in_r[offset + i].
+template <class T>
+void reduce_typed(void* out, const Shared& sh, size_t offset, size_t count, ncclRedOp_t op) {
+  T* o = static_cast<T*>(out);
+  const T* first = reinterpret_cast<const T*>(sh.data(0)) + offset;
+  for (size_t i = 0; i < count; ++i) o[i] = first[i];
+  for (int r = 1; r < sh.nranks; ++r) {
+    const T* in = reinterpret_cast<const T*>(sh.data(r)) + offset;
+    for (size_t i = 0; i < count; ++i) o[i] = combine(o[i], in[i], op);
+  }
+}
+
+void reduce_slots(void* out, const Shared& sh, size_t offset, size_t count, ncclDataType_t t,
+                  ncclRedOp_t op) {
+  switch (t) {
+    case ncclInt8: reduce_typed<int8_t>(out, sh, offset, count, op); break;
+    case ncclUint8: reduce_typed<uint8_t>(out, sh, offset, count, op); break;
+    case ncclInt32: reduce_typed<int32_t>(out, sh, offset, count, op); break;
+    case ncclUint32: reduce_typed<uint32_t>(out, sh, offset, count, op); break;
+    case ncclInt64: reduce_typed<int64_t>(out, sh, offset, count, op); break;
+    case ncclUint64: reduce_typed<uint64_t>(out, sh, offset, count, op); break;
+    case ncclFloat32: reduce_typed<float>(out, sh, offset, count, op); break;
+    case ncclFloat64: reduce_typed<double>(out, sh, offset, count, op); break;
+    default: break;  // refused at issue
+  }
+}
+
+struct P2p {
+  bool send;
+  int peer;
+  void* buf;
+  size_t bytes;
+};
+
+// One operation, as issued.
+struct Op {
+  std::shared_ptr<Shared> sh;
+  Signature sig{};
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t count = 0;  // elements (sendrecv: unused)
+  ncclDataType_t type = ncclInt8;
+  ncclRedOp_t op = ncclSum;
+  int root = 0;
+  std::vector<P2p> p2p;
+};
+
+void run_op(void* arg) {
+  std::unique_ptr<Op> o(static_cast<Op*>(arg));
+  Shared& sh = *o->sh;
+  if (sh.aborted.load() || sh.control()->aborted.load()) return;  // aborted: kernels end
+  const int me = sh.rank, n = sh.nranks;
+  const size_t ts = type_size(o->type);
+  o->sig.seq = ++sh.executed;
+  SlotHeader* mine = sh.header(me);
+  mine->sig = o->sig;
+  char* slot = sh.data(me);
+  size_t staged = 0;  // bytes of the slot written
+  switch (o->sig.kind) {
+    case k_allreduce: case k_reduce: case k_allgather:
+      memcpy(slot, o->send, staged = o->count * ts);
+      break;
+    case k_broadcast:
+      if (me == o->root) memcpy(slot, o->send, staged = o->count * ts);
+      break;
+    case k_reducescatter: memcpy(slot, o->send, staged = o->count * ts * n); break;
+    case k_sendrecv: {
+      size_t& off = staged;
+      for (int p = 0; p < n; ++p) {
+        mine->peer_off[p] = off;
+        for (const P2p& x : o->p2p)
+          if (x.send && x.peer == p) {
+            memcpy(slot + off, x.buf, x.bytes);
+            off += x.bytes;
+          }
+        mine->peer_bytes[p] = off - mine->peer_off[p];
+      }
+      break;
+    }
+  }
+  if (!sh.barrier()) return;
+  for (int r = 0; r < n; ++r) {
+    const Signature& s = sh.header(r)->sig;
+    if (memcmp(&s, &o->sig, sizeof s) != 0) {
+      fprintf(stderr, "fake NCCL: rank %d runs operation %llu as %s(count %llu, type %u, op %u, "
+              "root %d) but rank %d as %s(count %llu, type %u, op %u, root %d)\n", me,
+              static_cast<unsigned long long>(o->sig.seq), kind_name(o->sig.kind),
+              static_cast<unsigned long long>(o->sig.count), o->sig.dtype, o->sig.op,
+              o->sig.root, r, kind_name(s.kind), static_cast<unsigned long long>(s.count),
+              s.dtype, s.op, s.root);
+      tally("mismatches");
+      sh.async_error.store(ncclInvalidUsage);
+      sh.barrier();
+      return;
+    }
+  }
+  switch (o->sig.kind) {
+    case k_allreduce: reduce_slots(o->recv, sh, 0, o->count, o->type, o->op); break;
+    case k_reduce: if (me == o->root) reduce_slots(o->recv, sh, 0, o->count, o->type, o->op); break;
+    case k_broadcast: memcpy(o->recv, sh.data(o->root), o->count * ts); break;
+    case k_allgather:
+      for (int r = 0; r < n; ++r)
+        memcpy(static_cast<char*>(o->recv) + r * o->count * ts, sh.data(r), o->count * ts);
+      break;
+    case k_reducescatter: reduce_slots(o->recv, sh, me * o->count, o->count, o->type, o->op); break;
+    case k_sendrecv: {
+      std::vector<size_t> taken(static_cast<size_t>(n), 0);
+      for (const P2p& x : o->p2p) {
+        if (x.send) continue;
+        const SlotHeader* h = sh.header(x.peer);
+        if (taken[x.peer] + x.bytes > h->peer_bytes[me]) {
+          fprintf(stderr, "fake NCCL: rank %d receives %zu more bytes from rank %d than it sent\n",
+                  me, taken[x.peer] + x.bytes - h->peer_bytes[me], x.peer);
+          tally("mismatches");
+          sh.async_error.store(ncclInvalidUsage);
+          continue;
+        }
+        memcpy(x.buf, sh.data(x.peer) + h->peer_off[me] + taken[x.peer], x.bytes);
+        taken[x.peer] += x.bytes;
+      }
+      for (int p = 0; p < n; ++p)
+        if (taken[p] != sh.header(p)->peer_bytes[me]) {
+          fprintf(stderr, "fake NCCL: rank %d sent %llu bytes to rank %d, which received %zu\n", p,
+                  static_cast<unsigned long long>(sh.header(p)->peer_bytes[me]), me, taken[p]);
+          tally("mismatches");
+          sh.async_error.store(ncclInvalidUsage);
+        }
+      break;
+    }
+  }
+  sh.barrier();
+  // Give the slot's pages back after a large operation: /dev/shm may be small (64 MiB in
+  // a default container), and a segment lives as long as its communicator.
+  if (staged > (size_t{1} << 20))
+    madvise(slot, (staged + 4095) / 4096 * 4096, MADV_REMOVE);
+  tally("executed");
+}
+
+bool overlaps(const void* a, size_t na, const void* b, size_t nb) {
+  auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return na && nb && x < y + nb && y < x + na;
+}
+
+ncclResult_t check_comm(ncclComm_t comm) {
+  if (!comm) return fail(ncclInvalidArgument, "null communicator");
+  if (comm->sh->aborted.load()) return fail(ncclInvalidUsage, "communicator was aborted");
+  if (!cuda().ok) return fail(ncclSystemError, "libcuda.so.1 is not the fake CUDA driver");
+  return ncclSuccess;
+}
+
+ncclResult_t check_device(const void* p, size_t bytes, const char* what) {
+  if (bytes == 0) return ncclSuccess;
+  if (!cuda().is_device(p, bytes))
+    return fail(ncclInvalidArgument, std::string(what) + " is not device memory (fake CUDA)");
+  return ncclSuccess;
+}
+
+// Issues o on stream s: after the communicator's previous operation, as NCCL orders them.
+ncclResult_t issue(ncclComm_t comm, std::unique_ptr<Op> o, cudaStream_t stream,
+                   std::vector<fake_cuda_range> ranges) {
+  auto* s = reinterpret_cast<CUstream_st*>(stream);
+  const Cuda& c = cuda();
+  if (comm->last && c.stream_wait(s, comm->last, 1) != 0)
+    return fail(ncclUnhandledCudaError, "invalid stream (or no current context for stream 0)");
+  const std::string what = std::string("nccl") + kind_name(o->sig.kind);
+  // Counted as issued before it may run (at once, without deferral): an asynchronous error
+  // due after it must be visible to another thread while it runs.
+  ++comm->issued;
+  ++g_calls;
+  if (c.enqueue(s, 1, run_op, o.get(), ranges.data(), static_cast<int>(ranges.size()),
+                what.c_str()) != 0) {
+    --comm->issued;
+    --g_calls;
+    return fail(ncclUnhandledCudaError, "invalid stream (or no current context for stream 0)");
+  }
+  o.release();  // run_op owns it
+  if (!comm->last) comm->last = c.event_new();
+  c.event_record(comm->last, s, 1);
+  return ncclSuccess;
+}
+
+std::unique_ptr<Op> make_op(ncclComm_t comm, uint32_t kind, size_t count, ncclDataType_t t,
+                            ncclRedOp_t op, int root) {
+  auto o = std::make_unique<Op>();
+  o->sh = comm->sh;
+  o->sig.kind = kind;
+  o->sig.dtype = static_cast<uint32_t>(t);
+  o->sig.op = static_cast<uint32_t>(op);
+  o->sig.root = root;
+  o->sig.count = count;
+  o->count = count;
+  o->type = t;
+  o->op = op;
+  o->root = root;
+  return o;
+}
+
+ncclResult_t check_reduction(ncclDataType_t t, ncclRedOp_t op) {
+  if (!reducible(t))
+    return fail(ncclInvalidArgument, "datatype " + std::to_string(t) + " not reducible here");
+  if (op != ncclSum && op != ncclProd && op != ncclMin && op != ncclMax)
+    return fail(ncclInvalidArgument, "op " + std::to_string(op) + " not supported");
+  return ncclSuccess;
+}
+
+ncclResult_t check_size(ncclComm_t comm, size_t bytes) {
+  if (bytes > comm->sh->slot_bytes)
+    return fail(ncclInvalidArgument, std::to_string(bytes) + " bytes exceed FAKE_NCCL_SLOT_BYTES");
+  return ncclSuccess;
+}
+
+// The send/recv group of this thread.
+struct Group {
+  int depth = 0;
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  std::vector<P2p> p2p;
+  ncclResult_t error = ncclSuccess;
+};
+thread_local Group t_group;
+
+ncclResult_t p2p(bool send, void* buf, size_t count, ncclDataType_t t, int peer, ncclComm_t comm,
+                 cudaStream_t stream) {
+  tally(send ? "ncclSend" : "ncclRecv");
+  if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
+  if (peer < 0 || peer >= comm->sh->nranks) return fail(ncclInvalidArgument, "peer out of range");
+  const size_t ts = type_size(t);
+  if (!ts) return fail(ncclInvalidArgument, "bad datatype");
+  if (ncclResult_t r = check_device(buf, count * ts, send ? "sendbuff" : "recvbuff"); r != ncclSuccess)
+    return r;
+  if (t_group.depth == 0) {
+    // One operation on its own: a group of one.
+    t_group.comm = comm;
+    t_group.stream = stream;
+    t_group.p2p = {{send, peer, buf, count * ts}};
+    ++t_group.depth;
+    return ncclGroupEnd();
+  }
+  if (t_group.comm && (t_group.comm != comm || t_group.stream != stream))
+    return t_group.error = fail(ncclInvalidUsage, "one group on one communicator and stream only (fake)");
+  t_group.comm = comm;
+  t_group.stream = stream;
+  t_group.p2p.push_back({send, peer, buf, count * ts});
+  return ncclSuccess;
+}
+
+const char* error_string(ncclResult_t r) {
+  switch (r) {
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+    case ncclInternalError: return "internal error - please report this issue to the NCCL developers";
+    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
+    default: return "unknown result code";
+  }
+}
+
+}  // namespace
+
+// ---- nccl.h ------------------------------------------------------------------------------
+
+FAKE_EXPORT ncclResult_t ncclGetVersion(int* version) {
+  tally("ncclGetVersion");
+  if (!version) return fail(ncclInvalidArgument, "null version");
+  *version = 22800;
+  return ncclSuccess;
+}
+
+FAKE_EXPORT const char* ncclGetErrorString(ncclResult_t r) { return error_string(r); }
+
+FAKE_EXPORT const char* ncclGetLastError(ncclComm_t) { return t_last_error.c_str(); }
+
+FAKE_EXPORT ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+  tally("ncclGetUniqueId");
+  if (!id) return fail(ncclInvalidArgument, "null id");
+  unsigned char raw[8];
+  FILE* f = fopen("/dev/urandom", "rb");
+  if (!f || fread(raw, 1, sizeof raw, f) != sizeof raw) {
+    if (f) fclose(f);
+    return fail(ncclSystemError, "cannot read /dev/urandom");
+  }
+  fclose(f);
+  memset(id->internal, 0, sizeof id->internal);
+  int n = snprintf(id->internal, sizeof id->internal, "%s%d-", kIdMagic, static_cast<int>(getpid()));
+  for (unsigned char b : raw) n += snprintf(id->internal + n, sizeof id->internal - n, "%02x", b);
+  return ncclSuccess;
+}
+
+FAKE_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId id, int rank) {
+  tally("ncclCommInitRank");
+  if (!out) return fail(ncclInvalidArgument, "null comm");
+  *out = nullptr;
+  if (nranks < 1 || nranks > kMaxRanks || rank < 0 || rank >= nranks)
+    return fail(ncclInvalidArgument, "bad nranks/rank");
+  if (strncmp(id.internal, kIdMagic, strlen(kIdMagic)) != 0 ||
+      memchr(id.internal, 0, sizeof id.internal) == nullptr)
+    return fail(ncclInvalidArgument, "not a unique id of the fake NCCL");
+  if (!cuda().ok) return fail(ncclSystemError, "libcuda.so.1 is not the fake CUDA driver");
+  const int device = cuda().current_device();
+  if (device < 0) return fail(ncclUnhandledCudaError, "no current CUDA context");
+  const char* fail_init = getenv("FAKE_NCCL_FAIL_INIT");
+  if (fail_init && strcmp(fail_init, "all") == 0) {
+    tally("init_failures");
+    return fail(ncclSystemError, "FAKE_NCCL_FAIL_INIT=all");
+  }
+
+  auto sh = std::make_shared<Shared>();
+  sh->rank = rank;
+  sh->nranks = nranks;
+  sh->slot_bytes = (env_size("FAKE_NCCL_SLOT_BYTES", size_t{64} << 20) + 4095) / 4096 * 4096;
+  sh->map_bytes = kControlBytes + static_cast<size_t>(nranks) * (kHeaderBytes + sh->slot_bytes);
+  // POSIX shared memory; a file in FAKE_NCCL_SEGMENT_DIR if set, or where there is no
+  // /dev/shm, in $TMPDIR or /tmp.
+  std::string name = std::string("/fakenccl-") + (id.internal + strlen(kIdMagic));
+  const char* dir = getenv("FAKE_NCCL_SEGMENT_DIR");
+  bool in_shm = !(dir && *dir);
+  int fd = in_shm ? shm_open(name.c_str(), O_CREAT | O_RDWR, 0600) : -1;
+  if (fd < 0) {
+    if (!dir || !*dir) dir = getenv("TMPDIR");
+    name = std::string(dir && *dir ? dir : "/tmp") + name;
+    in_shm = false;
+    fd = open(name.c_str(), O_CREAT | O_RDWR, 0600);
+  }
+  if (fd < 0) return fail(ncclSystemError, "shm_open/open " + name + ": " + strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0 ||
+      (static_cast<size_t>(st.st_size) < sh->map_bytes &&
+       ftruncate(fd, static_cast<off_t>(sh->map_bytes)) != 0)) {
+    close(fd);
+    return fail(ncclSystemError, "ftruncate " + name + ": " + strerror(errno));
+  }
+  void* base = mmap(nullptr, sh->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) return fail(ncclSystemError, "mmap " + name + ": " + strerror(errno));
+  sh->base = static_cast<char*>(base);
+  Control* c = sh->control();
+  uint32_t expect = 0;
+  if (!c->nranks.compare_exchange_strong(expect, static_cast<uint32_t>(nranks)) &&
+      expect != static_cast<uint32_t>(nranks))
+    return fail(ncclInvalidUsage, "ranks disagree on nranks");
+  c->joined.fetch_add(1);
+  sh->barrier();  // every rank has the segment mapped
+  if (rank == 0) in_shm ? shm_unlink(name.c_str()) : unlink(name.c_str());
+  if (fail_init && atoi(fail_init) == rank + 1) {
+    tally("init_failures");
+    return fail(ncclSystemError, "FAKE_NCCL_FAIL_INIT=" + std::string(fail_init));
+  }
+  auto* comm = new ncclComm;
+  comm->sh = std::move(sh);
+  comm->device = device;
+  *out = comm;
+  return ncclSuccess;
+}
+
+FAKE_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  tally("ncclCommDestroy");
+  if (!comm) return fail(ncclInvalidArgument, "null comm");
+  // Pending operations finish first (they need the other ranks, which destroy too).
+  if (comm->last) {
+    cuda().event_sync(comm->last);
+    cuda().event_delete(comm->last);
+  }
+  delete comm;
+  return ncclSuccess;
+}
+
+FAKE_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  tally("ncclCommAbort");
+  if (!comm) return ncclSuccess;
+  // Pending operations end without running; ranks waiting in a barrier leave it.
+  comm->sh->aborted.store(true);
+  comm->sh->control()->aborted.store(1);
+  if (comm->last) cuda().event_delete(comm->last);
+  delete comm;
+  return ncclSuccess;
+}
+
+FAKE_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* err) {
+  tally("ncclCommGetAsyncError");
+  if (!comm || !err) return fail(ncclInvalidArgument, "null argument");
+  *err = static_cast<ncclResult_t>(comm->sh->async_error.load());
+  if (*err == ncclSuccess) {
+    const char* after = getenv("FAKE_NCCL_ASYNC_ERROR_AFTER");
+    if (after && *after && comm->issued.load() >= strtoull(after, nullptr, 10)) {
+      *err = ncclRemoteError;
+      t_last_error = "fake NCCL: FAKE_NCCL_ASYNC_ERROR_AFTER=" + std::string(after);
+    }
+  }
+  return ncclSuccess;
+}
+
+FAKE_EXPORT ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count,
+                                       ncclDataType_t t, ncclRedOp_t op, ncclComm_t comm,
+                                       cudaStream_t stream) {
+  tally("ncclAllReduce");
+  if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
+  if (ncclResult_t r = check_reduction(t, op); r != ncclSuccess) return r;
+  const size_t bytes = count * type_size(t);
+  if (ncclResult_t r = check_size(comm, bytes); r != ncclSuccess) return r;
+  if (ncclResult_t r = check_device(send, bytes, "sendbuff"); r != ncclSuccess) return r;
+  if (ncclResult_t r = check_device(recv, bytes, "recvbuff"); r != ncclSuccess) return r;
+  if (send != recv && overlaps(send, bytes, recv, bytes))
+    return fail(ncclInvalidArgument, "AllReduce: buffers overlap but are not in place");
+  if (count == 0) return ncclSuccess;
+  auto o = make_op(comm, k_allreduce, count, t, op, 0);
+  o->send = send;
+  o->recv = recv;
+  return issue(comm, std::move(o), stream, {{send, bytes, 0}, {recv, bytes, 1}});
+}
+
+FAKE_EXPORT ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t t,
+                                    ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
+  tally("ncclReduce");
+  if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
+  if (ncclResult_t r = check_reduction(t, op); r != ncclSuccess) return r;
+  if (root < 0 || root >= comm->sh->nranks) return fail(ncclInvalidArgument, "root out of range");
+  const bool is_root = root == comm->sh->rank;
+  const size_t bytes = count * type_size(t);
+  if (ncclResult_t r = check_size(comm, bytes); r != ncclSuccess) return r;
+  if (ncclResult_t r = check_device(send, bytes, "sendbuff"); r != ncclSuccess) return r;
+  if (is_root) {  // recvbuff is only used at the root
+    if (ncclResult_t r = check_device(recv, bytes, "recvbuff"); r != ncclSuccess) return r;
+    if (send != recv && overlaps(send, bytes, recv, bytes))
+      return fail(ncclInvalidArgument, "Reduce: buffers overlap but are not in place");
+  }
+  if (count == 0) return ncclSuccess;
+  auto o = make_op(comm, k_reduce, count, t, op, root);
+  o->send = send;
+  o->recv = is_root ? recv : nullptr;
+  std::vector<fake_cuda_range> ranges = {{send, bytes, 0}};
+  if (is_root) ranges.push_back({recv, bytes, 1});
+  return issue(comm, std::move(o), stream, ranges);
+}
+
+FAKE_EXPORT ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count,
+                                       ncclDataType_t t, int root, ncclComm_t comm,
+                                       cudaStream_t stream) {
+  tally("ncclBroadcast");
+  if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
+  if (root < 0 || root >= comm->sh->nranks) return fail(ncclInvalidArgument, "root out of range");
+  const size_t ts = type_size(t);
+  if (!ts) return fail(ncclInvalidArgument, "bad datatype");
+  const bool is_root = root == comm->sh->rank;
+  const size_t bytes = count * ts;
+  if (ncclResult_t r = check_size(comm, bytes); r != ncclSuccess) return r;
+  if (ncclResult_t r = check_device(recv, bytes, "recvbuff"); r != ncclSuccess) return r;
+  if (is_root) {  // sendbuff is only used at the root
+    if (ncclResult_t r = check_device(send, bytes, "sendbuff"); r != ncclSuccess) return r;
+    if (send != recv && overlaps(send, bytes, recv, bytes))
+      return fail(ncclInvalidArgument, "Broadcast: buffers overlap but are not in place");
+  }
+  if (count == 0) return ncclSuccess;
+  auto o = make_op(comm, k_broadcast, count, t, ncclSum, root);
+  o->send = is_root ? send : nullptr;
+  o->recv = recv;
+  std::vector<fake_cuda_range> ranges = {{recv, bytes, 1}};
+  if (is_root) ranges.push_back({send, bytes, 0});
+  return issue(comm, std::move(o), stream, ranges);
+}
+
+FAKE_EXPORT ncclResult_t ncclAllGather(const void* send, void* recv, size_t count,
+                                       ncclDataType_t t, ncclComm_t comm, cudaStream_t stream) {
+  tally("ncclAllGather");
+  if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
+  const size_t ts = type_size(t);
+  if (!ts) return fail(ncclInvalidArgument, "bad datatype");
+  const size_t bytes = count * ts, n = static_cast<size_t>(comm->sh->nranks);
+  if (ncclResult_t r = check_size(comm, bytes); r != ncclSuccess) return r;
+  if (ncclResult_t r = check_device(send, bytes, "sendbuff"); r != ncclSuccess) return r;
+  if (ncclResult_t r = check_device(recv, bytes * n, "recvbuff"); r != ncclSuccess) return r;
+  const char* in_place = static_cast<const char*>(recv) + comm->sh->rank * bytes;
+  if (send != in_place && overlaps(send, bytes, recv, bytes * n))
+    return fail(ncclInvalidArgument,
+                "AllGather: buffers overlap but sendbuff != recvbuff + rank * sendcount");
+  if (count == 0) return ncclSuccess;
+  auto o = make_op(comm, k_allgather, count, t, ncclSum, 0);
+  o->send = send;
+  o->recv = recv;
+  return issue(comm, std::move(o), stream, {{send, bytes, 0}, {recv, bytes * n, 1}});
+}
+
+FAKE_EXPORT ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count,
+                                           ncclDataType_t t, ncclRedOp_t op, ncclComm_t comm,
+                                           cudaStream_t stream) {
+  tally("ncclReduceScatter");
+  if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
+  if (ncclResult_t r = check_reduction(t, op); r != ncclSuccess) return r;
+  const size_t bytes = count * type_size(t), n = static_cast<size_t>(comm->sh->nranks);
+  if (ncclResult_t r = check_size(comm, bytes * n); r != ncclSuccess) return r;
+  if (ncclResult_t r = check_device(send, bytes * n, "sendbuff"); r != ncclSuccess) return r;
+  if (ncclResult_t r = check_device(recv, bytes, "recvbuff"); r != ncclSuccess) return r;
+  const char* in_place = static_cast<const char*>(send) + comm->sh->rank * bytes;
+  if (recv != in_place && overlaps(send, bytes * n, recv, bytes))
+    return fail(ncclInvalidArgument,
+                "ReduceScatter: buffers overlap but recvbuff != sendbuff + rank * recvcount");
+  if (count == 0) return ncclSuccess;
+  auto o = make_op(comm, k_reducescatter, count, t, op, 0);
+  o->send = send;
+  o->recv = recv;
+  return issue(comm, std::move(o), stream, {{send, bytes * n, 0}, {recv, bytes, 1}});
+}
+
+FAKE_EXPORT ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t t, int peer,
+                                  ncclComm_t comm, cudaStream_t stream) {
+  return p2p(true, const_cast<void*>(send), count, t, peer, comm, stream);
+}
+
+FAKE_EXPORT ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t t, int peer,
+                                  ncclComm_t comm, cudaStream_t stream) {
+  return p2p(false, recv, count, t, peer, comm, stream);
+}
+
+FAKE_EXPORT ncclResult_t ncclGroupStart() {
+  tally("ncclGroupStart");
+  ++t_group.depth;
+  return ncclSuccess;
+}
+
+FAKE_EXPORT ncclResult_t ncclGroupEnd() {
+  tally("ncclGroupEnd");
+  if (t_group.depth <= 0) return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+  if (--t_group.depth > 0) return ncclSuccess;
+  Group g = std::move(t_group);
+  t_group = Group{};
+  if (g.error != ncclSuccess) return g.error;
+  if (g.p2p.empty()) return ncclSuccess;
+  ncclComm_t comm = g.comm;
+  if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
+  size_t to[kMaxRanks] = {0};
+  std::vector<fake_cuda_range> ranges;
+  for (const P2p& x : g.p2p) {
+    if (x.send) to[x.peer] += x.bytes;
+    ranges.push_back({x.buf, x.bytes, x.send ? 0 : 1});
+  }
+  size_t total = 0;
+  for (int p = 0; p < comm->sh->nranks; ++p) total += to[p];
+  if (ncclResult_t r = check_size(comm, total); r != ncclSuccess) return r;
+  for (const P2p& s : g.p2p)
+    for (const P2p& r : g.p2p)
+      if (s.send && !r.send && overlaps(s.buf, s.bytes, r.buf, r.bytes))
+        return fail(ncclInvalidArgument, "a send buffer overlaps a receive buffer of the group");
+  auto o = make_op(comm, k_sendrecv, 0, ncclInt8, ncclSum, 0);  // groups may differ by rank
+  o->p2p = std::move(g.p2p);
+  return issue(comm, std::move(o), g.stream, ranges);
+}
+
+// ---- fake_api.h ----------------------------------------------------------------------------
+
+FAKE_EXPORT unsigned long long fake_nccl_calls(void) { return g_calls.load(); }
+
+FAKE_EXPORT unsigned long long fake_nccl_counter(const char* name) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = g_counters.find(name ? name : "");
+  return it == g_counters.end() ? 0 : it->second;
+}
