@@ -250,14 +250,9 @@ class NcclRequest final : public ManagedRequest {
     finish();
   }
   void on_test() override {
+    if (stream_mode_) return on_wait();  // the stream waits: complete at once
     if (finished()) return;
     ScopedContext scope(comm_->cuctx);
-    if (stream_mode_) {
-      enqueue_wait();
-      error_ = error_ != MPI_SUCCESS ? error_ : comm_->poll();
-      finish();
-      return;
-    }
     CUresult r = driver().cuEventQuery(done_);
     if (r == CUDA_SUCCESS) {
       error_ = comm_->poll();
