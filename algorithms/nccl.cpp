@@ -300,13 +300,6 @@ const TypeInfo* call_type(const CollArgs& a) {
   return find_type(takes_op(a.coll) || a.coll == Coll::bcast ? a.datatype : a.recvtype);
 }
 
-// The buffer whose device the call runs on (significant on every rank).
-const void* main_buffer(const CollArgs& a) {
-  if (a.coll == Coll::bcast || a.sendbuf == MPI_IN_PLACE || a.sendbuf == nullptr)
-    return a.recvbuf;
-  return a.sendbuf;
-}
-
 // This host, as NCCL tells hosts apart: host name and boot id (containers on one host
 // share the boot id, not always the host name).
 uint64_t host_hash() {
@@ -321,9 +314,9 @@ uint64_t host_hash() {
 
 // Local half of the set-up: CUDA objects on the buffer's device. Returns false, with the
 // reason, if this rank cannot take part.
-bool open_device(NcclComm& c, const void* buffer, nccl::GpuId* id, std::string* why) {
+bool open_device(NcclComm& c, int buffer_device, nccl::GpuId* id, std::string* why) {
   const cuda::Driver& d = driver();
-  c.device = cuda::device_of(buffer);
+  c.device = buffer_device;
   char bus[64] = {0};
   CUresult r;
   if (c.device < 0) {  // managed memory may have no device: the thread's current one
@@ -351,7 +344,7 @@ bool open_device(NcclComm& c, const void* buffer, nccl::GpuId* id, std::string* 
 }
 
 // The collective set-up (file comment). Every rank reaches it at the same call.
-void set_up(NcclState& st, const CollArgs& a, const CommContext& ctx) {
+void set_up(NcclState& st, const CallEnv& env, const CommContext& ctx) {
   st.status = NcclState::off;
   const nccl::Library& lib = nccl::library(Runtime::get().settings().nccl_lib);
   auto c = std::make_shared<NcclComm>();
@@ -364,7 +357,7 @@ void set_up(NcclState& st, const CollArgs& a, const CommContext& ctx) {
   nccl::GpuId id;
   if (!lib.usable) {
     why = lib.reason;
-  } else if (open_device(*c, main_buffer(a), &id, &why)) {
+  } else if (open_device(*c, env.device, &id, &why)) {
     mine = {id.host, id.bus, 1};
   }
   std::vector<Entry> all(static_cast<size_t>(ctx.size));
@@ -525,7 +518,7 @@ class NcclRoute final : public Route {
     NcclState& st = state_of(ctx);
     if (st.status == NcclState::unset) {
       if (a.nonblocking) return false;  // set up at the first blocking call
-      set_up(st, a, ctx);
+      set_up(st, env, ctx);
     }
     return st.status == NcclState::ready;
   }
@@ -535,7 +528,7 @@ class NcclRoute final : public Route {
     std::shared_ptr<NcclComm> c = state_of(ctx).comm;
     if (int rc = c->poll(); rc != MPI_SUCCESS) return rc;
     // Managed memory is reachable from any GPU; device memory only from its own.
-    if (int dev = env.mem == MemKind::device ? cuda::device_of(main_buffer(a)) : c->device;
+    if (int dev = env.mem == MemKind::device ? env.device : c->device;
         dev != c->device)
       return fail(Failure::wrong_device,
                   call_name(a.coll, a.nonblocking) + ": buffer on device " +

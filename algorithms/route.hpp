@@ -13,6 +13,7 @@ namespace streamcoll {
 /// What the dispatcher knows about a call beyond its arguments.
 struct CallEnv {
   MemKind mem = MemKind::host;  ///< kind of the significant buffers
+  int device = -1;              ///< GPU of the first buffer in device memory, or -1
   bool has_stream = false;      ///< the communicator carries a stream (streamext) and the
                                 ///< buffers are in GPU memory: stream semantics apply
   void* stream = nullptr;       ///< that stream (a CUstream / cudaStream_t; 0 is valid)

@@ -58,21 +58,27 @@ const Driver& driver() {
   return d;
 }
 
-MemKind classify(const void* p) {
+MemKind classify(const void* p, int* device) {
+  if (device) *device = -1;
 #if STREAMCOLL_HAVE_CUDA
   const Driver& d = driver();
   if (!d.usable || p == nullptr) return MemKind::host;
   // Zero-initialised so that a driver writing a narrower type (IS_MANAGED is a bool)
   // still leaves a correct value.
   unsigned int mem_type = 0, is_managed = 0;
+  int ordinal = -1;
   CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                                 CU_POINTER_ATTRIBUTE_IS_MANAGED};
-  void* data[] = {&mem_type, &is_managed};
-  if (d.cuPointerGetAttributes(2, attrs, data, reinterpret_cast<CUdeviceptr>(p)) !=
+                                 CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                                 CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+  void* data[] = {&mem_type, &is_managed, &ordinal};
+  if (d.cuPointerGetAttributes(device ? 3 : 2, attrs, data, reinterpret_cast<CUdeviceptr>(p)) !=
       CUDA_SUCCESS)
     return MemKind::host;
   if (is_managed) return MemKind::managed;
-  if (mem_type == CU_MEMORYTYPE_DEVICE) return MemKind::device;
+  if (mem_type == CU_MEMORYTYPE_DEVICE) {
+    if (device) *device = ordinal;
+    return MemKind::device;
+  }
   if (mem_type == CU_MEMORYTYPE_HOST) return MemKind::pinned;
   return MemKind::host;
 #else

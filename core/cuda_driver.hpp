@@ -44,8 +44,10 @@ struct Driver {
 const Driver& driver();
 
 /// Where `p` lives. Host when the driver is not usable, for nullptr, and for pointers the
-/// driver does not know. Cost: one cuPointerGetAttributes (no context needed).
-MemKind classify(const void* p);
+/// driver does not know. With `device`, also the ordinal of the GPU that holds device
+/// memory (-1 otherwise), from the same driver call. Cost: one cuPointerGetAttributes
+/// (no context needed).
+MemKind classify(const void* p, int* device = nullptr);
 
 /// The ordinal of the device that holds (or, for managed memory, last held) `p`, or -1.
 int device_of(const void* p);

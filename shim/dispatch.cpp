@@ -66,10 +66,13 @@ int type_size(MPI_Datatype t, const TypeInfo* info) {
   return size;
 }
 
-MemKind combine(const BufferUse* bufs, int n) {
+// The memory kind of the call's buffers, and the GPU of the first one in device memory.
+MemKind combine(const BufferUse* bufs, int n, int* device) {
   MemKind kind = MemKind::host;
   for (int i = 0; i < n; ++i) {
-    MemKind k = cuda::classify(bufs[i].ptr);
+    int dev = -1;
+    MemKind k = cuda::classify(bufs[i].ptr, &dev);
+    if (*device < 0) *device = dev;
     if (i == 0) kind = k;
     else if (k != kind) return MemKind::mixed;
   }
@@ -140,7 +143,8 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   }
 
   BufferUse bufs[2];
-  d.env.mem = f.mem = combine(bufs, significant_buffers(a, rank, size, sts, rts, bufs));
+  d.env.mem = f.mem = combine(bufs, significant_buffers(a, rank, size, sts, rts, bufs),
+                                  &d.env.device);
   if (!rt.full_path(a.coll)) return d;  // only statistics asked for the facts above
   if (d.env.mem == MemKind::device || d.env.mem == MemKind::managed)
     d.env.has_stream = streamext::attached(a.comm, &d.env.stream);
