@@ -4,6 +4,8 @@
 namespace streamcoll {
 
 Route* pmpi_route();
+Route* ht_route();
+void ht_shutdown();
 #if STREAMCOLL_HAVE_NCCL
 Route* nccl_route();
 void nccl_shutdown();
@@ -12,6 +14,7 @@ void nccl_shutdown();
 Route* find_route(RouteId id) {
   switch (id) {
     case RouteId::pmpi: return pmpi_route();
+    case RouteId::ht: return ht_route();
 #if STREAMCOLL_HAVE_NCCL
     case RouteId::nccl: return nccl_route();
 #endif
@@ -23,6 +26,7 @@ void routes_shutdown() {
 #if STREAMCOLL_HAVE_NCCL
   nccl_shutdown();
 #endif
+  ht_shutdown();
 }
 
 }  // namespace streamcoll

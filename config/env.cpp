@@ -28,6 +28,18 @@ const std::vector<Knob>& knobs() {
        "auto|yes|no: whether the MPI accepts GPU buffers (auto asks it: "
        "MPIX_Query_cuda_support, MPIX_GPU_query_support; not found means no); when it does "
        "not, GPU buffers of calls that go to the MPI are staged through host memory"},
+      {"STREAMCOLL_THREAD_MULTIPLE", "1",
+       "1: MPI_Init/MPI_Init_thread ask the MPI for MPI_THREAD_MULTIPLE, which the progress "
+       "thread of route ht needs (the application is still told the level it asked for); "
+       "0: ask for the application's level only, and route ht is off unless that is "
+       "MPI_THREAD_MULTIPLE"},
+      {"STREAMCOLL_PROGRESS_BIND", "auto",
+       "auto|none: bind the progress thread (hwloc) to a core of the rank's cpuset its own "
+       "threads are least likely to use, or leave it unbound"},
+      {"STREAMCOLL_HT_WAIT", "auto",
+       "auto|memop|kernel: how route ht holds a stream until the host collective is done: "
+       "cuStreamWaitValue32 (memop), a one-thread spin kernel (kernel), or memop where the "
+       "driver supports it and the kernel otherwise (auto)"},
   };
   return k;
 }
@@ -88,7 +100,31 @@ Settings read_settings() {
       v && !parse_cuda_aware(v, &s.mpi_cuda_aware))
     s.problems.push_back(std::string("STREAMCOLL_MPI_CUDA_AWARE='") + v +
                          "' is not auto|yes|no; using auto");
+  boolean("STREAMCOLL_THREAD_MULTIPLE", &s.thread_multiple);
+  if (const char* v = get("STREAMCOLL_PROGRESS_BIND")) {
+    if (lower(v) == "none")
+      s.progress_bind = false;
+    else if (lower(v) != "auto")
+      s.problems.push_back(std::string("STREAMCOLL_PROGRESS_BIND='") + v +
+                           "' is not auto|none; using auto");
+  }
+  if (const char* v = get("STREAMCOLL_HT_WAIT")) {
+    const std::string w = lower(v);
+    if (w == "auto") s.ht_wait = HtWait::auto_detect;
+    else if (w == "memop") s.ht_wait = HtWait::memop;
+    else if (w == "kernel") s.ht_wait = HtWait::kernel;
+    else
+      s.problems.push_back(std::string("STREAMCOLL_HT_WAIT='") + v +
+                           "' is not auto|memop|kernel; using auto");
+  }
   return s;
+}
+
+bool want_thread_multiple() {
+  bool on = true, disabled = false;
+  if (const char* v = get("STREAMCOLL_THREAD_MULTIPLE")) parse_bool(v, &on);
+  if (const char* v = get("STREAMCOLL_DISABLE")) parse_bool(v, &disabled);
+  return on && !disabled;
 }
 
 }  // namespace streamcoll::config

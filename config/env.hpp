@@ -27,6 +27,13 @@ enum class CudaAware : uint8_t {
   no,           ///< GPU buffers of calls that go to the MPI are staged through host memory
 };
 
+/// STREAMCOLL_HT_WAIT: how route ht holds a stream during the host collective.
+enum class HtWait : uint8_t {
+  auto_detect,  ///< cuStreamWaitValue32 where supported, else the spin kernel
+  memop,        ///< cuStreamWaitValue32 only (route ht declines device calls without it)
+  kernel,       ///< the spin kernel
+};
+
 /// The settings the environment asks for, read once when the runtime starts.
 struct Settings {
   bool disable = false;          ///< STREAMCOLL_DISABLE: pass every call straight through
@@ -37,9 +44,16 @@ struct Settings {
   std::string route;             ///< STREAMCOLL_ROUTE
   std::string nccl_lib;          ///< STREAMCOLL_NCCL_LIB (empty: libnccl.so.2)
   CudaAware mpi_cuda_aware = CudaAware::auto_detect;  ///< STREAMCOLL_MPI_CUDA_AWARE
+  bool thread_multiple = true;   ///< STREAMCOLL_THREAD_MULTIPLE
+  bool progress_bind = true;     ///< STREAMCOLL_PROGRESS_BIND=auto (false: none)
+  HtWait ht_wait = HtWait::auto_detect;  ///< STREAMCOLL_HT_WAIT
   std::vector<std::string> problems;  ///< values that could not be understood
 };
 Settings read_settings();
+
+/// Whether MPI_Init should ask for MPI_THREAD_MULTIPLE: STREAMCOLL_THREAD_MULTIPLE is not
+/// off and STREAMCOLL_DISABLE is not on. Read before MPI is initialised (no Settings yet).
+bool want_thread_multiple();
 
 /// Parses a boolean knob value: 1/yes/true/on and 0/no/false/off (case-insensitive).
 /// Returns false and leaves *out alone for anything else.

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "config/tuning_table.hpp"
 #include "core/types.hpp"
 
 namespace streamcoll {
@@ -37,6 +38,19 @@ struct CommContext {
   /// Per route, created by the route at its first call on the communicator.
   std::unique_ptr<RouteState> route_state[kNumRoutes];
   uint64_t seq = 0;  ///< creation order in this process (contexts are torn down in it)
+
+  /// Routes forced on this communicator (streamcoll_comm_set_route), matched before the
+  /// tuning table; null when none. Replaced as a whole (atomic shared_ptr access), so a
+  /// call in flight keeps the table it matched.
+  std::shared_ptr<const config::TuningTable> forced_routes() const {
+    return std::atomic_load(&forced_);
+  }
+  void set_forced_routes(std::shared_ptr<const config::TuningTable> t) {
+    std::atomic_store(&forced_, std::move(t));
+  }
+
+ private:
+  std::shared_ptr<const config::TuningTable> forced_;
 };
 
 /// The context of `comm`. With `create`, it is created if needed: collective over `comm`

@@ -30,6 +30,12 @@ Driver load() {
 #define STREAMCOLL_CUDA_LOAD(fn) sym(d.fn, STREAMCOLL_STR(fn));
   STREAMCOLL_CUDA_ENTRY_POINTS(STREAMCOLL_CUDA_LOAD)
 #undef STREAMCOLL_CUDA_LOAD
+  auto optional = [&](auto& fn, const char* name) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+  };
+#define STREAMCOLL_CUDA_LOAD_OPTIONAL(fn) optional(d.fn, STREAMCOLL_STR(fn));
+  STREAMCOLL_CUDA_OPTIONAL_ENTRY_POINTS(STREAMCOLL_CUDA_LOAD_OPTIONAL)
+#undef STREAMCOLL_CUDA_LOAD_OPTIONAL
   if (!missing.empty()) {
     d.reason = "libcuda.so.1 lacks " + missing + " (driver older than the CUDA headers?)";
     return d;

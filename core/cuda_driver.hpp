@@ -23,6 +23,12 @@
   X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord)              \
   X(cuEventQuery) X(cuEventSynchronize) X(cuMemcpyDtoDAsync) X(cuMemAllocAsync)         \
   X(cuMemFreeAsync) X(cuMemcpyAsync) X(cuMemHostAlloc) X(cuMemFreeHost)
+
+// Entry points only some routes need: a driver without them is still usable, and those
+// routes check the pointer (route ht: stream memory operations and its spin kernel).
+#define STREAMCOLL_CUDA_OPTIONAL_ENTRY_POINTS(X)                                        \
+  X(cuStreamWaitValue32) X(cuMemHostGetDevicePointer) X(cuModuleLoadData)               \
+  X(cuModuleGetFunction) X(cuModuleUnload) X(cuLaunchKernel)
 #endif
 
 namespace streamcoll::cuda {
@@ -35,6 +41,7 @@ struct Driver {
 #if STREAMCOLL_HAVE_CUDA
 #define STREAMCOLL_CUDA_MEMBER(fn) decltype(&::fn) fn = nullptr;
   STREAMCOLL_CUDA_ENTRY_POINTS(STREAMCOLL_CUDA_MEMBER)
+  STREAMCOLL_CUDA_OPTIONAL_ENTRY_POINTS(STREAMCOLL_CUDA_MEMBER)
 #undef STREAMCOLL_CUDA_MEMBER
 #endif
 };

@@ -13,6 +13,7 @@
 #include "core/datatypes.hpp"
 #include "core/host_staging.hpp"
 #include "core/log.hpp"
+#include "core/progress.hpp"
 #include "streamext/stream_attr.hpp"
 
 namespace streamcoll {
@@ -49,6 +50,11 @@ bool Runtime::start() {
   }
 
   load_table();
+  PMPI_Query_thread(&thread_level_);
+  SC_INFO("MPI thread level %d (the application was told %d)%s", thread_level_,
+          application_thread_level(),
+          thread_level_ == MPI_THREAD_MULTIPLE ? "" : ": route ht is off");
+  progress::set_binding(settings_.progress_bind);
   const cuda::Driver& drv = cuda::driver();
   cuda_usable_ = drv.usable;
   if (drv.usable)
@@ -120,6 +126,14 @@ void Runtime::enable_stream_attribute() {
   if (state_.load() != running || !cuda_usable_) return;
   full_path_.store((1u << kNumColls) - 1);
   g_passthrough.store(0);
+}
+
+void Runtime::add_forced_routes(uint32_t colls) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_.load() != running) return;
+  forced_colls_.fetch_or(colls);
+  full_path_.fetch_or(colls);
+  g_passthrough.fetch_and(~colls);
 }
 
 void Runtime::stop() {

@@ -5,6 +5,8 @@
 // which MPI runs first thing in MPI_Finalize).
 #pragma once
 
+#include <mpi.h>
+
 #include <atomic>
 #include <mutex>
 
@@ -19,6 +21,11 @@ namespace streamcoll {
 /// PMPI_ (runtime running, no statistics, nothing in the table or the memory can route
 /// it elsewhere). Read by every wrapper; written only by Runtime::start/stop.
 inline std::atomic<uint32_t> g_passthrough{0};
+
+/// The thread level the application was told at MPI_Init (shim/init.cpp), or -1 when it
+/// initialised MPI without streamcoll seeing it.
+void set_application_thread_level(int level);
+int application_thread_level();
 
 class Runtime {
  public:
@@ -56,6 +63,21 @@ class Runtime {
     return full_path_.load(std::memory_order_relaxed) >> static_cast<int>(c) & 1u;
   }
 
+  /// Whether a call of `c` on memory `m` may go to a route other than pmpi: the table
+  /// says so, or some communicator has forced routes for `c` (streamcoll_comm_set_route).
+  bool may_route(Coll c, MemKind m) const {
+    return table_.may_leave_pmpi(c, m) ||
+           (forced_colls_.load(std::memory_order_relaxed) >> static_cast<int>(c) & 1u);
+  }
+  /// Some communicator now forces routes for the collectives in `colls` (bit per Coll):
+  /// those calls take the full path from now on.
+  void add_forced_routes(uint32_t colls);
+
+  /// The thread level MPI provides (what streamcoll asked for at MPI_Init), and whether
+  /// it is MPI_THREAD_MULTIPLE: the progress engine calls MPI from its own thread.
+  int thread_level() const { return thread_level_; }
+  bool thread_multiple() const { return thread_level_ == MPI_THREAD_MULTIPLE; }
+
   /// A communicator may now carry a CUDA stream (streamext): with a usable GPU, every
   /// collective takes the full path, so that GPU buffers on such a communicator are
   /// stream-ordered even when the table sends them to pmpi.
@@ -72,6 +94,8 @@ class Runtime {
   Stats stats_;
   bool cuda_usable_ = false;
   std::atomic<uint32_t> full_path_{0};
+  std::atomic<uint32_t> forced_colls_{0};
+  int thread_level_ = MPI_THREAD_SINGLE;
   int self_keyval_ = MPI_KEYVAL_INVALID;
 };
 

@@ -51,6 +51,7 @@ struct Decision {
   uint64_t bytes = 0;
   CommContext* ctx = nullptr;
   const config::RouteChoice* choice = nullptr;
+  std::shared_ptr<const config::TuningTable> forced;  ///< keeps `choice` alive if from it
 };
 
 uint64_t now_ns() {
@@ -151,7 +152,7 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   const Verdict verdict = eligibility(f);
   const bool check = rt.check_on();
   if (!check &&
-      (verdict != Verdict::eligible || !rt.table().may_leave_pmpi(a.coll, d.env.mem))) {
+      (verdict != Verdict::eligible || !rt.may_route(a.coll, d.env.mem))) {
     SC_TRACE("%s %llu B on %s memory -> pmpi (%s)", call_name(a.coll, a.nonblocking).c_str(),
              static_cast<unsigned long long>(d.bytes), std::string(name(d.env.mem)).c_str(),
              verdict == Verdict::eligible ? "no rule routes it" : describe(verdict));
@@ -161,11 +162,14 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   // The communicator's context holds the layout the table matches on. It is created
   // collectively at the first blocking call that could be routed; until then non-blocking
   // calls on the communicator pass through (the same on every rank).
-  if (verdict == Verdict::eligible && rt.table().may_leave_pmpi(a.coll, d.env.mem) &&
+  if (verdict == Verdict::eligible && rt.may_route(a.coll, d.env.mem) &&
       (d.ctx = comm_context(a.comm, !a.nonblocking)) != nullptr) {
     config::CallKey key{a.coll,   d.bytes,   size, d.ctx->nodes, d.ctx->ppn,
                         d.env.mem, d.env.has_stream};
-    if (const config::Rule* rule = rt.table().match(key)) {
+    const config::Rule* rule = nullptr;
+    if ((d.forced = d.ctx->forced_routes())) rule = d.forced->match(key);  // comm_set_route
+    if (!rule) rule = rt.table().match(key);
+    if (rule) {
       d.choice = &rule->choice;
       Route* route = find_route(rule->choice.route);
       if (route && route->accepts(a, *d.ctx, rule->choice, d.env)) {

@@ -9,11 +9,14 @@
 #include <dlfcn.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cctype>
 #include <string>
 #include <tuple>
 
+#include "config/env.hpp"
 #include "core/log.hpp"
+#include "core/runtime.hpp"
 #include "shim/dispatch.hpp"
 #include "shim/export.hpp"
 
@@ -122,6 +125,36 @@ CollArgs gather_like(Coll c, void* s, F sc, F st, void* r, F rc, F rt, F comm, b
   a.recvtype = PMPI_Type_f2c(rt);
   a.comm = PMPI_Comm_f2c(comm);
   return a;
+}
+
+// MPI_INIT, MPI_INIT_THREAD, MPI_QUERY_THREAD: the thread level as for C (shim/init.cpp).
+// Open MPI's and MPICH's Fortran MPI_THREAD_* values equal their C values.
+void init_thread(F* required, F* provided, F* ierr) {
+  static const auto fn = real<void (*)(F*, F*, F*)>("pmpi_init_thread");
+  F ask = streamcoll::config::want_thread_multiple() ? std::max<F>(*required, MPI_THREAD_MULTIPLE)
+                                                     : *required;
+  F got = MPI_THREAD_SINGLE;
+  fn(&ask, &got, ierr);
+  if (*ierr != MPI_SUCCESS) return;
+  *provided = std::min(*required, got);
+  streamcoll::set_application_thread_level(*provided);
+  streamcoll::Runtime::get().start();
+}
+void init(F* ierr) {
+  F required = MPI_THREAD_SINGLE, provided = 0;
+  init_thread(&required, &provided, ierr);
+}
+void query_thread(F* provided, F* ierr) {
+  const int level = streamcoll::application_thread_level();
+  int initialized = 0;
+  PMPI_Initialized(&initialized);
+  if (level < 0 || !initialized) {
+    static const auto fn = real<void (*)(F*, F*)>("pmpi_query_thread");
+    fn(provided, ierr);
+    return;
+  }
+  *provided = level;
+  *ierr = MPI_SUCCESS;
 }
 
 // One implementation per call; the macro below exports it under the four usual names.
@@ -290,6 +323,9 @@ void ibarrier(F* comm, F* req, F* ierr) {
 #define PGVI (void* a, F* b, F* c, void* d, F* e, F* f, F* g, F* h, F* i, F* j)
 #define AGVI (a, b, c, d, e, f, g, h, i, j)
 
+SC_FORTRAN(mpi_init, MPI_INIT, init, (F* a), (a))
+SC_FORTRAN(mpi_init_thread, MPI_INIT_THREAD, init_thread, (F* a, F* b, F* c), (a, b, c))
+SC_FORTRAN(mpi_query_thread, MPI_QUERY_THREAD, query_thread, (F* a, F* b), (a, b))
 SC_FORTRAN(mpi_allreduce, MPI_ALLREDUCE, allreduce, P6, A6)
 SC_FORTRAN(mpi_iallreduce, MPI_IALLREDUCE, iallreduce, P7, A7)
 SC_FORTRAN(mpi_reduce, MPI_REDUCE, reduce, P7, A7)

@@ -1,29 +1,102 @@
 // MPI_Init, MPI_Init_thread, MPI_Finalize, and the library's C API.
 #include <mpi.h>
 
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <optional>
 #include <string_view>
 
+#include "config/env.hpp"
+#include "config/tuning_table.hpp"
+#include "core/comm_context.hpp"
+#include "core/log.hpp"
 #include "core/runtime.hpp"
 #include "shim/export.hpp"
 #include "streamcoll/streamcoll.h"
 
 using streamcoll::Runtime;
 
-SC_EXPORT int MPI_Init(int* argc, char*** argv) {
-  int rc = PMPI_Init(argc, argv);
-  if (rc == MPI_SUCCESS) Runtime::get().start();
+// The thread level. streamcoll's progress thread (route ht) calls MPI concurrently with
+// the application, so MPI_Init and MPI_Init_thread ask the MPI for MPI_THREAD_MULTIPLE
+// (unless STREAMCOLL_THREAD_MULTIPLE=0). The application is told the level it asked for,
+// or less if that is all the MPI gives (MPI-4.0 section 11.2.1 lets `provided` differ
+// from what the MPI could do), and MPI_Query_thread answers the same.
+namespace {
+std::atomic<int> g_app_level{-1};  // the level the application was told; -1: not ours
+}  // namespace
+
+namespace streamcoll {
+void set_application_thread_level(int level) { g_app_level.store(level); }
+int application_thread_level() { return g_app_level.load(); }
+}  // namespace streamcoll
+
+namespace {
+
+int init_thread(int* argc, char*** argv, int required, int* provided) {
+  const int ask = streamcoll::config::want_thread_multiple()
+                      ? std::max(required, static_cast<int>(MPI_THREAD_MULTIPLE))
+                      : required;
+  int got = MPI_THREAD_SINGLE;
+  int rc = PMPI_Init_thread(argc, argv, ask, &got);
+  if (rc != MPI_SUCCESS) return rc;
+  const int told = std::min(required, got);
+  streamcoll::set_application_thread_level(told);
+  if (provided) *provided = told;
+  Runtime::get().start();
   return rc;
+}
+}  // namespace
+
+SC_EXPORT int MPI_Init(int* argc, char*** argv) {
+  // MPI_Init gives MPI_THREAD_SINGLE (MPI-4.0 section 11.2.1).
+  return init_thread(argc, argv, MPI_THREAD_SINGLE, nullptr);
 }
 
 SC_EXPORT int MPI_Init_thread(int* argc, char*** argv, int required, int* provided) {
-  int rc = PMPI_Init_thread(argc, argv, required, provided);
-  if (rc == MPI_SUCCESS) Runtime::get().start();
-  return rc;
+  return init_thread(argc, argv, required, provided);
+}
+
+SC_EXPORT int MPI_Query_thread(int* provided) {
+  const int level = g_app_level.load();
+  if (level < 0 || provided == nullptr) return PMPI_Query_thread(provided);
+  int initialized = 0;
+  PMPI_Initialized(&initialized);
+  if (!initialized) return PMPI_Query_thread(provided);  // the MPI reports the error
+  *provided = level;
+  return MPI_SUCCESS;
 }
 
 SC_EXPORT int MPI_Finalize(void) {
   Runtime::get().stop();
   return PMPI_Finalize();
+}
+
+SC_EXPORT int streamcoll_comm_set_route(MPI_Comm comm, const char* spec) {
+  using namespace streamcoll;
+  Runtime& rt = Runtime::get();
+  if (!rt.active()) return MPI_ERR_OTHER;
+  if (comm == MPI_COMM_NULL) return MPI_ERR_COMM;
+  int inter = 0;
+  if (PMPI_Comm_test_inter(comm, &inter) != MPI_SUCCESS || inter) return MPI_ERR_COMM;
+  std::shared_ptr<config::TuningTable> table;
+  uint32_t colls = 0;
+  if (spec && *spec) {
+    std::optional<config::ParseError> err;
+    auto rules = config::TuningTable::parse_forced(spec, &err);
+    if (err) {
+      log_error("streamcoll_comm_set_route: %s", err->to_string().c_str());
+      return MPI_ERR_ARG;
+    }
+    for (const config::Rule& r : rules) colls |= r.colls;
+    table = std::make_shared<config::TuningTable>();
+    table->prepend(std::move(rules));
+  }
+  CommContext* ctx = comm_context(comm, true);  // collective the first time
+  if (!ctx) return MPI_ERR_OTHER;
+  ctx->set_forced_routes(std::move(table));
+  if (colls) rt.add_forced_routes(colls);
+  return MPI_SUCCESS;
 }
 
 SC_EXPORT const char* streamcoll_version(void) { return STREAMCOLL_VERSION; }

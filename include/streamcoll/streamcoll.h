@@ -14,6 +14,8 @@
 #ifndef STREAMCOLL_STREAMCOLL_H
 #define STREAMCOLL_STREAMCOLL_H
 
+#include <mpi.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -35,6 +37,18 @@ typedef struct {
  *  Returns 0, or -1 (and leaves *out alone) if a name is unknown or out is NULL. */
 int streamcoll_get_stats(const char *collective, const char *route, const char *memory,
                          streamcoll_stat_t *out);
+
+/** Forces routes for the calls on one communicator, in STREAMCOLL_ROUTE's syntax
+ *  ("allreduce:ht:algo=ring,bcast:pmpi", '*' for every collective; "" or NULL clears).
+ *  These rules are matched before the tuning table and STREAMCOLL_ROUTE, for calls on
+ *  `comm` only (not on communicators later duplicated from it). Benchmarks and tests use
+ *  it to compare routes in one run.
+ *  Collective over `comm`: every rank must call it with the same spec, at the same point
+ *  of its collective calls on `comm` (it may set up streamcoll's state for `comm`).
+ *  Returns MPI_SUCCESS; MPI_ERR_COMM for MPI_COMM_NULL or an inter-communicator;
+ *  MPI_ERR_ARG if the spec does not parse (the reason goes to stderr); or
+ *  MPI_ERR_OTHER when streamcoll is disabled or MPI is not initialised. */
+int streamcoll_comm_set_route(MPI_Comm comm, const char *spec);
 
 /** The library version, STREAMCOLL_VERSION of the build. */
 const char *streamcoll_version(void);

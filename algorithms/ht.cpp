@@ -1,0 +1,1019 @@
+// Route ht: host-transfer collectives (N. Dryden et al., "Aluminum: An Asynchronous,
+// GPU-Aware Communication Library Optimized for Large-Scale Training of Deep Neural
+// Networks on HPC Systems", MLHPC 2018, sections III-B and V-B.2, Figs. 5-6).
+//
+// Small GPU collectives at scale are latency-bound: a tree over the host network beats
+// an NCCL ring (2(p-1)·α) once the two PCIe copies are cheaper than the ring's extra
+// latency. For GPU buffers on a stream S (a stream-ordered call):
+//
+//   S:       [D2H copy into pinned staging] [event e1] [wait: flag >= 1] [H2D copy] [event e2]
+//   engine:  poll e1 -> host collective on the staging buffer -> flag = 1 (release) -> poll e2
+//            -> staging buffer, flag and events back to their pools
+//
+// The stream waits with cuStreamWaitValue32 on a flag in pinned, device-mapped memory,
+// or, where stream memory operations are unsupported (or STREAMCOLL_HT_WAIT=kernel), on
+// a one-thread kernel spinning on the flag. The host returns as soon as the work is
+// enqueued; the progress engine (core/progress) does the rest. MPI_I* calls run on a
+// side stream that waits for S, and MPI_Wait makes S wait for the side stream.
+// Without a stream (classic CUDA-aware semantics) a blocking call copies, reduces and
+// copies back on the calling thread; MPI_I* calls go through the engine and their
+// request completes when the result is in the GPU buffer.
+//
+// Host and pinned buffers are a route too (off in the default table): blocking calls run
+// streamcoll's algorithm on the calling thread, MPI_I* calls on the engine, which gives
+// them asynchronous progress.
+//
+// The host algorithms are algorithms/schedule.hpp's (recursive doubling, Rabenseifner,
+// ring), run on PMPI_ point-to-point over a private duplicate of the communicator with
+// one tag per operation, or the MPI's own collective (algo=mpi), started in call order.
+// Cost with p ranks, n bytes, PCIe copy latency α_c and bandwidth β_c:
+//   2(α_c + n·β_c) + host collective (schedule.hpp), against NCCL's ring 2(p-1)α + 2n(p-1)/p·β.
+#include <mpi.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "algorithms/pmpi.hpp"
+#include "algorithms/route.hpp"
+#include "algorithms/schedule.hpp"
+#include "algorithms/schedule_exec.hpp"
+#include "core/cuda_driver.hpp"
+#include "core/datatypes.hpp"
+#include "core/errors.hpp"
+#include "core/log.hpp"
+#include "core/progress.hpp"
+#include "core/requests.hpp"
+#include "core/runtime.hpp"
+
+namespace streamcoll {
+namespace {
+
+using sched::Algo;
+
+// ---------------------------------------------------------------------------------------
+// Per communicator: the private duplicate, tags, the order of MPI-collective starts, and a
+// cache of schedules. Shared by the context and the operations in flight, so that an
+// operation outlives MPI_Comm_free of the application's communicator.
+
+struct HtComm {
+  MPI_Comm p2p = MPI_COMM_NULL;
+  int rank = 0;
+  int size = 1;
+  uint32_t next_tag = 0;       // application thread (calls on a communicator are ordered)
+  uint64_t next_ticket = 0;    // application thread: MPI-collective starts, in call order
+  std::atomic<uint64_t> turn{0};  // the ticket allowed to start its MPI collective now
+  std::atomic<int> error{MPI_SUCCESS};  // a stream-ordered operation failed: later calls fail
+
+  std::mutex cache_mu;
+  std::map<std::tuple<int, int, int, uint64_t, bool>, std::shared_ptr<const sched::Schedule>>
+      cache;
+
+  ~HtComm() {
+    if (p2p != MPI_COMM_NULL) PMPI_Comm_free(&p2p);
+  }
+
+  int tag() { return static_cast<int>(next_tag++ & 0x7fff); }  // MPI guarantees 32767
+
+  std::shared_ptr<const sched::Schedule> schedule(const sched::Params& p) {
+    auto key = std::make_tuple(static_cast<int>(p.coll), static_cast<int>(p.algo), p.root,
+                               p.count, p.in_place);
+    std::lock_guard<std::mutex> lock(cache_mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+    if (cache.size() >= 256) cache.clear();
+    auto s = std::make_shared<const sched::Schedule>(sched::build(p));
+    cache.emplace(key, s);
+    return s;
+  }
+};
+
+struct HtState final : RouteState {
+  std::shared_ptr<HtComm> comm;
+};
+
+// What the host collective of one call needs, in the schedule's terms.
+struct HostCall {
+  Coll coll;
+  Algo algo;
+  int root = 0;
+  uint64_t count = 0;  // schedule.hpp's Params::count
+  MPI_Datatype type;
+  int extent = 0;
+  MPI_Op op = MPI_OP_NULL;
+  const void* send = nullptr;  // null: in place
+  void* recv = nullptr;
+};
+
+// Starts the MPI's own non-blocking collective for `h` on `comm`.
+int start_mpi(const HostCall& h, MPI_Comm comm, MPI_Request* req) {
+  const void* s = h.send ? h.send : MPI_IN_PLACE;
+  const int n = static_cast<int>(h.count);
+  switch (h.coll) {
+    case Coll::allreduce: return PMPI_Iallreduce(s, h.recv, n, h.type, h.op, comm, req);
+    case Coll::reduce: return PMPI_Ireduce(s, h.recv, n, h.type, h.op, h.root, comm, req);
+    case Coll::bcast: return PMPI_Ibcast(h.recv, n, h.type, h.root, comm, req);
+    case Coll::allgather:
+      return PMPI_Iallgather(s, h.send ? n : 0, h.type, h.recv, n, h.type, comm, req);
+    case Coll::reduce_scatter_block:
+      return PMPI_Ireduce_scatter_block(s, h.recv, n, h.type, h.op, comm, req);
+    default: return MPI_ERR_INTERN;
+  }
+}
+
+// The host collective of one operation, advanced one non-blocking step at a time: a
+// schedule, or the MPI's collective started in ticket order.
+class HostPart {
+ public:
+  HostPart(std::shared_ptr<HtComm> c, const HostCall& h) : comm_(std::move(c)), h_(h) {
+    if (h.algo == Algo::mpi) {
+      ticket_ = comm_->next_ticket++;
+    } else {
+      sched::Params p{h.coll, h.algo, comm_->rank, comm_->size, h.root, h.count,
+                      h.send == nullptr};
+      run_ = std::make_unique<sched::ScheduleRun>(comm_->schedule(p), h.send, h.recv, h.type,
+                                                  h.extent, h.op, comm_->p2p, comm_->tag());
+    }
+  }
+  ~HostPart() {
+    if (req_ != MPI_REQUEST_NULL) PMPI_Wait(&req_, MPI_STATUS_IGNORE);
+  }
+
+  /// Non-blocking; *done when finished. Returns an MPI error code.
+  int step(bool* done) {
+    if (run_) return run_->step(done);
+    *done = false;
+    if (!started_) {
+      if (comm_->turn.load(std::memory_order_acquire) != ticket_) return MPI_SUCCESS;
+      int rc = start_mpi(h_, comm_->p2p, &req_);
+      started_ = true;
+      comm_->turn.fetch_add(1, std::memory_order_release);
+      if (rc != MPI_SUCCESS) {
+        *done = true;
+        return rc;
+      }
+    }
+    int flag = 0;
+    int rc = PMPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS || flag) *done = true;
+    return rc;
+  }
+
+ private:
+  std::shared_ptr<HtComm> comm_;
+  HostCall h_;
+  std::unique_ptr<sched::ScheduleRun> run_;
+  uint64_t ticket_ = 0;
+  bool started_ = false;
+  MPI_Request req_ = MPI_REQUEST_NULL;
+};
+
+// MPI_I* on host buffers: the request the application waits for; the engine completes it.
+class HostRequest final : public ManagedRequest {
+ public:
+  void on_wait() override {}  // the engine completes it without the caller's help
+  void on_test() override {}
+  int error() const override { return err_.load(std::memory_order_acquire); }
+  void finish(int rc) {
+    err_.store(rc, std::memory_order_release);
+    complete();
+  }
+
+ private:
+  std::atomic<int> err_{MPI_SUCCESS};
+};
+
+class HostTask final : public progress::Task {
+ public:
+  HostTask(std::unique_ptr<HostPart> part, HostRequest* req)
+      : part_(std::move(part)), req_(req) {}
+  bool step() override {
+    bool done = false;
+    int rc = part_->step(&done);
+    if (!done) return false;
+    part_.reset();  // its MPI request is finished before the application hears of it
+    req_->finish(rc);
+    return true;
+  }
+
+ private:
+  std::unique_ptr<HostPart> part_;
+  HostRequest* req_;  // deleted by MPI once complete and waited for
+};
+
+// ---------------------------------------------------------------------------------------
+// The call in the schedule's terms.
+
+Algo choose_algo(const CollArgs& a, const config::RouteChoice& choice, uint64_t bytes, int size) {
+  if (auto v = choice.param("algo")) {
+    if (*v == "rd") return Algo::rd;
+    if (*v == "rabenseifner") return Algo::rabenseifner;
+    if (*v == "ring") return Algo::ring;
+    if (*v == "mpi") return Algo::mpi;
+  }
+  return sched::default_algo(a.coll, bytes, size);
+}
+
+MPI_Datatype call_type(const CollArgs& a) {
+  return a.coll == Coll::allgather ? a.recvtype : a.datatype;
+}
+
+uint64_t call_count(const CollArgs& a) {
+  return a.coll == Coll::allgather ? static_cast<uint64_t>(a.recvcount)
+                                   : static_cast<uint64_t>(a.count);
+}
+
+int type_extent(MPI_Datatype t) {
+  MPI_Aint lb = 0, extent = 0;
+  PMPI_Type_get_extent(t, &lb, &extent);
+  return static_cast<int>(extent);
+}
+
+// Elements the call's whole vector holds on one rank (what a staging buffer must hold):
+// count for allreduce, reduce, bcast; size*count for allgather and reduce_scatter_block.
+uint64_t vector_elems(Coll c, uint64_t count, int size) {
+  return (c == Coll::allgather || c == Coll::reduce_scatter_block)
+             ? count * static_cast<uint64_t>(size)
+             : count;
+}
+
+HostCall host_call(const CollArgs& a, Algo algo, int rank) {
+  HostCall h;
+  h.coll = a.coll;
+  h.algo = algo;
+  h.root = a.root;
+  h.count = call_count(a);
+  h.type = call_type(a);
+  h.extent = type_extent(h.type);
+  h.op = a.op;
+  h.recv = a.recvbuf;
+  const bool in_place = a.sendbuf == MPI_IN_PLACE && (a.coll != Coll::reduce || rank == a.root);
+  h.send = (a.coll == Coll::bcast || in_place) ? nullptr : a.sendbuf;
+  if (a.coll == Coll::reduce && rank != a.root) h.recv = nullptr;  // insignificant
+  return h;
+}
+
+// ---------------------------------------------------------------------------------------
+// GPU buffers.
+
+#if STREAMCOLL_HAVE_CUDA
+
+// A one-thread kernel that spins until (int32)(*flag - value) >= 0, the semantics of
+// cuStreamWaitValue32 with CU_STREAM_WAIT_VALUE_GEQ; for drivers and devices without
+// stream memory operations. PTX, compiled by the driver for whatever GPU it runs on.
+constexpr const char kWaitKernelPtx[] = R"(
+.version 6.0
+.target sm_50
+.address_size 64
+.visible .entry streamcoll_wait_geq(.param .u64 flag, .param .u32 value)
+{
+  .reg .pred p;
+  .reg .b32 v, want, d;
+  .reg .b64 a;
+  ld.param.u64 a, [flag];
+  ld.param.u32 want, [value];
+WAIT:
+  ld.volatile.global.u32 v, [a];
+  sub.s32 d, v, want;
+  setp.lt.s32 p, d, 0;
+  @p bra WAIT;
+  membar.sys;
+  ret;
+}
+)";
+
+// Pinned, device-mapped host memory in power-of-two classes, and 4-byte flags carved from
+// pinned slabs. Thread-safe. Everything is freed at shutdown.
+class PinnedPool {
+ public:
+  void* get(size_t bytes) {
+    const size_t cls = size_class(bytes);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto& list = free_[cls];
+      if (!list.empty()) {
+        void* p = list.back();
+        list.pop_back();
+        return p;
+      }
+    }
+    void* p = nullptr;
+    if (cuda::driver().cuMemHostAlloc(&p, cls,
+                                      CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP) !=
+        CUDA_SUCCESS)
+      return nullptr;
+    std::lock_guard<std::mutex> lock(mu_);
+    all_.push_back(p);
+    sizes_[p] = cls;
+    return p;
+  }
+  void put(void* p) {
+    if (!p) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    free_[sizes_[p]].push_back(p);
+  }
+
+  // A flag (host address and its device address), zeroed.
+  bool get_flag(uint32_t** host, CUdeviceptr* dev) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_flags_.empty()) {
+      constexpr size_t kFlags = 1024;
+      void* slab = nullptr;
+      const cuda::Driver& d = cuda::driver();
+      CUdeviceptr base = 0;
+      if (d.cuMemHostAlloc(&slab, kFlags * sizeof(uint32_t),
+                           CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP) != CUDA_SUCCESS)
+        return false;
+      if (d.cuMemHostGetDevicePointer(&base, slab, 0) != CUDA_SUCCESS) {
+        d.cuMemFreeHost(slab);
+        return false;
+      }
+      all_.push_back(slab);
+      for (size_t i = 0; i < kFlags; ++i)
+        free_flags_.push_back({static_cast<uint32_t*>(slab) + i, base + i * sizeof(uint32_t)});
+    }
+    auto f = free_flags_.back();
+    free_flags_.pop_back();
+    *host = f.first;
+    *dev = f.second;
+    __atomic_store_n(*host, 0u, __ATOMIC_RELEASE);
+    return true;
+  }
+  void put_flag(uint32_t* host, CUdeviceptr dev) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_flags_.push_back({host, dev});
+  }
+
+  void release_all() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (void* p : all_) cuda::driver().cuMemFreeHost(p);
+    all_.clear();
+    free_.clear();
+    sizes_.clear();
+    free_flags_.clear();
+  }
+
+ private:
+  static size_t size_class(size_t bytes) {
+    size_t c = 4096;
+    while (c < bytes) c <<= 1;
+    return c;
+  }
+  std::mutex mu_;
+  std::vector<void*> all_;
+  std::map<size_t, std::vector<void*>> free_;
+  std::map<void*, size_t> sizes_;
+  std::vector<std::pair<uint32_t*, CUdeviceptr>> free_flags_;
+};
+
+// Per GPU: its primary context, a side stream for MPI_I*, the spin kernel, event pool.
+struct Device {
+  std::mutex mu;
+  bool ready = false;
+  bool failed = false;
+  CUdevice dev = 0;
+  CUcontext ctx = nullptr;
+  CUstream side = nullptr;
+  CUmodule module = nullptr;
+  CUfunction wait_kernel = nullptr;
+  std::vector<CUevent> events;  // free events (disable-timing)
+};
+
+class DeviceSide {
+ public:
+  static DeviceSide& get() {
+    static DeviceSide* d = new DeviceSide;  // lives to the end of the process
+    return *d;
+  }
+
+  PinnedPool pool;
+
+  // Sets up GPU `ordinal` once; false if it cannot be used.
+  Device* device(int ordinal) {
+    if (ordinal < 0 || ordinal >= kMaxDevices) return nullptr;
+    Device& g = gpus_[ordinal];
+    std::lock_guard<std::mutex> lock(g.mu);
+    if (g.ready) return &g;
+    if (g.failed) return nullptr;
+    const cuda::Driver& d = cuda::driver();
+    if (d.cuDeviceGet(&g.dev, ordinal) != CUDA_SUCCESS ||
+        d.cuDevicePrimaryCtxRetain(&g.ctx, g.dev) != CUDA_SUCCESS) {
+      g.failed = true;
+      SC_WARN("ht: GPU %d has no usable context; its calls go elsewhere", ordinal);
+      return nullptr;
+    }
+    cuda::ScopedContext scope(g.ctx);
+    if (d.cuStreamCreate(&g.side, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+      g.failed = true;
+      return nullptr;
+    }
+    g.ready = true;
+    return &g;
+  }
+
+  CUevent event(Device& g) {
+    {
+      std::lock_guard<std::mutex> lock(g.mu);
+      if (!g.events.empty()) {
+        CUevent e = g.events.back();
+        g.events.pop_back();
+        return e;
+      }
+    }
+    CUevent e = nullptr;
+    if (cuda::driver().cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return nullptr;
+    return e;
+  }
+  void put_event(Device& g, CUevent e) {
+    if (!e) return;
+    std::lock_guard<std::mutex> lock(g.mu);
+    g.events.push_back(e);
+  }
+
+  // Makes `stream` wait until the flag at `dev_flag` is >= 1. Returns a CUresult.
+  CUresult hold_stream(Device& g, CUstream stream, CUdeviceptr dev_flag,
+                       config::HtWait mode) {
+    const cuda::Driver& d = cuda::driver();
+    if (mode != config::HtWait::kernel && d.cuStreamWaitValue32 &&
+        !memops_unsupported_.load(std::memory_order_relaxed)) {
+      CUresult r = d.cuStreamWaitValue32(stream, dev_flag, 1, CU_STREAM_WAIT_VALUE_GEQ);
+      if (r != CUDA_ERROR_NOT_SUPPORTED || mode == config::HtWait::memop) return r;
+      memops_unsupported_.store(true);
+      SC_INFO("ht: stream memory operations are not supported here; using the spin kernel");
+    }
+    if (mode == config::HtWait::memop) return CUDA_ERROR_NOT_SUPPORTED;
+    CUfunction fn = wait_kernel(g);
+    if (!fn) return CUDA_ERROR_NOT_SUPPORTED;
+    uint32_t value = 1;
+    void* params[] = {&dev_flag, &value};
+    return d.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, params, nullptr);
+  }
+
+  // Whether this driver can hold a stream at all (memops or the kernel's entry points).
+  static bool can_hold(config::HtWait mode) {
+    const cuda::Driver& d = cuda::driver();
+    const bool kernel = d.cuModuleLoadData && d.cuModuleGetFunction && d.cuLaunchKernel &&
+                        d.cuModuleUnload;
+    const bool memop = d.cuStreamWaitValue32 != nullptr;
+    if (!d.cuMemHostGetDevicePointer) return false;
+    switch (mode) {
+      case config::HtWait::memop: return memop;
+      case config::HtWait::kernel: return kernel;
+      default: return memop || kernel;
+    }
+  }
+
+  void shutdown() {
+    const cuda::Driver& d = cuda::driver();
+    if (!d.usable) return;
+    for (Device& g : gpus_) {
+      std::lock_guard<std::mutex> lock(g.mu);
+      if (!g.ready) continue;
+      {
+        cuda::ScopedContext scope(g.ctx);
+        d.cuStreamSynchronize(g.side);
+        for (CUevent e : g.events) d.cuEventDestroy(e);
+        g.events.clear();
+        d.cuStreamDestroy(g.side);
+        if (g.module) d.cuModuleUnload(g.module);
+      }
+      g.module = nullptr;
+      g.wait_kernel = nullptr;
+      d.cuDevicePrimaryCtxRelease(g.dev);
+      g.ready = false;
+    }
+    pool.release_all();
+  }
+
+ private:
+  static constexpr int kMaxDevices = 64;
+
+  CUfunction wait_kernel(Device& g) {
+    std::lock_guard<std::mutex> lock(g.mu);
+    if (g.wait_kernel) return g.wait_kernel;
+    const cuda::Driver& d = cuda::driver();
+    if (!d.cuModuleLoadData || !d.cuModuleGetFunction) return nullptr;
+    if (CUresult r = d.cuModuleLoadData(&g.module, kWaitKernelPtx); r != CUDA_SUCCESS) {
+      fail(Failure::cuda, cuda::describe("ht: loading the spin-wait kernel", r));
+      return nullptr;
+    }
+    if (d.cuModuleGetFunction(&g.wait_kernel, g.module, "streamcoll_wait_geq") != CUDA_SUCCESS)
+      g.wait_kernel = nullptr;
+    return g.wait_kernel;
+  }
+
+  Device gpus_[kMaxDevices];
+  std::atomic<bool> memops_unsupported_{false};
+};
+
+// The stream-ordered part of one call on GPU buffers: staging buffer, flag, events.
+struct Staging {
+  Device* gpu = nullptr;
+  void* host = nullptr;          // pinned staging buffer (the schedule's in-place vector)
+  uint32_t* flag = nullptr;
+  CUdeviceptr dev_flag = 0;
+  CUevent copied_in = nullptr;   // after the D2H copy
+  CUevent copied_out = nullptr;  // after the H2D copy (the stream is past the wait)
+  bool flag_written = false;
+
+  void release() {
+    DeviceSide& ds = DeviceSide::get();
+    if (flag && !flag_written) __atomic_store_n(flag, 1u, __ATOMIC_RELEASE);  // never strand S
+    if (flag) ds.pool.put_flag(flag, dev_flag);
+    ds.pool.put(host);
+    if (gpu) {
+      ds.put_event(*gpu, copied_in);
+      ds.put_event(*gpu, copied_out);
+    }
+    flag = nullptr;
+    host = nullptr;
+    copied_in = copied_out = nullptr;
+  }
+};
+
+// Byte ranges of the staging buffer that go in (D2H) and come out (H2D) on this rank.
+struct Copies {
+  const void* in_src = nullptr;  // GPU source of the D2H copy, null: none
+  uint64_t in_off = 0, in_bytes = 0;
+  void* out_dst = nullptr;       // GPU destination of the H2D copy, null: none
+  uint64_t out_off = 0, out_bytes = 0;
+  uint64_t staging_bytes = 0;
+};
+
+Copies plan_copies(const CollArgs& a, uint64_t count, int extent, int rank, int size) {
+  Copies c;
+  const uint64_t n = count * static_cast<uint64_t>(extent);
+  const bool in_place = a.sendbuf == MPI_IN_PLACE;
+  switch (a.coll) {
+    case Coll::allreduce:
+      c.staging_bytes = n;
+      c.in_src = in_place ? a.recvbuf : a.sendbuf;
+      c.in_bytes = n;
+      c.out_dst = a.recvbuf;
+      c.out_bytes = n;
+      break;
+    case Coll::reduce:
+      c.staging_bytes = n;
+      c.in_src = (in_place && rank == a.root) ? a.recvbuf : a.sendbuf;
+      c.in_bytes = n;
+      if (rank == a.root) {
+        c.out_dst = a.recvbuf;
+        c.out_bytes = n;
+      }
+      break;
+    case Coll::bcast:
+      c.staging_bytes = n;
+      if (rank == a.root) {
+        c.in_src = a.recvbuf;
+        c.in_bytes = n;
+      } else {
+        c.out_dst = a.recvbuf;
+        c.out_bytes = n;
+      }
+      break;
+    case Coll::allgather:
+      c.staging_bytes = n * static_cast<uint64_t>(size);
+      c.in_off = n * static_cast<uint64_t>(rank);
+      c.in_src = in_place ? static_cast<const char*>(a.recvbuf) + c.in_off : a.sendbuf;
+      c.in_bytes = n;
+      c.out_dst = a.recvbuf;
+      c.out_bytes = c.staging_bytes;
+      break;
+    case Coll::reduce_scatter_block:
+      c.staging_bytes = n * static_cast<uint64_t>(size);
+      c.in_src = in_place ? a.recvbuf : a.sendbuf;
+      c.in_bytes = c.staging_bytes;
+      c.out_dst = a.recvbuf;
+      c.out_bytes = n;
+      break;
+    default: break;
+  }
+  return c;
+}
+
+// The host collective on the staging buffer: always the in-place form, except reduce on
+// a non-root rank (its input is the staging buffer; it has no result).
+HostCall staged_host_call(const CollArgs& a, Algo algo, int rank, void* staging) {
+  HostCall h;
+  h.coll = a.coll;
+  h.algo = algo;
+  h.root = a.root;
+  h.count = call_count(a);
+  h.type = call_type(a);
+  h.extent = type_extent(h.type);
+  h.op = a.op;
+  h.recv = staging;
+  if (a.coll == Coll::reduce && rank != a.root) {
+    h.send = staging;
+    h.recv = nullptr;
+  }
+  return h;
+}
+
+// A stream-ordered operation, advanced by the engine: wait for the D2H copy, run the host
+// collective, release the stream, wait for the H2D copy, recycle.
+class DeviceTask;
+
+// MPI_I* on GPU buffers. With a stream: MPI_Wait makes the application's stream wait for
+// the side stream's copy-out event and completes at once (the host does not wait).
+// Without: the engine completes it when the result is in the GPU buffer.
+class DeviceRequest final : public ManagedRequest {
+ public:
+  DeviceRequest(bool stream_ordered, CUstream app_stream, Device* gpu, CUevent done)
+      : stream_ordered_(stream_ordered), app_stream_(app_stream), gpu_(gpu), done_(done) {}
+  ~DeviceRequest() override { DeviceSide::get().put_event(*gpu_, done_); }
+
+  void on_wait() override { join(); }
+  void on_test() override { join(); }  // a stream-ordered request is complete once joined
+  void on_free() override { join(); }
+  int error() const override { return err_.load(std::memory_order_acquire); }
+  void finish(int rc) {
+    err_.store(rc, std::memory_order_release);
+    if (!stream_ordered_) complete();
+  }
+
+ private:
+  void join() {
+    if (!stream_ordered_ || joined_.exchange(true)) return;
+    cuda::ScopedContext scope(gpu_->ctx);
+    if (CUresult r = cuda::driver().cuStreamWaitEvent(app_stream_, done_, 0); r != CUDA_SUCCESS)
+      err_.store(fail(Failure::cuda, cuda::describe("ht: cuStreamWaitEvent (MPI_Wait)", r)));
+    complete();
+  }
+
+  const bool stream_ordered_;
+  CUstream app_stream_;
+  Device* gpu_;
+  CUevent done_;  // owned: recorded after the H2D copy on the side stream
+  std::atomic<bool> joined_{false};
+  std::atomic<int> err_{MPI_SUCCESS};
+};
+
+class DeviceTask final : public progress::Task {
+ public:
+  DeviceTask(std::shared_ptr<HtComm> comm, Staging st, std::unique_ptr<HostPart> part,
+             DeviceRequest* req)
+      : comm_(std::move(comm)), st_(st), part_(std::move(part)), req_(req) {}
+
+  bool step() override {
+    const cuda::Driver& d = cuda::driver();
+    cuda::ScopedContext scope(st_.gpu->ctx);
+    if (phase_ == 0) {
+      CUresult r = d.cuEventQuery(st_.copied_in);
+      if (r == CUDA_ERROR_NOT_READY) return false;
+      if (r != CUDA_SUCCESS) return finish(fail(Failure::cuda, cuda::describe("ht: D2H copy", r)));
+      phase_ = 1;
+    }
+    if (phase_ == 1) {
+      bool done = false;
+      int rc = part_->step(&done);
+      if (!done) return false;
+      part_.reset();
+      // The staging buffer holds the result: let the stream copy it back.
+      __atomic_store_n(st_.flag, 1u, __ATOMIC_RELEASE);
+      st_.flag_written = true;
+      if (rc != MPI_SUCCESS) {
+        comm_->error.store(rc);
+        log_error("ht: the host collective of a stream-ordered call failed (MPI error %d); "
+                  "later calls on this communicator fail",
+                  rc);
+        return finish(rc);
+      }
+      phase_ = 2;
+    }
+    CUresult r = d.cuEventQuery(st_.copied_out);
+    if (r == CUDA_ERROR_NOT_READY) return false;
+    return finish(r == CUDA_SUCCESS ? MPI_SUCCESS
+                                    : fail(Failure::cuda, cuda::describe("ht: H2D copy", r)));
+  }
+
+  /// For a task the engine never took: lets the stream go on, recycles, reports `rc`.
+  void abandon(int rc) {
+    cuda::ScopedContext scope(st_.gpu->ctx);
+    finish(rc);
+  }
+
+ private:
+  bool finish(int rc) {
+    part_.reset();
+    // After an error the stream may still be copying: wait for it before recycling.
+    if (rc != MPI_SUCCESS && st_.copied_out) {
+      if (!st_.flag_written) {
+        __atomic_store_n(st_.flag, 1u, __ATOMIC_RELEASE);
+        st_.flag_written = true;
+      }
+      cuda::driver().cuEventSynchronize(st_.copied_out);
+    }
+    st_.release();
+    if (req_) req_->finish(rc);
+    return true;
+  }
+
+  std::shared_ptr<HtComm> comm_;
+  Staging st_;
+  std::unique_ptr<HostPart> part_;
+  DeviceRequest* req_;  // classic MPI_I* only: null for stream-ordered calls
+  int phase_ = 0;
+};
+
+// Enqueues the copies and the wait on `stream`. Returns an MPI error code; on failure
+// everything acquired is released.
+int enqueue_staged(Staging* st, const Copies& c, CUstream stream, config::HtWait mode) {
+  const cuda::Driver& d = cuda::driver();
+  DeviceSide& ds = DeviceSide::get();
+  auto bail = [&](const char* what, CUresult r) {
+    st->release();
+    return fail(Failure::cuda, cuda::describe(what, r));
+  };
+  st->host = ds.pool.get(c.staging_bytes);
+  if (!st->host) return bail("ht: cuMemHostAlloc (staging buffer)", CUDA_ERROR_OUT_OF_MEMORY);
+  if (!ds.pool.get_flag(&st->flag, &st->dev_flag))
+    return bail("ht: cuMemHostAlloc (flag)", CUDA_ERROR_OUT_OF_MEMORY);
+  st->copied_in = ds.event(*st->gpu);
+  st->copied_out = ds.event(*st->gpu);
+  if (!st->copied_in || !st->copied_out) return bail("ht: cuEventCreate", CUDA_ERROR_UNKNOWN);
+  char* h = static_cast<char*>(st->host);
+  if (c.in_src && c.in_bytes) {
+    if (CUresult r = d.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(h + c.in_off),
+                                     reinterpret_cast<CUdeviceptr>(c.in_src), c.in_bytes, stream);
+        r != CUDA_SUCCESS)
+      return bail("ht: cuMemcpyAsync (D2H)", r);
+  }
+  if (CUresult r = d.cuEventRecord(st->copied_in, stream); r != CUDA_SUCCESS)
+    return bail("ht: cuEventRecord", r);
+  if (CUresult r = ds.hold_stream(*st->gpu, stream, st->dev_flag, mode); r != CUDA_SUCCESS)
+    return bail("ht: holding the stream (cuStreamWaitValue32 / spin kernel)", r);
+  // From here the stream waits on the flag: failures below must release it (release()).
+  if (c.out_dst && c.out_bytes) {
+    if (CUresult r = d.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(c.out_dst),
+                                     reinterpret_cast<CUdeviceptr>(h + c.out_off), c.out_bytes,
+                                     stream);
+        r != CUDA_SUCCESS) {
+      __atomic_store_n(st->flag, 1u, __ATOMIC_RELEASE);
+      st->flag_written = true;
+      d.cuStreamSynchronize(stream);
+      return bail("ht: cuMemcpyAsync (H2D)", r);
+    }
+  }
+  if (CUresult r = d.cuEventRecord(st->copied_out, stream); r != CUDA_SUCCESS) {
+    __atomic_store_n(st->flag, 1u, __ATOMIC_RELEASE);
+    st->flag_written = true;
+    d.cuStreamSynchronize(stream);
+    return bail("ht: cuEventRecord", r);
+  }
+  return MPI_SUCCESS;
+}
+
+// Classic semantics, blocking: copy in, collective on this thread, copy out; all ordered
+// with the legacy default stream, as a CUDA-aware MPI's blocking call would be.
+int run_device_classic(const CollArgs& a, HtComm& hc, Algo algo, Device& gpu) {
+  const cuda::Driver& d = cuda::driver();
+  DeviceSide& ds = DeviceSide::get();
+  cuda::ScopedContext scope(gpu.ctx);
+  const HostCall probe = staged_host_call(a, algo, hc.rank, nullptr);
+  const Copies c = plan_copies(a, probe.count, probe.extent, hc.rank, hc.size);
+  void* host = ds.pool.get(c.staging_bytes);
+  if (!host) return fail(Failure::cuda, "ht: cuMemHostAlloc (staging buffer) failed");
+  char* h = static_cast<char*>(host);
+  CUstream legacy = nullptr;  // the legacy default stream
+  int rc = MPI_SUCCESS;
+  if (c.in_src && c.in_bytes) {
+    CUresult r = d.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(h + c.in_off),
+                                 reinterpret_cast<CUdeviceptr>(c.in_src), c.in_bytes, legacy);
+    if (r == CUDA_SUCCESS) r = d.cuStreamSynchronize(legacy);
+    if (r != CUDA_SUCCESS) rc = fail(Failure::cuda, cuda::describe("ht: D2H copy", r));
+  }
+  // Every rank runs the collective, even after a local copy failure, so none hangs.
+  HostCall hcall = staged_host_call(a, algo, hc.rank, host);
+  int crc;
+  if (algo == Algo::mpi) {
+    // The MPI's blocking collective on the application's communicator (in call order).
+    const void* s = hcall.send ? hcall.send : MPI_IN_PLACE;
+    const int n = static_cast<int>(hcall.count);
+    switch (a.coll) {
+      case Coll::allreduce: crc = PMPI_Allreduce(s, host, n, hcall.type, a.op, a.comm); break;
+      case Coll::reduce:
+        crc = PMPI_Reduce(s, hcall.recv, n, hcall.type, a.op, a.root, a.comm);
+        break;
+      case Coll::bcast: crc = PMPI_Bcast(host, n, hcall.type, a.root, a.comm); break;
+      case Coll::allgather:
+        crc = PMPI_Allgather(MPI_IN_PLACE, 0, hcall.type, host, n, hcall.type, a.comm);
+        break;
+      case Coll::reduce_scatter_block:
+        crc = PMPI_Reduce_scatter_block(MPI_IN_PLACE, host, n, hcall.type, a.op, a.comm);
+        break;
+      default: crc = MPI_ERR_INTERN;
+    }
+  } else {
+    sched::Params p{a.coll, algo, hc.rank, hc.size, a.root, hcall.count, hcall.send == nullptr};
+    sched::ScheduleRun run(hc.schedule(p), hcall.send, hcall.recv, hcall.type, hcall.extent,
+                           a.op, hc.p2p, hc.tag());
+    crc = run.run();
+  }
+  if (rc == MPI_SUCCESS) rc = crc;
+  if (rc == MPI_SUCCESS && c.out_dst && c.out_bytes) {
+    CUresult r = d.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(c.out_dst),
+                                 reinterpret_cast<CUdeviceptr>(h + c.out_off), c.out_bytes, legacy);
+    if (r == CUDA_SUCCESS) r = d.cuStreamSynchronize(legacy);
+    if (r != CUDA_SUCCESS) rc = fail(Failure::cuda, cuda::describe("ht: H2D copy", r));
+  }
+  ds.pool.put(host);
+  return rc;
+}
+
+// Stream-ordered (env.has_stream) or non-blocking: through the engine.
+int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, Algo algo,
+                     Device& gpu, const CallEnv& env, config::HtWait mode) {
+  const cuda::Driver& d = cuda::driver();
+  DeviceSide& ds = DeviceSide::get();
+  cuda::ScopedContext scope(gpu.ctx);
+  const HostCall probe = staged_host_call(a, algo, hc->rank, nullptr);
+  const Copies c = plan_copies(a, probe.count, probe.extent, hc->rank, hc->size);
+
+  // The stream the work goes on: the attached stream for a blocking call; the side
+  // stream, after the attached (or legacy) stream, for MPI_I*.
+  CUstream app = env.has_stream ? static_cast<CUstream>(env.stream) : nullptr;
+  CUstream work = app;
+  CUevent start = nullptr;
+  if (a.nonblocking) {
+    work = gpu.side;
+    start = ds.event(gpu);
+    if (!start) return fail(Failure::cuda, "ht: cuEventCreate failed");
+    CUresult r = d.cuEventRecord(start, app);
+    if (r == CUDA_SUCCESS) r = d.cuStreamWaitEvent(work, start, 0);
+    ds.put_event(gpu, start);  // recorded and waited on: reusable
+    if (r != CUDA_SUCCESS)
+      return fail(Failure::cuda, cuda::describe("ht: ordering the side stream", r));
+  }
+  Staging st;
+  st.gpu = &gpu;
+  if (int rc = enqueue_staged(&st, c, work, mode); rc != MPI_SUCCESS) return rc;
+
+  DeviceRequest* req = nullptr;
+  if (a.nonblocking) {
+    // The request's own event (the task recycles the staging events independently).
+    CUevent done = ds.event(gpu);
+    CUresult r = done ? d.cuEventRecord(done, work) : CUDA_ERROR_UNKNOWN;
+    if (r != CUDA_SUCCESS) {
+      ds.put_event(gpu, done);
+      __atomic_store_n(st.flag, 1u, __ATOMIC_RELEASE);  // let the stream go on
+      st.flag_written = true;
+      d.cuStreamSynchronize(work);
+      st.release();
+      return fail(Failure::cuda, cuda::describe("ht: cuEventRecord (request)", r));
+    }
+    req = new DeviceRequest(env.has_stream, app, &gpu, done);
+    if (int rc = start_request(req, a.request); rc != MPI_SUCCESS) {
+      __atomic_store_n(st.flag, 1u, __ATOMIC_RELEASE);
+      st.flag_written = true;
+      d.cuStreamSynchronize(work);
+      st.release();
+      return rc;  // start_request deleted req
+    }
+  }
+  auto part = std::make_unique<HostPart>(hc, staged_host_call(a, algo, hc->rank, st.host));
+  // A stream-ordered request is completed by MPI_Wait itself (and may be freed by MPI
+  // before the engine is done): the engine reports to it only in classic mode.
+  DeviceRequest* report_to = env.has_stream ? nullptr : req;
+  auto* task = new DeviceTask(hc, st, std::move(part), report_to);
+  if (!progress::submit(task)) {
+    log_error("ht: the progress engine is stopped; a stream-ordered call cannot run");
+    task->abandon(MPI_ERR_OTHER);  // releases the stream
+    delete task;
+    return MPI_ERR_OTHER;
+  }
+  return MPI_SUCCESS;
+}
+
+#endif  // STREAMCOLL_HAVE_CUDA
+
+// ---------------------------------------------------------------------------------------
+
+class HtRoute final : public Route {
+ public:
+  RouteId id() const override { return RouteId::ht; }
+
+  bool accepts(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,
+               const CallEnv& env) override {
+    switch (a.coll) {
+      case Coll::allreduce:
+      case Coll::reduce:
+      case Coll::bcast:
+      case Coll::allgather:
+      case Coll::reduce_scatter_block: break;
+      default: return false;
+    }
+    (void)choice;
+    const bool host = env.mem == MemKind::host || env.mem == MemKind::pinned;
+    const bool device = env.mem == MemKind::device;
+    if (!host && !device) return false;
+    Runtime& rt = Runtime::get();
+    if (!rt.thread_multiple()) {
+      warn_once(no_threads_, "ht: the MPI does not provide MPI_THREAD_MULTIPLE (see "
+                             "STREAMCOLL_THREAD_MULTIPLE); route ht is off, its calls go to pmpi");
+      return false;
+    }
+    // Every message of a schedule is at most the call's whole vector.
+    const uint64_t elems = vector_elems(a.coll, call_count(a), ctx.size);
+    if (elems > static_cast<uint64_t>(INT_MAX)) return false;
+#if STREAMCOLL_HAVE_CUDA
+    if (device && (!cuda::driver().usable ||
+                   !DeviceSide::can_hold(rt.settings().ht_wait) || env.device < 0)) {
+      warn_once(no_device_, "ht: this CUDA driver cannot hold a stream on a flag "
+                            "(cuStreamWaitValue32 / cuLaunchKernel); GPU calls go elsewhere");
+      return false;
+    }
+#else
+    if (device) return false;
+#endif
+    if (!ctx.route_state[static_cast<int>(RouteId::ht)]) {
+      if (a.nonblocking) return false;  // set-up is collective: at a blocking call only
+      if (!set_up(ctx)) return false;
+    }
+    return true;
+  }
+
+  int run(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,
+          const CallEnv& env) override {
+    auto& st = static_cast<HtState&>(*ctx.route_state[static_cast<int>(RouteId::ht)]);
+    const std::shared_ptr<HtComm>& hc = st.comm;
+    if (int e = hc->error.load(); e != MPI_SUCCESS) return e;
+    const uint64_t bytes = vector_elems(a.coll, call_count(a), hc->size) *
+                           static_cast<uint64_t>(type_extent(call_type(a)));
+    const Algo algo = choose_algo(a, choice, bytes, hc->size);
+
+#if STREAMCOLL_HAVE_CUDA
+    if (env.mem == MemKind::device) {
+      Device* gpu = DeviceSide::get().device(env.device);
+      if (!gpu) return fail(Failure::cuda, "ht: the buffer's GPU has no usable context");
+      if (!env.has_stream && !a.nonblocking) return run_device_classic(a, *hc, algo, *gpu);
+      return run_device_async(a, hc, algo, *gpu, env, Runtime::get().settings().ht_wait);
+    }
+#endif
+    const HostCall h = host_call(a, algo, hc->rank);
+    if (!a.nonblocking) {
+      if (algo == Algo::mpi) return run_pmpi(a);  // the MPI's own, on the calling thread
+      sched::Params p{a.coll, algo, hc->rank, hc->size, a.root, h.count, h.send == nullptr};
+      sched::ScheduleRun run(hc->schedule(p), h.send, h.recv, h.type, h.extent, a.op, hc->p2p,
+                             hc->tag());
+      return run.run();
+    }
+    auto* req = new HostRequest;
+    auto part = std::make_unique<HostPart>(hc, h);
+    if (int rc = start_request(req, a.request); rc != MPI_SUCCESS) return rc;
+    auto* task = new HostTask(std::move(part), req);
+    if (!progress::submit(task)) {
+      delete task;
+      log_error("ht: the progress engine is stopped");
+      req->finish(MPI_ERR_OTHER);
+    }
+    return MPI_SUCCESS;
+  }
+
+ private:
+  static void warn_once(std::atomic<bool>& flag, const char* msg) {
+    if (!flag.exchange(true)) SC_WARN("%s", msg);
+  }
+
+  // Collective over ctx.comm (a blocking call): the private duplicate.
+  static bool set_up(CommContext& ctx) {
+    auto hc = std::make_shared<HtComm>();
+    hc->rank = ctx.rank;
+    hc->size = ctx.size;
+    if (PMPI_Comm_dup(ctx.comm, &hc->p2p) != MPI_SUCCESS) {
+      hc->p2p = MPI_COMM_NULL;
+      SC_WARN("ht: MPI_Comm_dup failed; route ht is off for this communicator");
+      return false;
+    }
+    PMPI_Comm_set_errhandler(hc->p2p, MPI_ERRORS_RETURN);
+    auto state = std::make_unique<HtState>();
+    state->comm = std::move(hc);
+    ctx.route_state[static_cast<int>(RouteId::ht)] = std::move(state);
+    return true;
+  }
+
+  std::atomic<bool> no_threads_{false};
+  std::atomic<bool> no_device_{false};
+};
+
+}  // namespace
+
+Route* ht_route() {
+  static HtRoute r;
+  return &r;
+}
+
+void ht_shutdown() {
+  progress::stop();  // finishes every operation in flight
+#if STREAMCOLL_HAVE_CUDA
+  DeviceSide::get().shutdown();
+#endif
+}
+
+}  // namespace streamcoll
