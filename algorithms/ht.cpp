@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -174,19 +175,47 @@ class HostPart {
   MPI_Request req_ = MPI_REQUEST_NULL;
 };
 
+// The engine's "done" for a request, so that MPI_Wait sleeps (after a short spin) instead
+// of polling inside the MPI: on a full node the progress thread needs that core.
+class Completion {
+ public:
+  /// Engine side, before MPI_Grequest_complete (after which the request may be freed).
+  void signal() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_.store(true, std::memory_order_release);
+    }
+    cv_.notify_all();
+  }
+  /// Application side: returns once signal() has run.
+  void wait() {
+    for (int i = 0; i < 4000; ++i)
+      if (done_.load(std::memory_order_acquire)) return;
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_.load(std::memory_order_acquire); });
+  }
+
+ private:
+  std::atomic<bool> done_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
 // MPI_I* on host buffers: the request the application waits for; the engine completes it.
 class HostRequest final : public ManagedRequest {
  public:
-  void on_wait() override {}  // the engine completes it without the caller's help
+  void on_wait() override { done_.wait(); }
   void on_test() override {}
   int error() const override { return err_.load(std::memory_order_acquire); }
   void finish(int rc) {
     err_.store(rc, std::memory_order_release);
+    done_.signal();
     complete();
   }
 
  private:
   std::atomic<int> err_{MPI_SUCCESS};
+  Completion done_;
 };
 
 class HostTask final : public progress::Task {
@@ -629,13 +658,20 @@ class DeviceRequest final : public ManagedRequest {
       : stream_ordered_(stream_ordered), app_stream_(app_stream), gpu_(gpu), done_(done) {}
   ~DeviceRequest() override { DeviceSide::get().put_event(*gpu_, done_); }
 
-  void on_wait() override { join(); }
+  void on_wait() override {
+    if (stream_ordered_)
+      join();
+    else
+      done_signal_.wait();
+  }
   void on_test() override { join(); }  // a stream-ordered request is complete once joined
   void on_free() override { join(); }
   int error() const override { return err_.load(std::memory_order_acquire); }
+  /// Classic mode only: the engine's report.
   void finish(int rc) {
     err_.store(rc, std::memory_order_release);
-    if (!stream_ordered_) complete();
+    done_signal_.signal();
+    complete();
   }
 
  private:
@@ -653,6 +689,7 @@ class DeviceRequest final : public ManagedRequest {
   CUevent done_;  // owned: recorded after the H2D copy on the side stream
   std::atomic<bool> joined_{false};
   std::atomic<int> err_{MPI_SUCCESS};
+  Completion done_signal_;
 };
 
 class DeviceTask final : public progress::Task {
