@@ -952,8 +952,9 @@ class HtRoute final : public Route {
     if (!host && !device) return false;
     Runtime& rt = Runtime::get();
     if (!rt.thread_multiple()) {
-      warn_once(no_threads_, "ht: the MPI does not provide MPI_THREAD_MULTIPLE (see "
-                             "STREAMCOLL_THREAD_MULTIPLE); route ht is off, its calls go to pmpi");
+      warn_once(no_threads_, "ht: route ht needs MPI_THREAD_MULTIPLE, and MPI runs at a lower "
+                             "thread level (STREAMCOLL_THREAD_MULTIPLE=0, or the MPI cannot "
+                             "provide it); its calls go to pmpi");
       return false;
     }
     // Every message of a schedule is at most the call's whole vector.

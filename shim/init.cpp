@@ -85,7 +85,8 @@ SC_EXPORT int streamcoll_comm_set_route(MPI_Comm comm, const char* spec) {
     std::optional<config::ParseError> err;
     auto rules = config::TuningTable::parse_forced(spec, &err);
     if (err) {
-      log_error("streamcoll_comm_set_route: %s", err->to_string().c_str());
+      err->source = "streamcoll_comm_set_route";
+      log_error("%s", err->to_string().c_str());
       return MPI_ERR_ARG;
     }
     for (const config::Rule& r : rules) colls |= r.colls;
