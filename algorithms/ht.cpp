@@ -665,7 +665,12 @@ class DeviceRequest final : public ManagedRequest {
       done_signal_.wait();
   }
   void on_test() override { join(); }  // a stream-ordered request is complete once joined
-  void on_free() override { join(); }
+  void on_free() override {  // the operation must still complete, as for MPI_Wait
+    if (stream_ordered_)
+      join();
+    else
+      done_signal_.wait();
+  }
   int error() const override { return err_.load(std::memory_order_acquire); }
   /// Classic mode only: the engine's report.
   void finish(int rc) {
@@ -864,6 +869,17 @@ int run_device_classic(const CollArgs& a, HtComm& hc, Algo algo, Device& gpu) {
   return rc;
 }
 
+// A local failure before the host collective reached the engine: this rank still takes
+// part in it (on scratch memory, on this thread), so that the other ranks are not left
+// waiting for it or, worse, matched with its next call. Returns `rc`.
+int stand_in(const CollArgs& a, const std::shared_ptr<HtComm>& hc, Algo algo, uint64_t bytes,
+             int rc) {
+  std::vector<char> scratch(bytes ? bytes : 1);
+  HostPart part(hc, staged_host_call(a, algo, hc->rank, scratch.data()));
+  for (bool done = false; !done;) part.step(&done);
+  return rc;
+}
+
 // Stream-ordered (env.has_stream) or non-blocking: through the engine.
 int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, Algo algo,
                      Device& gpu, const CallEnv& env, config::HtWait mode) {
@@ -886,11 +902,13 @@ int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, Algo 
     if (r == CUDA_SUCCESS) r = d.cuStreamWaitEvent(work, start, 0);
     ds.put_event(gpu, start);  // recorded and waited on: reusable
     if (r != CUDA_SUCCESS)
-      return fail(Failure::cuda, cuda::describe("ht: ordering the side stream", r));
+      return stand_in(a, hc, algo, c.staging_bytes,
+                      fail(Failure::cuda, cuda::describe("ht: ordering the side stream", r)));
   }
   Staging st;
   st.gpu = &gpu;
-  if (int rc = enqueue_staged(&st, c, work, mode); rc != MPI_SUCCESS) return rc;
+  if (int rc = enqueue_staged(&st, c, work, mode); rc != MPI_SUCCESS)
+    return stand_in(a, hc, algo, c.staging_bytes, rc);
 
   DeviceRequest* req = nullptr;
   if (a.nonblocking) {
@@ -903,7 +921,8 @@ int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, Algo 
       st.flag_written = true;
       d.cuStreamSynchronize(work);
       st.release();
-      return fail(Failure::cuda, cuda::describe("ht: cuEventRecord (request)", r));
+      return stand_in(a, hc, algo, c.staging_bytes,
+                      fail(Failure::cuda, cuda::describe("ht: cuEventRecord (request)", r)));
     }
     req = new DeviceRequest(env.has_stream, app, &gpu, done);
     if (int rc = start_request(req, a.request); rc != MPI_SUCCESS) {
@@ -911,7 +930,7 @@ int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, Algo 
       st.flag_written = true;
       d.cuStreamSynchronize(work);
       st.release();
-      return rc;  // start_request deleted req
+      return stand_in(a, hc, algo, c.staging_bytes, rc);  // start_request deleted req
     }
   }
   auto part = std::make_unique<HostPart>(hc, staged_host_call(a, algo, hc->rank, st.host));

@@ -58,13 +58,22 @@ typedef int (*fake_cuda_enqueue_copy_fn)(struct CUstream_st *stream, void *dst,
  * of stream operations on it that the host has not seen complete (each is a race, also
  * counted under "races" and printed on stderr). */
 typedef int (*fake_cuda_host_access_fn)(const void *ptr, size_t bytes, int write);
+/* A host wait on the stream, as cuStreamWaitValue32(GEQ) but for the program's own use
+ * (not counted, and there also with FAKE_CUDA_NO_STREAM_MEMOPS=1): the stream stops
+ * until the 32-bit word at `flag` (fake device or pinned memory) holds a value v with
+ * (int32_t)(v - value) >= 0. A test holds a stream with it to prove a call does not wait
+ * for the stream. Returns a CUresult. */
+typedef int (*fake_cuda_enqueue_wait_fn)(struct CUstream_st *stream, const void *flag,
+                                         unsigned value);
 /* 1 when FAKE_CUDA_DEFER=1 (stream work waits until something waits for it). */
 typedef int (*fake_cuda_deferred_fn)(void);
 /* Counters, by name: an entry point without its version suffix ("cuStreamSynchronize",
  * calls made through the CUDA API, i.e. by streamcoll), or "live_streams",
  * "live_events", "ctx_refs", "live_allocs", "live_async_allocs", "live_host_allocs",
  * "races", "executed",
- * "not_ready", "errors". Unknown names give ~0ull. */
+ * "not_ready", "errors"; host waits (fake_cuda.cpp): "pending_waits", "memop_waits",
+ * "kernel_waits", "memop_waits_passed", "kernel_waits_passed", "held_queries",
+ * "blocked_syncs", "live_modules", "not_supported". Unknown names give 0. */
 typedef unsigned long long (*fake_cuda_counter_fn)(const char *name);
 /* cuStreamSynchronize calls made through the CUDA API (the program's own are not). */
 typedef unsigned long long (*fake_cuda_sync_count_fn)(void);

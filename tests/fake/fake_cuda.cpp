@@ -36,6 +36,36 @@
 //    an earlier, unordered piece of work on another stream writes (or reads, for a
 //    write) is a race: counted under "races" and printed on stderr, whether or not work
 //    is deferred. fake_cuda_host_access() checks the host's own accesses the same way.
+//  - Host waits (route ht): cuStreamWaitValue32 (GEQ with wrap-around, EQ, AND, NOR;
+//    no FLUSH) and a launch of the streamcoll_wait_geq kernel (cuModuleLoadData of a PTX
+//    image declaring `.entry streamcoll_wait_geq(.param .u64, .param .u32)`,
+//    cuModuleGetFunction, cuLaunchKernel with grid and block 1x1x1, kernelParams[0] ->
+//    the flag's device address, [1] -> the value: the same wait as GEQ) are stream work
+//    that runs only once the condition holds on the 32-bit word, which the host stores
+//    from any thread (read with an acquire load). The word must be 4-byte aligned, in
+//    fake device memory or in pinned memory from cuMemHostAlloc with
+//    CU_MEMHOSTALLOC_DEVICEMAP (cuMemHostGetDevicePointer gives its device address: the
+//    host address; an error for any other memory). A stream held by a wait, and
+//    everything ordered after it, is "stuck": cuEventQuery/cuStreamQuery answer
+//    CUDA_ERROR_NOT_READY and never block; cuStreamSynchronize/cuEventSynchronize poll,
+//    letting go of the lock between polls, so that other threads' calls (a progress
+//    thread's queries and copies) go on; a stuck stream that is destroyed finishes once
+//    it can. Without deferral, stuck work runs at the first call into the fake after the
+//    flag is stored. FAKE_CUDA_NO_STREAM_MEMOPS=1: cuStreamWaitValue32 answers
+//    CUDA_ERROR_NOT_SUPPORTED (counted as "not_supported", not as an error) and the
+//    memory-operation attributes say 0.
+//    FAKE_CUDA_PTXAS=<ptxas>: cuModuleLoadData also runs the real PTX assembler on the
+//    image. FAKE_CUDA_WAIT_WARN=<s> (default 60): a synchronising call stuck that long
+//    says which wait holds it. The release check (check_release below): pinned memory
+//    read by work after a wait is taken as written by the host before it stored the flag;
+//    stream accesses to it the host had not seen complete by then are races.
+//    Counters: "pending_waits" (gauge), "memop_waits", "kernel_waits",
+//    "memop_waits_passed", "kernel_waits_passed", "held_queries" (queries that found a
+//    stream stuck), "blocked_syncs" (polls of a stuck synchronising call),
+//    "live_modules" (gauge).
+//  - Failures on demand: FAKE_CUDA_FAIL=cuMemHostAlloc:N (or cuMemcpyAsync:N) makes the
+//    N-th call of that entry point fail (CUDA_ERROR_OUT_OF_MEMORY, ILLEGAL_ADDRESS), on
+//    the local rank FAKE_CUDA_FAIL_RANK only when that is set; "injected_failures".
 //  - Contexts: cuStreamCreate, cuEventCreate, cuMemAllocAsync, cuMemHostAlloc and every
 //    use of the legacy stream need a current context (CUDA_ERROR_INVALID_CONTEXT
 //    otherwise); cuCtxPushCurrent needs a retained primary context.
@@ -44,7 +74,8 @@
 //    fake_cuda_counter() reads call counts and gauges (live streams, events, retained
 //    contexts, allocations) for leak checks.
 // All of it is single-process: one recursive lock serialises every call; deferred work
-// runs on the thread that waits for it, holding the lock.
+// runs on the thread that waits for it, holding the lock (a synchronising call lets go of
+// it between polls while a host wait holds its stream).
 #include <cuda.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -52,6 +83,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <map>
@@ -59,6 +91,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fake_api.h"
@@ -91,10 +124,28 @@ struct Dep {
   uint64_t pos;
 };
 
+struct RangeUse {
+  uintptr_t lo, hi;
+  bool write;
+};
+
+// A wait on a 32-bit word that the host writes (cuStreamWaitValue32, or the
+// streamcoll_wait_geq kernel): the stream stops here until the condition holds.
+struct HostWait {
+  uintptr_t addr = 0;
+  uint32_t value = 0;
+  unsigned mode = CU_STREAM_WAIT_VALUE_GEQ;
+  bool kernel = false;
+};
+
 struct Item {
   uint64_t idx = 0;
   std::vector<Dep> deps;      // run these streams up to these positions first
   std::function<void()> fn;   // may be empty (an event record or a wait)
+  bool is_wait = false;       // a HostWait (blocks until the flag is written)
+  HostWait wait;
+  std::vector<RangeUse> ranges;  // what fn reads and writes (for the flag-release check)
+  std::string what;
 };
 
 }  // namespace
@@ -110,6 +161,20 @@ struct CUstream_st {
   uint64_t enqueued = 0, completed = 0;
   bool running = false;
   VC vc;  // what the next piece of work on this stream is ordered after
+  // The last host wait of this stream that was seen satisfied: its position, the flag,
+  // and what the host had seen complete at that moment (its release).
+  uint64_t release_idx = 0;
+  uintptr_t release_flag = 0;
+  VC release_host;
+  bool released = false;
+};
+
+// A module from cuModuleLoadData (PTX text) and the one function the fake can launch.
+struct CUmod_st {
+  std::string image;
+};
+struct CUfunc_st {
+  CUmod_st* mod = nullptr;
 };
 
 struct CUevent_st {
@@ -130,7 +195,9 @@ struct Alloc {
   bool async;         // from cuMemAllocAsync
   bool free_pending;  // cuMemFreeAsync enqueued
   unsigned long long id;
+  unsigned host_flags = 0;  // cuMemHostAlloc flags (CU_MEMHOSTALLOC_*)
 };
+
 
 struct Access {
   int sid;
@@ -156,8 +223,24 @@ std::vector<Access> g_history;  // accesses of work the host has not seen comple
 VC g_host;                      // what the host has seen complete
 std::map<std::string, unsigned long long> g_counters;
 thread_local std::vector<CUcontext> t_ctx_stack;
+thread_local int t_depth = 0;         // fake API calls on this thread's stack (lock depth)
+bool g_no_memops = false;              // FAKE_CUDA_NO_STREAM_MEMOPS=1
+double g_wait_warn_s = 60;             // FAKE_CUDA_WAIT_WARN: say so when a wait is stuck
+std::string g_fail_api;                // FAKE_CUDA_FAIL=<entry point>:<n>: its n-th call fails
+unsigned long long g_fail_nth = 0;
+std::set<CUstream_st*> g_orphans;      // destroyed with work stuck behind a host wait
+std::set<CUmod_st*> g_modules;         // loaded modules
+std::set<CUfunc_st*> g_functions;
 
 void count(const char* name, long long delta = 1) { g_counters[name] += delta; }
+
+// FAKE_CUDA_FAIL: whether this call of `api` (already counted) is the one to fail.
+bool injected_failure(const char* api) {
+  if (g_fail_nth == 0 || g_fail_api != api || g_counters[api] != g_fail_nth) return false;
+  fprintf(stderr, "fake_cuda: FAKE_CUDA_FAIL: call %llu of %s fails\n", g_fail_nth, api);
+  count("injected_failures");
+  return true;
+}
 
 CUresult ret(const char* api, CUresult r) {
   if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY) {
@@ -178,10 +261,21 @@ void init_once() {
   if (const char* n = getenv("FAKE_CUDA_DEVICES")) g_devices = atoi(n);
   if (g_devices < 0) g_devices = 0;
   if (const char* b = getenv("FAKE_CUDA_BUS_ID")) g_bus_mode = b;
+  const char* nm = getenv("FAKE_CUDA_NO_STREAM_MEMOPS");
+  g_no_memops = nm && strcmp(nm, "1") == 0;
+  if (const char* w = getenv("FAKE_CUDA_WAIT_WARN")) g_wait_warn_s = atof(w);
   const char* lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
   if (!lr) lr = getenv("MPI_LOCALRANKID");
   if (!lr) lr = getenv("PMI_LOCAL_RANK");
   g_local_rank = lr ? atoi(lr) : 0;
+  if (const char* f = getenv("FAKE_CUDA_FAIL")) {  // "<entry point>:<n>"
+    const char* colon = strchr(f, ':');
+    const char* rk = getenv("FAKE_CUDA_FAIL_RANK");
+    if (colon && (!rk || atoi(rk) == g_local_rank)) {
+      g_fail_api.assign(f, colon);
+      g_fail_nth = strtoull(colon + 1, nullptr, 10);
+    }
+  }
   g_ctx.assign(static_cast<size_t>(g_devices), CUctx_st{});
   for (int i = 0; i < g_devices; ++i) g_ctx[i].device = i;
   auto* legacy = new CUstream_st;
@@ -214,18 +308,61 @@ CUstream_st* resolve(CUstream h, bool check_ctx, CUresult* err) {
   return h;
 }
 
-void run_until(CUstream_st* s, uint64_t pos);
+bool run_until(CUstream_st* s, uint64_t pos);
+void check_release(CUstream_st* s, const Item& it);
+struct Alloc;
+const Alloc* find_alloc(const void* p, size_t n, uintptr_t* base = nullptr);
 
-void execute(CUstream_st* s, Item& it) {
+// The host wait's condition, on the word as it is now (an acquire load: the host's
+// release store and everything before it are visible once it is seen).
+bool wait_holds(const HostWait& w) {
+  const uint32_t v = __atomic_load_n(reinterpret_cast<const uint32_t*>(w.addr), __ATOMIC_ACQUIRE);
+  switch (w.mode & ~static_cast<unsigned>(CU_STREAM_WAIT_VALUE_FLUSH)) {
+    case CU_STREAM_WAIT_VALUE_GEQ: return static_cast<int32_t>(v - w.value) >= 0;
+    case CU_STREAM_WAIT_VALUE_EQ: return v == w.value;
+    case CU_STREAM_WAIT_VALUE_AND: return (v & w.value) != 0;
+    case CU_STREAM_WAIT_VALUE_NOR: return ~(v | w.value) != 0;
+    default: return false;
+  }
+}
+
+// Runs the front item of s if it can run now: its dependencies reach their positions
+// and, for a host wait, the flag holds. False (nothing changed for this item) otherwise.
+bool try_front(CUstream_st* s) {
+  Item& front = s->pending.front();
   s->running = true;
-  for (const Dep& d : it.deps) run_until(d.stream, d.pos);
+  for (const Dep& d : front.deps)
+    if (!run_until(d.stream, d.pos)) {
+      s->running = false;
+      return false;
+    }
+  if (front.is_wait) {
+    if (!wait_holds(front.wait)) {
+      s->running = false;
+      return false;
+    }
+    // The host released the flag: what it had seen complete by now is what the work
+    // after the wait may rely on (check_release).
+    s->released = true;
+    s->release_idx = front.idx;
+    s->release_flag = front.wait.addr;
+    s->release_host = g_host;
+    count("pending_waits", -1);
+    count(front.wait.kernel ? "kernel_waits_passed" : "memop_waits_passed");
+  }
+  Item it = std::move(front);
+  s->pending.pop_front();
+  if (s->released && !it.is_wait) check_release(s, it);
   if (it.fn) it.fn();
   s->completed = it.idx;
   s->running = false;
   count("executed");
+  return true;
 }
 
-void run_until(CUstream_st* s, uint64_t pos) {
+// Runs s up to position pos; false when it is stuck behind a host wait (directly or
+// through a dependency) that does not hold yet.
+bool run_until(CUstream_st* s, uint64_t pos) {
   while (s->completed < pos) {
     if (s->running) {
       fprintf(stderr, "fake_cuda: internal error: stream %d waits for itself\n", s->id);
@@ -236,10 +373,24 @@ void run_until(CUstream_st* s, uint64_t pos) {
               static_cast<unsigned long long>(pos));
       abort();
     }
-    Item it = std::move(s->pending.front());
-    s->pending.pop_front();
-    execute(s, it);
+    if (!try_front(s)) return false;
   }
+  return true;
+}
+
+// Advances streams destroyed while stuck (the real driver finishes their work in the
+// background), and, without deferral, every stream stuck behind a host wait (work runs
+// as soon as it can).
+void pump() {
+  for (auto it = g_orphans.begin(); it != g_orphans.end();)
+    if (run_until(*it, (*it)->enqueued))
+      it = g_orphans.erase(it);
+    else
+      ++it;
+  if (!g_defer)
+    for (CUstream_st* s : g_live_streams)
+      if (!s->pending.empty()) run_until(s, s->enqueued);
+  if (!g_defer && !legacy()->pending.empty()) run_until(legacy(), legacy()->enqueued);
 }
 
 void prune_history() {
@@ -278,15 +429,97 @@ int check_races(const VC& vc, uintptr_t lo, uintptr_t hi, bool write, const std:
   return races;
 }
 
-struct RangeUse {
-  uintptr_t lo, hi;
-  bool write;
-};
+// The flag release. A host wait (cuStreamWaitValue32, or the streamcoll_wait_geq kernel)
+// orders the work after it on its stream after the host's store to the flag, and so after
+// everything the host did before that store. The host's own loads and stores are not
+// visible to the fake; they are inferred: pinned memory that the work after a host wait
+// reads (up to the next event record or wait on that stream; an H2D copy out of a
+// staging buffer) is taken as written by the host before it released the flag. The host
+// may do that only after it has seen complete (cuEventQuery / cuEventSynchronize /
+// cuStreamQuery / cuStreamSynchronize) every earlier stream access to those bytes: the
+// D2H copy that filled the staging buffer, the H2D copy of the buffer's previous use. An
+// access not seen complete by the moment the fake first sees the flag hold (the release
+// is at or before that moment) is a race, reported like any other. Accesses on the
+// waiting stream after the wait are ordered after the release and exempt; so is the flag.
+void check_release(CUstream_st* s, const Item& it) {
+  if (it.is_wait || it.what == "event record") {
+    s->released = false;
+    return;
+  }
+  for (const RangeUse& r : it.ranges) {
+    if (r.write) continue;
+    const Alloc* a = find_alloc(reinterpret_cast<const void*>(r.lo), r.hi - r.lo);
+    if (!a || !a->pinned) continue;
+    for (const Access& h : g_history) {
+      if (h.sid == s->id && h.idx > s->release_idx) continue;  // ordered after the release
+      if (at(s->release_host, h.sid) >= h.idx) continue;      // seen complete before it
+      if (!overlap(r.lo, r.hi, h.lo, h.hi)) continue;
+      if (overlap(h.lo, h.hi, s->release_flag, s->release_flag + 4)) continue;
+      count("races");
+      if (g_counters["races"] > 20) continue;
+      fprintf(stderr,
+              "fake_cuda: RACE: %s (stream %d, #%llu) reads pinned [%p, +%zu) after waiting "
+              "for the host's flag %p, so the host wrote it before releasing the flag; but "
+              "the host had not seen %s (stream %d, #%llu), which %s [%p, +%zu), complete "
+              "(no successful cuEventQuery/Synchronize after it) when it released the flag\n",
+              it.what.c_str(), s->id, static_cast<unsigned long long>(it.idx),
+              reinterpret_cast<void*>(r.lo), static_cast<size_t>(r.hi - r.lo),
+              reinterpret_cast<void*>(s->release_flag), h.what.c_str(), h.sid,
+              static_cast<unsigned long long>(h.idx), h.write ? "writes" : "reads",
+              reinterpret_cast<void*>(h.lo), static_cast<size_t>(h.hi - h.lo));
+    }
+  }
+}
+
+// The host wait a stuck stream is held by (following dependencies), for messages.
+std::string stuck_at(CUstream_st* s, int depth = 0) {
+  if (s->pending.empty() || depth > 8) return "?";
+  const Item& f = s->pending.front();
+  for (const Dep& d : f.deps)
+    if (d.stream->completed < d.pos) return stuck_at(d.stream, depth + 1);
+  if (!f.is_wait) return "?";
+  char buf[256];
+  snprintf(buf, sizeof buf, "stream %d #%llu: %s on %p, value %u, mode %u; the word holds %u",
+           s->id, static_cast<unsigned long long>(f.idx), f.what.c_str(),
+           reinterpret_cast<void*>(f.wait.addr), f.wait.value, f.wait.mode,
+           __atomic_load_n(reinterpret_cast<const uint32_t*>(f.wait.addr), __ATOMIC_ACQUIRE));
+  return buf;
+}
+
+using Lock = std::unique_lock<std::recursive_mutex>;
+
+// Runs s up to pos, as a synchronising call does: while the stream is held by a host
+// wait, the lock is let go (so that other threads' calls, e.g. a progress thread's
+// cuEventQuery, go on) and the thread sleeps, polling.
+void run_blocking(Lock& lock, CUstream_st* s, uint64_t pos, const char* api) {
+  const auto t0 = std::chrono::steady_clock::now();
+  bool warned = false;
+  while (!run_until(s, pos)) {
+    if (t_depth > 1) {
+      fprintf(stderr, "fake_cuda: internal error: %s blocks on a host wait inside another fake "
+                      "call, which holds the lock (%s)\n", api, stuck_at(s).c_str());
+      abort();
+    }
+    count("blocked_syncs");
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    lock.lock();
+    pump();
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!warned && g_wait_warn_s > 0 && waited > g_wait_warn_s) {
+      warned = true;
+      fprintf(stderr, "fake_cuda: %s has waited %.0f s for a host flag that nobody writes: %s\n",
+              api, waited, stuck_at(s).c_str());
+    }
+  }
+}
 
 // Appends work to s: implicit order first (what the host has seen, the legacy stream),
 // then `extra_vc` (an event waited on), then the race check.
 void enqueue(CUstream_st* s, std::vector<Dep> deps, const VC* extra_vc, std::function<void()> fn,
-             const std::vector<RangeUse>& ranges, const std::string& what) {
+             const std::vector<RangeUse>& ranges, const std::string& what,
+             const HostWait* wait = nullptr) {
   merge(s->vc, g_host);
   if (s->legacy) {
     for (CUstream_st* b : g_live_streams)
@@ -312,16 +545,21 @@ void enqueue(CUstream_st* s, std::vector<Dep> deps, const VC* extra_vc, std::fun
   for (const RangeUse& r : ranges) g_history.push_back({s->id, it.idx, r.lo, r.hi, r.write, what});
   it.deps = std::move(deps);
   it.fn = std::move(fn);
-  if (g_defer) {
-    s->pending.push_back(std::move(it));
-  } else {
-    run_until(s, s->enqueued - 1);  // nothing pending without deferral; for form's sake
-    execute(s, it);
+  it.ranges = ranges;
+  it.what = what;
+  if (wait) {
+    it.is_wait = true;
+    it.wait = *wait;
+    count("pending_waits");
   }
+  s->pending.push_back(std::move(it));
+  // Without deferral work runs at once, unless it is behind a host wait that does not
+  // hold yet: then it runs as soon as the stream can go on (pump).
+  if (!g_defer) run_until(s, s->enqueued);
 }
 
 // The allocation holding [p, p + n), or nullptr.
-const Alloc* find_alloc(const void* p, size_t n, uintptr_t* base = nullptr) {
+const Alloc* find_alloc(const void* p, size_t n, uintptr_t* base) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   auto it = g_allocs.upper_bound(a);
   if (it == g_allocs.begin()) return nullptr;
@@ -367,8 +605,9 @@ CUstream_st* new_stream(unsigned flags, int device, bool internal) {
 }
 
 void destroy_stream(CUstream_st* s) {
-  // The real driver finishes the work in the background; here it runs now.
-  run_until(s, s->enqueued);
+  // The real driver finishes the work in the background; here it runs now, or, when it
+  // is stuck behind a host wait, as soon as it can (pump).
+  if (!run_until(s, s->enqueued)) g_orphans.insert(s);
   s->destroyed = true;
   g_live_streams.erase(s);
   if (!s->internal) count("live_streams", -1);
@@ -395,7 +634,7 @@ CUresult query_event(CUevent_st* e) {
     host_observe(e->vc);
     return CUDA_SUCCESS;
   }
-  run_until(e->stream, e->pos);
+  if (!run_until(e->stream, e->pos)) count("held_queries");  // held by a host wait
   count("not_ready");
   return CUDA_ERROR_NOT_READY;
 }
@@ -422,9 +661,21 @@ std::vector<RangeUse> ranges_of(const fake_cuda_range* r, int n) {
 
 }  // namespace
 
-#define LOCK()                                    \
-  std::lock_guard<std::recursive_mutex> lock(g_mu); \
-  init_once()
+namespace {
+struct Depth {
+  Depth() { ++t_depth; }
+  ~Depth() { --t_depth; }
+  Depth(const Depth&) = delete;
+  Depth& operator=(const Depth&) = delete;
+};
+}  // namespace
+
+// Every entry point: the lock, and (without deferral) stuck streams advanced.
+#define LOCK()                 \
+  Lock lock(g_mu);             \
+  Depth depth_guard;           \
+  init_once();                 \
+  pump()
 
 // ---- the CUDA driver API --------------------------------------------------------------
 
@@ -643,18 +894,20 @@ FAKE_EXPORT CUresult cuStreamQuery(CUstream h) {
     host_observe(s->vc);
     return CUDA_SUCCESS;
   }
-  run_until(s, s->enqueued);
+  if (!run_until(s, s->enqueued)) count("held_queries");
   count("not_ready");
   return CUDA_ERROR_NOT_READY;
 }
 
 namespace {
-CUresult sync_stream(CUstream h, bool check_ctx) {
+CUresult sync_stream(Lock& lock, CUstream h, bool check_ctx) {
   CUresult err = CUDA_SUCCESS;
   CUstream_st* s = resolve(h, check_ctx, &err);
   if (!s) return err;
-  run_until(s, s->enqueued);
-  host_observe(s->vc);
+  const uint64_t pos = s->enqueued;
+  const VC vc = s->vc;
+  run_blocking(lock, s, pos, "cuStreamSynchronize");
+  host_observe(vc);
   return CUDA_SUCCESS;
 }
 }  // namespace
@@ -662,7 +915,7 @@ CUresult sync_stream(CUstream h, bool check_ctx) {
 FAKE_EXPORT CUresult cuStreamSynchronize(CUstream h) {
   LOCK();
   count("cuStreamSynchronize");
-  return ret("cuStreamSynchronize", sync_stream(h, true));
+  return ret("cuStreamSynchronize", sync_stream(lock, h, true));
 }
 
 FAKE_EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent e, unsigned int flags) {
@@ -722,8 +975,12 @@ FAKE_EXPORT CUresult cuEventSynchronize(CUevent e) {
   count("cuEventSynchronize");
   if (!g_events.count(e)) return ret("cuEventSynchronize", CUDA_ERROR_INVALID_HANDLE);
   if (e->recorded) {
-    run_until(e->stream, e->pos);
-    host_observe(e->vc);
+    // What the event stands for now (it may be recorded again while this waits).
+    CUstream_st* s = e->stream;
+    const uint64_t pos = e->pos;
+    const VC vc = e->vc;
+    run_blocking(lock, s, pos, "cuEventSynchronize");
+    host_observe(vc);
   }
   return CUDA_SUCCESS;
 }
@@ -786,11 +1043,13 @@ FAKE_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream h) {
 FAKE_EXPORT CUresult cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags) {
   LOCK();
   count("cuMemHostAlloc");
-  (void)flags;
-  if (!pp || bytes == 0) return ret("cuMemHostAlloc", CUDA_ERROR_INVALID_VALUE);
+  const unsigned known = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
+  if (!pp || bytes == 0 || (flags & ~known)) return ret("cuMemHostAlloc", CUDA_ERROR_INVALID_VALUE);
   CUcontext ctx = current_ctx();
   if (!ctx) return ret("cuMemHostAlloc", CUDA_ERROR_INVALID_CONTEXT);
+  if (injected_failure("cuMemHostAlloc")) return CUDA_ERROR_OUT_OF_MEMORY;
   *pp = allocate(bytes, ctx->device, false, false, true);
+  if (*pp) g_allocs[reinterpret_cast<uintptr_t>(*pp)].host_flags = flags;
   return ret("cuMemHostAlloc", *pp ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY);
 }
 
@@ -813,12 +1072,261 @@ FAKE_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, C
   if (!s) return ret("cuMemcpyAsync", err);
   if (n == 0) return CUDA_SUCCESS;
   if (!dst || !src) return ret("cuMemcpyAsync", CUDA_ERROR_INVALID_VALUE);
+  if (injected_failure("cuMemcpyAsync")) return CUDA_ERROR_ILLEGAL_ADDRESS;
   enqueue(s, {}, nullptr,
           [dst, src, n] {
             memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
           },
           {{src, src + n, false}, {dst, dst + n, true}}, "cuMemcpyAsync");
   return CUDA_SUCCESS;
+}
+
+// ---- host waits: stream memory operations, the spin kernel, mapped pinned memory -------
+
+// The device address of mapped pinned memory: the host address (unified addressing).
+// Only for memory from cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP (this fake is
+// stricter than a driver with unified addressing, which maps every allocation).
+FAKE_EXPORT CUresult cuMemHostGetDevicePointer(CUdeviceptr* pdptr, void* p, unsigned int flags) {
+  LOCK();
+  count("cuMemHostGetDevicePointer");
+  if (!pdptr || !p || flags != 0) return ret("cuMemHostGetDevicePointer", CUDA_ERROR_INVALID_VALUE);
+  const Alloc* a = find_alloc(p, 1);
+  if (!a || !a->pinned || !(a->host_flags & CU_MEMHOSTALLOC_DEVICEMAP)) {
+    if (g_verbose || (a && a->pinned))
+      fprintf(stderr, "fake_cuda: cuMemHostGetDevicePointer(%p): %s\n", p,
+              a && a->pinned ? "pinned memory allocated without CU_MEMHOSTALLOC_DEVICEMAP"
+                             : "not memory from cuMemHostAlloc");
+    return ret("cuMemHostGetDevicePointer", CUDA_ERROR_INVALID_VALUE);
+  }
+  *pdptr = reinterpret_cast<CUdeviceptr>(p);
+  return CUDA_SUCCESS;
+}
+
+namespace {
+// A word the GPU may wait on: 4-byte aligned, in fake device memory or in mapped pinned
+// memory (a device pointer from cuMemHostGetDevicePointer).
+bool waitable(CUdeviceptr addr, const char* api) {
+  const Alloc* a = find_alloc(reinterpret_cast<const void*>(addr), 4);
+  const char* why = nullptr;
+  if (addr % 4 != 0) why = "not 4-byte aligned";
+  else if (!a) why = "not fake device memory or mapped pinned memory";
+  else if (a->free_pending) why = "freed";
+  else if (a->pinned && !(a->host_flags & CU_MEMHOSTALLOC_DEVICEMAP)) why = "pinned memory without CU_MEMHOSTALLOC_DEVICEMAP";
+  if (why) fprintf(stderr, "fake_cuda: %s: flag address %p: %s\n", api, reinterpret_cast<void*>(addr), why);
+  return why == nullptr;
+}
+
+CUresult enqueue_wait(CUstream h, CUdeviceptr addr, uint32_t value, unsigned mode, bool kernel,
+                      const char* api) {
+  CUresult err = CUDA_SUCCESS;
+  CUstream_st* s = resolve(h, true, &err);
+  if (!s) return err;
+  if (!waitable(addr, api)) return CUDA_ERROR_INVALID_VALUE;
+  HostWait w;
+  w.addr = addr;
+  w.value = value;
+  w.mode = mode;
+  w.kernel = kernel;
+  count(kernel ? "kernel_waits" : "memop_waits");
+  enqueue(s, {}, nullptr, nullptr, {}, kernel ? "streamcoll_wait_geq kernel" : "cuStreamWaitValue32", &w);
+  return CUDA_SUCCESS;
+}
+
+bool has_entry(const std::string& image, const char* name) {
+  const std::string e = std::string(".entry ") + name;
+  for (size_t at = image.find(e); at != std::string::npos; at = image.find(e, at + 1)) {
+    const char next = at + e.size() < image.size() ? image[at + e.size()] : '\0';
+    if (next == '(' || next == ' ' || next == '\n' || next == '\t' || next == '\r') return true;
+  }
+  return false;
+}
+
+// The parameter list of `.entry name(...)`: the types of its .param declarations.
+std::vector<std::string> entry_params(const std::string& image, const char* name) {
+  std::vector<std::string> types;
+  const size_t at = image.find(std::string(".entry ") + name);
+  if (at == std::string::npos) return types;
+  const size_t open = image.find('(', at), close = image.find(')', at);
+  if (open == std::string::npos || close == std::string::npos || close < open) return types;
+  const std::string list = image.substr(open + 1, close - open - 1);
+  for (size_t p = list.find(".param"); p != std::string::npos; p = list.find(".param", p + 1)) {
+    size_t t = list.find('.', p + 6);
+    if (t == std::string::npos) break;
+    size_t end = list.find_first_of(" \t\n\r", t);
+    types.push_back(list.substr(t, end == std::string::npos ? std::string::npos : end - t));
+  }
+  return types;
+}
+
+// FAKE_CUDA_PTXAS=<ptxas>: the image is also assembled by the real PTX assembler (for
+// sm_90), so that a PTX syntax error shows without a GPU.
+bool ptxas_accepts(const std::string& image) {
+  const char* ptxas = getenv("FAKE_CUDA_PTXAS");
+  if (!ptxas || !*ptxas) return true;
+  char path[] = "/tmp/fake_cuda_ptx_XXXXXX";
+  const int fd = mkstemp(path);
+  if (fd < 0) return true;
+  FILE* f = fdopen(fd, "w");
+  fwrite(image.data(), 1, image.size(), f);
+  fclose(f);
+  const std::string cmd = std::string(ptxas) + " -arch=sm_90 " + path + " -o /dev/null 1>&2";
+  const int rc = system(cmd.c_str());
+  count("ptxas_runs");
+  if (rc != 0) fprintf(stderr, "fake_cuda: cuModuleLoadData: ptxas rejects the PTX image (%s)\n", path);
+  else remove(path);
+  return rc == 0;
+}
+}  // namespace
+
+// Waits for a host-written word on the stream. FAKE_CUDA_NO_STREAM_MEMOPS=1: not supported
+// (as on a driver or system without stream memory operations), so that the caller's
+// fallback runs.
+FAKE_EXPORT CUresult cuStreamWaitValue32(CUstream h, CUdeviceptr addr, cuuint32_t value, unsigned int flags) {
+  LOCK();
+  count("cuStreamWaitValue32");
+  if (g_no_memops) {  // the driver's answer, not a misuse: counted apart from "errors"
+    count("not_supported");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  const unsigned mode = flags & ~static_cast<unsigned>(CU_STREAM_WAIT_VALUE_FLUSH);
+  if (mode > CU_STREAM_WAIT_VALUE_NOR) return ret("cuStreamWaitValue32", CUDA_ERROR_INVALID_VALUE);
+  if (flags & CU_STREAM_WAIT_VALUE_FLUSH) return ret("cuStreamWaitValue32", CUDA_ERROR_NOT_SUPPORTED);  // CAN_FLUSH_REMOTE_WRITES = 0
+  return ret("cuStreamWaitValue32", enqueue_wait(h, addr, value, flags, false, "cuStreamWaitValue32"));
+}
+
+// Some device attributes, as an H200 answers; stream memory operations per
+// FAKE_CUDA_NO_STREAM_MEMOPS. Others: 0 (said under FAKE_CUDA_VERBOSE=1).
+FAKE_EXPORT CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) {
+  LOCK();
+  count("cuDeviceGetAttribute");
+  if (!pi) return ret("cuDeviceGetAttribute", CUDA_ERROR_INVALID_VALUE);
+  if (dev < 0 || dev >= g_devices) return ret("cuDeviceGetAttribute", CUDA_ERROR_INVALID_DEVICE);
+  switch (attrib) {
+    case CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1:
+    case CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR:
+    case CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR_V1:
+    case CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V1:
+      *pi = g_no_memops ? 0 : 1; break;
+    case CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES: *pi = 0; break;
+    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS:
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS:
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
+      *pi = 1; break;
+    case CU_DEVICE_ATTRIBUTE_INTEGRATED: *pi = 0; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = 9; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = 0; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *pi = 132; break;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *pi = 32; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: *pi = 2; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: *pi = 0; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *pi = bus_number(dev); break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: *pi = 0; break;
+    default:
+      if (attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX) return ret("cuDeviceGetAttribute", CUDA_ERROR_INVALID_VALUE);
+      if (g_verbose) fprintf(stderr, "fake_cuda: cuDeviceGetAttribute(%d): not modelled, 0\n", static_cast<int>(attrib));
+      *pi = 0;
+  }
+  return CUDA_SUCCESS;
+}
+
+// A module from a PTX image (NUL-terminated text with .version and .target). The only
+// function it can give is streamcoll_wait_geq(.u64 flag, .u32 value): the image must
+// declare it so, or loading fails (CUDA_ERROR_INVALID_PTX, with a line on stderr).
+FAKE_EXPORT CUresult cuModuleLoadData(CUmodule* module, const void* image) {
+  LOCK();
+  count("cuModuleLoadData");
+  if (!module || !image) return ret("cuModuleLoadData", CUDA_ERROR_INVALID_VALUE);
+  if (!current_ctx()) return ret("cuModuleLoadData", CUDA_ERROR_INVALID_CONTEXT);
+  const unsigned char* b = static_cast<const unsigned char*>(image);
+  if (b[0] == 0x7f || (b[0] == 0x50 && b[1] == 0xed && b[2] == 0x55 && b[3] == 0xba)) {
+    fprintf(stderr, "fake_cuda: cuModuleLoadData: a cubin or fatbin image; the fake takes PTX only\n");
+    return ret("cuModuleLoadData", CUDA_ERROR_INVALID_IMAGE);
+  }
+  const std::string text(static_cast<const char*>(image), strnlen(static_cast<const char*>(image), 1 << 22));
+  const char* why = nullptr;
+  if (text.find(".version") == std::string::npos || text.find(".target") == std::string::npos)
+    why = "no .version/.target directive: not PTX";
+  else if (has_entry(text, "streamcoll_wait_geq")) {
+    const auto params = entry_params(text, "streamcoll_wait_geq");
+    const bool ok = params.size() == 2 && (params[0] == ".u64" || params[0] == ".b64" || params[0] == ".s64") &&
+                    (params[1] == ".u32" || params[1] == ".b32" || params[1] == ".s32");
+    if (!ok) why = "streamcoll_wait_geq is not declared (.param .u64 flag, .param .u32 value)";
+  }
+  if (why) {
+    fprintf(stderr, "fake_cuda: cuModuleLoadData: %s\n", why);
+    return ret("cuModuleLoadData", CUDA_ERROR_INVALID_PTX);
+  }
+  if (!ptxas_accepts(text)) return ret("cuModuleLoadData", CUDA_ERROR_INVALID_PTX);
+  auto* m = new CUmod_st;
+  m->image = text;
+  g_modules.insert(m);
+  count("live_modules");
+  *module = m;
+  return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuModuleGetFunction(CUfunction* f, CUmodule m, const char* name) {
+  LOCK();
+  count("cuModuleGetFunction");
+  if (!f || !name) return ret("cuModuleGetFunction", CUDA_ERROR_INVALID_VALUE);
+  if (!g_modules.count(m)) return ret("cuModuleGetFunction", CUDA_ERROR_INVALID_HANDLE);
+  if (strcmp(name, "streamcoll_wait_geq") != 0 || !has_entry(m->image, name))
+    return ret("cuModuleGetFunction", CUDA_ERROR_NOT_FOUND);
+  auto* fn = new CUfunc_st;
+  fn->mod = m;
+  g_functions.insert(fn);
+  *f = fn;
+  return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuModuleUnload(CUmodule m) {
+  LOCK();
+  count("cuModuleUnload");
+  if (!g_modules.count(m)) return ret("cuModuleUnload", CUDA_ERROR_INVALID_HANDLE);
+  // A kernel of the module still waiting on a stream: its code would be gone.
+  for (CUstream_st* s : g_streams)
+    for (const Item& it : s->pending)
+      if (it.is_wait && it.wait.kernel) {
+        fprintf(stderr, "fake_cuda: cuModuleUnload while a streamcoll_wait_geq kernel is still "
+                        "queued on stream %d\n", s->id);
+        count("errors");
+      }
+  for (auto it = g_functions.begin(); it != g_functions.end();)
+    if ((*it)->mod == m) {
+      delete *it;
+      it = g_functions.erase(it);
+    } else {
+      ++it;
+    }
+  g_modules.erase(m);
+  delete m;
+  count("live_modules", -1);
+  return CUDA_SUCCESS;
+}
+
+// Launches streamcoll_wait_geq: one thread that spins until
+// (int32_t)(*flag - value) >= 0, i.e. the same wait as cuStreamWaitValue32 GEQ.
+// kernelParams[0] points to the flag's device address, kernelParams[1] to the value
+// (read at launch, as the driver copies parameters then).
+FAKE_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                    unsigned int bx, unsigned int by, unsigned int bz,
+                                    unsigned int shmem, CUstream h, void** params, void** extra) {
+  LOCK();
+  count("cuLaunchKernel");
+  if (!g_functions.count(f)) return ret("cuLaunchKernel", CUDA_ERROR_INVALID_HANDLE);
+  if (gx != 1 || gy != 1 || gz != 1 || bx != 1 || by != 1 || bz != 1 || shmem != 0) {
+    fprintf(stderr, "fake_cuda: cuLaunchKernel(streamcoll_wait_geq): grid %ux%ux%u block %ux%ux%u "
+                    "shared %u; the fake expects one thread (1x1x1, 1x1x1, 0)\n", gx, gy, gz, bx, by, bz, shmem);
+    return ret("cuLaunchKernel", CUDA_ERROR_INVALID_VALUE);
+  }
+  if (!params || extra || !params[0] || !params[1]) return ret("cuLaunchKernel", CUDA_ERROR_INVALID_VALUE);
+  const CUdeviceptr flag = *static_cast<const CUdeviceptr*>(params[0]);
+  const uint32_t value = *static_cast<const uint32_t*>(params[1]);
+  return ret("cuLaunchKernel", enqueue_wait(h, flag, value, CU_STREAM_WAIT_VALUE_GEQ, true, "cuLaunchKernel"));
 }
 
 // ---- fake_api.h: for test programs -----------------------------------------------------
@@ -835,7 +1343,9 @@ FAKE_EXPORT void* fake_cuda_malloc_device(int device, size_t bytes) {
 
 FAKE_EXPORT void* fake_cuda_malloc_pinned(size_t bytes) {
   LOCK();
-  return g_devices > 0 ? allocate(bytes, 0, false, false, true) : nullptr;
+  void* p = g_devices > 0 ? allocate(bytes, 0, false, false, true) : nullptr;
+  if (p) g_allocs[reinterpret_cast<uintptr_t>(p)].host_flags = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP;
+  return p;
 }
 
 FAKE_EXPORT void* fake_cuda_malloc_managed(size_t bytes) {
@@ -889,7 +1399,7 @@ FAKE_EXPORT void fake_cuda_stream_destroy(CUstream h) {
 
 FAKE_EXPORT int fake_cuda_stream_sync(CUstream h) {
   LOCK();
-  return sync_stream(h, false);
+  return sync_stream(lock, h, false);
 }
 
 FAKE_EXPORT int fake_cuda_pending(CUstream h) {
@@ -911,6 +1421,20 @@ FAKE_EXPORT int fake_cuda_enqueue_copy(CUstream h, void* dst, const void* src, s
   const uintptr_t a = reinterpret_cast<uintptr_t>(dst);
   enqueue(s, {}, nullptr, [dst, copy] { memcpy(dst, copy->data(), copy->size()); },
           {{a, a + bytes, true}}, "the program's copy to the device");
+  return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT int fake_cuda_enqueue_wait(CUstream h, const void* flag, unsigned value) {
+  LOCK();
+  CUresult err = CUDA_SUCCESS;
+  CUstream_st* s = resolve(h, false, &err);
+  if (!s) return err;
+  const CUdeviceptr addr = reinterpret_cast<CUdeviceptr>(flag);
+  if (!waitable(addr, "fake_cuda_enqueue_wait")) return CUDA_ERROR_INVALID_VALUE;
+  HostWait w;
+  w.addr = addr;
+  w.value = value;
+  enqueue(s, {}, nullptr, nullptr, {}, "the program's wait", &w);
   return CUDA_SUCCESS;
 }
 
@@ -978,7 +1502,7 @@ FAKE_EXPORT int fake_cuda_stream_wait(CUstream h, CUevent e, int check_ctx) {
 FAKE_EXPORT int fake_cuda_event_sync(CUevent e) {
   LOCK();
   if (!g_events.count(e)) return CUDA_ERROR_INVALID_HANDLE;
-  if (e->recorded) run_until(e->stream, e->pos);  // not a host observation: internal
+  if (e->recorded) run_blocking(lock, e->stream, e->pos, "fake_cuda_event_sync");  // not a host observation
   return CUDA_SUCCESS;
 }
 

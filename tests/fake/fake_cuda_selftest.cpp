@@ -1,0 +1,426 @@
+// The fake CUDA driver's host waits (fake_cuda.cpp) checked on their own, without
+// streamcoll and without MPI: the semantics the host-transfer route relies on, so that a
+// failure of tests/fake/ht_route.cpp points at the route, not at the fake.
+//
+//   fake_cuda_selftest [memops|no-memops]     (linked with the fake libcuda.so.1)
+//
+// memops (FAKE_CUDA_NO_STREAM_MEMOPS unset), run with FAKE_CUDA_DEFER=1 and =0:
+//  - cuMemHostGetDevicePointer: identity for CU_MEMHOSTALLOC_DEVICEMAP memory, an error
+//    for pinned memory without it, for device memory and for plain host memory;
+//  - the host-transfer pattern on a stream (D2H into a staging buffer, event, wait on a
+//    pinned flag, H2D, event) with a progress thread that polls the first event, works on
+//    the staging buffer and stores the flag: cuEventQuery answers CUDA_ERROR_NOT_READY
+//    (never blocks) while the stream is held; cuStreamSynchronize and cuEventSynchronize
+//    on another thread block until the flag is stored, without holding up the progress
+//    thread's calls; the result is right; no race;
+//  - the same through the streamcoll_wait_geq kernel (cuModuleLoadData of PTX,
+//    cuModuleGetFunction, cuLaunchKernel); a wrong name, signature or image is refused;
+//  - wait conditions: GEQ with wrap-around, EQ, AND, NOR;
+//  - races the fake must report: the flag stored before the host saw the D2H copy
+//    complete; a staging buffer reused on another stream before its H2D copy was seen
+//    complete;
+//  - a stream destroyed while held finishes once the flag is stored;
+//  - nothing left: modules, waits, streams, events, allocations.
+// no-memops (FAKE_CUDA_NO_STREAM_MEMOPS=1): cuStreamWaitValue32 is CUDA_ERROR_NOT_SUPPORTED
+// and the attribute says 0; the kernel still works.
+#include <cuda.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern "C" {
+void* fake_cuda_malloc(size_t bytes);
+void fake_cuda_free(void* p);
+int fake_cuda_runtime_init(void);
+void fake_cuda_runtime_fini(void);
+int fake_cuda_host_access(const void* p, size_t bytes, int write);
+int fake_cuda_deferred(void);
+unsigned long long fake_cuda_counter(const char* name);
+}
+
+namespace {
+
+int g_pass = 0, g_fail = 0;
+
+bool check(bool ok, const std::string& what) {
+  if (ok) {
+    ++g_pass;
+  } else {
+    ++g_fail;
+    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
+  }
+  return ok;
+}
+
+unsigned long long cnt(const char* name) { return fake_cuda_counter(name); }
+
+// The wait kernel as a route would embed it.
+const char kPtx[] = R"(.version 8.0
+.target sm_75
+.address_size 64
+
+.visible .entry streamcoll_wait_geq(
+	.param .u64 streamcoll_wait_geq_param_0,
+	.param .u32 streamcoll_wait_geq_param_1
+)
+{
+	.reg .pred 	%p<2>;
+	.reg .b32 	%r<4>;
+	.reg .b64 	%rd<3>;
+
+	ld.param.u64 	%rd1, [streamcoll_wait_geq_param_0];
+	ld.param.u32 	%r1, [streamcoll_wait_geq_param_1];
+	cvta.to.global.u64 	%rd2, %rd1;
+$L_spin:
+	ld.acquire.sys.global.u32 	%r2, [%rd2];
+	sub.s32 	%r3, %r2, %r1;
+	setp.ge.s32 	%p1, %r3, 0;
+	@%p1 bra 	$L_done;
+	nanosleep.u32 	1000;
+	bra.uni 	$L_spin;
+$L_done:
+	ret;
+}
+)";
+
+void store_flag(uint32_t* flag, uint32_t v) { __atomic_store_n(flag, v, __ATOMIC_RELEASE); }
+
+// How a stream is held: by cuStreamWaitValue32 or by the kernel.
+struct Waiter {
+  bool kernel = false;
+  CUfunction fn = nullptr;
+  CUresult wait(CUstream s, CUdeviceptr flag, uint32_t value) const {
+    if (!kernel) return cuStreamWaitValue32(s, flag, value, CU_STREAM_WAIT_VALUE_GEQ);
+    void* params[] = {&flag, &value};
+    return cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr);
+  }
+  const char* name() const { return kernel ? "kernel" : "cuStreamWaitValue32"; }
+};
+
+constexpr size_t kN = 4096;  // ints
+
+// One host-transfer operation: dev_in -> (D2H) staging -> host doubles it -> flag ->
+// (H2D) dev_out. `observe_d2h`: the progress thread polls ev1 before touching staging
+// (the correct route); false: it stores the flag without (a race the fake must report).
+void ht_pattern(const Waiter& w, bool observe_d2h, bool sync_by_event, const std::string& label) {
+  CUstream s = nullptr;
+  CUevent ev1 = nullptr, ev2 = nullptr;
+  check(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS, label + ": cuStreamCreate");
+  cuEventCreate(&ev1, CU_EVENT_DISABLE_TIMING);
+  cuEventCreate(&ev2, CU_EVENT_DISABLE_TIMING);
+  auto* in = static_cast<int*>(fake_cuda_malloc(kN * 4));
+  auto* out = static_cast<int*>(fake_cuda_malloc(kN * 4));
+  void* stg_v = nullptr;
+  void* flag_v = nullptr;
+  check(cuMemHostAlloc(&stg_v, kN * 4, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP) == CUDA_SUCCESS,
+        label + ": staging");
+  check(cuMemHostAlloc(&flag_v, 4, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP) == CUDA_SUCCESS,
+        label + ": flag");
+  auto* stg = static_cast<int*>(stg_v);
+  auto* flag = static_cast<uint32_t*>(flag_v);
+  *flag = 0;
+  CUdeviceptr dflag = 0;
+  check(cuMemHostGetDevicePointer(&dflag, flag, 0) == CUDA_SUCCESS && dflag == reinterpret_cast<CUdeviceptr>(flag),
+        label + ": cuMemHostGetDevicePointer is the identity");
+  for (size_t i = 0; i < kN; ++i) in[i] = static_cast<int>(i * 3 + 1);
+  std::memset(out, 0xEE, kN * 4);
+
+  const unsigned long long races0 = cnt("races"), held0 = cnt("held_queries");
+  check(cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(stg), reinterpret_cast<CUdeviceptr>(in), kN * 4, s) == CUDA_SUCCESS,
+        label + ": D2H");
+  cuEventRecord(ev1, s);
+  check(w.wait(s, dflag, 1) == CUDA_SUCCESS, label + ": " + w.name());
+  check(cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(out), reinterpret_cast<CUdeviceptr>(stg), kN * 4, s) == CUDA_SUCCESS,
+        label + ": H2D");
+  cuEventRecord(ev2, s);
+
+  // Held: queries answer NOT_READY, every time, and return at once.
+  bool all_not_ready = true;
+  const auto q0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 5; ++i) all_not_ready = all_not_ready && cuEventQuery(ev2) == CUDA_ERROR_NOT_READY;
+  all_not_ready = all_not_ready && cuStreamQuery(s) == CUDA_ERROR_NOT_READY;
+  const double qs = std::chrono::duration<double>(std::chrono::steady_clock::now() - q0).count();
+  check(all_not_ready, label + ": cuEventQuery/cuStreamQuery say NOT_READY while the stream is held");
+  check(qs < 1.0, label + ": the queries did not block");
+  check(cnt("held_queries") > held0, label + ": counted as held by a host wait");
+
+  std::atomic<bool> stored{false};
+  std::atomic<int> progress_ok{1};
+  std::thread progress([&] {
+    if (observe_d2h) {
+      CUresult r;
+      int polls = 0;
+      while ((r = cuEventQuery(ev1)) == CUDA_ERROR_NOT_READY) ++polls;
+      if (r != CUDA_SUCCESS) progress_ok = 0;
+      (void)polls;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the host collective
+    if (observe_d2h)
+      for (size_t i = 0; i < kN; ++i) stg[i] *= 2;
+    stored = true;
+    store_flag(flag, 1);
+    CUresult r;
+    while ((r = cuEventQuery(ev2)) == CUDA_ERROR_NOT_READY) std::this_thread::yield();
+    if (r != CUDA_SUCCESS) progress_ok = 0;
+  });
+  // This thread blocks in the driver while the progress thread keeps calling it.
+  const CUresult sr = sync_by_event ? cuEventSynchronize(ev2) : cuStreamSynchronize(s);
+  const bool after = stored.load();
+  progress.join();
+  check(sr == CUDA_SUCCESS, label + ": the synchronising call succeeds");
+  check(after, label + ": the synchronising call returned only after the flag was stored");
+  check(progress_ok.load() == 1, label + ": the progress thread's queries succeeded");
+  if (observe_d2h) {
+    check(fake_cuda_host_access(out, kN * 4, 0) == 0, label + ": the host has seen the result complete");
+    bool right = true;
+    for (size_t i = 0; i < kN; ++i) right = right && out[i] == static_cast<int>(i * 3 + 1) * 2;
+    check(right, label + ": the H2D copy ran after the host's work on the staging buffer");
+    check(cnt("races") == races0, label + ": no race");
+  } else {
+    check(cnt("races") > races0, label + ": the flag stored before the host saw the D2H copy complete is a race");
+  }
+  cuEventDestroy(ev1);
+  cuEventDestroy(ev2);
+  cuStreamDestroy(s);
+  cuMemFreeHost(stg_v);
+  cuMemFreeHost(flag_v);
+  fake_cuda_free(in);
+  fake_cuda_free(out);
+}
+
+// A staging buffer taken for a second operation on another stream before the first
+// operation's H2D copy out of it was seen complete.
+void reuse_race(const Waiter& w) {
+  const std::string label = std::string("reuse race (") + w.name() + ")";
+  CUstream s1 = nullptr, s2 = nullptr;
+  cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING);
+  cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING);
+  CUevent ev1 = nullptr;
+  cuEventCreate(&ev1, 0);
+  auto* in = static_cast<int*>(fake_cuda_malloc(kN * 4));
+  auto* out = static_cast<int*>(fake_cuda_malloc(kN * 4));
+  void *stg = nullptr, *flag_v = nullptr;
+  cuMemHostAlloc(&stg, kN * 4, CU_MEMHOSTALLOC_DEVICEMAP);
+  cuMemHostAlloc(&flag_v, 4, CU_MEMHOSTALLOC_DEVICEMAP);
+  auto* flag = static_cast<uint32_t*>(flag_v);
+  *flag = 0;
+  const auto d = [](const void* p) { return reinterpret_cast<CUdeviceptr>(p); };
+  cuMemcpyAsync(d(stg), d(in), kN * 4, s1);
+  cuEventRecord(ev1, s1);
+  w.wait(s1, d(flag), 1);
+  cuMemcpyAsync(d(out), d(stg), kN * 4, s1);
+  check(cuEventSynchronize(ev1) == CUDA_SUCCESS, label + ": ev1");
+  store_flag(flag, 1);
+  const unsigned long long races0 = cnt("races");
+  // No cuEventQuery of the first operation's end: the H2D copy may still read staging.
+  cuMemcpyAsync(d(stg), d(in), kN * 4, s2);
+  check(cnt("races") > races0, label + ": reported");
+  cuStreamSynchronize(s1);
+  cuStreamSynchronize(s2);
+  cuEventDestroy(ev1);
+  cuStreamDestroy(s1);
+  cuStreamDestroy(s2);
+  cuMemFreeHost(stg);
+  cuMemFreeHost(flag_v);
+  fake_cuda_free(in);
+  fake_cuda_free(out);
+}
+
+// Conditions: GEQ with wrap-around, EQ, AND, NOR, by cuStreamQuery after each store.
+void conditions() {
+  CUstream s = nullptr;
+  cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+  void* flag_v = nullptr;
+  cuMemHostAlloc(&flag_v, 64, CU_MEMHOSTALLOC_DEVICEMAP);
+  auto* flag = static_cast<uint32_t*>(flag_v);
+  const CUdeviceptr d = reinterpret_cast<CUdeviceptr>(flag);
+  // Drains the stream: NOT_READY answers until it is done or `tries` run out.
+  auto done_after = [&](int tries) {
+    for (int i = 0; i < tries; ++i)
+      if (cuStreamQuery(s) == CUDA_SUCCESS) return true;
+    return false;
+  };
+  struct C {
+    unsigned mode;
+    uint32_t value, before, after;
+    const char* what;
+  } cases[] = {
+      {CU_STREAM_WAIT_VALUE_GEQ, 5, 4, 5, "GEQ 5: 4 holds it, 5 releases"},
+      {CU_STREAM_WAIT_VALUE_GEQ, 5, 0x80000005u, 0x7fffffffu, "GEQ 5: 0x80000005 is 'before' (wraps), 0x7fffffff releases"},
+      {CU_STREAM_WAIT_VALUE_GEQ, 0xfffffff0u, 0xffffffe0u, 3u, "GEQ 0xfffffff0: 3 is 'after' (wrapped)"},
+      {CU_STREAM_WAIT_VALUE_EQ, 7, 8, 7, "EQ 7"},
+      {CU_STREAM_WAIT_VALUE_AND, 0x10, 0x0f, 0x11, "AND 0x10"},
+      {CU_STREAM_WAIT_VALUE_NOR, 0xfffffff0u, 0x0f, 0x07, "NOR 0xfffffff0"},
+  };
+  for (const C& c : cases) {
+    store_flag(flag, c.before);
+    check(cuStreamWaitValue32(s, d, c.value, c.mode) == CUDA_SUCCESS, std::string(c.what) + ": enqueued");
+    check(!done_after(3), std::string(c.what) + ": held before");
+    store_flag(flag, c.after);
+    check(done_after(3), std::string(c.what) + ": released after");
+  }
+  check(cuStreamWaitValue32(s, d + 2, 1, CU_STREAM_WAIT_VALUE_GEQ) == CUDA_ERROR_INVALID_VALUE,
+        "an unaligned flag is refused");
+  int local = 0;
+  check(cuStreamWaitValue32(s, reinterpret_cast<CUdeviceptr>(&local), 1, CU_STREAM_WAIT_VALUE_GEQ) ==
+            CUDA_ERROR_INVALID_VALUE,
+        "a flag in pageable host memory is refused");
+  void* unmapped = nullptr;
+  cuMemHostAlloc(&unmapped, 4, CU_MEMHOSTALLOC_PORTABLE);
+  check(cuStreamWaitValue32(s, reinterpret_cast<CUdeviceptr>(unmapped), 1, CU_STREAM_WAIT_VALUE_GEQ) ==
+            CUDA_ERROR_INVALID_VALUE,
+        "a flag in pinned memory without CU_MEMHOSTALLOC_DEVICEMAP is refused");
+  cuMemFreeHost(unmapped);
+  cuStreamDestroy(s);
+  cuMemFreeHost(flag_v);
+}
+
+// Destroyed while held: the work finishes once the flag is stored.
+void destroy_while_held(const Waiter& w) {
+  const std::string label = std::string("destroyed while held (") + w.name() + ")";
+  CUstream s = nullptr;
+  cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+  void *flag_v = nullptr, *stg = nullptr;
+  cuMemHostAlloc(&flag_v, 4, CU_MEMHOSTALLOC_DEVICEMAP);
+  cuMemHostAlloc(&stg, 64, CU_MEMHOSTALLOC_DEVICEMAP);
+  auto* flag = static_cast<uint32_t*>(flag_v);
+  *flag = 0;
+  auto* dev = static_cast<char*>(fake_cuda_malloc(64));
+  std::memset(stg, 7, 64);
+  std::memset(dev, 0, 64);
+  const unsigned long long waits0 = cnt("pending_waits");
+  CUevent done = nullptr;
+  cuEventCreate(&done, 0);
+  w.wait(s, reinterpret_cast<CUdeviceptr>(flag), 1);
+  cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(dev), reinterpret_cast<CUdeviceptr>(stg), 64, s);
+  cuEventRecord(done, s);
+  check(cuStreamDestroy(s) == CUDA_SUCCESS, label + ": cuStreamDestroy returns at once");
+  check(cnt("pending_waits") == waits0 + 1, label + ": the wait is still pending");
+  store_flag(flag, 1);
+  int n = 0;
+  while (cnt("pending_waits") != waits0 && n++ < 1000) usleep(100);  // any call lets it go on
+  check(cnt("pending_waits") == waits0, label + ": finished once the flag was stored");
+  check(cuEventSynchronize(done) == CUDA_SUCCESS, label + ": its last event");
+  check(dev[63] == 7, label + ": its copy ran");
+  cuEventDestroy(done);
+  cuMemFreeHost(flag_v);
+  cuMemFreeHost(stg);
+  fake_cuda_free(dev);
+}
+
+// Modules: PTX with the right entry loads; other images, names and launches are refused.
+bool load_kernel(Waiter* w, CUmodule* mod) {
+  check(cuModuleLoadData(mod, kPtx) == CUDA_SUCCESS, "cuModuleLoadData of the wait kernel's PTX");
+  CUfunction f = nullptr;
+  check(cuModuleGetFunction(&f, *mod, "streamcoll_wait_geq") == CUDA_SUCCESS, "cuModuleGetFunction(streamcoll_wait_geq)");
+  CUfunction g = nullptr;
+  check(cuModuleGetFunction(&g, *mod, "other") == CUDA_ERROR_NOT_FOUND, "cuModuleGetFunction of another name: NOT_FOUND");
+  CUmodule bad = nullptr;
+  check(cuModuleLoadData(&bad, "not ptx at all") == CUDA_ERROR_INVALID_PTX, "a text that is not PTX is refused");
+  std::string wrong_sig = kPtx;
+  wrong_sig.replace(wrong_sig.find(".param .u32"), 11, ".param .u64");
+  check(cuModuleLoadData(&bad, wrong_sig.c_str()) == CUDA_ERROR_INVALID_PTX,
+        "streamcoll_wait_geq with another signature is refused");
+  const unsigned char elf[] = {0x7f, 'E', 'L', 'F', 0};
+  check(cuModuleLoadData(&bad, elf) == CUDA_ERROR_INVALID_IMAGE, "a cubin is refused (PTX only)");
+  CUstream s = nullptr;
+  cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+  void* flag = nullptr;
+  cuMemHostAlloc(&flag, 4, CU_MEMHOSTALLOC_DEVICEMAP);
+  store_flag(static_cast<uint32_t*>(flag), 0);
+  CUdeviceptr d = reinterpret_cast<CUdeviceptr>(flag);
+  uint32_t v = 0;
+  void* params[] = {&d, &v};
+  check(cuLaunchKernel(f, 2, 1, 1, 1, 1, 1, 0, s, params, nullptr) == CUDA_ERROR_INVALID_VALUE,
+        "cuLaunchKernel with another grid is refused");
+  check(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr) == CUDA_SUCCESS, "a launch with value 0 (flag 0)");
+  check(cuStreamSynchronize(s) == CUDA_SUCCESS, "... passes at once");
+  cuStreamDestroy(s);
+  cuMemFreeHost(flag);
+  w->kernel = true;
+  w->fn = f;
+  return f != nullptr;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "memops";
+  if (fake_cuda_runtime_init() != 0 || cuInit(0) != CUDA_SUCCESS) {
+    std::fprintf(stderr, "fake_cuda_selftest: the fake driver does not start\n");
+    return 1;
+  }
+  const bool defer = fake_cuda_deferred() != 0;
+  int attr = -1;
+  check(cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR, 0) == CUDA_SUCCESS &&
+            attr == (mode == "memops" ? 1 : 0),
+        "CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR follows FAKE_CUDA_NO_STREAM_MEMOPS");
+
+  // Device pointers of pinned memory.
+  {
+    void *mapped = nullptr, *plain = nullptr;
+    cuMemHostAlloc(&mapped, 64, CU_MEMHOSTALLOC_DEVICEMAP);
+    cuMemHostAlloc(&plain, 64, CU_MEMHOSTALLOC_PORTABLE);
+    void* dev = fake_cuda_malloc(64);
+    int host = 0;
+    CUdeviceptr d = 0;
+    check(cuMemHostGetDevicePointer(&d, static_cast<char*>(mapped) + 8, 0) == CUDA_SUCCESS &&
+              d == reinterpret_cast<CUdeviceptr>(mapped) + 8,
+          "cuMemHostGetDevicePointer inside a DEVICEMAP allocation");
+    check(cuMemHostGetDevicePointer(&d, mapped, 1) == CUDA_ERROR_INVALID_VALUE, "... flags must be 0");
+    check(cuMemHostGetDevicePointer(&d, plain, 0) == CUDA_ERROR_INVALID_VALUE, "... not without DEVICEMAP");
+    check(cuMemHostGetDevicePointer(&d, dev, 0) == CUDA_ERROR_INVALID_VALUE, "... not device memory");
+    check(cuMemHostGetDevicePointer(&d, &host, 0) == CUDA_ERROR_INVALID_VALUE, "... not pageable memory");
+    check(cuMemHostAlloc(&plain, 64, 0x100) == CUDA_ERROR_INVALID_VALUE || (cuMemFreeHost(plain), false),
+          "cuMemHostAlloc: unknown flags refused");
+    cuMemFreeHost(mapped);
+    cuMemFreeHost(plain);
+    fake_cuda_free(dev);
+  }
+
+  Waiter memop, kernel;
+  CUmodule mod = nullptr;
+  load_kernel(&kernel, &mod);
+  if (mode == "memops") {
+    for (bool by_event : {false, true}) {
+      const std::string how = by_event ? "cuEventSynchronize" : "cuStreamSynchronize";
+      ht_pattern(memop, true, by_event, "memop, " + how);
+      ht_pattern(kernel, true, by_event, "kernel, " + how);
+    }
+    ht_pattern(memop, false, false, "memop, flag before the D2H copy was seen");
+    ht_pattern(kernel, false, false, "kernel, flag before the D2H copy was seen");
+    reuse_race(memop);
+    reuse_race(kernel);
+    conditions();
+    destroy_while_held(memop);
+    destroy_while_held(kernel);
+  } else {
+    CUstream s = nullptr;
+    cuStreamCreate(&s, 0);
+    void* flag = nullptr;
+    cuMemHostAlloc(&flag, 4, CU_MEMHOSTALLOC_DEVICEMAP);
+    check(cuStreamWaitValue32(s, reinterpret_cast<CUdeviceptr>(flag), 1, CU_STREAM_WAIT_VALUE_GEQ) ==
+              CUDA_ERROR_NOT_SUPPORTED,
+          "FAKE_CUDA_NO_STREAM_MEMOPS=1: cuStreamWaitValue32 is not supported");
+    cuStreamDestroy(s);
+    cuMemFreeHost(flag);
+    ht_pattern(kernel, true, false, "no memops, kernel");
+    destroy_while_held(kernel);
+  }
+  check(cuModuleUnload(mod) == CUDA_SUCCESS, "cuModuleUnload");
+  check(cuModuleUnload(mod) == CUDA_ERROR_INVALID_HANDLE, "cuModuleUnload twice: invalid handle");
+  fake_cuda_runtime_fini();
+  for (const char* gauge : {"live_modules", "pending_waits", "live_streams", "live_events", "live_allocs",
+                            "live_host_allocs", "ctx_refs"})
+    check(cnt(gauge) == 0, std::string("nothing left: ") + gauge + " = " + std::to_string(cnt(gauge)));
+  std::printf("fake_cuda_selftest (%s, %s): %d passed, %d failed\n", mode.c_str(),
+              defer ? "deferred" : "immediate", g_pass, g_fail);
+  return g_fail == 0 ? 0 : 1;
+}
