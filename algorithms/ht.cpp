@@ -128,6 +128,20 @@ int start_mpi(const HostCall& h, MPI_Comm comm, MPI_Request* req) {
   }
 }
 
+// The host collective of `h` on the calling thread, blocking: a schedule on hc's private
+// communicator, or the MPI's collective on the application's `comm` (in call order there).
+int run_blocking(const HostCall& h, HtComm& hc, MPI_Comm comm) {
+  if (h.algo == Algo::mpi) {
+    MPI_Request req = MPI_REQUEST_NULL;
+    int rc = start_mpi(h, comm, &req);
+    return rc == MPI_SUCCESS ? PMPI_Wait(&req, MPI_STATUS_IGNORE) : rc;
+  }
+  sched::Params p{h.coll, h.algo, hc.rank, hc.size, h.root, h.count, h.send == nullptr};
+  sched::ScheduleRun run(hc.schedule(p), h.send, h.recv, h.type, h.extent, h.op, hc.p2p,
+                         hc.tag());
+  return run.run();
+}
+
 // The host collective of one operation, advanced one non-blocking step at a time: a
 // schedule, or the MPI's collective started in ticket order.
 class HostPart {
@@ -258,29 +272,33 @@ uint64_t call_count(const CollArgs& a) {
                                    : static_cast<uint64_t>(a.count);
 }
 
-int type_extent(MPI_Datatype t) {
-  MPI_Aint lb = 0, extent = 0;
-  PMPI_Type_get_extent(t, &lb, &extent);
-  return static_cast<int>(extent);
+// Bytes per element. The route only gets predefined contiguous types (core/eligibility),
+// whose extent is their size: the datatype table has it, no MPI call needed.
+int element_size(const CollArgs& a) {
+  const TypeInfo* t = find_type(call_type(a));
+  return t ? t->size : 0;
 }
 
-// Elements the call's whole vector holds on one rank (what a staging buffer must hold):
-// count for allreduce, reduce, bcast; size*count for allgather and reduce_scatter_block.
-uint64_t vector_elems(Coll c, uint64_t count, int size) {
-  return (c == Coll::allgather || c == Coll::reduce_scatter_block)
-             ? count * static_cast<uint64_t>(size)
-             : count;
-}
-
-HostCall host_call(const CollArgs& a, Algo algo, int rank) {
+// The host collective of a call: on the caller's buffers, or, with `staging`, in place on
+// a staging buffer that holds the call's whole vector (for reduce on a non-root rank the
+// staging buffer is the input and there is no result).
+HostCall host_call(const CollArgs& a, Algo algo, int rank, int extent, void* staging = nullptr) {
   HostCall h;
   h.coll = a.coll;
   h.algo = algo;
   h.root = a.root;
   h.count = call_count(a);
   h.type = call_type(a);
-  h.extent = type_extent(h.type);
+  h.extent = extent;
   h.op = a.op;
+  if (staging) {
+    h.recv = staging;
+    if (a.coll == Coll::reduce && rank != a.root) {
+      h.send = staging;
+      h.recv = nullptr;
+    }
+    return h;
+  }
   h.recv = a.recvbuf;
   const bool in_place = a.sendbuf == MPI_IN_PLACE && (a.coll != Coll::reduce || rank == a.root);
   h.send = (a.coll == Coll::bcast || in_place) ? nullptr : a.sendbuf;
@@ -626,25 +644,6 @@ Copies plan_copies(const CollArgs& a, uint64_t count, int extent, int rank, int 
   return c;
 }
 
-// The host collective on the staging buffer: always the in-place form, except reduce on
-// a non-root rank (its input is the staging buffer; it has no result).
-HostCall staged_host_call(const CollArgs& a, Algo algo, int rank, void* staging) {
-  HostCall h;
-  h.coll = a.coll;
-  h.algo = algo;
-  h.root = a.root;
-  h.count = call_count(a);
-  h.type = call_type(a);
-  h.extent = type_extent(h.type);
-  h.op = a.op;
-  h.recv = staging;
-  if (a.coll == Coll::reduce && rank != a.root) {
-    h.send = staging;
-    h.recv = nullptr;
-  }
-  return h;
-}
-
 // A stream-ordered operation, advanced by the engine: wait for the D2H copy, run the host
 // collective, release the stream, wait for the H2D copy, recycle.
 class DeviceTask;
@@ -814,12 +813,11 @@ int enqueue_staged(Staging* st, const Copies& c, CUstream stream, config::HtWait
 
 // Classic semantics, blocking: copy in, collective on this thread, copy out; all ordered
 // with the legacy default stream, as a CUDA-aware MPI's blocking call would be.
-int run_device_classic(const CollArgs& a, HtComm& hc, Algo algo, Device& gpu) {
+int run_device_classic(const CollArgs& a, HtComm& hc, Algo algo, int extent, Device& gpu) {
   const cuda::Driver& d = cuda::driver();
   DeviceSide& ds = DeviceSide::get();
   cuda::ScopedContext scope(gpu.ctx);
-  const HostCall probe = staged_host_call(a, algo, hc.rank, nullptr);
-  const Copies c = plan_copies(a, probe.count, probe.extent, hc.rank, hc.size);
+  const Copies c = plan_copies(a, call_count(a), extent, hc.rank, hc.size);
   void* host = ds.pool.get(c.staging_bytes);
   if (!host) return fail(Failure::cuda, "ht: cuMemHostAlloc (staging buffer) failed");
   char* h = static_cast<char*>(host);
@@ -832,32 +830,7 @@ int run_device_classic(const CollArgs& a, HtComm& hc, Algo algo, Device& gpu) {
     if (r != CUDA_SUCCESS) rc = fail(Failure::cuda, cuda::describe("ht: D2H copy", r));
   }
   // Every rank runs the collective, even after a local copy failure, so none hangs.
-  HostCall hcall = staged_host_call(a, algo, hc.rank, host);
-  int crc;
-  if (algo == Algo::mpi) {
-    // The MPI's blocking collective on the application's communicator (in call order).
-    const void* s = hcall.send ? hcall.send : MPI_IN_PLACE;
-    const int n = static_cast<int>(hcall.count);
-    switch (a.coll) {
-      case Coll::allreduce: crc = PMPI_Allreduce(s, host, n, hcall.type, a.op, a.comm); break;
-      case Coll::reduce:
-        crc = PMPI_Reduce(s, hcall.recv, n, hcall.type, a.op, a.root, a.comm);
-        break;
-      case Coll::bcast: crc = PMPI_Bcast(host, n, hcall.type, a.root, a.comm); break;
-      case Coll::allgather:
-        crc = PMPI_Allgather(MPI_IN_PLACE, 0, hcall.type, host, n, hcall.type, a.comm);
-        break;
-      case Coll::reduce_scatter_block:
-        crc = PMPI_Reduce_scatter_block(MPI_IN_PLACE, host, n, hcall.type, a.op, a.comm);
-        break;
-      default: crc = MPI_ERR_INTERN;
-    }
-  } else {
-    sched::Params p{a.coll, algo, hc.rank, hc.size, a.root, hcall.count, hcall.send == nullptr};
-    sched::ScheduleRun run(hc.schedule(p), hcall.send, hcall.recv, hcall.type, hcall.extent,
-                           a.op, hc.p2p, hc.tag());
-    crc = run.run();
-  }
+  const int crc = run_blocking(host_call(a, algo, hc.rank, extent, host), hc, a.comm);
   if (rc == MPI_SUCCESS) rc = crc;
   if (rc == MPI_SUCCESS && c.out_dst && c.out_bytes) {
     CUresult r = d.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(c.out_dst),
@@ -872,22 +845,21 @@ int run_device_classic(const CollArgs& a, HtComm& hc, Algo algo, Device& gpu) {
 // A local failure before the host collective reached the engine: this rank still takes
 // part in it (on scratch memory, on this thread), so that the other ranks are not left
 // waiting for it or, worse, matched with its next call. Returns `rc`.
-int stand_in(const CollArgs& a, const std::shared_ptr<HtComm>& hc, Algo algo, uint64_t bytes,
-             int rc) {
+int stand_in(const CollArgs& a, const std::shared_ptr<HtComm>& hc, Algo algo, int extent,
+             uint64_t bytes, int rc) {
   std::vector<char> scratch(bytes ? bytes : 1);
-  HostPart part(hc, staged_host_call(a, algo, hc->rank, scratch.data()));
+  HostPart part(hc, host_call(a, algo, hc->rank, extent, scratch.data()));
   for (bool done = false; !done;) part.step(&done);
   return rc;
 }
 
 // Stream-ordered (env.has_stream) or non-blocking: through the engine.
 int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, Algo algo,
-                     Device& gpu, const CallEnv& env, config::HtWait mode) {
+                     int extent, Device& gpu, const CallEnv& env, config::HtWait mode) {
   const cuda::Driver& d = cuda::driver();
   DeviceSide& ds = DeviceSide::get();
   cuda::ScopedContext scope(gpu.ctx);
-  const HostCall probe = staged_host_call(a, algo, hc->rank, nullptr);
-  const Copies c = plan_copies(a, probe.count, probe.extent, hc->rank, hc->size);
+  const Copies c = plan_copies(a, call_count(a), extent, hc->rank, hc->size);
 
   // The stream the work goes on: the attached stream for a blocking call; the side
   // stream, after the attached (or legacy) stream, for MPI_I*.
@@ -902,13 +874,13 @@ int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, Algo 
     if (r == CUDA_SUCCESS) r = d.cuStreamWaitEvent(work, start, 0);
     ds.put_event(gpu, start);  // recorded and waited on: reusable
     if (r != CUDA_SUCCESS)
-      return stand_in(a, hc, algo, c.staging_bytes,
+      return stand_in(a, hc, algo, extent, c.staging_bytes,
                       fail(Failure::cuda, cuda::describe("ht: ordering the side stream", r)));
   }
   Staging st;
   st.gpu = &gpu;
   if (int rc = enqueue_staged(&st, c, work, mode); rc != MPI_SUCCESS)
-    return stand_in(a, hc, algo, c.staging_bytes, rc);
+    return stand_in(a, hc, algo, extent, c.staging_bytes, rc);
 
   DeviceRequest* req = nullptr;
   if (a.nonblocking) {
@@ -921,7 +893,7 @@ int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, Algo 
       st.flag_written = true;
       d.cuStreamSynchronize(work);
       st.release();
-      return stand_in(a, hc, algo, c.staging_bytes,
+      return stand_in(a, hc, algo, extent, c.staging_bytes,
                       fail(Failure::cuda, cuda::describe("ht: cuEventRecord (request)", r)));
     }
     req = new DeviceRequest(env.has_stream, app, &gpu, done);
@@ -930,10 +902,10 @@ int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, Algo 
       st.flag_written = true;
       d.cuStreamSynchronize(work);
       st.release();
-      return stand_in(a, hc, algo, c.staging_bytes, rc);  // start_request deleted req
+      return stand_in(a, hc, algo, extent, c.staging_bytes, rc);  // start_request deleted req
     }
   }
-  auto part = std::make_unique<HostPart>(hc, staged_host_call(a, algo, hc->rank, st.host));
+  auto part = std::make_unique<HostPart>(hc, host_call(a, algo, hc->rank, extent, st.host));
   // A stream-ordered request is completed by MPI_Wait itself (and may be freed by MPI
   // before the engine is done): the engine reports to it only in classic mode.
   DeviceRequest* report_to = env.has_stream ? nullptr : req;
@@ -977,7 +949,7 @@ class HtRoute final : public Route {
       return false;
     }
     // Every message of a schedule is at most the call's whole vector.
-    const uint64_t elems = vector_elems(a.coll, call_count(a), ctx.size);
+    const uint64_t elems = call_bytes(a, ctx.size, 1, 1);
     if (elems > static_cast<uint64_t>(INT_MAX)) return false;
 #if STREAMCOLL_HAVE_CUDA
     if (device && (!cuda::driver().usable ||
@@ -1001,25 +973,22 @@ class HtRoute final : public Route {
     auto& st = static_cast<HtState&>(*ctx.route_state[static_cast<int>(RouteId::ht)]);
     const std::shared_ptr<HtComm>& hc = st.comm;
     if (int e = hc->error.load(); e != MPI_SUCCESS) return e;
-    const uint64_t bytes = vector_elems(a.coll, call_count(a), hc->size) *
-                           static_cast<uint64_t>(type_extent(call_type(a)));
-    const Algo algo = choose_algo(a, choice, bytes, hc->size);
+    const int extent = element_size(a);
+    const Algo algo = choose_algo(a, choice, call_bytes(a, hc->size, extent, extent), hc->size);
 
 #if STREAMCOLL_HAVE_CUDA
     if (env.mem == MemKind::device) {
       Device* gpu = DeviceSide::get().device(env.device);
       if (!gpu) return fail(Failure::cuda, "ht: the buffer's GPU has no usable context");
-      if (!env.has_stream && !a.nonblocking) return run_device_classic(a, *hc, algo, *gpu);
-      return run_device_async(a, hc, algo, *gpu, env, Runtime::get().settings().ht_wait);
+      if (!env.has_stream && !a.nonblocking) return run_device_classic(a, *hc, algo, extent, *gpu);
+      return run_device_async(a, hc, algo, extent, *gpu, env,
+                              Runtime::get().settings().ht_wait);
     }
 #endif
-    const HostCall h = host_call(a, algo, hc->rank);
+    const HostCall h = host_call(a, algo, hc->rank, extent);
     if (!a.nonblocking) {
-      if (algo == Algo::mpi) return run_pmpi(a);  // the MPI's own, on the calling thread
-      sched::Params p{a.coll, algo, hc->rank, hc->size, a.root, h.count, h.send == nullptr};
-      sched::ScheduleRun run(hc->schedule(p), h.send, h.recv, h.type, h.extent, a.op, hc->p2p,
-                             hc->tag());
-      return run.run();
+      if (algo == Algo::mpi) return run_pmpi(a);  // the MPI's own blocking call, unchanged
+      return run_blocking(h, *hc, a.comm);
     }
     auto* req = new HostRequest;
     auto part = std::make_unique<HostPart>(hc, h);
