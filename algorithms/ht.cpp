@@ -47,6 +47,7 @@
 #include "algorithms/schedule_exec.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/datatypes.hpp"
+#include "core/engine_request.hpp"
 #include "core/errors.hpp"
 #include "core/log.hpp"
 #include "core/progress.hpp"
@@ -187,49 +188,6 @@ class HostPart {
   uint64_t ticket_ = 0;
   bool started_ = false;
   MPI_Request req_ = MPI_REQUEST_NULL;
-};
-
-// The engine's "done" for a request, so that MPI_Wait sleeps (after a short spin) instead
-// of polling inside the MPI: on a full node the progress thread needs that core.
-class Completion {
- public:
-  /// Engine side, before MPI_Grequest_complete (after which the request may be freed).
-  void signal() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_.store(true, std::memory_order_release);
-    }
-    cv_.notify_all();
-  }
-  /// Application side: returns once signal() has run.
-  void wait() {
-    for (int i = 0; i < 4000; ++i)
-      if (done_.load(std::memory_order_acquire)) return;
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done_.load(std::memory_order_acquire); });
-  }
-
- private:
-  std::atomic<bool> done_{false};
-  std::mutex mu_;
-  std::condition_variable cv_;
-};
-
-// MPI_I* on host buffers: the request the application waits for; the engine completes it.
-class HostRequest final : public ManagedRequest {
- public:
-  void on_wait() override { done_.wait(); }
-  void on_test() override {}
-  int error() const override { return err_.load(std::memory_order_acquire); }
-  void finish(int rc) {
-    err_.store(rc, std::memory_order_release);
-    done_.signal();
-    complete();
-  }
-
- private:
-  std::atomic<int> err_{MPI_SUCCESS};
-  Completion done_;
 };
 
 class HostTask final : public progress::Task {

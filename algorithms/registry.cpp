@@ -5,6 +5,7 @@ namespace streamcoll {
 
 Route* pmpi_route();
 Route* ht_route();
+Route* blueconnect_route();
 void ht_shutdown();
 #if STREAMCOLL_HAVE_NCCL
 Route* nccl_route();
@@ -15,6 +16,7 @@ Route* find_route(RouteId id) {
   switch (id) {
     case RouteId::pmpi: return pmpi_route();
     case RouteId::ht: return ht_route();
+    case RouteId::blueconnect: return blueconnect_route();
 #if STREAMCOLL_HAVE_NCCL
     case RouteId::nccl: return nccl_route();
 #endif

@@ -17,6 +17,8 @@
 
 #include <algorithm>
 
+#include "algorithms/blueconnect_plan.hpp"
+
 namespace streamcoll::sched {
 
 namespace {
@@ -143,9 +145,10 @@ void post_step(Builder& b, int me, int rem, uint64_t n, Loc res) {
 /// Recursive halving reduce-scatter among p' = pof2 virtual ranks (paper section 4.1):
 /// in the step at distance d (p'/2 first) v keeps the half of its range of blocks on its
 /// side of v^d, sends the other half and combines the half it keeps. v ends with block v.
-/// `start(i)` is where block i of the p' blocks starts, start(p') the end.
-template <class Start>
-void halving(Builder& b, int v, int pof2, int rem, Start start, Loc work, Loc* own, Loc in) {
+/// `start(i)` is where block i of the p' blocks starts, start(p') the end; `peer(w)` the
+/// rank that plays virtual rank w.
+template <class Start, class Peer>
+void halving(Builder& b, int v, int pof2, Start start, Peer peer, Loc work, Loc* own, Loc in) {
   int lo = 0;
   for (int d = pof2 / 2; d >= 1; d /= 2) {
     b.round();
@@ -153,9 +156,9 @@ void halving(Builder& b, int v, int pof2, int rem, Start start, Loc work, Loc* o
     int keep = lo, give = lo + d;
     if (v & d) std::swap(keep, give);
     lo = keep;
-    b.send(own->at(start(give)), start(give + d) - start(give), real_rank(w, rem));
+    b.send(own->at(start(give)), start(give + d) - start(give), peer(w));
     b.recv_reduce(work.at(start(keep)), own->at(start(keep)), in,
-                  start(keep + d) - start(keep), real_rank(w, rem));
+                  start(keep + d) - start(keep), peer(w));
     *own = work;
   }
 }
@@ -193,7 +196,7 @@ void allreduce_rabenseifner(Builder& b, int me, int p, uint64_t n, bool in_place
   if (v >= 0) {
     const Blocks bl{n, static_cast<uint64_t>(pof2)};
     auto start = [&](int i) { return bl.off(i); };
-    halving(b, v, pof2, rem, start, res, &own, in);
+    halving(b, v, pof2, start, [&](int w) { return real_rank(w, rem); }, res, &own, in);
     // All-gather: before the step at distance d, v holds the d blocks of its aligned group.
     for (int d = 1; d < pof2; d *= 2) {
       b.round();
@@ -483,7 +486,7 @@ void rsb_halving(Builder& b, int me, int p, uint64_t n, bool in_place) {
   const int v = pre_step(b, me, rem, total, work, &own, in);
   if (v >= 0) {
     auto start = [&](int i) { return static_cast<uint64_t>(i + std::min(i, rem)) * n; };
-    halving(b, v, pof2, rem, start, work, &own, in);
+    halving(b, v, pof2, start, [&](int w) { return real_rank(w, rem); }, work, &own, in);
   }
   const Loc res{Buf::recv};
   if (me < 2 * rem) {
@@ -523,7 +526,87 @@ void rsb_ring(Builder& b, int me, int p, uint64_t n, bool in_place) {
   if (in_place) b.copy(res, res.at(block(me)), n);  // after the last reduction
 }
 
+// ---- hierarchical stages (BlueConnect) ------------------------------------------------
+// The group's members are st.ranks[0..m); block j of the segment is
+// [st.bounds[j], st.bounds[j+1]) of recv.
+
+// Ring reduce-scatter over the group's blocks (as rsb_ring): in step s member me passes on
+// the partial result of block me-s-1 and combines its own data into block me-s-2, so it
+// finishes block me.
+void stage_rs_ring(Builder& b, const bc::Stage& st, Loc own) {
+  const int m = st.size(), me = st.me;
+  const Loc work{Buf::recv}, in{Buf::tmp};
+  const int next = st.ranks[static_cast<size_t>(mod(me + 1, m))];
+  const int prev = st.ranks[static_cast<size_t>(mod(me - 1, m))];
+  for (int s = 0; s < m - 1; ++s) {
+    b.round();
+    const int sb = mod(me - s - 1, m), rb = mod(me - s - 2, m);
+    b.send((s == 0 ? own : work).at(st.block_off(sb)), st.block_len(sb), next);
+    b.recv_reduce(work.at(st.block_off(rb)), own.at(st.block_off(rb)), in, st.block_len(rb),
+                  prev);
+  }
+}
+
+// Recursive doubling all-gather over the group's blocks (m a power of two): before the
+// step at distance d, member me holds the d blocks of its aligned group.
+void stage_ag_doubling(Builder& b, const bc::Stage& st) {
+  const Loc work{Buf::recv};
+  for (int d = 1; d < st.size(); d *= 2) {
+    b.round();
+    const int w = st.me ^ d;
+    const int mine = st.me & ~(d - 1), theirs = w & ~(d - 1);
+    const int peer = st.ranks[static_cast<size_t>(w)];
+    b.send(work.at(st.bounds[mine]), st.bounds[mine + d] - st.bounds[mine], peer);
+    b.recv(work.at(st.bounds[theirs]), st.bounds[theirs + d] - st.bounds[theirs], peer);
+  }
+}
+
+// Ring all-gather over the group's blocks: in step s member me passes block me-s on.
+void stage_ag_ring(Builder& b, const bc::Stage& st) {
+  const int m = st.size(), me = st.me;
+  const Loc work{Buf::recv};
+  const int next = st.ranks[static_cast<size_t>(mod(me + 1, m))];
+  const int prev = st.ranks[static_cast<size_t>(mod(me - 1, m))];
+  for (int s = 0; s < m - 1; ++s) {
+    b.round();
+    const int sb = mod(me - s, m), rb = mod(me - s - 1, m);
+    b.send(work.at(st.block_off(sb)), st.block_len(sb), next);
+    b.recv(work.at(st.block_off(rb)), st.block_len(rb), prev);
+  }
+}
+
 }  // namespace
+
+Schedule build_stage_reduce_scatter(const bc::Stage& st, bool from_send) {
+  Schedule s;
+  Builder b(&s);
+  Loc own = from_send ? Loc{Buf::send} : Loc{Buf::recv};
+  const int m = st.size();
+  if (m == 1) {
+    if (from_send) b.copy(Loc{Buf::recv, st.seg_off}, own.at(st.seg_off), st.seg_len);
+  } else if (st.algo == bc::StageAlgo::halving_doubling) {
+    auto start = [&](int i) { return st.bounds[static_cast<size_t>(i)]; };
+    auto peer = [&](int w) { return st.ranks[static_cast<size_t>(w)]; };
+    halving(b, st.me, m, start, peer, Loc{Buf::recv}, &own, Loc{Buf::tmp});
+  } else {
+    stage_rs_ring(b, st, own);
+  }
+  b.finish();
+  return s;
+}
+
+Schedule build_stage_all_gather(const bc::Stage& st) {
+  Schedule s;
+  Builder b(&s);
+  if (st.size() > 1) {
+    if (st.algo == bc::StageAlgo::halving_doubling)
+      stage_ag_doubling(b, st);
+    else
+      stage_ag_ring(b, st);
+  }
+  b.finish();
+  return s;
+}
 
 std::string_view name(Algo a) {
   switch (a) {

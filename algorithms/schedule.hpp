@@ -41,6 +41,10 @@
 
 #include "core/types.hpp"
 
+namespace streamcoll::bc {
+struct Stage;
+}
+
 namespace streamcoll::sched {
 
 /// A host algorithm, as named by the tuning table's `algo=` parameter of route ht.
@@ -119,5 +123,21 @@ Schedule build(const Params& p);
 /// (allgather, bcast, reduce_scatter_block), with MPICH's crossover points.
 /// `bytes` as config::CallKey::bytes.
 Algo default_algo(Coll c, uint64_t bytes, int size);
+
+/// One stage of a hierarchical collective (BlueConnect, algorithms/blueconnect_plan.hpp)
+/// for one rank: the group st.ranks reduce-scatters the segment of the vector at recv
+/// (element offsets as in the stage, absolute) so that this rank ends with block st.me
+/// reduced over the group, in recv; recursive halving (halving_doubling, group size a
+/// power of two) or the ring. With from_send the rank's own contribution is read from
+/// send (same offsets) instead of recv, which holds no input yet. Blocks of other ranks
+/// in recv are left with partial results.
+/// Cost with m = group size, N = segment bytes: lg m·α + N(m-1)/m·(β+γ) (halving),
+/// (m-1)·α + N(m-1)/m·(β+γ) (ring).
+Schedule build_stage_reduce_scatter(const bc::Stage& st, bool from_send);
+
+/// The all-gather of the same stage: this rank holds block st.me of the segment in recv;
+/// afterwards it holds every block of the segment. Recursive doubling or the ring.
+/// Cost lg m·α + N(m-1)/m·β (doubling), (m-1)·α + N(m-1)/m·β (ring).
+Schedule build_stage_all_gather(const bc::Stage& st);
 
 }  // namespace streamcoll::sched

@@ -40,6 +40,14 @@ const std::vector<Knob>& knobs() {
        "auto|memop|kernel: how route ht holds a stream until the host collective is done: "
        "cuStreamWaitValue32 (memop), a one-thread spin kernel (kernel), or memop where the "
        "driver supports it and the kernel otherwise (auto)"},
+      {"STREAMCOLL_HIERARCHY", "",
+       "factors such as 2x2x2 (innermost level first): route blueconnect imposes this "
+       "hierarchy, ranks in order, on every communicator of that size, instead of the "
+       "discovered one (the tuning table's hierarchy= wins over it)"},
+      {"STREAMCOLL_NODE_GROUPS", "",
+       "levels above the node for route blueconnect: ';'-separated extended regular "
+       "expressions, innermost first, matched against each node's name; the first "
+       "parenthesised part (or the whole match) names its switch, rack, ..."},
   };
   return k;
 }
@@ -117,6 +125,14 @@ Settings read_settings() {
       s.problems.push_back(std::string("STREAMCOLL_HT_WAIT='") + v +
                            "' is not auto|memop|kernel; using auto");
   }
+  if (const char* v = get("STREAMCOLL_HIERARCHY")) {
+    if (auto f = topo::parse_factors(v))
+      s.hierarchy = *f;
+    else
+      s.problems.push_back(std::string("STREAMCOLL_HIERARCHY='") + v +
+                           "' is not a list of factors like 2x2x2; ignored");
+  }
+  if (const char* v = get("STREAMCOLL_NODE_GROUPS")) s.node_groups = v;
   return s;
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/log.hpp"
+#include "core/topology.hpp"
 
 namespace streamcoll::config {
 
@@ -47,6 +48,8 @@ struct Settings {
   bool thread_multiple = true;   ///< STREAMCOLL_THREAD_MULTIPLE
   bool progress_bind = true;     ///< STREAMCOLL_PROGRESS_BIND=auto (false: none)
   HtWait ht_wait = HtWait::auto_detect;  ///< STREAMCOLL_HT_WAIT
+  std::vector<int> hierarchy;    ///< STREAMCOLL_HIERARCHY factors, innermost first (empty: none)
+  std::string node_groups;       ///< STREAMCOLL_NODE_GROUPS
   std::vector<std::string> problems;  ///< values that could not be understood
 };
 Settings read_settings();

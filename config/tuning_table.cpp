@@ -69,6 +69,13 @@ std::string check_param(RouteId r, std::string_view key, std::string_view value)
       return ok ? "" : "'" + std::string(key) + "' needs factors like 2x4, got '" +
                            std::string(value) + "'";
     }
+    if (p.kind == "list") {  // one value, or one per level: a/b/c
+      bool ok = true;
+      for (auto v : split(value, '/'))
+        ok = ok && std::find(p.values.begin(), p.values.end(), v) != p.values.end();
+      return ok ? "" : "'" + std::string(key) + "' takes " + join(p.values) +
+                           " or a '/'-separated list of them, got '" + std::string(value) + "'";
+    }
     if (std::find(p.values.begin(), p.values.end(), value) != p.values.end()) return "";
     return "'" + std::string(key) + "' must be one of " + join(p.values) + ", got '" +
            std::string(value) + "'";
@@ -183,8 +190,11 @@ const std::vector<ParamSpec>& route_params(RouteId r) {
   static const std::vector<ParamSpec> none;
   static const std::vector<ParamSpec> ht = {
       {"algo", {"rd", "rabenseifner", "ring", "mpi"}, ""}, {"chunk", {}, "size"}};
-  static const std::vector<ParamSpec> blueconnect = {{"hierarchy", {}, "hierarchy"},
-                                                      {"chunk", {}, "size"}};
+  static const std::vector<ParamSpec> blueconnect = {
+      {"hierarchy", {}, "hierarchy"},
+      {"backend", {"sched", "mpi", "nccl"}, "list"},
+      {"algo", {"auto", "ring"}, ""},
+      {"chunk", {}, "size"}};
   static const std::vector<ParamSpec> chunked = {{"chunk", {}, "size"}};
   switch (r) {
     case RouteId::ht: return ht;

@@ -121,12 +121,13 @@ class TuningTable {
 /// The table compiled into the library, used when no file is given or a file is bad.
 std::string_view default_table_text();
 
-/// Parameter keys a route accepts, with the allowed values ("" = a byte size,
-/// "hierarchy" = AxBx...). Unknown keys are rejected at parse time.
+/// Parameter keys a route accepts, with the allowed values. Unknown keys and values are
+/// rejected at parse time.
 struct ParamSpec {
   std::string_view key;
   std::vector<std::string_view> values;  ///< empty: see `kind`
-  std::string_view kind;                 ///< "size", "hierarchy" or "" (enumerated)
+  std::string_view kind;                 ///< "size" (a byte size), "hierarchy" (AxBx...),
+                                         ///< "list" (values joined by '/'), "" (one value)
 };
 const std::vector<ParamSpec>& route_params(RouteId r);
 

@@ -24,10 +24,12 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <numeric>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "algorithms/blueconnect_plan.hpp"
 #include "algorithms/schedule.hpp"
 
 using namespace streamcoll;
@@ -716,4 +718,199 @@ TEST_CASE("schedule: algorithm names and defaults") {
     }
   }
   CHECK(default_algo(Coll::alltoall, 8, 4) == Algo::mpi);
+}
+
+// ---- BlueConnect stages (algorithms/blueconnect_plan.hpp) ------------------------------
+// The stage schedules of a hierarchy, concatenated, run by the same simulator: allreduce
+// (reduce-scatter stages up, all-gather stages down) against the plain-loop sums, and the
+// two halves alone against what each must leave.
+
+namespace {
+
+/// Every ordered factorization of p into factors >= 2 (p = 1: none, i.e. {}).
+void factorizations(int p, std::vector<int>& cur, std::vector<std::vector<int>>& out) {
+  if (p == 1) {
+    out.push_back(cur);
+    return;
+  }
+  for (int f = 2; f <= p; ++f) {
+    if (p % f) continue;
+    cur.push_back(f);
+    factorizations(p / f, cur, out);
+    cur.pop_back();
+  }
+}
+std::vector<std::vector<int>> factorizations(int p) {
+  std::vector<std::vector<int>> out;
+  std::vector<int> cur;
+  factorizations(p, cur, out);
+  return out;
+}
+
+/// A hierarchy with the given factors and a layout: identity, or shuffled.
+streamcoll::topo::Hierarchy hierarchy(const std::vector<int>& factors, int p, bool shuffle) {
+  streamcoll::topo::Hierarchy h;
+  h.factors = factors.empty() ? std::vector<int>{p} : factors;
+  h.names.assign(h.factors.size(), "test");
+  for (int r = 0; r < p; ++r) h.rank_at.push_back(r);
+  if (shuffle) {  // a fixed permutation: position q holds rank (q*k + 3) mod p, k coprime
+    int k = 1;
+    for (int c = p / 2 + 1; c < 2 * p + 2; ++c) {
+      int a = c, b = p;
+      while (b) a %= b, std::swap(a, b);
+      if (a == 1) {
+        k = c;
+        break;
+      }
+    }
+    for (int q = 0; q < p; ++q) h.rank_at[static_cast<size_t>(q)] = (q * k + 3) % p;
+  }
+  h.position_of.assign(static_cast<size_t>(p), 0);
+  for (int q = 0; q < p; ++q) h.position_of[static_cast<size_t>(h.rank_at[static_cast<size_t>(q)])] = q;
+  return h;
+}
+
+Schedule concat(const std::vector<Schedule>& parts) {
+  Schedule out;
+  for (const Schedule& s : parts) {
+    const uint32_t base = static_cast<uint32_t>(out.ops.size());
+    for (uint32_t r : s.rounds) out.rounds.push_back(base + r);
+    out.ops.insert(out.ops.end(), s.ops.begin(), s.ops.end());
+    out.tmp_elems = std::max(out.tmp_elems, s.tmp_elems);
+  }
+  return out;
+}
+
+/// The BlueConnect schedule of one rank: reduce-scatter stages (rs), then all-gather
+/// stages backwards (ag).
+BuildFn blueconnect(const streamcoll::topo::Hierarchy& h, bool ring_only, bool rs, bool ag) {
+  return [h, ring_only, rs, ag](const Params& q) {
+    const streamcoll::bc::Plan pl = streamcoll::bc::plan(h, q.rank, q.count, ring_only);
+    std::vector<Schedule> parts;
+    if (rs)
+      for (size_t i = 0; i < pl.stages.size(); ++i)
+        parts.push_back(build_stage_reduce_scatter(pl.stages[i], i == 0 && !q.in_place));
+    if (ag)
+      for (size_t i = pl.stages.size(); i-- > 0;)
+        parts.push_back(build_stage_all_gather(pl.stages[i]));
+    return concat(parts);
+  };
+}
+
+std::string hdesc(const streamcoll::topo::Hierarchy& h) {
+  std::string s;
+  for (int f : h.factors) s += (s.empty() ? "" : "x") + std::to_string(f);
+  return s;
+}
+
+/// Reduce-scatter stages alone (in place): every rank's final block holds the sum.
+/// All-gather stages alone: afterwards every element holds its owner's input.
+std::string run_halves(const Params& p, const streamcoll::topo::Hierarchy& h, bool ring_only) {
+  std::vector<std::vector<Cell>> res;
+  Params q = p;
+  q.in_place = true;
+  if (auto e = simulate<IntElems>(q, blueconnect(h, ring_only, true, false), &res); !e.empty())
+    return "reduce-scatter: " + e;
+  const uint64_t everyone = p.size == 64 ? ~uint64_t{0} : (uint64_t{1} << p.size) - 1;
+  std::vector<int> owner(p.count, -1);
+  for (int r = 0; r < p.size; ++r) {
+    const auto pl = streamcoll::bc::plan(h, r, p.count, ring_only);
+    for (uint64_t j = pl.final_off; j < pl.final_off + pl.final_len; ++j) {
+      owner[j] = r;
+      int64_t sum = 0;
+      for (int s = 0; s < p.size; ++s) sum += input_value(s, j);
+      const Cell& c = res[static_cast<size_t>(r)][j];
+      if (c.poison || c.v != sum || c.ranks != everyone)
+        return "reduce-scatter: rank " + std::to_string(r) + " element " + std::to_string(j) +
+               " is not the sum";
+    }
+  }
+  if (auto e = simulate<IntElems>(q, blueconnect(h, ring_only, false, true), &res); !e.empty())
+    return "all-gather: " + e;
+  for (int r = 0; r < p.size; ++r)
+    for (uint64_t j = 0; j < p.count; ++j)
+      if (!(res[static_cast<size_t>(r)][j] == IntElems::input(owner[j], j)))
+        return "all-gather: rank " + std::to_string(r) + " element " + std::to_string(j) +
+               " is not its owner's";
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("schedule: BlueConnect stages, every factorization of 1..24 ranks and named ones") {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::pair<int, std::vector<int>>> cases;
+  for (int p = 1; p <= 24; ++p)
+    for (auto& f : factorizations(p)) cases.push_back({p, f});
+  for (auto f : {std::vector<int>{3, 2, 2}, {4, 6}, {16, 6}, {2, 2, 2}, {6, 4}, {2, 32}, {4, 4, 4},
+                 {4, 12}})
+    cases.push_back({std::accumulate(f.begin(), f.end(), 1, std::multiplies<int>()), f});
+  int sims = 0, failures = 0;
+  for (auto& [p, f] : cases) {
+    for (bool shuffle : {false, true}) {
+      const auto h = hierarchy(f, p, shuffle);
+      for (bool ring_only : {false, true}) {
+        for (uint64_t n : counts_for(p)) {
+          if (p > 24 && n != uint64_t(3 * p + 5) && n != 1) continue;  // keep it quick
+          for (bool in_place : {false, true}) {
+            Params par;
+            par.size = p;
+            par.count = n;
+            par.in_place = in_place;
+            // Integer cells track contributions for up to 64 ranks; beyond, doubles only.
+            std::string e;
+            if (p <= 64) {
+              e = run_and_check(par, blueconnect(h, ring_only, true, true));
+              if (e.empty() && in_place) e = run_halves(par, h, ring_only);
+            }
+            if (e.empty() && !in_place && (n == static_cast<uint64_t>(p) + 1 || p > 64))
+              e = run_doubles(par, blueconnect(h, ring_only, true, true));
+            ++sims;
+            if (!e.empty() && ++failures <= 8) {
+              const std::string what = "hierarchy " + hdesc(h) +
+                                       (shuffle ? " shuffled" : "") +
+                                       (ring_only ? " rings" : "") + " count " +
+                                       std::to_string(n) + (in_place ? " in place" : "");
+              FAIL_CHECK(what << ": " << e);
+            }
+          }
+        }
+      }
+    }
+  }
+  const double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  MESSAGE("BlueConnect: " << cases.size() << " hierarchies, " << sims
+                          << " allreduce simulations (plus halves) in " << s << " s, "
+                          << failures << " failed");
+  CHECK(failures == 0);
+}
+
+TEST_CASE("schedule: BlueConnect message counts match the decomposition") {
+  // Per rank, a ring stage of m sends 2(m-1) messages (reduce-scatter + all-gather) and a
+  // halving/doubling stage 2 lg m, when every block is non-empty.
+  for (auto f : {std::vector<int>{3, 2, 2}, {4, 6}, {2, 2, 2}, {16, 6}}) {
+    const int p = std::accumulate(f.begin(), f.end(), 1, std::multiplies<int>());
+    const auto h = hierarchy(f, p, false);
+    for (bool ring_only : {false, true}) {
+      int want = 0;
+      for (int m : f) {
+        const bool pow2 = (m & (m - 1)) == 0;
+        int lg = 0;
+        while ((1 << lg) < m) ++lg;
+        want += 2 * ((pow2 && !ring_only) ? lg : m - 1);
+      }
+      Params q;
+      q.size = p;
+      q.count = static_cast<uint64_t>(p) * 10;
+      for (int r = 0; r < p; ++r) {
+        q.rank = r;
+        const Schedule s = blueconnect(h, ring_only, true, true)(q);
+        const auto sends = std::count_if(s.ops.begin(), s.ops.end(),
+                                         [](const Op& o) { return o.kind == Op::Kind::send; });
+        const std::string what = hdesc(h) + " rank " + std::to_string(r) + (ring_only ? " rings" : "");
+        CHECK_MESSAGE(sends == want, what);
+      }
+    }
+  }
 }

@@ -133,6 +133,22 @@ TEST_CASE("nodes and ppn columns") {
   CHECK(t.match(k) == nullptr);
 }
 
+TEST_CASE("blueconnect parameters: hierarchy, backends per level, stage algorithm") {
+  TuningTable t = parse_ok(
+      "allreduce * * * * host * blueconnect hierarchy=2x2x2 backend=sched/mpi/sched algo=ring\n"
+      "allgather * * * * device * blueconnect backend=nccl\n");
+  const Rule* r = t.match(key(Coll::allreduce, 8, 8, MemKind::host));
+  REQUIRE(r);
+  CHECK(r->choice.route == RouteId::blueconnect);
+  CHECK(r->choice.param("hierarchy") == std::string_view("2x2x2"));
+  CHECK(r->choice.param("backend") == std::string_view("sched/mpi/sched"));
+  CHECK(r->choice.param("algo") == std::string_view("ring"));
+  r = t.match(key(Coll::allgather, 8, 8, MemKind::device));
+  REQUIRE(r);
+  CHECK(r->choice.param("backend") == std::string_view("nccl"));
+  CHECK_FALSE(r->choice.param("hierarchy"));
+}
+
 TEST_CASE("malformed tables name the line and the reason") {
   struct Case {
     const char* text;
@@ -153,6 +169,11 @@ TEST_CASE("malformed tables name the line and the reason") {
       {"allreduce * * * * device * ht algo\n", 1, "is not key=value"},
       {"allreduce * * * * device * nccl algo=rd\n", 1, "takes no parameter 'algo'"},
       {"allreduce * * * * device * blueconnect hierarchy=2x0\n", 1, "needs factors like 2x4"},
+      {"allreduce * * * * host * blueconnect backend=ucx\n", 1,
+       "'backend' takes sched|mpi|nccl or a '/'-separated list of them, got 'ucx'"},
+      {"allreduce * * * * host * blueconnect backend=sched//mpi\n", 1, "got 'sched//mpi'"},
+      {"allreduce * * * * host * blueconnect backend=\n", 1, "got ''"},
+      {"allreduce * * * * host * blueconnect algo=rd\n", 1, "'algo' must be one of auto|ring"},
       {"* * * * * * * pmpi\nbcast * * * * host * pmpi extra\n", 2, "is not key=value"},
   };
   for (const Case& c : cases) {

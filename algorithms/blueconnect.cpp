@@ -1,0 +1,832 @@
+// Route blueconnect: hierarchical allreduce, reduce-scatter and all-gather (M. Cho et al.,
+// "BlueConnect: Decomposing All-Reduce for Deep Learning on Heterogeneous Network
+// Hierarchy", SysML 2019, section 3). The decomposition is algorithms/blueconnect_plan.hpp;
+// the hierarchy comes from core/topology.hpp.
+//
+// For a call on host (or pinned) buffers, every rank runs its stages in order:
+//   allreduce             reduce-scatter stages 0..k, then all-gather stages k..0, on the
+//                         receive buffer (the first stage reads the send buffer)
+//   reduce_scatter_block  the p input blocks permuted into tree order (blueconnect_plan.hpp)
+//                         in scratch, reduce-scatter stages 0..k, the rank's block out
+//   allgather             the rank's block into its tree-order slot, all-gather stages
+//                         k..0, the blocks permuted into rank order
+// Each stage runs on a backend of its own, per level, from the table's backend= (one
+// name for every level, or one per level innermost first, joined by '/'):
+//   sched  streamcoll's schedules (algorithms/schedule.hpp: recursive halving/doubling
+//          for a power-of-two group, the ring otherwise; algo=ring forces rings) on
+//          PMPI_ point-to-point over a private duplicate of the communicator
+//   mpi    the MPI's own MPI_Ireduce_scatter / MPI_Iallgatherv on a sub-communicator per
+//          level (created once per hierarchy, at a blocking call, and cached)
+// Blocking calls run on the calling thread; MPI_I* calls on the progress engine
+// (core/progress), as route ht's do, and need MPI_THREAD_MULTIPLE. Collectives on a
+// sub-communicator start in call order on every rank (a ticket per level).
+//
+// Which hierarchy: the rule's hierarchy=AxB..., else STREAMCOLL_HIERARCHY, else the
+// discovered one (core/topology.hpp); imposed factors whose product is not the
+// communicator size, or a non-uniform discovered hierarchy, make the route decline (the
+// call goes to pmpi).
+//
+// GPU buffers (backend=nccl on every level; blocking calls): each stage is route nccl's
+// reduce-scatter or all-gather on the level's sub-communicator, in NCCL's in-place forms,
+// all on one stream: the attached stream (stream semantics: the host does not wait) or
+// the legacy default stream, which a classic call then waits for. MPI_I* calls, and
+// stages on other backends, are not carried for GPU buffers (the call goes elsewhere).
+#include <mpi.h>
+
+#include <sched.h>
+
+#include <atomic>
+#include <climits>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "algorithms/blueconnect_plan.hpp"
+#include "algorithms/route.hpp"
+#include "algorithms/schedule.hpp"
+#include "algorithms/schedule_exec.hpp"
+#include "core/comm_context.hpp"
+#include "core/cuda_driver.hpp"
+#include "core/errors.hpp"
+#include "core/datatypes.hpp"
+#include "core/engine_request.hpp"
+#include "core/log.hpp"
+#include "core/progress.hpp"
+#include "core/runtime.hpp"
+#include "core/topology.hpp"
+#if STREAMCOLL_HAVE_NCCL
+#include "algorithms/nccl_map.hpp"
+#endif
+
+namespace streamcoll {
+namespace {
+
+enum class Backend : uint8_t { sched, mpi, nccl };
+
+// One hierarchy in use on a communicator, with what the mpi backend needs.
+struct Layout {
+  topo::Hierarchy h;
+  bool identity_slots = true;  // tree slot of every rank's position == rank
+  std::vector<MPI_Comm> sub;   // per level, MPI_COMM_NULL until the mpi backend needs it
+  std::vector<uint64_t> next_ticket;                   // application thread
+  std::unique_ptr<std::atomic<uint64_t>[]> turn;       // per level: ticket allowed to start
+  // GPU buffers (backend nccl): route nccl on each level's sub-communicator.
+  enum { unset, ready, off } gpu = unset;
+  std::vector<CommContext*> sub_ctx;  // the sub-communicators' contexts (owned by MPI)
+#if STREAMCOLL_HAVE_CUDA
+  int device = -1;
+  CUdevice cudev = 0;
+  CUcontext cuctx = nullptr;  // the device's primary context (retained)
+#endif
+
+  explicit Layout(topo::Hierarchy hier) : h(std::move(hier)) {
+    const size_t L = static_cast<size_t>(h.levels());
+    sub.assign(L, MPI_COMM_NULL);
+    next_ticket.assign(L, 0);
+    turn.reset(new std::atomic<uint64_t>[L]);
+    for (size_t i = 0; i < L; ++i) turn[i].store(0);
+    for (int r = 0; r < h.ranks(); ++r)
+      identity_slots = identity_slots &&
+                       bc::tree_slot(h.factors, h.position_of[static_cast<size_t>(r)]) == r;
+  }
+  ~Layout() {
+    for (MPI_Comm& c : sub)
+      if (c != MPI_COMM_NULL) PMPI_Comm_free(&c);  // frees their contexts too
+#if STREAMCOLL_HAVE_CUDA
+    if (cuctx) cuda::driver().cuDevicePrimaryCtxRelease(cudev);
+#endif
+  }
+  bool has_subs() const { return sub.empty() || sub[0] != MPI_COMM_NULL; }
+
+  // Collective over p2p: one sub-communicator per level, ranks ordered by coordinate.
+  bool make_subs(MPI_Comm p2p, int rank) {
+    const int pos = h.position_of[static_cast<size_t>(rank)];
+    int stride = 1;
+    for (int l = 0; l < h.levels(); ++l) {
+      const int m = h.factors[static_cast<size_t>(l)];
+      const int c = (pos / stride) % m;
+      if (PMPI_Comm_split(p2p, pos - c * stride, c, &sub[static_cast<size_t>(l)]) != MPI_SUCCESS) {
+        sub[static_cast<size_t>(l)] = MPI_COMM_NULL;
+        return false;
+      }
+      PMPI_Comm_set_errhandler(sub[static_cast<size_t>(l)], MPI_ERRORS_RETURN);
+      stride *= m;
+    }
+    return true;
+  }
+};
+
+// The stages of one call shape, built once and cached.
+struct Prepared {
+  bc::Plan plan;
+  std::vector<std::shared_ptr<const sched::Schedule>> rs, ag;  // per stage (sched backend)
+  std::vector<std::vector<int>> counts, displs;  // per stage, mpi backend: in elements,
+                                                 // displs relative to the segment
+  uint64_t scratch_elems = 0;                    // largest own block (mpi reduce-scatter)
+};
+
+// Per communicator; shared with the operations in flight, so that they outlive
+// MPI_Comm_free of the application's communicator.
+struct BcComm {
+  MPI_Comm p2p = MPI_COMM_NULL;
+  int rank = 0;
+  int size = 1;
+  uint32_t next_tag = 0;  // application thread
+  bool discovery_done = false;
+  std::optional<topo::Hierarchy> discovered;
+  std::string why_not;    // why there is no discovered hierarchy
+  bool told = false;      // the reason was logged
+
+  std::mutex mu;
+  std::map<std::string, std::shared_ptr<Layout>> layouts;  // by hierarchy source
+  std::map<std::tuple<const Layout*, int, uint64_t, bool, bool>, std::shared_ptr<const Prepared>>
+      prepared;
+
+  ~BcComm() {
+    layouts.clear();
+    if (p2p != MPI_COMM_NULL) PMPI_Comm_free(&p2p);
+  }
+  int tag() { return static_cast<int>(next_tag++ & 0x7fff); }
+
+  std::shared_ptr<const Prepared> prepare(const std::shared_ptr<Layout>& lay, Coll coll,
+                                          uint64_t vec, bool from_send, bool ring_only) {
+    auto key = std::make_tuple(lay.get(), static_cast<int>(coll), vec, from_send, ring_only);
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = prepared.find(key); it != prepared.end()) return it->second;
+    auto p = std::make_shared<Prepared>();
+    p->plan = bc::plan(lay->h, rank, vec, ring_only);
+    for (size_t i = 0; i < p->plan.stages.size(); ++i) {
+      const bc::Stage& st = p->plan.stages[i];
+      p->rs.push_back(std::make_shared<const sched::Schedule>(
+          sched::build_stage_reduce_scatter(st, from_send && i == 0)));
+      p->ag.push_back(std::make_shared<const sched::Schedule>(sched::build_stage_all_gather(st)));
+      std::vector<int> c, d;
+      for (int j = 0; j < st.size(); ++j) {
+        c.push_back(static_cast<int>(st.block_len(j)));
+        d.push_back(static_cast<int>(st.block_off(j) - st.seg_off));
+      }
+      p->counts.push_back(std::move(c));
+      p->displs.push_back(std::move(d));
+      p->scratch_elems = std::max(p->scratch_elems, st.block_len(st.me));
+    }
+    if (prepared.size() >= 256) prepared.clear();
+    prepared.emplace(key, p);
+    return p;
+  }
+};
+
+struct BcState final : RouteState {
+  std::shared_ptr<BcComm> comm;
+};
+
+// ---------------------------------------------------------------------------------------
+// One call, advanced in parts: the copy in, the stages, the copy out.
+
+class BcOp {
+ public:
+  struct Call {
+    Coll coll;
+    const char* send;  // null: in place
+    char* recv;
+    uint64_t count;    // allreduce: the vector; others: elements per rank
+    MPI_Datatype type;
+    int extent;
+    MPI_Op op;
+  };
+
+  BcOp(std::shared_ptr<BcComm> c, std::shared_ptr<Layout> lay, const Call& call,
+       const std::vector<Backend>& backends, bool ring_only)
+      : comm_(std::move(c)), lay_(std::move(lay)), call_(call), tag_(comm_->tag()) {
+    const int p = comm_->size, me = comm_->rank;
+    const uint64_t ext = static_cast<uint64_t>(call.extent);
+    const int myslot = bc::tree_slot(lay_->h.factors, lay_->h.position_of[static_cast<size_t>(me)]);
+    bool from_send = false;
+    uint64_t vec = call.count;
+    switch (call.coll) {
+      case Coll::allreduce:
+        work_ = call.recv;
+        from_send = call.send != nullptr;
+        break;
+      case Coll::reduce_scatter_block:
+        vec = call.count * static_cast<uint64_t>(p);
+        if (lay_->identity_slots && call.send) {
+          from_send = true;  // the input is in tree order already: read it where it is
+          scratch_.resize(vec * ext);
+          work_ = scratch_.data();
+        } else if (lay_->identity_slots) {
+          work_ = call.recv;  // in place: combine in recv, the result moves to its start
+        } else {
+          scratch_.resize(vec * ext);
+          work_ = scratch_.data();
+          const char* in = call.send ? call.send : call.recv;
+          const uint64_t blk = call.count * ext;
+          for (int r = 0; r < p; ++r) {
+            const int slot =
+                bc::tree_slot(lay_->h.factors, lay_->h.position_of[static_cast<size_t>(r)]);
+            std::memcpy(work_ + static_cast<uint64_t>(slot) * blk, in + static_cast<uint64_t>(r) * blk, blk);
+          }
+        }
+        break;
+      case Coll::allgather: {
+        vec = call.count * static_cast<uint64_t>(p);
+        const uint64_t blk = call.count * ext;
+        const char* own = call.send ? call.send : call.recv + static_cast<uint64_t>(me) * blk;
+        if (lay_->identity_slots) {
+          work_ = call.recv;
+        } else {
+          scratch_.resize(vec * ext);
+          work_ = scratch_.data();
+        }
+        if (own != work_ + static_cast<uint64_t>(myslot) * blk)
+          std::memcpy(work_ + static_cast<uint64_t>(myslot) * blk, own, blk);
+        break;
+      }
+      default: break;
+    }
+    prep_ = comm_->prepare(lay_, call.coll, vec, from_send, ring_only);
+    from_send_ = from_send;
+    const size_t L = prep_->plan.stages.size();
+    // The parts: reduce-scatter stages 0..L-1 then all-gather stages L-1..0, as the
+    // collective needs them.
+    if (call.coll != Coll::allgather)
+      for (size_t i = 0; i < L; ++i) parts_.push_back({static_cast<int>(i), true});
+    if (call.coll != Coll::reduce_scatter_block)
+      for (size_t i = L; i-- > 0;) parts_.push_back({static_cast<int>(i), false});
+    for (Part& pt : parts_) {
+      const size_t l = static_cast<size_t>(pt.stage);
+      pt.backend = backends.size() == 1 ? backends[0] : backends[l];
+      if (pt.backend == Backend::mpi) pt.ticket = lay_->next_ticket[l]++;
+    }
+    if (prep_->scratch_elems) rs_out_.resize(prep_->scratch_elems * ext);
+  }
+
+  ~BcOp() {
+    if (req_ != MPI_REQUEST_NULL) PMPI_Wait(&req_, MPI_STATUS_IGNORE);
+  }
+
+  /// Non-blocking; sets *done when the call is finished. Returns an MPI error code.
+  int step(bool* done) {
+    *done = false;
+    while (next_ < parts_.size()) {
+      bool part_done = false;
+      int rc = step_part(parts_[next_], &part_done, false);
+      if (rc != MPI_SUCCESS) return fail(rc, done);
+      if (!part_done) return MPI_SUCCESS;
+      ++next_;
+    }
+    finish();
+    *done = true;
+    return MPI_SUCCESS;
+  }
+
+  /// The whole call on this thread.
+  int run() {
+    for (; next_ < parts_.size(); ++next_) {
+      bool part_done = false;
+      int rc = step_part(parts_[next_], &part_done, true);
+      if (rc != MPI_SUCCESS) {
+        bool d;
+        return fail(rc, &d);
+      }
+    }
+    finish();
+    return MPI_SUCCESS;
+  }
+
+ private:
+  struct Part {
+    int stage;
+    bool reduce_scatter;
+    Backend backend = Backend::sched;
+    uint64_t ticket = 0;
+  };
+
+  // After a failure the remaining parts' tickets must still be handed on, or later calls
+  // on the sub-communicators would wait for them forever.
+  int fail(int rc, bool* done) {
+    for (; next_ < parts_.size(); ++next_) {
+      Part& pt = parts_[next_];
+      if (pt.backend != Backend::mpi || started_ > next_) continue;
+      std::atomic<uint64_t>& turn = lay_->turn[static_cast<size_t>(pt.stage)];
+      while (turn.load(std::memory_order_acquire) != pt.ticket) sched_yield();
+      turn.fetch_add(1, std::memory_order_release);
+    }
+    run_.reset();
+    *done = true;
+    return rc;
+  }
+
+  int step_part(Part& pt, bool* done, bool blocking) {
+    const bc::Stage& st = prep_->plan.stages[static_cast<size_t>(pt.stage)];
+    if (pt.backend == Backend::sched) {
+      if (!run_) {
+        const auto& s = pt.reduce_scatter ? prep_->rs[static_cast<size_t>(pt.stage)]
+                                          : prep_->ag[static_cast<size_t>(pt.stage)];
+        run_ = std::make_unique<sched::ScheduleRun>(s, call_.send, work_, call_.type,
+                                                    call_.extent, call_.op, comm_->p2p, tag_);
+      }
+      int rc = blocking ? run_->run() : run_->step(done);
+      if (blocking) *done = true;
+      if (*done) run_.reset();
+      return rc;
+    }
+    // mpi: start in ticket order, then wait or test.
+    if (started_ <= next_) {
+      std::atomic<uint64_t>& turn = lay_->turn[static_cast<size_t>(pt.stage)];
+      while (turn.load(std::memory_order_acquire) != pt.ticket) {
+        if (!blocking) return MPI_SUCCESS;
+        sched_yield();
+      }
+      int rc = start_mpi(pt, st);
+      started_ = next_ + 1;
+      turn.fetch_add(1, std::memory_order_release);
+      if (rc != MPI_SUCCESS) return rc;
+    }
+    int rc;
+    if (blocking) {
+      rc = PMPI_Wait(&req_, MPI_STATUS_IGNORE);
+      *done = true;
+    } else {
+      int flag = 0;
+      rc = PMPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
+      *done = flag != 0;
+    }
+    if (rc == MPI_SUCCESS && *done && pt.reduce_scatter) {
+      const uint64_t ext = static_cast<uint64_t>(call_.extent);
+      std::memcpy(work_ + st.block_off(st.me) * ext, rs_out_.data(), st.block_len(st.me) * ext);
+    }
+    return rc;
+  }
+
+  int start_mpi(const Part& pt, const bc::Stage& st) {
+    const size_t i = static_cast<size_t>(pt.stage);
+    const uint64_t ext = static_cast<uint64_t>(call_.extent);
+    MPI_Comm sub = lay_->sub[i];
+    char* seg = work_ + st.seg_off * ext;
+    if (pt.reduce_scatter) {
+      const char* in = (from_send_ && i == 0) ? call_.send + st.seg_off * ext : seg;
+      void* out = rs_out_.empty() ? static_cast<void*>(&dummy_) : rs_out_.data();
+      return PMPI_Ireduce_scatter(in, out, prep_->counts[i].data(), call_.type, call_.op, sub,
+                                  &req_);
+    }
+    return PMPI_Iallgatherv(MPI_IN_PLACE, 0, call_.type, seg, prep_->counts[i].data(),
+                            prep_->displs[i].data(), call_.type, sub, &req_);
+  }
+
+  // The result where the collective wants it.
+  void finish() {
+    const int p = comm_->size;
+    const uint64_t ext = static_cast<uint64_t>(call_.extent);
+    const uint64_t blk = call_.count * ext;
+    if (call_.coll == Coll::reduce_scatter_block) {
+      std::memmove(call_.recv, work_ + prep_->plan.final_off * ext, blk);
+    } else if (call_.coll == Coll::allgather && work_ != call_.recv) {
+      for (int r = 0; r < p; ++r) {
+        const int slot = bc::tree_slot(lay_->h.factors, lay_->h.position_of[static_cast<size_t>(r)]);
+        std::memcpy(call_.recv + static_cast<uint64_t>(r) * blk,
+                    work_ + static_cast<uint64_t>(slot) * blk, blk);
+      }
+    }
+  }
+
+  std::shared_ptr<BcComm> comm_;
+  std::shared_ptr<Layout> lay_;
+  Call call_;
+  int tag_;
+  std::shared_ptr<const Prepared> prep_;
+  bool from_send_ = false;
+  char* work_ = nullptr;           // the vector the stages work on
+  std::vector<char> scratch_;      // work_ when it is not the receive buffer
+  std::vector<char> rs_out_;       // mpi reduce-scatter output
+  std::vector<Part> parts_;
+  size_t next_ = 0;                // the part in progress
+  size_t started_ = 0;             // parts [0, started_) have started their MPI call
+  std::unique_ptr<sched::ScheduleRun> run_;
+  MPI_Request req_ = MPI_REQUEST_NULL;
+  char dummy_ = 0;
+};
+
+class BcTask final : public progress::Task {
+ public:
+  BcTask(std::unique_ptr<BcOp> op, HostRequest* req) : op_(std::move(op)), req_(req) {}
+  bool step() override {
+    bool done = false;
+    int rc = op_->step(&done);
+    if (!done) return false;
+    op_.reset();
+    req_->finish(rc);
+    return true;
+  }
+
+ private:
+  std::unique_ptr<BcOp> op_;
+  HostRequest* req_;
+};
+
+// ---------------------------------------------------------------------------------------
+
+int element_size(MPI_Datatype t) {
+  const TypeInfo* info = find_type(t);
+  return info ? info->size : 0;
+}
+
+std::string factors_text(const std::vector<int>& f) {
+  std::string s;
+  for (int x : f) s += (s.empty() ? "" : "x") + std::to_string(x);
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------
+// GPU buffers: every stage is route nccl's collective on its level's sub-communicator,
+// all enqueued on one stream (the attached stream, or the legacy default stream for a
+// classic call, which then waits for it). The vector is padded to a multiple of p in
+// scratch memory when it does not divide, so that every stage cuts equal blocks (NCCL's
+// reduce-scatter and all-gather need them; padding elements only ever combine with
+// padding). Blocks move in NCCL's in-place forms.
+
+#if STREAMCOLL_HAVE_CUDA && STREAMCOLL_HAVE_NCCL
+
+const config::RouteChoice kNoParams{};
+
+// Collective over the communicator (a blocking call): the sub-communicators, their
+// contexts and NCCL communicators. Every rank uses them or none does.
+bool set_up_gpu(Layout& lay, BcComm& bc, const CollArgs& a, const CallEnv& env) {
+  lay.gpu = Layout::off;
+  Route* nccl = find_route(RouteId::nccl);
+  const cuda::Driver& d = cuda::driver();
+  int ok = nccl && d.usable && env.device >= 0;
+  if (ok && d.cuDeviceGet(&lay.cudev, env.device) == CUDA_SUCCESS &&
+      d.cuDevicePrimaryCtxRetain(&lay.cuctx, lay.cudev) == CUDA_SUCCESS) {
+    lay.device = env.device;
+  } else {
+    lay.cuctx = nullptr;
+    ok = 0;
+  }
+  auto agree = [&](int mine) {
+    int all = 0;
+    return PMPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, bc.p2p) == MPI_SUCCESS && all;
+  };
+  if (!lay.has_subs() && !lay.make_subs(bc.p2p, bc.rank)) ok = 0;
+  if (!agree(ok)) return false;
+  lay.sub_ctx.assign(lay.sub.size(), nullptr);
+  for (size_t l = 0; l < lay.sub.size(); ++l) {
+    lay.sub_ctx[l] = comm_context(lay.sub[l], true);
+    if (!agree(lay.sub_ctx[l] != nullptr)) return false;
+  }
+  // Route nccl sets itself up on each sub-communicator (collective there).
+  CollArgs probe = a;
+  probe.coll = Coll::reduce_scatter_block;
+  probe.nonblocking = false;
+  for (size_t l = 0; l < lay.sub.size(); ++l) {
+    probe.comm = lay.sub[l];
+    ok = nccl->accepts(probe, *lay.sub_ctx[l], kNoParams, env);
+    if (!agree(ok)) return false;
+  }
+  lay.gpu = Layout::ready;
+  return true;
+}
+
+int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_ptr,
+            const CallEnv& env, bool ring_only) {
+  Layout& lay = *lay_ptr;
+  const cuda::Driver& d = cuda::driver();
+  Route* nccl = find_route(RouteId::nccl);
+  cuda::ScopedContext scope(lay.cuctx);
+  const int p = bc.size, me = bc.rank;
+  const MPI_Datatype type = a.coll == Coll::allgather ? a.recvtype : a.datatype;
+  const uint64_t ext = static_cast<uint64_t>(element_size(type));
+  const bool in_place = a.sendbuf == MPI_IN_PLACE;
+  const uint64_t n = static_cast<uint64_t>(a.coll == Coll::allgather ? a.recvcount : a.count);
+  const uint64_t P = static_cast<uint64_t>(p);
+  const uint64_t vec = a.coll == Coll::allreduce ? (n + P - 1) / P * P : n * P;
+  CUstream s = env.has_stream ? static_cast<CUstream>(env.stream) : nullptr;
+  CallEnv stage_env = env;
+  stage_env.has_stream = true;  // enqueue on s; the host waits below for a classic call
+  stage_env.stream = s;
+
+  auto* recv = static_cast<char*>(a.recvbuf);
+  const char* send = in_place ? nullptr : static_cast<const char*>(a.sendbuf);
+  auto dptr = [](const void* x) { return reinterpret_cast<CUdeviceptr>(x); };
+  CUdeviceptr scratch = 0;
+  int rc = MPI_SUCCESS;
+  auto cuda_fail = [&](const char* what, CUresult r) {
+    if (rc == MPI_SUCCESS) rc = fail(Failure::cuda, cuda::describe(what, r));
+  };
+  auto copy = [&](char* dst, const char* src, uint64_t bytes) {
+    if (rc != MPI_SUCCESS || bytes == 0 || dst == src) return;
+    if (CUresult r = d.cuMemcpyDtoDAsync(dptr(dst), dptr(src), bytes, s); r != CUDA_SUCCESS)
+      cuda_fail("blueconnect: cuMemcpyDtoDAsync", r);
+  };
+  auto slot_of = [&](int r) {
+    return static_cast<uint64_t>(bc::tree_slot(lay.h.factors, lay.h.position_of[static_cast<size_t>(r)]));
+  };
+  char* work = recv;
+  bool from_send = false;
+  const bool need_scratch =
+      (a.coll == Coll::allreduce && vec != n) ||
+      (a.coll == Coll::reduce_scatter_block && (!lay.identity_slots || !in_place)) ||
+      (a.coll == Coll::allgather && !lay.identity_slots);
+  if (need_scratch) {
+    if (CUresult r = d.cuMemAllocAsync(&scratch, vec * ext, s); r != CUDA_SUCCESS)
+      return fail(Failure::cuda, cuda::describe("blueconnect: cuMemAllocAsync", r));
+    work = reinterpret_cast<char*>(scratch);
+  }
+  const uint64_t blk = n * ext;
+  switch (a.coll) {
+    case Coll::allreduce:
+      if (need_scratch) copy(work, send ? send : recv, n * ext);
+      else from_send = send != nullptr;
+      break;
+    case Coll::reduce_scatter_block:
+      if (lay.identity_slots) {
+        from_send = send != nullptr;
+      } else {
+        const char* in = send ? send : recv;
+        for (int r = 0; r < p; ++r) copy(work + slot_of(r) * blk, in + static_cast<uint64_t>(r) * blk, blk);
+      }
+      break;
+    case Coll::allgather:
+      copy(work + slot_of(me) * blk, send ? send : recv + static_cast<uint64_t>(me) * blk, blk);
+      break;
+    default: break;
+  }
+  std::shared_ptr<const Prepared> prep = bc.prepare(lay_ptr, a.coll, vec, from_send, ring_only);
+  const auto& stages = prep->plan.stages;
+  auto stage = [&](const bc::Stage& st, bool reduce_scatter) {
+    if (rc != MPI_SUCCESS) return;
+    CollArgs c{};
+    c.nonblocking = false;
+    c.comm = lay.sub[static_cast<size_t>(st.level)];
+    const int count = static_cast<int>(st.block_len(st.me));
+    if (reduce_scatter) {
+      c.coll = Coll::reduce_scatter_block;
+      c.sendbuf = (from_send && st.level == 0 ? send : work) + st.seg_off * ext;
+      c.recvbuf = work + st.block_off(st.me) * ext;
+      c.count = count;
+      c.datatype = type;
+      c.op = a.op;
+    } else {
+      c.coll = Coll::allgather;
+      c.sendbuf = MPI_IN_PLACE;
+      c.recvbuf = work + st.seg_off * ext;
+      c.sendcount = c.recvcount = count;
+      c.sendtype = c.recvtype = type;
+    }
+    rc = nccl->run(c, *lay.sub_ctx[static_cast<size_t>(st.level)], kNoParams, stage_env);
+  };
+  if (a.coll != Coll::allgather)
+    for (const bc::Stage& st : stages) stage(st, true);
+  if (a.coll != Coll::reduce_scatter_block)
+    for (size_t i = stages.size(); i-- > 0;) stage(stages[i], false);
+  switch (a.coll) {
+    case Coll::allreduce: copy(recv, work, n * ext); break;
+    case Coll::reduce_scatter_block: copy(recv, work + prep->plan.final_off * ext, blk); break;
+    case Coll::allgather:
+      for (int r = 0; r < p && work != recv; ++r)
+        copy(recv + static_cast<uint64_t>(r) * blk, work + slot_of(r) * blk, blk);
+      break;
+    default: break;
+  }
+  if (scratch)
+    if (CUresult r = d.cuMemFreeAsync(scratch, s); r != CUDA_SUCCESS)
+      cuda_fail("blueconnect: cuMemFreeAsync", r);
+  if (!env.has_stream)
+    if (CUresult r = d.cuStreamSynchronize(s); r != CUDA_SUCCESS)
+      cuda_fail("blueconnect: cuStreamSynchronize", r);
+  return rc;
+}
+
+#endif  // STREAMCOLL_HAVE_CUDA && STREAMCOLL_HAVE_NCCL
+
+class BlueConnectRoute final : public Route {
+ public:
+  RouteId id() const override { return RouteId::blueconnect; }
+
+  bool accepts(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,
+               const CallEnv& env) override {
+    if (a.coll != Coll::allreduce && a.coll != Coll::reduce_scatter_block &&
+        a.coll != Coll::allgather)
+      return false;
+    const bool gpu = env.mem == MemKind::device;
+    if (!gpu && env.mem != MemKind::host && env.mem != MemKind::pinned) return false;
+    if (a.coll == Coll::allgather && a.sendbuf != MPI_IN_PLACE &&
+        (a.sendtype != a.recvtype || a.sendcount != a.recvcount))
+      return false;
+    if (a.nonblocking && !Runtime::get().thread_multiple()) return false;  // no engine
+    const int extent = element_size(a.coll == Coll::allgather ? a.recvtype : a.datatype);
+    if (extent <= 0) return false;
+    const uint64_t elems = call_bytes(a, ctx.size, 1, 1);
+    if (elems > static_cast<uint64_t>(INT_MAX)) return false;
+    std::vector<Backend> backends;
+    bool ring_only = false;
+    if (!parse_params(choice, &backends, &ring_only)) return false;
+    bool any_nccl = false, all_nccl = true;
+    for (Backend b : backends) {
+      any_nccl = any_nccl || b == Backend::nccl;
+      all_nccl = all_nccl && b == Backend::nccl;
+    }
+    if (gpu != any_nccl || (gpu && !all_nccl)) return false;  // nccl: GPU buffers only
+    if (gpu && (a.nonblocking || !gpu_supports(a))) return false;
+
+    auto& slot = ctx.route_state[static_cast<int>(RouteId::blueconnect)];
+    if (!slot) {
+      if (a.nonblocking) return false;  // set-up is collective: at a blocking call only
+      if (!set_up(ctx)) return false;
+    }
+    BcComm& bc = *static_cast<BcState&>(*slot).comm;
+    if (!choice.param("hierarchy") && Runtime::get().settings().hierarchy.empty() &&
+        !bc.discovery_done) {
+      if (a.nonblocking) return false;  // discovery is collective
+      bc.discovered = topo::discover(ctx, env.device, &bc.why_not);
+      bc.discovery_done = true;
+    }
+    std::shared_ptr<Layout> lay = layout(bc, choice);
+    if (!lay) return false;
+    if (backends.size() != 1 && static_cast<int>(backends.size()) != lay->h.levels()) {
+      log_once(bc, "blueconnect: backend= names " + std::to_string(backends.size()) +
+                       " levels, the hierarchy " + lay->h.describe() + " has " +
+                       std::to_string(lay->h.levels()) + "; calls go elsewhere");
+      return false;
+    }
+#if STREAMCOLL_HAVE_CUDA && STREAMCOLL_HAVE_NCCL
+    if (gpu) {
+      if (lay->gpu == Layout::unset) {
+        std::lock_guard<std::mutex> lock(bc.mu);
+        if (!set_up_gpu(*lay, bc, a, env))
+          SC_INFO("blueconnect: route nccl is not usable on every level of %s; GPU calls go "
+                  "elsewhere", lay->h.describe().c_str());
+      }
+      return lay->gpu == Layout::ready;
+    }
+#endif
+    bool need_subs = false;
+    for (Backend b : backends) need_subs = need_subs || b == Backend::mpi;
+    if (need_subs && !lay->has_subs()) {
+      if (a.nonblocking) return false;  // creating them is collective
+      std::lock_guard<std::mutex> lock(bc.mu);
+      if (!lay->make_subs(bc.p2p, bc.rank)) {
+        SC_WARN("blueconnect: MPI_Comm_split failed; the mpi backend is off for %s",
+                lay->h.describe().c_str());
+        return false;
+      }
+    }
+    return true;
+  }
+
+  int run(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,
+          const CallEnv& env) override {
+    (void)env;
+    const std::shared_ptr<BcComm>& bc =
+        static_cast<BcState&>(*ctx.route_state[static_cast<int>(RouteId::blueconnect)]).comm;
+    std::shared_ptr<Layout> lay = layout(*bc, choice);
+    std::vector<Backend> backends;
+    bool ring_only = false;
+    parse_params(choice, &backends, &ring_only);
+
+#if STREAMCOLL_HAVE_CUDA && STREAMCOLL_HAVE_NCCL
+    if (env.mem == MemKind::device) {
+      if (env.device != lay->device)
+        return fail(Failure::wrong_device,
+                    call_name(a.coll, a.nonblocking) + ": buffer on device " +
+                        std::to_string(env.device) + ", but this communicator's hierarchical "
+                        "NCCL communicators are on device " + std::to_string(lay->device));
+      return run_gpu(a, *bc, lay, env, ring_only);
+    }
+#endif
+    BcOp::Call call{};
+    call.coll = a.coll;
+    call.type = a.coll == Coll::allgather ? a.recvtype : a.datatype;
+    call.extent = element_size(call.type);
+    call.count = static_cast<uint64_t>(a.coll == Coll::allgather ? a.recvcount : a.count);
+    call.op = a.op;
+    call.recv = static_cast<char*>(a.recvbuf);
+    call.send = a.sendbuf == MPI_IN_PLACE ? nullptr : static_cast<const char*>(a.sendbuf);
+    auto op = std::make_unique<BcOp>(bc, lay, call, backends, ring_only);
+    if (!a.nonblocking) return op->run();
+    auto* req = new HostRequest;
+    if (int rc = start_request(req, a.request); rc != MPI_SUCCESS) {
+      bool done = false;  // the other ranks are in the call: take part, then report
+      while (!done) op->step(&done);
+      return rc;
+    }
+    auto* task = new BcTask(std::move(op), req);
+    if (!progress::submit(task)) {
+      delete task;
+      log_error("blueconnect: the progress engine is stopped");
+      req->finish(MPI_ERR_OTHER);
+    }
+    return MPI_SUCCESS;
+  }
+
+ private:
+  // Whether route nccl can carry the stages of `a` (datatype and op).
+  static bool gpu_supports(const CollArgs& a) {
+#if STREAMCOLL_HAVE_CUDA && STREAMCOLL_HAVE_NCCL
+    if (a.coll == Coll::allgather)
+      return nccl::supports(Coll::allgather, MemKind::device, find_type(a.recvtype), nullptr) ==
+             nccl::Support::ok;
+    const TypeInfo* t = find_type(a.datatype);
+    const OpInfo* op = find_op(a.op);
+    return nccl::supports(Coll::reduce_scatter_block, MemKind::device, t, op) ==
+               nccl::Support::ok &&
+           (a.coll != Coll::allreduce ||
+            nccl::supports(Coll::allgather, MemKind::device, t, nullptr) == nccl::Support::ok);
+#else
+    (void)a;
+    return false;
+#endif
+  }
+
+  static bool parse_params(const config::RouteChoice& choice, std::vector<Backend>* backends,
+                           bool* ring_only) {
+    backends->clear();
+    std::string_view list = choice.param("backend").value_or("sched");
+    size_t start = 0;
+    for (size_t i = 0; i <= list.size(); ++i) {
+      if (i < list.size() && list[i] != '/') continue;
+      auto name = list.substr(start, i - start);
+      start = i + 1;
+      if (name == "sched") backends->push_back(Backend::sched);
+      else if (name == "mpi") backends->push_back(Backend::mpi);
+      else if (name == "nccl") backends->push_back(Backend::nccl);
+      else return false;
+    }
+    *ring_only = choice.param("algo").value_or("auto") == "ring";
+    return !backends->empty();
+  }
+
+  static void log_once(BcComm& bc, const std::string& msg) {
+    if (bc.told) return;
+    bc.told = true;
+    SC_INFO("%s", msg.c_str());
+  }
+
+  // The hierarchy for a call: the rule's, STREAMCOLL_HIERARCHY, or the discovered one.
+  static std::shared_ptr<Layout> layout(BcComm& bc, const config::RouteChoice& choice) {
+    std::vector<int> factors;
+    std::string key;
+    if (auto v = choice.param("hierarchy")) {
+      factors = topo::parse_factors(*v).value_or(std::vector<int>{});
+      key = "rule:" + std::string(*v);
+    } else if (!Runtime::get().settings().hierarchy.empty()) {
+      factors = Runtime::get().settings().hierarchy;
+      key = "env";
+    } else {
+      key = "discovered";
+    }
+    std::lock_guard<std::mutex> lock(bc.mu);
+    if (auto it = bc.layouts.find(key); it != bc.layouts.end()) return it->second;
+    std::optional<topo::Hierarchy> h;
+    std::string why;
+    if (key == "discovered") {
+      h = bc.discovered;
+      why = bc.why_not;
+    } else {
+      h = topo::impose(factors, bc.size, &why);
+      if (!h) why = "hierarchy " + factors_text(factors) + ": " + why;
+    }
+    std::shared_ptr<Layout> lay;
+    if (h) {
+      lay = std::make_shared<Layout>(std::move(*h));
+      SC_INFO("blueconnect: communicator of %d ranks, hierarchy %s", bc.size,
+              lay->h.describe().c_str());
+    } else if (!bc.told) {
+      bc.told = true;
+      SC_INFO("blueconnect: no hierarchy for a communicator of %d ranks (%s); its calls go "
+              "elsewhere", bc.size, why.c_str());
+    }
+    bc.layouts.emplace(key, lay);  // a null entry remembers the refusal
+    return lay;
+  }
+
+  // Collective over ctx.comm (a blocking call): the private duplicate.
+  static bool set_up(CommContext& ctx) {
+    auto bc = std::make_shared<BcComm>();
+    bc->rank = ctx.rank;
+    bc->size = ctx.size;
+    if (PMPI_Comm_dup(ctx.comm, &bc->p2p) != MPI_SUCCESS) {
+      bc->p2p = MPI_COMM_NULL;
+      SC_WARN("blueconnect: MPI_Comm_dup failed; the route is off for this communicator");
+      return false;
+    }
+    PMPI_Comm_set_errhandler(bc->p2p, MPI_ERRORS_RETURN);
+    auto state = std::make_unique<BcState>();
+    state->comm = std::move(bc);
+    ctx.route_state[static_cast<int>(RouteId::blueconnect)] = std::move(state);
+    return true;
+  }
+};
+
+}  // namespace
+
+Route* blueconnect_route() {
+  static BlueConnectRoute r;
+  return &r;
+}
+
+}  // namespace streamcoll

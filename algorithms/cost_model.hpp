@@ -1,0 +1,244 @@
+// α-β(-γ) cost model of allreduce on a link hierarchy: flat ring, recursive doubling,
+// Rabenseifner, the two-level (reduce / leaders' allreduce / broadcast) scheme and
+// BlueConnect, and the cheapest of them for a given size. Pure: no MPI, no CUDA, no other
+// project header, so tools can link or compile it alone
+// (g++ -std=c++17 -I. bench/cost_model.cpp algorithms/cost_model.cpp).
+//
+// Units everywhere: bytes (per rank, the size of the allreduce vector), seconds.
+// A point-to-point message of m bytes over link level i costs α_i + m·β_i; reducing m
+// bytes into a buffer costs m·γ.
+//
+// Sources
+//   [BC]  M. Cho, U. Finkler, D. Kung, H. Hunter, "BlueConnect: Decomposing All-Reduce for
+//         Deep Learning on Heterogeneous Network Hierarchy", SysML 2019, section 3
+//         (eqs. 5-7: p = p0·p1·…·pk; the all-reduce as k+1 reduce-scatter stages up the
+//         levels and k+1 all-gather stages down, stage i among p_i ranks on level i's
+//         links over n/(p0·…·p_{i-1}) bytes).
+//   [TRG] R. Thakur, R. Rabenseifner, W. Gropp, "Optimization of Collective Communication
+//         Operations in MPICH", IJHPCA 19(1), 2005, allreduce section (ring, recursive
+//         doubling, Rabenseifner, the non-power-of-two pre- and post-steps).
+//   [JIA] X. Jia et al., "Highly Scalable Deep Learning Training System with
+//         Mixed-Precision", arXiv 1807.11205, 2018 (hierarchical all-reduce: intra-node
+//         reduce to a master, inter-node ring all-reduce among masters, intra-node
+//         broadcast).
+// The text of [BC] beyond its abstract was not reachable while this was written, so the
+// stage costs below are the standard forms derived from its section 3 construction (and
+// the decomposition already implemented in algorithms/blueconnect_plan.hpp), not
+// transcriptions of its equations; the two-level baseline is the [JIA] scheme, which is
+// what "two-level" usually denotes in this literature. See bench/results/
+// blueconnect_model_192gpus.txt for the comparison with the paper's 87 % claim.
+//
+// Rank layout (all flat algorithms): communicator rank = hierarchy position, innermost
+// coordinate fastest (rank = c0 + p0·(c1 + p1·(c2 + …))), i.e. ranks numbered node by
+// node. Two ranks talk over the outermost level on which their coordinates differ.
+//
+// Bandwidth sharing (the one modelling choice that decides most comparisons): a level's
+// links are shared by the ranks below them (a node's NICs by its GPUs).
+//   β       s/byte one rank gets on level i when every rank of its level-(i-1) group
+//           sends across level i at once (BlueConnect's stages, recursive doubling and
+//           Rabenseifner steps);
+//   β_solo  s/byte when only one rank per group crosses level i (the flat ring, which
+//           leaves and enters each node once; the two-level scheme's leaders). Default:
+//           equal to β (as with a link per rank, e.g. a NIC per GPU); set it when one
+//           rank alone can use more than its share (it favours ring and two-level).
+// Level 0 has no group below it, so only its β is used.
+//
+// Adding a model (issue 6: Aluminum host-transfer, NV-Group, binary trees): write one
+// function with the ModelFn signature (the stage helpers below build it from pieces),
+// add an Algorithm value and a line in models(); best() and bc_model pick it up.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace streamcoll::model {
+
+/// One level of links. alpha: seconds per message; beta: seconds per byte (see the
+/// sharing rule above); beta_solo: seconds per byte with one rank per group crossing
+/// (0 = same as beta).
+struct LinkLevel {
+  double alpha = 0;
+  double beta = 0;
+  double beta_solo = 0;
+
+  double solo() const { return beta_solo > 0 ? beta_solo : beta; }
+};
+
+/// Seconds per byte of a bandwidth in GB/s (1 GB = 1e9 bytes); 0 for a non-positive input.
+double beta_from_gbps(double gbytes_per_s);
+/// A link level from α in seconds and bandwidths in GB/s (solo 0 = same as shared).
+LinkLevel link_gbps(double alpha_s, double gbytes_per_s, double solo_gbytes_per_s = 0);
+
+/// A link hierarchy: factors p0..pk innermost first ("4x48": 4 GPUs per node, 48 nodes),
+/// links[i] the links that level i's stage uses. ranks() = p0·…·pk.
+struct Hierarchy {
+  std::vector<int> factors;
+  std::vector<LinkLevel> links;
+
+  int ranks() const;
+  int levels() const { return static_cast<int>(factors.size()); }
+};
+
+/// The machine outside the links: gamma = seconds to reduce one byte (read two operands,
+/// write one) on the device that reduces.
+struct Machine {
+  double gamma = 0;
+};
+
+/// Empty when h is usable (at least one level, every factor >= 1, one link per level,
+/// finite non-negative α and β, at most 64 levels and 2^24 ranks); otherwise the reason.
+std::string check(const Hierarchy& h);
+
+/// "4x48" -> {4, 48}; nullopt for anything else (empty, a factor < 1, junk).
+std::optional<std::vector<int>> parse_factors(std::string_view s);
+/// "ALPHA:GBPS" or "ALPHA:GBPS:SOLO_GBPS" (seconds, GB/s) -> a link level; nullopt on junk.
+std::optional<LinkLevel> parse_level(std::string_view s);
+
+/// How a BlueConnect stage runs inside its group of p_i ranks.
+enum class StageAlgo {
+  automatic,  ///< recursive halving/doubling for a power-of-two p_i, ring otherwise
+              ///< (what algorithms/blueconnect_plan does by default)
+  ring,       ///< always the ring (blueconnect_plan's ring_only)
+};
+
+/// The intra-node reduce and broadcast of the two-level scheme.
+enum class IntraAlgo {
+  pipelined,  ///< pipelined chain (NCCL's ring reduce/broadcast), ideal pipelining:
+              ///< reduce (p0-1)α + nβ + nγ, broadcast (p0-1)α + nβ
+  binomial,   ///< binomial tree: ⌈lg p0⌉(α + nβ + nγ), broadcast ⌈lg p0⌉(α + nβ)
+};
+
+/// The three terms of a time, in seconds.
+struct Cost {
+  double latency = 0;    ///< message start-ups (α terms)
+  double bandwidth = 0;  ///< bytes on the critical path times β
+  double reduction = 0;  ///< bytes reduced on the critical path times γ
+
+  double total() const { return latency + bandwidth + reduction; }
+  Cost& operator+=(const Cost& o);
+};
+
+/// One phase of an algorithm as a tool prints it.
+struct StageCost {
+  std::string what;   ///< "reduce-scatter", "all-gather", "exchange" (a recursive-doubling
+                      ///< step), "reduce", "broadcast", "pre-step", "post-step"; the
+                      ///< two-level leaders' phases are prefixed "leaders "
+  std::string how;    ///< "ring", "halving", "doubling", "rd", "send", "pipelined", "binomial"
+  int level = 0;      ///< the outermost link level it uses (one per step for rd/Rabenseifner)
+  int group = 1;      ///< ranks taking part in one instance
+  double bytes = 0;   ///< the vector (segment) the phase works on, per rank
+  Cost cost;
+};
+
+enum class Algorithm { ring, recursive_doubling, rabenseifner, two_level, blueconnect };
+std::string_view name(Algorithm a);  ///< "ring", "rd", "rabenseifner", "two-level", "blueconnect"
+
+/// A modelled allreduce: its phases in order and their sum.
+struct Breakdown {
+  Algorithm algo = Algorithm::ring;
+  std::vector<StageCost> stages;
+  Cost total;        ///< sum of stages[i].cost
+  std::string error; ///< non-empty (and seconds() infinite) when the input was rejected
+
+  double seconds() const;
+};
+
+// ---- the models (n = bytes per rank; p = h.ranks(); 0 bytes or p = 1 cost nothing) ----
+
+/// Flat ring over all p ranks (reduce-scatter + all-gather, [TRG]):
+///   2(p-1)·α* + 2(p-1)/p·n·β* + (p-1)/p·n·γ
+/// Every step all ranks send n/p bytes to the next rank at once and the step ends with
+/// the slowest: α* = the largest α, β* the largest of (level 0: β; outer levels: β_solo)
+/// over the levels the ring crosses (every level with p_i > 1, the ring being ordered by
+/// rank). Latency and bandwidth are maximised separately (a pipelined ring is bound by
+/// the worst of each).
+Breakdown ring_allreduce(const Hierarchy& h, double bytes, const Machine& m);
+
+/// Recursive doubling ([TRG], short messages): ⌊lg p⌋ exchanges of the whole vector,
+///   Σ_steps (α_s + n·β_s + n·γ), p a power of two: lg p·(α + nβ + nγ),
+/// plus, for p not a power of two, the pre-step (α + nβ + nγ) and post-step (α + nβ) of
+/// the first 2(p - p') ranks (p' = largest power of two <= p). Step s (partners at
+/// distance 2^s among the p' remaining ranks, as algorithms/schedule.cpp pairs them) costs
+/// the largest α and β (shared) of the levels its pairs cross.
+Breakdown recursive_doubling_allreduce(const Hierarchy& h, double bytes, const Machine& m);
+
+/// Rabenseifner ([TRG], long messages): recursive halving reduce-scatter + recursive
+/// doubling all-gather among p' ranks, p a power of two:
+///   2 lg p·α + 2(p-1)/p·n·β + (p-1)/p·n·γ,
+/// otherwise with the pre-step (α + nβ + nγ) and post-step (α + nβ) on the whole vector:
+///   (2 lg p' + 2)α + (2 + 2(p'-1)/p')nβ + (1 + (p'-1)/p')nγ   (uniform links).
+/// Step order as in algorithms/schedule.cpp: the halving starts at distance p'/2 with n/2
+/// bytes, the doubling ends there; each step costs its crossed levels' largest α and β.
+Breakdown rabenseifner_allreduce(const Hierarchy& h, double bytes, const Machine& m);
+
+/// Options of the two-level scheme.
+struct TwoLevelOptions {
+  IntraAlgo intra = IntraAlgo::pipelined;
+  /// The leaders' allreduce over levels 1..k (one leader per node, each crossing level
+  /// >= 1 alone, so every outer level is taken at its β_solo): ring ([JIA]) by default;
+  /// recursive_doubling or rabenseifner also accepted.
+  Algorithm inter = Algorithm::ring;
+};
+
+/// The two-level scheme ([JIA]; BlueConnect's "two-level" baseline as we read [BC]):
+///   1. reduce to the node leader over level 0 (p0 ranks),
+///   2. allreduce among the q = p/p0 leaders over levels 1..k,
+///   3. broadcast from the leader over level 0.
+/// With the defaults (pipelined intra, ring inter, α*/β* the worst crossed outer level):
+///   2(p0-1)α0 + 2nβ0 + nγ  +  2(q-1)α* + 2(q-1)/q·n·β*_solo + (q-1)/q·n·γ
+/// One level (q = 1): reduce + broadcast. p0 = 1: the leaders' allreduce alone.
+Breakdown two_level_allreduce(const Hierarchy& h, double bytes, const Machine& m,
+                              const TwoLevelOptions& opt = {});
+
+/// BlueConnect ([BC] section 3, eqs. 6-7 as derived here). With P_i = p0·…·p_i,
+/// P_{-1} = 1 and s_i = n/P_{i-1} (the segment stage i works on):
+///   reduce-scatter stage i (i = 0..k), ring:  (p_i-1)α_i + (p_i-1)/p_i·s_i·(β_i + γ)
+///                                   halving:  lg p_i·α_i + (p_i-1)/p_i·s_i·(β_i + γ)
+///   all-gather stage i (i = k..0), ring:      (p_i-1)α_i + (p_i-1)/p_i·s_i·β_i
+///                                  doubling:  lg p_i·α_i + (p_i-1)/p_i·s_i·β_i
+/// so with rings: latency 2Σ(p_i-1)α_i, bandwidth 2n·Σ(p_i-1)/P_i·β_i, reduction
+/// n·(p-1)/p·γ (the γ sum telescopes); with equal β the bandwidth term is the flat
+/// ring's 2(p-1)/p·nβ. Stages with p_i = 1 cost nothing and are left out.
+Breakdown blueconnect_allreduce(const Hierarchy& h, double bytes, const Machine& m,
+                                StageAlgo algo = StageAlgo::automatic);
+
+// ---- the catalogue ----------------------------------------------------------------------
+
+using ModelFn = Breakdown (*)(const Hierarchy&, double bytes, const Machine&);
+struct ModelEntry {
+  Algorithm algo;
+  ModelFn fn;  ///< with default options
+};
+/// Every model with its default options, in Algorithm order.
+const std::vector<ModelEntry>& models();
+
+/// One model with its default options.
+Breakdown evaluate(Algorithm a, const Hierarchy& h, double bytes, const Machine& m);
+
+/// a takes less time than b by more than rounding (a relative 1e-9): models that are
+/// equal in exact arithmetic (BlueConnect on one level and Rabenseifner, say) tie.
+bool cheaper(double a_seconds, double b_seconds);
+
+/// The cheapest model for (h, bytes, m) (ties, as cheaper() sees them: the first in
+/// models() order). For an invalid h the Breakdown carries the error and an infinite time.
+Breakdown best(const Hierarchy& h, double bytes, const Machine& m);
+
+// ---- stage helpers (building blocks for models; p ranks, s bytes per rank) --------------
+
+Cost ring_reduce_scatter(int p, double s, const LinkLevel& l, double beta, double gamma);
+Cost ring_all_gather(int p, double s, const LinkLevel& l, double beta);
+Cost halving_reduce_scatter(int p, double s, const LinkLevel& l, double beta, double gamma);
+Cost doubling_all_gather(int p, double s, const LinkLevel& l, double beta);
+// (beta is passed separately so a caller chooses l.beta or l.solo(); p a power of two for
+// the halving/doubling forms; p <= 1 or s <= 0 costs nothing.)
+
+bool is_pow2(int p);
+int floor_log2(int p);  ///< ⌊lg p⌋ for p >= 1
+int ceil_log2(int p);   ///< ⌈lg p⌉ for p >= 1
+
+/// The outermost level on which ranks a and b (hierarchy positions) differ; -1 if a == b.
+int crossed_level(const std::vector<int>& factors, int a, int b);
+
+}  // namespace streamcoll::model
