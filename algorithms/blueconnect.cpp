@@ -479,8 +479,9 @@ bool set_up_gpu(Layout& lay, BcComm& bc, const CollArgs& a, const CallEnv& env) 
     if (!agree(lay.sub_ctx[l] != nullptr)) return false;
   }
   // Route nccl sets itself up on each sub-communicator (collective there).
+  // (the call's own kind of stage, whose datatype and op gpu_supports() has checked)
   CollArgs probe = a;
-  probe.coll = Coll::reduce_scatter_block;
+  probe.coll = a.coll == Coll::allgather ? Coll::allgather : Coll::reduce_scatter_block;
   probe.nonblocking = false;
   for (size_t l = 0; l < lay.sub.size(); ++l) {
     probe.comm = lay.sub[l];

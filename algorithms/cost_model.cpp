@@ -163,26 +163,6 @@ std::string check(const Hierarchy& h) {
   return {};
 }
 
-std::optional<std::vector<int>> parse_factors(std::string_view s) {
-  std::vector<int> f;
-  size_t i = 0;
-  while (true) {
-    size_t j = i;
-    long v = 0;
-    while (j < s.size() && s[j] >= '0' && s[j] <= '9') {
-      v = v * 10 + (s[j] - '0');
-      if (v > kMaxRanks) return std::nullopt;
-      ++j;
-    }
-    if (j == i || v < 1) return std::nullopt;
-    f.push_back(static_cast<int>(v));
-    if (j == s.size()) break;
-    if (s[j] != 'x' && s[j] != 'X') return std::nullopt;
-    i = j + 1;
-  }
-  return f;
-}
-
 std::optional<LinkLevel> parse_level(std::string_view s) {
   double v[3] = {0, 0, 0};
   int n = 0;

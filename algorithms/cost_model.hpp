@@ -1,8 +1,7 @@
 // α-β(-γ) cost model of allreduce on a link hierarchy: flat ring, recursive doubling,
 // Rabenseifner, the two-level (reduce / leaders' allreduce / broadcast) scheme and
 // BlueConnect, and the cheapest of them for a given size. Pure: no MPI, no CUDA, no other
-// project header, so tools can link or compile it alone
-// (g++ -std=c++17 -I. bench/cost_model.cpp algorithms/cost_model.cpp).
+// project header, so tools can link it or compile it alone.
 //
 // Units everywhere: bytes (per rank, the size of the allreduce vector), seconds.
 // A point-to-point message of m bytes over link level i costs α_i + m·β_i; reducing m
@@ -91,8 +90,6 @@ struct Machine {
 /// finite non-negative α and β, at most 64 levels and 2^24 ranks); otherwise the reason.
 std::string check(const Hierarchy& h);
 
-/// "4x48" -> {4, 48}; nullopt for anything else (empty, a factor < 1, junk).
-std::optional<std::vector<int>> parse_factors(std::string_view s);
 /// "ALPHA:GBPS" or "ALPHA:GBPS:SOLO_GBPS" (seconds, GB/s) -> a link level; nullopt on junk.
 std::optional<LinkLevel> parse_level(std::string_view s);
 

@@ -2,8 +2,8 @@
 // hierarchy: flat ring, recursive doubling, Rabenseifner, the two-level scheme and
 // BlueConnect, per message size, with BlueConnect's reduction of the two-level time, the
 // sizes where BlueConnect is the cheapest, and the stages at the paper's message size.
-// Linked with the core library but calls nothing from MPI; also builds alone:
-//   g++ -std=c++17 -O2 -I. bench/cost_model.cpp algorithms/cost_model.cpp -o bc_model
+// Linked with the core library (for topo::parse_factors); calls nothing from MPI:
+//   ninja -C build bench/bc_model && build/bench/bc_model --hierarchy 4x48
 //
 // Presets (the machines of Cho et al., "BlueConnect", SysML 2019, evaluation). The paper's
 // link parameters were not available to us, so these are documented plausible values:
@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "algorithms/cost_model.hpp"
+#include "core/topology.hpp"
 
 using namespace streamcoll::model;
 
@@ -255,7 +256,7 @@ int main(int argc, char** argv) {
     if (arg == "--preset") {
       ok = preset(val, &o);
     } else if (arg == "--hierarchy") {
-      auto f = parse_factors(val);
+      auto f = streamcoll::topo::parse_factors(val);
       ok = f.has_value();
       if (ok) o.h.factors = *f;
       have_hierarchy = true;

@@ -13,42 +13,13 @@
 
 #include "algorithms/blueconnect_plan.hpp"
 #include "core/topology.hpp"
+#include "hierarchies.hpp"
 
 using namespace streamcoll;
+using testing::factorizations;
+using testing::text;
 
 namespace {
-
-void factorizations(int p, std::vector<int>& cur, std::vector<std::vector<int>>& out) {
-  if (p == 1) {
-    out.push_back(cur);
-    return;
-  }
-  for (int f = 2; f <= p; ++f) {
-    if (p % f) continue;
-    cur.push_back(f);
-    factorizations(p / f, cur, out);
-    cur.pop_back();
-  }
-}
-
-topo::Hierarchy make(const std::vector<int>& factors, int p, int shift) {
-  topo::Hierarchy h;
-  h.factors = factors.empty() ? std::vector<int>{p} : factors;
-  h.names.assign(h.factors.size(), "test");
-  // Position q holds rank (q*k + shift) mod p for the smallest k > p/2 coprime to p
-  // (k = 1, shift = 0 for p = 1): a layout far from the identity.
-  int k = 1;
-  for (int c = p / 2 + 1; p > 1 && c < 2 * p + 2; ++c)
-    if (std::gcd(c, p) == 1) {
-      k = c;
-      break;
-    }
-  if (shift < 0) k = 1, shift = 0;  // identity
-  for (int q = 0; q < p; ++q) h.rank_at.push_back((q * k + shift) % p);
-  h.position_of.assign(static_cast<size_t>(p), -1);
-  for (int q = 0; q < p; ++q) h.position_of[static_cast<size_t>(h.rank_at[static_cast<size_t>(q)])] = q;
-  return h;
-}
 
 // Digits of a position, innermost first, by repeated division.
 std::vector<int> digits(const std::vector<int>& f, int pos) {
@@ -58,12 +29,6 @@ std::vector<int> digits(const std::vector<int>& f, int pos) {
     pos /= m;
   }
   return d;
-}
-
-std::string text(const std::vector<int>& f) {
-  std::string s;
-  for (int x : f) s += (s.empty() ? "" : "x") + std::to_string(x);
-  return s.empty() ? "1" : s;
 }
 
 // Checks every fact of the plans of all ranks for one hierarchy and count; returns "" or
@@ -131,12 +96,10 @@ std::string check(const topo::Hierarchy& h, uint64_t count, bool ring_only) {
 TEST_CASE("blueconnect plan: every factorization of 1..64 ranks, three layouts") {
   int hierarchies = 0, failures = 0;
   for (int p = 1; p <= 64; ++p) {
-    std::vector<std::vector<int>> fs;
-    std::vector<int> cur;
-    factorizations(p, cur, fs);
+    const std::vector<std::vector<int>> fs = factorizations(p);
     for (const auto& f : fs) {
       for (int shift : {-1, 0, 5}) {
-        const topo::Hierarchy h = make(f, p, shift);
+        const topo::Hierarchy h = testing::layout(f, p, shift);
         ++hierarchies;
         for (uint64_t n : {uint64_t{0}, uint64_t{1}, uint64_t(p - 1), uint64_t(p), uint64_t(p + 1),
                            uint64_t(3 * p + 5), uint64_t{1000}}) {
@@ -159,14 +122,14 @@ TEST_CASE("blueconnect plan: the paper's hierarchies") {
   for (auto f : {std::vector<int>{3, 2, 2}, {4, 6}, {16, 6}, {2, 2, 2}, {4, 48}, {6, 16}}) {
     const int p = std::accumulate(f.begin(), f.end(), 1, std::multiplies<int>());
     for (int shift : {-1, 7}) {
-      const topo::Hierarchy h = make(f, p, shift);
+      const topo::Hierarchy h = testing::layout(f, p, shift);
       for (uint64_t n : {uint64_t{1}, uint64_t(p + 1), uint64_t{25'000'000 / 4 + 3}})
         CHECK_MESSAGE(check(h, n, false) == "", (text(f) + " count " + std::to_string(n)));
     }
   }
   // 3x2x2 (paper section 3): rank 5 = digits (2, 1, 0) reduce-scatters with ranks 3, 4, 5,
   // then within the block it owns with ranks 2 and 5, then with 5 and 11.
-  const topo::Hierarchy h = make({3, 2, 2}, 12, -1);
+  const topo::Hierarchy h = testing::layout({3, 2, 2}, 12, -1);
   const bc::Plan pl = bc::plan(h, 5, 120);
   REQUIRE(pl.stages.size() == 3);
   CHECK(pl.stages[0].ranks == std::vector<int>{3, 4, 5});
@@ -183,9 +146,7 @@ TEST_CASE("blueconnect plan: the paper's hierarchies") {
 
 TEST_CASE("blueconnect plan: tree slots") {
   for (int p = 1; p <= 64; ++p) {
-    std::vector<std::vector<int>> fs;
-    std::vector<int> cur;
-    factorizations(p, cur, fs);
+    const std::vector<std::vector<int>> fs = factorizations(p);
     for (const auto& f0 : fs) {
       const std::vector<int> f = f0.empty() ? std::vector<int>{1} : f0;
       std::set<int> seen;

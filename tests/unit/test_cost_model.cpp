@@ -56,15 +56,6 @@ TEST_CASE("cost model: bandwidth helper and option parsing") {
   CHECK(l.solo() == approx(1e-11));
   CHECK(LinkLevel{1, 3, 0}.solo() == 3);
 
-  REQUIRE(parse_factors("4x48"));
-  CHECK(*parse_factors("4x48") == std::vector<int>{4, 48});
-  CHECK(*parse_factors("2X3x1") == std::vector<int>{2, 3, 1});
-  CHECK(*parse_factors("7") == std::vector<int>{7});
-  for (const char* bad : {"", "x", "4x", "x4", "0x2", "4y2", "4x-2", "4 x2", "99999999999"}) {
-    CAPTURE(bad);
-    CHECK_FALSE(parse_factors(bad));
-  }
-
   auto lv = parse_level("2e-6:50");
   REQUIRE(lv);
   CHECK(lv->alpha == approx(2e-6));

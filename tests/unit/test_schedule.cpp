@@ -31,6 +31,7 @@
 
 #include "algorithms/blueconnect_plan.hpp"
 #include "algorithms/schedule.hpp"
+#include "hierarchies.hpp"
 
 using namespace streamcoll;
 using namespace streamcoll::sched;
@@ -727,49 +728,6 @@ TEST_CASE("schedule: algorithm names and defaults") {
 
 namespace {
 
-/// Every ordered factorization of p into factors >= 2 (p = 1: none, i.e. {}).
-void factorizations(int p, std::vector<int>& cur, std::vector<std::vector<int>>& out) {
-  if (p == 1) {
-    out.push_back(cur);
-    return;
-  }
-  for (int f = 2; f <= p; ++f) {
-    if (p % f) continue;
-    cur.push_back(f);
-    factorizations(p / f, cur, out);
-    cur.pop_back();
-  }
-}
-std::vector<std::vector<int>> factorizations(int p) {
-  std::vector<std::vector<int>> out;
-  std::vector<int> cur;
-  factorizations(p, cur, out);
-  return out;
-}
-
-/// A hierarchy with the given factors and a layout: identity, or shuffled.
-streamcoll::topo::Hierarchy hierarchy(const std::vector<int>& factors, int p, bool shuffle) {
-  streamcoll::topo::Hierarchy h;
-  h.factors = factors.empty() ? std::vector<int>{p} : factors;
-  h.names.assign(h.factors.size(), "test");
-  for (int r = 0; r < p; ++r) h.rank_at.push_back(r);
-  if (shuffle) {  // a fixed permutation: position q holds rank (q*k + 3) mod p, k coprime
-    int k = 1;
-    for (int c = p / 2 + 1; c < 2 * p + 2; ++c) {
-      int a = c, b = p;
-      while (b) a %= b, std::swap(a, b);
-      if (a == 1) {
-        k = c;
-        break;
-      }
-    }
-    for (int q = 0; q < p; ++q) h.rank_at[static_cast<size_t>(q)] = (q * k + 3) % p;
-  }
-  h.position_of.assign(static_cast<size_t>(p), 0);
-  for (int q = 0; q < p; ++q) h.position_of[static_cast<size_t>(h.rank_at[static_cast<size_t>(q)])] = q;
-  return h;
-}
-
 Schedule concat(const std::vector<Schedule>& parts) {
   Schedule out;
   for (const Schedule& s : parts) {
@@ -797,11 +755,7 @@ BuildFn blueconnect(const streamcoll::topo::Hierarchy& h, bool ring_only, bool r
   };
 }
 
-std::string hdesc(const streamcoll::topo::Hierarchy& h) {
-  std::string s;
-  for (int f : h.factors) s += (s.empty() ? "" : "x") + std::to_string(f);
-  return s;
-}
+std::string hdesc(const streamcoll::topo::Hierarchy& h) { return streamcoll::testing::text(h.factors); }
 
 /// Reduce-scatter stages alone (in place): every rank's final block holds the sum.
 /// All-gather stages alone: afterwards every element holds its owner's input.
@@ -841,14 +795,14 @@ TEST_CASE("schedule: BlueConnect stages, every factorization of 1..24 ranks and 
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::pair<int, std::vector<int>>> cases;
   for (int p = 1; p <= 24; ++p)
-    for (auto& f : factorizations(p)) cases.push_back({p, f});
+    for (auto& f : streamcoll::testing::factorizations(p)) cases.push_back({p, f});
   for (auto f : {std::vector<int>{3, 2, 2}, {4, 6}, {16, 6}, {2, 2, 2}, {6, 4}, {2, 32}, {4, 4, 4},
                  {4, 12}})
     cases.push_back({std::accumulate(f.begin(), f.end(), 1, std::multiplies<int>()), f});
   int sims = 0, failures = 0;
   for (auto& [p, f] : cases) {
     for (bool shuffle : {false, true}) {
-      const auto h = hierarchy(f, p, shuffle);
+      const auto h = streamcoll::testing::layout(f, p, shuffle ? 3 : -1);
       for (bool ring_only : {false, true}) {
         for (uint64_t n : counts_for(p)) {
           if (p > 24 && n != uint64_t(3 * p + 5) && n != 1) continue;  // keep it quick
@@ -891,7 +845,7 @@ TEST_CASE("schedule: BlueConnect message counts match the decomposition") {
   // halving/doubling stage 2 lg m, when every block is non-empty.
   for (auto f : {std::vector<int>{3, 2, 2}, {4, 6}, {2, 2, 2}, {16, 6}}) {
     const int p = std::accumulate(f.begin(), f.end(), 1, std::multiplies<int>());
-    const auto h = hierarchy(f, p, false);
+    const auto h = streamcoll::testing::layout(f, p, -1);
     for (bool ring_only : {false, true}) {
       int want = 0;
       for (int m : f) {
