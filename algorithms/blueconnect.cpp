@@ -270,32 +270,12 @@ class BcOp {
   }
 
   /// Non-blocking; sets *done when the call is finished. Returns an MPI error code.
-  int step(bool* done) {
-    *done = false;
-    while (next_ < parts_.size()) {
-      bool part_done = false;
-      int rc = step_part(parts_[next_], &part_done, false);
-      if (rc != MPI_SUCCESS) return fail(rc, done);
-      if (!part_done) return MPI_SUCCESS;
-      ++next_;
-    }
-    finish();
-    *done = true;
-    return MPI_SUCCESS;
-  }
+  int step(bool* done) { return advance(false, done); }
 
   /// The whole call on this thread.
   int run() {
-    for (; next_ < parts_.size(); ++next_) {
-      bool part_done = false;
-      int rc = step_part(parts_[next_], &part_done, true);
-      if (rc != MPI_SUCCESS) {
-        bool d;
-        return fail(rc, &d);
-      }
-    }
-    finish();
-    return MPI_SUCCESS;
+    bool done = false;
+    return advance(true, &done);
   }
 
  private:
@@ -306,19 +286,41 @@ class BcOp {
     uint64_t ticket = 0;
   };
 
-  // After a failure the remaining parts' tickets must still be handed on, or later calls
-  // on the sub-communicators would wait for them forever.
-  int fail(int rc, bool* done) {
-    for (; next_ < parts_.size(); ++next_) {
+  // Runs parts until one is not finished (non-blocking) or all are. After a failure the
+  // remaining parts are skipped, but their tickets are still handed on in turn, or later
+  // calls on the sub-communicators would wait for them forever; a non-blocking op does
+  // that without spinning, since the ticket's turn may depend on another task of the
+  // same engine thread.
+  int advance(bool blocking, bool* done) {
+    *done = false;
+    while (next_ < parts_.size()) {
       Part& pt = parts_[next_];
-      if (pt.backend != Backend::mpi || started_ > next_) continue;
-      std::atomic<uint64_t>& turn = lay_->turn[static_cast<size_t>(pt.stage)];
-      while (turn.load(std::memory_order_acquire) != pt.ticket) sched_yield();
-      turn.fetch_add(1, std::memory_order_release);
+      if (rc_ != MPI_SUCCESS) {
+        if (pt.backend == Backend::mpi && started_ <= next_) {
+          std::atomic<uint64_t>& turn = lay_->turn[static_cast<size_t>(pt.stage)];
+          while (turn.load(std::memory_order_acquire) != pt.ticket) {
+            if (!blocking) return rc_;
+            sched_yield();
+          }
+          turn.fetch_add(1, std::memory_order_release);
+          started_ = next_ + 1;
+        }
+        ++next_;
+        continue;
+      }
+      bool part_done = false;
+      if (int rc = step_part(pt, &part_done, blocking); rc != MPI_SUCCESS) {
+        rc_ = rc;
+        run_.reset();
+        ++next_;
+        continue;
+      }
+      if (!part_done) return MPI_SUCCESS;
+      ++next_;
     }
-    run_.reset();
+    if (rc_ == MPI_SUCCESS) finish();
     *done = true;
-    return rc;
+    return rc_;
   }
 
   int step_part(Part& pt, bool* done, bool blocking) {
@@ -406,6 +408,7 @@ class BcOp {
   std::vector<Part> parts_;
   size_t next_ = 0;                // the part in progress
   size_t started_ = 0;             // parts [0, started_) have started their MPI call
+  int rc_ = MPI_SUCCESS;           // the first failure
   std::unique_ptr<sched::ScheduleRun> run_;
   MPI_Request req_ = MPI_REQUEST_NULL;
   char dummy_ = 0;
