@@ -28,8 +28,9 @@
 //
 // GPU buffers (backend=nccl on every level; blocking calls): each stage is route nccl's
 // reduce-scatter or all-gather on the level's sub-communicator, in NCCL's in-place forms,
-// all on one stream: the attached stream (stream semantics: the host does not wait) or
-// the legacy default stream, which a classic call then waits for. MPI_I* calls, and
+// all on one stream: the attached stream (stream semantics: the host does not wait) or,
+// for a classic call, a stream of ours ordered after the legacy default stream, which the
+// call then waits for. MPI_I* calls, and
 // stages on other backends, are not carried for GPU buffers (the call goes elsewhere).
 #include <mpi.h>
 
@@ -82,6 +83,7 @@ struct Layout {
   int device = -1;
   CUdevice cudev = 0;
   CUcontext cuctx = nullptr;  // the device's primary context (retained)
+  CUstream classic = nullptr; // classic calls: ordered after the legacy default stream
 #endif
 
   explicit Layout(topo::Hierarchy hier) : h(std::move(hier)) {
@@ -98,6 +100,10 @@ struct Layout {
     for (MPI_Comm& c : sub)
       if (c != MPI_COMM_NULL) PMPI_Comm_free(&c);  // frees their contexts too
 #if STREAMCOLL_HAVE_CUDA
+    if (classic) {
+      cuda::ScopedContext scope(cuctx);
+      cuda::driver().cuStreamDestroy(classic);
+    }
     if (cuctx) cuda::driver().cuDevicePrimaryCtxRelease(cudev);
 #endif
   }
@@ -446,11 +452,11 @@ std::string factors_text(const std::vector<int>& f) {
 
 // ---------------------------------------------------------------------------------------
 // GPU buffers: every stage is route nccl's collective on its level's sub-communicator,
-// all enqueued on one stream (the attached stream, or the legacy default stream for a
-// classic call, which then waits for it). The vector is padded to a multiple of p in
-// scratch memory when it does not divide, so that every stage cuts equal blocks (NCCL's
-// reduce-scatter and all-gather need them; padding elements only ever combine with
-// padding). Blocks move in NCCL's in-place forms.
+// all enqueued on one stream (the attached stream, or for a classic call a stream of
+// ours ordered after the legacy default stream, which the call then waits for). The
+// vector is padded to a multiple of p in scratch memory when it does not divide, so that
+// every stage cuts equal blocks (NCCL's reduce-scatter and all-gather need them; padding
+// elements only ever combine with padding). Blocks move in NCCL's in-place forms.
 
 #if STREAMCOLL_HAVE_CUDA && STREAMCOLL_HAVE_NCCL
 
@@ -466,6 +472,11 @@ bool set_up_gpu(Layout& lay, BcComm& bc, const CollArgs& a, const CallEnv& env) 
   if (ok && d.cuDeviceGet(&lay.cudev, env.device) == CUDA_SUCCESS &&
       d.cuDevicePrimaryCtxRetain(&lay.cuctx, lay.cudev) == CUDA_SUCCESS) {
     lay.device = env.device;
+    cuda::ScopedContext scope(lay.cuctx);
+    if (d.cuStreamCreate(&lay.classic, CU_STREAM_DEFAULT) != CUDA_SUCCESS) {
+      lay.classic = nullptr;
+      ok = 0;
+    }
   } else {
     lay.cuctx = nullptr;
     ok = 0;
@@ -474,22 +485,30 @@ bool set_up_gpu(Layout& lay, BcComm& bc, const CollArgs& a, const CallEnv& env) 
     int all = 0;
     return PMPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, bc.p2p) == MPI_SUCCESS && all;
   };
+  // On a refusal, the levels already set up let go of their NCCL communicators (freeing a
+  // sub-communicator frees its context); the mpi backend makes them again if it needs them.
+  auto give_up = [&] {
+    lay.sub_ctx.clear();
+    for (MPI_Comm& c : lay.sub)
+      if (c != MPI_COMM_NULL) PMPI_Comm_free(&c);
+    return false;
+  };
   if (!lay.has_subs() && !lay.make_subs(bc.p2p, bc.rank)) ok = 0;
-  if (!agree(ok)) return false;
+  if (!agree(ok)) return give_up();
   lay.sub_ctx.assign(lay.sub.size(), nullptr);
   for (size_t l = 0; l < lay.sub.size(); ++l) {
     lay.sub_ctx[l] = comm_context(lay.sub[l], true);
-    if (!agree(lay.sub_ctx[l] != nullptr)) return false;
+    if (!agree(lay.sub_ctx[l] != nullptr)) return give_up();
   }
-  // Route nccl sets itself up on each sub-communicator (collective there).
-  // (the call's own kind of stage, whose datatype and op gpu_supports() has checked)
+  // Route nccl sets itself up on each sub-communicator (collective there), probed with
+  // the call's own kind of stage, whose datatype and op gpu_supports() has checked.
   CollArgs probe = a;
   probe.coll = a.coll == Coll::allgather ? Coll::allgather : Coll::reduce_scatter_block;
   probe.nonblocking = false;
   for (size_t l = 0; l < lay.sub.size(); ++l) {
     probe.comm = lay.sub[l];
     ok = nccl->accepts(probe, *lay.sub_ctx[l], kNoParams, env);
-    if (!agree(ok)) return false;
+    if (!agree(ok)) return give_up();
   }
   lay.gpu = Layout::ready;
   return true;
@@ -508,7 +527,7 @@ int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_pt
   const uint64_t n = static_cast<uint64_t>(a.coll == Coll::allgather ? a.recvcount : a.count);
   const uint64_t P = static_cast<uint64_t>(p);
   const uint64_t vec = a.coll == Coll::allreduce ? (n + P - 1) / P * P : n * P;
-  CUstream s = env.has_stream ? static_cast<CUstream>(env.stream) : nullptr;
+  CUstream s = env.has_stream ? static_cast<CUstream>(env.stream) : lay.classic;
   CallEnv stage_env = env;
   stage_env.has_stream = true;  // enqueue on s; the host waits below for a classic call
   stage_env.stream = s;
