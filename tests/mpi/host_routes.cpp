@@ -39,6 +39,25 @@
 // MPI_Request_free is not used: MPI-4.0 section 6.12 makes freeing a non-blocking
 // collective's request erroneous.
 //
+// --route=blueconnect (issue 5) runs the same checks on route blueconnect
+// (algorithms/blueconnect.cpp), which carries MPI_Allreduce, MPI_Reduce_scatter_block and
+// MPI_Allgather (and their MPI_I* forms) only: MPI_Reduce and MPI_Bcast join the
+// collectives expected on pmpi. The duplicates of world get specs
+// "*:blueconnect:hierarchy=H:backend=B[:algo=ring]" with H running over every ordered
+// factorization of the size into factors >= 2 (4: 2x2, 4; 6: 2x3, 3x2, 6; 8: 2x2x2, 2x4,
+// 4x2, 8), crossed with backends (sched, mpi, one per level mixed such as sched/mpi or
+// mpi/sched/sched) and algo=ring, at most 8 duplicates (the list goes to stderr). The even
+// half of world gets one spec per carried collective with a hierarchy of its size; the odd
+// half gets specs the route must decline (a hierarchy that does not multiply to its size, a
+// backend list of the wrong length): its calls go to pmpi. What each spec routes comes from
+// a model of the route's documented rules (bc_label below), for STREAMCOLL_ROUTE too.
+// Each routed communicator is warmed up with one blocking call of each carried collective
+// (the route sets itself up, and creates the mpi backend's sub-communicators, only at a
+// blocking call); the phase "MPI_I* before a blocking call" checks that rule itself on a
+// fresh duplicate. The route takes MPI_I* calls only under MPI_THREAD_MULTIPLE:
+// --expect-route=blocking expects its blocking calls on the route and MPI_I* on pmpi
+// (STREAMCOLL_THREAD_MULTIPLE=0).
+//
 // Inputs are exact under any reduction order (see collectives_check.cpp, whose input model
 // this follows). --density=N runs N variants (count, in place, root, blocking or not) of each
 // (collective, algorithm, datatype, op); by default all of them on 1 rank, 8 on 2 to
@@ -52,6 +71,7 @@
 #include <dlfcn.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <complex>
 #include <cstddef>
@@ -494,7 +514,8 @@ struct Comm {
   MPI_Comm handle = MPI_COMM_NULL;
   std::string name;
   int rank = 0, size = 1;
-  std::string algo[kCarried];  // per carried collective: the ht algorithm; "" = not routed
+  std::string algo[kCarried];  // per carried collective: the ht algorithm (blueconnect: the
+                               // spec's parameters); "" = not routed
   bool routed(Coll c) const {
     return static_cast<int>(c) < kCarried && !algo[static_cast<int>(c)].empty();
   }
@@ -578,18 +599,22 @@ bool check_rc(int rc, const CallInfo& c, const char* what) {
 using GetStats = int (*)(const char*, const char*, const char*, streamcoll_stat_t*);
 using SetRoute = int (*)(MPI_Comm, const char*);
 
-enum class Expect { ht, pmpi };
+// --expect-route: the route (ht or blueconnect, as --route says), pmpi for every call, or
+// the route for blocking calls only (blueconnect without MPI_THREAD_MULTIPLE).
+enum class Expect { route, pmpi, blocking };
 
 struct Streamcoll {
   bool expected = false;  // STREAMCOLL_EXPECT_INTERCEPT=1
   GetStats get = nullptr;
   SetRoute set_route = nullptr;
-  Expect expect = Expect::ht;
-  bool env_routes = false;  // --routes=env
+  Expect expect = Expect::route;
+  const char* route = "ht";  // --route: the route under test, as the statistics name it
+  bool env_routes = false;   // --routes=env
   long long baseline = 0, calls_made = 0;
 
   bool loaded() const { return get != nullptr; }
   bool active() const { return expected && get != nullptr; }
+  bool blueconnect() const { return std::strcmp(route, "blueconnect") == 0; }
   long long calls(const char* coll, const char* route, const char* mem) const {
     streamcoll_stat_t s{0, 0, 0.0};
     if (get(coll, route, mem, &s) != 0) return -1;
@@ -599,15 +624,17 @@ struct Streamcoll {
 
 Streamcoll g_sc;
 
-// The route a call must be counted under.
-bool goes_to_ht(const Comm& c, Coll coll, const TypeDesc* t, long count) {
-  return g_sc.expect == Expect::ht && c.routed(coll) && count > 0 && t && t->routable();
+// Whether a blocking call is counted under the route under test (else under pmpi) ...
+bool goes_to_route(const Comm& c, Coll coll, const TypeDesc* t, long count) {
+  return g_sc.expect != Expect::pmpi && c.routed(coll) && count > 0 && t && t->routable();
 }
+// ... given that its blocking form would be (`routed`) and whether it is MPI_I* (`nb`).
+bool on_route(bool routed, bool nb) { return routed && !(nb && g_sc.expect == Expect::blocking); }
 
 // One call's counters: its collective on its route +1, and the total +1.
 class StatProbe {
  public:
-  StatProbe(const std::string& stat, bool ht) : stat_(stat), ht_(ht) {
+  StatProbe(const std::string& stat, bool routed) : stat_(stat), routed_(routed) {
     if (!g_sc.active()) return;
     one_ = g_sc.calls(stat_.c_str(), route(), mem());
     all_ = g_sc.calls(nullptr, nullptr, nullptr);
@@ -630,10 +657,10 @@ class StatProbe {
   }
 
  private:
-  const char* route() const { return ht_ ? "ht" : "pmpi"; }
-  const char* mem() const { return ht_ ? "host" : nullptr; }
+  const char* route() const { return routed_ ? g_sc.route : "pmpi"; }
+  const char* mem() const { return routed_ ? "host" : nullptr; }
   std::string stat_;
-  bool ht_;
+  bool routed_;
   long long one_ = 0, all_ = 0;
 };
 
@@ -750,7 +777,7 @@ struct Pending {
   Coll coll = Coll::allreduce;
   CallInfo info;
   const Kernel* k = nullptr;
-  bool ht = false;          // counted under ht (else pmpi)
+  bool routed = false;      // the blocking call is counted under the route (else pmpi)
   Buffer send, recv, want;  // want: what recv must hold in [0, check_end)
   Buffer send_copy;         // send as filled: must come back unchanged
   Buffer ref_send, ref_recv;
@@ -809,7 +836,7 @@ PendingPtr make(const Comm& c, const Case& cs) {
   const TypeDesc& t = *cs.type;
   p->coll = cs.coll;
   p->k = &t.k;
-  p->ht = goes_to_ht(c, cs.coll, &t, cs.count);
+  p->routed = goes_to_route(c, cs.coll, &t, cs.count);
   p->info.call = call_name(cs.coll, false);
   p->info.comm = &c;
   p->info.algo = c.algo_of(cs.coll);
@@ -1028,7 +1055,7 @@ void run_reference(Pending& p) {
 
 void start(Pending& p, bool nb) {
   p.info.call = call_name(p.coll, nb);
-  StatProbe probe((nb ? "i" : "") + std::string(stat_name(p.coll)), p.ht);
+  StatProbe probe((nb ? "i" : "") + std::string(stat_name(p.coll)), on_route(p.routed, nb));
   const int rc = p.call(nb ? &p.req : nullptr);
   probe.verify(p.info);
   p.started = check_rc(rc, p.info, p.info.call.c_str());
@@ -1331,7 +1358,7 @@ void test_threads(const std::vector<const Comm*>& comms) {
                              &type_named("MPI_UINT8_T"), &type_named("MPI_C_FLOAT_COMPLEX")};
   const Op ops[] = {Op::sum, Op::max, Op::bxor, Op::prod};
   std::vector<std::vector<PendingPtr>> work(nthreads);
-  long long ht_calls = 0;
+  long long route_calls = 0;
   for (size_t t = 0; t < nthreads; ++t)
     for (int i = 0; i < kCalls; ++i) {
       const Comm& c = *comms[t];
@@ -1344,9 +1371,9 @@ void test_threads(const std::vector<const Comm*>& comms) {
       p->info.how = std::string(i % 2 ? "MPI_Wait" : "blocking") + ", " + std::to_string(nthreads) +
                     " threads at once";
       p->info.call = call_name(coll, i % 2 == 1);
-      ht_calls += p->ht;
+      route_calls += on_route(p->routed, i % 2 == 1);
     }
-  const long long ht_before = g_sc.active() ? g_sc.calls(nullptr, "ht", "host") : 0;
+  const long long route_before = g_sc.active() ? g_sc.calls(nullptr, g_sc.route, "host") : 0;
   const long long all_before = g_sc.active() ? g_sc.calls(nullptr, nullptr, nullptr) : 0;
   std::vector<std::vector<int>> rcs(nthreads);
   std::vector<std::thread> threads;
@@ -1374,12 +1401,13 @@ void test_threads(const std::vector<const Comm*>& comms) {
     CallInfo info;
     info.call = "collectives from " + std::to_string(nthreads) + " threads";
     info.how = "streamcoll_get_stats";
-    const long long ht = g_sc.calls(nullptr, "ht", "host") - ht_before;
+    const long long counted = g_sc.calls(nullptr, g_sc.route, "host") - route_before;
     const long long all = g_sc.calls(nullptr, nullptr, nullptr) - all_before;
     const long long made = static_cast<long long>(nthreads) * kCalls;
-    g_tally.check(ht == ht_calls && all == made, info, [&] {
-      return "ht counted " + std::to_string(ht) + " (expected " + std::to_string(ht_calls) +
-             "), all routes " + std::to_string(all) + " (expected " + std::to_string(made) + ")";
+    g_tally.check(counted == route_calls && all == made, info, [&] {
+      return std::string(g_sc.route) + " counted " + std::to_string(counted) + " (expected " +
+             std::to_string(route_calls) + "), all routes " + std::to_string(all) + " (expected " +
+             std::to_string(made) + ")";
     });
   }
 }
@@ -1423,13 +1451,169 @@ const char* level_name(int level) {
   return "?";
 }
 
+// ------------------------------------------------------------ route blueconnect's specs
+
+std::vector<std::string> split_text(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t from = 0;
+  for (size_t at; (at = s.find(sep, from)) != std::string::npos; from = at + 1)
+    out.push_back(s.substr(from, at - from));
+  out.push_back(s.substr(from));
+  return out;
+}
+
+// Every ordered factorization of n into factors >= 2 ("AxB.."): for 8, 2x2x2, 2x4, 4x2,
+// 8; none for 1.
+void factorize(int n, const std::string& prefix, std::vector<std::string>* out) {
+  for (int f = 2; f <= n; ++f) {
+    if (n % f != 0) continue;
+    const std::string text = prefix + (prefix.empty() ? "" : "x") + std::to_string(f);
+    if (f == n)
+      out->push_back(text);
+    else
+      factorize(n / f, text, out);
+  }
+}
+std::vector<std::string> factorizations(int n) {
+  std::vector<std::string> out;
+  factorize(n, "", &out);
+  return out;
+}
+// The route's levels: the factors other than 1, and one level when all are 1.
+int levels_of(const std::string& hierarchy) {
+  int levels = 0;
+  for (const std::string& f : split_text(hierarchy, 'x')) levels += std::atoi(f.c_str()) > 1;
+  return std::max(levels, 1);
+}
+
+// One backend per level, innermost first: "sched/mpi" for two levels, "mpi/sched/sched"
+// for three and more; `flip` reverses the list ("mpi/sched", "sched/sched/mpi").
+std::string mixed_backends(int levels, bool flip) {
+  std::vector<std::string> b(static_cast<size_t>(levels), "sched");
+  b[levels == 2 ? 1 : 0] = "mpi";
+  if (flip) std::reverse(b.begin(), b.end());
+  std::string out;
+  for (const std::string& x : b) out += (out.empty() ? "" : "/") + x;
+  return out;
+}
+
+constexpr size_t kMaxBlueconnectDups = 8;
+
+// The parameters of the duplicates of world: each factorization of the size with, in
+// turn, a mixed backend list (one level: sched), sched, mpi and the other mixed list (one
+// level: mpi), round by round over the factorizations, algo=ring on every second one, at
+// most kMaxBlueconnectDups. 4 ranks: 2x2 sched/mpi, 4 sched ring, 2x2 sched, 4 mpi ring,
+// 2x2 mpi, 2x2 mpi/sched ring.
+std::vector<std::string> blueconnect_dup_params(int size) {
+  std::vector<std::string> hs = factorizations(size);
+  if (hs.empty()) hs.push_back("1");  // one rank
+  std::vector<std::vector<std::string>> backends;
+  for (const std::string& h : hs) {
+    const int levels = levels_of(h);
+    if (levels >= 2)
+      backends.push_back(
+          {mixed_backends(levels, false), "sched", "mpi", mixed_backends(levels, true)});
+    else
+      backends.push_back({"sched", "mpi"});
+  }
+  std::vector<std::string> out;
+  for (size_t round = 0, added = 1; added && out.size() < kMaxBlueconnectDups; ++round) {
+    added = 0;
+    for (size_t i = 0; i < hs.size() && out.size() < kMaxBlueconnectDups; ++i) {
+      if (round >= backends[i].size()) continue;
+      const bool ring = out.size() % 2 == 1;
+      out.push_back("hierarchy=" + hs[i] + ":backend=" + backends[i][round] +
+                    (ring ? ":algo=ring" : ""));
+      ++added;
+    }
+  }
+  return out;
+}
+
+// The halves of world: the even half one spec per carried collective with a hierarchy of
+// its size (the most levels), the rest ("*") on the route too, which declines it; the odd
+// half (and a half of one rank, which has no factorization) specs the route must decline:
+// hierarchies that do not multiply to its size, and a backend list longer than the levels.
+std::string blueconnect_split_spec(int size, bool even) {
+  const std::vector<std::string> hs = factorizations(size);
+  const std::string bc = ":blueconnect:hierarchy=";
+  if (even && !hs.empty()) {
+    const std::string& h = hs[0];
+    const int levels = levels_of(h);
+    return "allreduce" + bc + h + ":backend=mpi,reduce_scatter_block" + bc + h +
+           ":backend=" + (levels >= 2 ? mixed_backends(levels, false) : "sched") +
+           ":algo=ring,allgather" + bc + h + ":backend=sched,*" + bc + h;
+  }
+  const std::string bad = "2x" + std::to_string(size);  // twice the size
+  const std::string good = hs.empty() ? "1" : hs[0];
+  std::string too_many = "sched";
+  for (int l = 0; l < levels_of(good); ++l) too_many += "/sched";
+  return "allreduce" + bc + bad + ",reduce_scatter_block" + bc + bad + ":backend=mpi,allgather" +
+         bc + good + ":backend=" + too_many + ",*" + bc + bad;
+}
+
+// What route blueconnect does with a call of `coll` on `size` ranks routed by `spec`
+// (STREAMCOLL_ROUTE syntax), by its documented rules (algorithms/blueconnect.cpp): the
+// first entry naming the collective or '*' decides; the route carries allreduce,
+// reduce_scatter_block and allgather; hierarchy= (else STREAMCOLL_HIERARCHY, else the
+// discovered hierarchy, which one host must give) multiplies to the size; backend= is
+// sched or mpi, one for all levels or one per level (levels_of).
+// Returns the entry's parameters (the variant's label), "" when the call goes to pmpi.
+std::string bc_label(const std::string& spec, Coll coll, int size) {
+  if (coll != Coll::allreduce && coll != Coll::rsb && coll != Coll::allgather) return "";
+  for (const std::string& entry : split_text(spec, ',')) {
+    const std::vector<std::string> f = split_text(entry, ':');
+    if (f.size() < 2 || (f[0] != "*" && f[0] != stat_name(coll))) continue;
+    if (f[1] != "blueconnect") return "";
+    std::string hierarchy, backend = "sched", params;
+    if (const char* env = std::getenv("STREAMCOLL_HIERARCHY")) hierarchy = env;
+    for (size_t i = 2; i < f.size(); ++i) {
+      params += (i > 2 ? ":" : "") + f[i];
+      const size_t eq = f[i].find('=');
+      const std::string key = f[i].substr(0, eq);
+      const std::string value = eq == std::string::npos ? "" : f[i].substr(eq + 1);
+      if (key == "hierarchy") hierarchy = value;
+      if (key == "backend") backend = value;
+    }
+    if (params.empty()) params = "blueconnect";
+    if (hierarchy.empty()) return params;  // discovered
+    long long product = 1;
+    for (const std::string& x : split_text(hierarchy, 'x')) {
+      const int v = std::atoi(x.c_str());
+      if (v < 1) return "";
+      product *= v;
+    }
+    if (product != size) return "";
+    const std::vector<std::string> b = split_text(backend, '/');
+    for (const std::string& x : b)
+      if (x != "sched" && x != "mpi") return "";
+    return b.size() == 1 || static_cast<int>(b.size()) == levels_of(hierarchy) ? params : "";
+  }
+  return "";
+}
+
 // ------------------------------------------------------------------------------ setup
 
-// Sets the routes of `c` (api mode), and warms it up with one blocking call: the route
-// takes a communicator's MPI_I* calls only after a blocking call on it.
-void route(Comm& c, const std::string& spec, const std::string& algo_all,
-           const std::vector<std::string>& per_coll) {
-  for (int i = 0; i < kCarried; ++i) c.algo[i] = per_coll.empty() ? algo_all : per_coll[i];
+bool setup_comm(Comm& c, MPI_Comm h, const std::string& name) {
+  c.handle = h;
+  c.name = name;
+  CallInfo info;
+  info.call = "setup " + name;
+  return check_rc(MPI_Comm_rank(h, &c.rank), info, "MPI_Comm_rank") &&
+         check_rc(MPI_Comm_size(h, &c.size), info, "MPI_Comm_size");
+}
+
+// Blocking calls that set a routed communicator up: one allreduce (ht); blueconnect, one
+// of each collective it carries (the mpi backend's sub-communicators for each spec).
+void warm_up(const Comm& c) {
+  const TypeDesc& i32 = type_named("MPI_INT");
+  run_case(c, Case{Coll::allreduce, &i32, Op::sum, 1, -1, false}, false);
+  if (!g_sc.blueconnect()) return;
+  run_case(c, Case{Coll::rsb, &i32, Op::sum, 1, -1, false}, false);
+  run_case(c, Case{Coll::allgather, &i32, Op::none, 1, -1, false}, false);
+}
+
+void set_route(const Comm& c, const std::string& spec) {
   CallInfo info;
   info.call = "streamcoll_comm_set_route";
   info.how = "\"" + spec + "\"";
@@ -1440,16 +1624,60 @@ void route(Comm& c, const std::string& spec, const std::string& algo_all,
   } else if (g_sc.active()) {
     g_tally.fail(info, "streamcoll is loaded but does not export streamcoll_comm_set_route");
   }
-  run_case(c, Case{Coll::allreduce, &type_named("MPI_INT"), Op::sum, 1, -1, false}, false);
 }
 
-bool setup_comm(Comm& c, MPI_Comm h, const std::string& name) {
-  c.handle = h;
-  c.name = name;
+// Sets the routes of `c` (api mode), and warms it up with blocking calls: the route
+// takes a communicator's MPI_I* calls only after a blocking call on it.
+void route(Comm& c, const std::string& spec, const std::string& algo_all,
+           const std::vector<std::string>& per_coll) {
+  for (int i = 0; i < kCarried; ++i) c.algo[i] = per_coll.empty() ? algo_all : per_coll[i];
+  set_route(c, spec);
+  warm_up(c);
+}
+
+// Route blueconnect: what each collective does on `c` under `spec` comes from bc_label.
+void route_blueconnect(Comm& c, const std::string& spec) {
+  std::vector<std::string> per_coll;
+  for (int i = 0; i < kCarried; ++i)
+    per_coll.push_back(bc_label(spec, static_cast<Coll>(i), c.size));
+  route(c, spec, "", per_coll);
+}
+
+// Route blueconnect sets itself up on a communicator at its first blocking call, and
+// creates the mpi backend's sub-communicators at the first blocking call that needs them;
+// MPI_I* calls before that go to pmpi. On a fresh duplicate of world: MPI_Iallreduce
+// (pmpi), MPI_Allreduce on backend sched, MPI_Iallreduce (the route), then MPI_Iallgather
+// on backend mpi (pmpi: no sub-communicators yet), MPI_Allgather, MPI_Iallgather and
+// MPI_Iallreduce (the route).
+void test_nonblocking_first(const Comm& world) {
   CallInfo info;
-  info.call = "setup " + name;
-  return check_rc(MPI_Comm_rank(h, &c.rank), info, "MPI_Comm_rank") &&
-         check_rc(MPI_Comm_size(h, &c.size), info, "MPI_Comm_size");
+  info.call = "MPI_Comm_dup";
+  info.comm = &world;
+  MPI_Comm h = MPI_COMM_NULL;
+  Comm c;
+  if (!check_rc(MPI_Comm_dup(world.handle, &h), info, "MPI_Comm_dup") ||
+      !setup_comm(c, h, "dup(world) fresh"))
+    return;
+  const std::vector<std::string> hs = factorizations(c.size);
+  const std::string hier = hs.empty() ? "1" : hs[0];
+  const std::string spec = "allreduce:blueconnect:hierarchy=" + hier +
+                           ":backend=sched,allgather:blueconnect:hierarchy=" + hier +
+                           ":backend=mpi";
+  set_route(c, spec);
+  const TypeDesc& dbl = type_named("MPI_DOUBLE");
+  const Case ar{Coll::allreduce, &dbl, Op::sum, 7, -1, false};
+  const Case ag{Coll::allgather, &dbl, Op::none, 7, -1, false};
+  const int iar = static_cast<int>(Coll::allreduce), iag = static_cast<int>(Coll::allgather);
+  run_case(c, ar, true);  // no blocking call yet: pmpi
+  c.algo[iar] = bc_label(spec, Coll::allreduce, c.size);
+  run_case(c, ar, false);
+  run_case(c, ar, true);
+  run_case(c, ag, true);  // no sub-communicators yet: pmpi
+  c.algo[iag] = bc_label(spec, Coll::allgather, c.size);
+  run_case(c, ag, false);
+  run_case(c, ag, true);
+  run_case(c, ar, true);
+  MPI_Comm_free(&c.handle);
 }
 
 // The C API's argument errors: local, so safe to call on any rank alone.
@@ -1511,7 +1739,8 @@ bool gather_verdict(const Comm& world, long long totals[2]) {
 int usage() {
   std::fprintf(stderr,
                "usage: host_routes [--thread=single|funneled|serialized|multiple] "
-               "[--expect-route=ht|pmpi] [--routes=api|env] [--density=N]\n");
+               "[--route=ht|blueconnect] [--expect-route=ht|blueconnect|blocking|pmpi] "
+               "[--routes=api|env] [--density=N]\n");
   return 2;
 }
 
@@ -1519,6 +1748,7 @@ int usage() {
 
 int main(int argc, char** argv) {
   int required = MPI_THREAD_FUNNELED;
+  std::string expect_route;  // --expect-route=ROUTE: must be the route under test
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--thread=single")
@@ -1529,8 +1759,14 @@ int main(int argc, char** argv) {
       required = MPI_THREAD_SERIALIZED;
     else if (a == "--thread=multiple")
       required = MPI_THREAD_MULTIPLE;
-    else if (a == "--expect-route=ht")
-      g_sc.expect = Expect::ht;
+    else if (a == "--route=ht")
+      g_sc.route = "ht";
+    else if (a == "--route=blueconnect")
+      g_sc.route = "blueconnect";
+    else if (a == "--expect-route=ht" || a == "--expect-route=blueconnect")
+      expect_route = a.substr(15);
+    else if (a == "--expect-route=blocking")
+      g_sc.expect = Expect::blocking;
     else if (a == "--expect-route=pmpi")
       g_sc.expect = Expect::pmpi;
     else if (a == "--routes=api")
@@ -1542,6 +1778,7 @@ int main(int argc, char** argv) {
     else
       return usage();
   }
+  if (!expect_route.empty() && expect_route != g_sc.route) return usage();
   int provided = -1;
   if (MPI_Init_thread(&argc, &argv, required, &provided) != MPI_SUCCESS) {
     std::fprintf(stderr, "host_routes: MPI_Init_thread failed\n");
@@ -1605,17 +1842,37 @@ int main(int argc, char** argv) {
           world.size, level_name(required),
           g_sc.loaded() ? (g_sc.set_route ? "loaded" : "loaded without comm_set_route") : "absent",
           g_sc.env_routes ? "STREAMCOLL_ROUTE" : "streamcoll_comm_set_route",
-          !g_sc.active()              ? "no statistics"
-          : g_sc.expect == Expect::ht ? "ht"
-                                      : "pmpi",
+          !g_sc.active()                    ? "no statistics"
+          : g_sc.expect == Expect::route    ? g_sc.route
+          : g_sc.expect == Expect::blocking ? "blocking calls routed, MPI_I* on pmpi"
+                                            : "pmpi",
           g_density);
   }
   layouts();
   test_api_errors(world);
 
-  // Communicators and their routes.
+  // Communicators and their routes: ht, a duplicate per algorithm; blueconnect, per
+  // hierarchy and backend (blueconnect_dup_params).
   const char* algos[] = {"rd", "rabenseifner", "ring", "mpi"};
-  std::vector<Comm> dups(4);
+  std::vector<std::string> dup_specs, dup_labels;
+  if (g_sc.blueconnect()) {
+    for (const std::string& params : blueconnect_dup_params(world.size)) {
+      dup_specs.push_back("*:blueconnect:" + params);
+      dup_labels.push_back(params);
+    }
+  } else {
+    for (const char* a : algos) {
+      dup_specs.push_back(std::string("*:ht:algo=") + a);
+      dup_labels.push_back(a);
+    }
+  }
+  if (g_sc.blueconnect() && !g_sc.env_routes && world.rank == 0) {
+    std::string list;
+    for (const std::string& l : dup_labels) list += "\n  " + l;
+    std::fprintf(stderr, "host_routes: %zu duplicates of world on route blueconnect:%s\n",
+                 dup_labels.size(), list.c_str());
+  }
+  std::vector<Comm> dups(dup_specs.size());
   Comm split;
   std::vector<const Comm*> routed;
   MPI_Comm split_h = MPI_COMM_NULL;
@@ -1628,10 +1885,10 @@ int main(int argc, char** argv) {
       "allreduce:ht:algo=rabenseifner,reduce:ht:algo=rd,bcast:ht:algo=ring,allgather:ht:algo=mpi,"
       "reduce_scatter_block:ht:algo=ring";
   if (ok && !g_sc.env_routes) {
-    for (int a = 0; a < 4 && ok; ++a) {
+    for (size_t a = 0; a < dups.size() && ok; ++a) {
       MPI_Comm h = MPI_COMM_NULL;
       ok = check_rc(MPI_Comm_dup(MPI_COMM_WORLD, &h), setup, "MPI_Comm_dup") &&
-           setup_comm(dups[a], h, std::string("dup(world) ") + algos[a]);
+           setup_comm(dups[a], h, "dup(world) " + dup_labels[a]);
       if (ok && a == 0 && g_sc.set_route) {  // a spec that does not parse: nothing is set
         CallInfo info = setup;
         info.call = "streamcoll_comm_set_route";
@@ -1641,11 +1898,32 @@ int main(int argc, char** argv) {
         g_tally.check(rc == MPI_ERR_ARG, info,
                       [&] { return "returned " + std::to_string(rc) + ", expected MPI_ERR_ARG"; });
       }
-      if (ok) route(dups[a], std::string("*:ht:algo=") + algos[a], algos[a], {});
+      if (ok && g_sc.blueconnect())
+        route_blueconnect(dups[a], dup_specs[a]);
+      else if (ok)
+        route(dups[a], dup_specs[a], dup_labels[a], {});
       routed.push_back(&dups[a]);
     }
-    if (ok) route(split, split_spec, "", split_algos);
+    if (ok && g_sc.blueconnect()) {
+      const std::string spec = blueconnect_split_spec(split.size, world.rank % 2 == 0);
+      route_blueconnect(split, spec);
+      if (world.rank < 2)  // the spec of each half, once
+        std::fprintf(stderr, "host_routes: %s of %d ranks: \"%s\"%s\n", split.name.c_str(),
+                     split.size, spec.c_str(), split.routed(Coll::allreduce) ? "" : " (declined)");
+    } else if (ok) {
+      route(split, split_spec, "", split_algos);
+    }
     routed.push_back(&split);
+  } else if (ok && g_sc.blueconnect()) {
+    // STREAMCOLL_ROUTE routes every communicator; what it routes where comes from bc_label.
+    const char* env = std::getenv("STREAMCOLL_ROUTE");
+    for (int i = 0; i < kCarried; ++i) {
+      world.algo[i] = bc_label(env ? env : "", static_cast<Coll>(i), world.size);
+      split.algo[i] = bc_label(env ? env : "", static_cast<Coll>(i), split.size);
+    }
+    warm_up(world);
+    warm_up(split);
+    routed = {&world, &split};
   } else if (ok) {
     // STREAMCOLL_ROUTE routes every communicator; its text names the algorithm.
     const char* env = std::getenv("STREAMCOLL_ROUTE");
@@ -1672,7 +1950,7 @@ int main(int argc, char** argv) {
     run_case(*routed[0], Case{Coll::allreduce, &type_named("MPI_DOUBLE"), Op::sum, 7, -1, false},
              true);
     if (g_sc.active()) {
-      const bool want = g_sc.expect == Expect::ht;
+      const bool want = g_sc.expect == Expect::route && routed[0]->routed(Coll::allreduce);
       CallInfo info = setup;
       info.call = "thread " + std::string(kProgressThread);
       info.how = "after the first MPI_Iallreduce";
@@ -1682,6 +1960,10 @@ int main(int argc, char** argv) {
                " in /proc/self/task/*/comm, expected " +
                (want ? "present" : "absent (the route is off)");
       });
+    }
+    if (g_sc.blueconnect() && !g_sc.env_routes) {
+      begin_phase("MPI_I* before a blocking call");
+      test_nonblocking_first(world);
     }
 
     for (const Comm* c : routed) {
