@@ -222,13 +222,11 @@ class BcOp {
         vec = call.count * static_cast<uint64_t>(p);
         if (lay_->identity_slots && call.send) {
           from_send = true;  // the input is in tree order already: read it where it is
-          scratch_.resize(vec * ext);
-          work_ = scratch_.data();
+          work_ = scratch(vec * ext);
         } else if (lay_->identity_slots) {
           work_ = call.recv;  // in place: combine in recv, the result moves to its start
         } else {
-          scratch_.resize(vec * ext);
-          work_ = scratch_.data();
+          work_ = scratch(vec * ext);
           const char* in = call.send ? call.send : call.recv;
           const uint64_t blk = call.count * ext;
           for (int r = 0; r < p; ++r) {
@@ -245,8 +243,7 @@ class BcOp {
         if (lay_->identity_slots) {
           work_ = call.recv;
         } else {
-          scratch_.resize(vec * ext);
-          work_ = scratch_.data();
+          work_ = scratch(vec * ext);
         }
         if (own != work_ + static_cast<uint64_t>(myslot) * blk)
           std::memcpy(work_ + static_cast<uint64_t>(myslot) * blk, own, blk);
@@ -268,7 +265,9 @@ class BcOp {
       pt.backend = backends.size() == 1 ? backends[0] : backends[l];
       if (pt.backend == Backend::mpi) pt.ticket = lay_->next_ticket[l]++;
     }
-    if (prep_->scratch_elems) rs_out_.resize(prep_->scratch_elems * ext);
+    for (const Part& pt : parts_)
+      if (pt.backend == Backend::mpi && pt.reduce_scatter && !rs_out_)
+        rs_out_.reset(new char[std::max<uint64_t>(prep_->scratch_elems * ext, 1)]);
   }
 
   ~BcOp() {
@@ -291,6 +290,12 @@ class BcOp {
     Backend backend = Backend::sched;
     uint64_t ticket = 0;
   };
+
+  // Uninitialised scratch of `bytes` (at least 1), owned by the operation.
+  char* scratch(uint64_t bytes) {
+    scratch_.reset(new char[std::max<uint64_t>(bytes, 1)]);
+    return scratch_.get();
+  }
 
   // Runs parts until one is not finished (non-blocking) or all are. After a failure the
   // remaining parts are skipped, but their tickets are still handed on in turn, or later
@@ -366,7 +371,7 @@ class BcOp {
     }
     if (rc == MPI_SUCCESS && *done && pt.reduce_scatter) {
       const uint64_t ext = static_cast<uint64_t>(call_.extent);
-      std::memcpy(work_ + st.block_off(st.me) * ext, rs_out_.data(), st.block_len(st.me) * ext);
+      std::memcpy(work_ + st.block_off(st.me) * ext, rs_out_.get(), st.block_len(st.me) * ext);
     }
     return rc;
   }
@@ -378,7 +383,7 @@ class BcOp {
     char* seg = work_ + st.seg_off * ext;
     if (pt.reduce_scatter) {
       const char* in = (from_send_ && i == 0) ? call_.send + st.seg_off * ext : seg;
-      void* out = rs_out_.empty() ? static_cast<void*>(&dummy_) : rs_out_.data();
+      void* out = rs_out_.get();
       return PMPI_Ireduce_scatter(in, out, prep_->counts[i].data(), call_.type, call_.op, sub,
                                   &req_);
     }
@@ -409,15 +414,14 @@ class BcOp {
   std::shared_ptr<const Prepared> prep_;
   bool from_send_ = false;
   char* work_ = nullptr;           // the vector the stages work on
-  std::vector<char> scratch_;      // work_ when it is not the receive buffer
-  std::vector<char> rs_out_;       // mpi reduce-scatter output
+  std::unique_ptr<char[]> scratch_;  // work_ when it is not the receive buffer
+  std::unique_ptr<char[]> rs_out_;   // mpi reduce-scatter output
   std::vector<Part> parts_;
   size_t next_ = 0;                // the part in progress
   size_t started_ = 0;             // parts [0, started_) have started their MPI call
   int rc_ = MPI_SUCCESS;           // the first failure
   std::unique_ptr<sched::ScheduleRun> run_;
   MPI_Request req_ = MPI_REQUEST_NULL;
-  char dummy_ = 0;
 };
 
 class BcTask final : public progress::Task {

@@ -42,7 +42,7 @@
 //           rank alone can use more than its share (it favours ring and two-level).
 // Level 0 has no group below it, so only its β is used.
 //
-// Adding a model (issue 6: Aluminum host-transfer, NV-Group, binary trees): write one
+// Adding a model (Aluminum host-transfer, NV-Group, binary trees): write one
 // function with the ModelFn signature (the stage helpers below build it from pieces),
 // add an Algorithm value and a line in models(); best() and bc_model pick it up.
 #pragma once

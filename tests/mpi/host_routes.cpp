@@ -39,7 +39,7 @@
 // MPI_Request_free is not used: MPI-4.0 section 6.12 makes freeing a non-blocking
 // collective's request erroneous.
 //
-// --route=blueconnect (issue 5) runs the same checks on route blueconnect
+// --route=blueconnect runs the same checks on route blueconnect
 // (algorithms/blueconnect.cpp), which carries MPI_Allreduce, MPI_Reduce_scatter_block and
 // MPI_Allgather (and their MPI_I* forms) only: MPI_Reduce and MPI_Bcast join the
 // collectives expected on pmpi. The duplicates of world get specs
