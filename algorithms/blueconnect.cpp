@@ -26,12 +26,15 @@
 // communicator size, or a non-uniform discovered hierarchy, make the route decline (the
 // call goes to pmpi).
 //
-// GPU buffers (backend=nccl on every level; blocking calls): each stage is route nccl's
+// GPU buffers (blocking calls; backend nccl by default): each nccl stage is route nccl's
 // reduce-scatter or all-gather on the level's sub-communicator, in NCCL's in-place forms,
 // all on one stream: the attached stream (stream semantics: the host does not wait) or,
 // for a classic call, a stream of ours ordered after the legacy default stream, which the
-// call then waits for. MPI_I* calls, and
-// stages on other backends, are not carried for GPU buffers (the call goes elsewhere).
+// call then waits for. A classic call may run levels on backend sched instead (host
+// transfer: the segment to pinned memory, the stage's schedule on the calling thread, the
+// result back), e.g. nccl/sched: NCCL inside the node, the host across nodes. MPI_I*
+// calls, backend mpi, and sched stages with an attached stream are not carried for GPU
+// buffers (the call goes elsewhere). Route nccl must be usable on every level.
 #include <mpi.h>
 
 #include <sched.h>
@@ -84,6 +87,21 @@ struct Layout {
   CUdevice cudev = 0;
   CUcontext cuctx = nullptr;  // the device's primary context (retained)
   CUstream classic = nullptr; // classic calls: ordered after the legacy default stream
+  void* staging = nullptr;    // pinned host memory for host stages (classic calls only)
+  uint64_t staging_bytes = 0;
+
+  /// Pinned staging of at least `bytes`, or nullptr; the caller has cuctx current.
+  char* pinned(uint64_t bytes) {
+    if (bytes > staging_bytes) {
+      if (staging) cuda::driver().cuMemFreeHost(staging);
+      staging = nullptr;
+      staging_bytes = 0;
+      if (cuda::driver().cuMemHostAlloc(&staging, std::max<uint64_t>(bytes, 1), 0) != CUDA_SUCCESS)
+        return staging = nullptr, nullptr;
+      staging_bytes = bytes;
+    }
+    return static_cast<char*>(staging);
+  }
 #endif
 
   explicit Layout(topo::Hierarchy hier) : h(std::move(hier)) {
@@ -100,9 +118,10 @@ struct Layout {
     for (MPI_Comm& c : sub)
       if (c != MPI_COMM_NULL) PMPI_Comm_free(&c);  // frees their contexts too
 #if STREAMCOLL_HAVE_CUDA
-    if (classic) {
+    if (classic || staging) {
       cuda::ScopedContext scope(cuctx);
-      cuda::driver().cuStreamDestroy(classic);
+      if (classic) cuda::driver().cuStreamDestroy(classic);
+      if (staging) cuda::driver().cuMemFreeHost(staging);
     }
     if (cuctx) cuda::driver().cuDevicePrimaryCtxRelease(cudev);
 #endif
@@ -519,7 +538,7 @@ bool set_up_gpu(Layout& lay, BcComm& bc, const CollArgs& a, const CallEnv& env) 
 }
 
 int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_ptr,
-            const CallEnv& env, bool ring_only) {
+            const CallEnv& env, const std::vector<Backend>& backends, bool ring_only) {
   Layout& lay = *lay_ptr;
   const cuda::Driver& d = cuda::driver();
   Route* nccl = find_route(RouteId::nccl);
@@ -606,10 +625,53 @@ int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_pt
     }
     rc = nccl->run(c, *lay.sub_ctx[static_cast<size_t>(st.level)], kNoParams, stage_env);
   };
+  // A stage on backend sched (classic calls only): the segment to pinned host memory, the
+  // stage's schedule there on the calling thread, the result back. Every rank runs the
+  // schedule even after a local failure, so that the others are not left waiting.
+  auto host_stage = [&](const bc::Stage& st, bool reduce_scatter) {
+    const uint64_t bytes = st.seg_len * ext;
+    bc::Stage local = st;  // the same stage on a vector that starts at the segment
+    local.seg_off = 0;
+    for (uint64_t& b : local.bounds) b -= st.seg_off;
+    const uint64_t out_off = reduce_scatter ? local.block_off(local.me) : 0;
+    const uint64_t out_len = reduce_scatter ? local.block_len(local.me) : local.seg_len;
+    std::vector<char> fallback;
+    char* h = lay.pinned(bytes);
+    if (!h) {
+      if (rc == MPI_SUCCESS) rc = fail(Failure::cuda, "blueconnect: cuMemHostAlloc failed");
+      fallback.resize(bytes + 1);
+      h = fallback.data();
+    }
+    const char* src = (reduce_scatter && from_send && st.level == 0 ? send : work) + st.seg_off * ext;
+    if (rc == MPI_SUCCESS && bytes) {
+      CUresult r = d.cuMemcpyAsync(dptr(h), dptr(src), bytes, s);
+      if (r == CUDA_SUCCESS) r = d.cuStreamSynchronize(s);
+      if (r != CUDA_SUCCESS) cuda_fail("blueconnect: D2H copy", r);
+    }
+    auto sch = std::make_shared<const sched::Schedule>(
+        reduce_scatter ? sched::build_stage_reduce_scatter(local, false)
+                       : sched::build_stage_all_gather(local));
+    const int hrc = sched::ScheduleRun(sch, nullptr, h, type, static_cast<int>(ext), a.op,
+                                       bc.p2p, bc.tag())
+                        .run();
+    if (rc == MPI_SUCCESS) rc = hrc;
+    if (rc == MPI_SUCCESS && out_len) {
+      CUresult r = d.cuMemcpyAsync(dptr(work + (st.seg_off + out_off) * ext), dptr(h + out_off * ext),
+                                   out_len * ext, s);
+      if (r != CUDA_SUCCESS) cuda_fail("blueconnect: H2D copy", r);
+    }
+  };
+  auto run_stage = [&](const bc::Stage& st, bool reduce_scatter) {
+    const Backend b = backends.size() == 1 ? backends[0] : backends[static_cast<size_t>(st.level)];
+    if (b == Backend::sched)
+      host_stage(st, reduce_scatter);
+    else
+      stage(st, reduce_scatter);
+  };
   if (a.coll != Coll::allgather)
-    for (const bc::Stage& st : stages) stage(st, true);
+    for (const bc::Stage& st : stages) run_stage(st, true);
   if (a.coll != Coll::reduce_scatter_block)
-    for (size_t i = stages.size(); i-- > 0;) stage(stages[i], false);
+    for (size_t i = stages.size(); i-- > 0;) run_stage(stages[i], false);
   switch (a.coll) {
     case Coll::allreduce: copy(recv, work, n * ext); break;
     case Coll::reduce_scatter_block: copy(recv, work + prep->plan.final_off * ext, blk); break;
@@ -651,14 +713,17 @@ class BlueConnectRoute final : public Route {
     if (elems > static_cast<uint64_t>(INT_MAX)) return false;
     std::vector<Backend> backends;
     bool ring_only = false;
-    if (!parse_params(choice, &backends, &ring_only)) return false;
-    bool any_nccl = false, all_nccl = true;
+    if (!parse_params(choice, gpu, &backends, &ring_only)) return false;
+    bool any_nccl = false, any_sched = false, any_mpi = false;
     for (Backend b : backends) {
       any_nccl = any_nccl || b == Backend::nccl;
-      all_nccl = all_nccl && b == Backend::nccl;
+      any_sched = any_sched || b == Backend::sched;
+      any_mpi = any_mpi || b == Backend::mpi;
     }
-    if (gpu != any_nccl || (gpu && !all_nccl)) return false;  // nccl: GPU buffers only
-    if (gpu && (a.nonblocking || !gpu_supports(a))) return false;
+    if (!gpu && any_nccl) return false;  // nccl: GPU buffers only
+    // GPU buffers: nccl stages, and host stages (sched) for classic calls only.
+    if (gpu && (any_mpi || (any_sched && env.has_stream) || a.nonblocking || !gpu_supports(a)))
+      return false;
 
     auto& slot = ctx.route_state[static_cast<int>(RouteId::blueconnect)];
     if (!slot) {
@@ -713,7 +778,7 @@ class BlueConnectRoute final : public Route {
     std::shared_ptr<Layout> lay = layout(*bc, choice);
     std::vector<Backend> backends;
     bool ring_only = false;
-    parse_params(choice, &backends, &ring_only);
+    parse_params(choice, env.mem == MemKind::device, &backends, &ring_only);
 
 #if STREAMCOLL_HAVE_CUDA && STREAMCOLL_HAVE_NCCL
     if (env.mem == MemKind::device) {
@@ -722,7 +787,7 @@ class BlueConnectRoute final : public Route {
                     call_name(a.coll, a.nonblocking) + ": buffer on device " +
                         std::to_string(env.device) + ", but this communicator's hierarchical "
                         "NCCL communicators are on device " + std::to_string(lay->device));
-      return run_gpu(a, *bc, lay, env, ring_only);
+      return run_gpu(a, *bc, lay, env, backends, ring_only);
     }
 #endif
     BcOp::Call call{};
@@ -769,10 +834,11 @@ class BlueConnectRoute final : public Route {
 #endif
   }
 
-  static bool parse_params(const config::RouteChoice& choice, std::vector<Backend>* backends,
-                           bool* ring_only) {
+  // backend= (default: nccl for GPU buffers, sched otherwise) and algo=.
+  static bool parse_params(const config::RouteChoice& choice, bool gpu,
+                           std::vector<Backend>* backends, bool* ring_only) {
     backends->clear();
-    std::string_view list = choice.param("backend").value_or("sched");
+    std::string_view list = choice.param("backend").value_or(gpu ? "nccl" : "sched");
     size_t start = 0;
     for (size_t i = 0; i <= list.size(); ++i) {
       if (i < list.size() && list[i] != '/') continue;

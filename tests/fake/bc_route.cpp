@@ -22,7 +22,8 @@
 //           synchronisation between them; MPI_Comm_free with work still pending; count 0
 //           and a hierarchy spelt with factors 1; calls blueconnect must leave to pmpi
 //           (MPI_I* forms, MPI_SHORT, host buffers, a hierarchy whose product is not the
-//           size, backends sched, mpi, nccl/sched); a communicator whose first call is an
+//           size, backend mpi, host stages with a stream) and host stages it carries
+//           (backends sched and nccl/sched, classic); a communicator whose first call is an
 //           MPI_Allgather (the GPU set-up happens at whichever call comes first).
 //   shared  as route (but the stream pipeline), with ranks sharing GPUs
 //           (FAKE_CUDA_BUS_ID=same, or mod:2 where some levels' groups have distinct GPUs
@@ -222,6 +223,7 @@ struct Comm {
   MPI_Comm comm = MPI_COMM_NULL;
   std::string name;  // for messages
   int levels = 0;    // of its hierarchy (factors > 1)
+  int nccl_levels = -1;  // levels whose stages run on NCCL (-1: all of them)
 };
 
 struct Call {
@@ -287,7 +289,8 @@ void run(Call& s) {
   }
   if (v.nb) check(MPI_Wait(&req, MPI_STATUS_IGNORE) == MPI_SUCCESS, L + ": MPI_Wait");
   if (bc) {
-    const unsigned long long lv = static_cast<unsigned long long>(s.c->levels);
+    const unsigned long long lv =
+        static_cast<unsigned long long>(s.c->nccl_levels < 0 ? s.c->levels : s.c->nccl_levels);
     const unsigned long long rs = s.coll == "allgather" ? 0 : lv, ag = s.coll == "reduce_scatter_block" ? 0 : lv;
     check(nc("ncclReduceScatter") - rs0 == rs && nc("ncclAllGather") - ag0 == ag &&
               nc("ncclAllReduce") == ar0,
@@ -554,6 +557,17 @@ Comm routed(MPI_Comm base, const std::string& name, const std::string& hier,
   MPI_Comm_set_errhandler(c.comm, MPI_ERRORS_RETURN);
   c.name = name + " (" + hier + ")";
   c.levels = levels_of(hier);
+  if (backend != "nccl") {  // one backend per level, or one for all
+    int n = 0, items = 0;
+    size_t start = 0;
+    for (size_t i = 0; i <= backend.size(); ++i)
+      if (i == backend.size() || backend[i] == '/') {
+        ++items;
+        n += backend.substr(start, i - start) == "nccl";
+        start = i + 1;
+      }
+    c.nccl_levels = items == 1 ? (n ? c.levels : 0) : n;
+  }
   const std::string spec = "*:blueconnect:hierarchy=" + hier + ":backend=" + backend;
   check(api.set_route(c.comm, spec.c_str()) == MPI_SUCCESS, "streamcoll_comm_set_route(" + spec + ")");
   return c;
@@ -623,7 +637,8 @@ void declined(const Comm& c) {
 }
 
 // Rules blueconnect declines for GPU buffers: a hierarchy whose product is not the size,
-// a backend other than nccl.
+// backend mpi, and host stages (sched) with an attached stream. Host stages of classic
+// calls it carries: the segment through pinned memory, the stage on the host.
 void other_rules() {
   const TypeCase dbl{"MPI_DOUBLE", MPI_DOUBLE, Tag::dbl};
   const std::string bad = g_size == 1 ? "2" : g_size == 4 ? "2x3" : "3x3";
@@ -637,9 +652,17 @@ void other_rules() {
       Variant v;
       v.s = sm;
       ++k;
-      allreduce<double>(c, dbl, kOps[k % 4], 1000, v, k, "pmpi");
-      reduce_scatter_block<double>(c, dbl, kOps[(k + 1) % 4], 7, v, k, "pmpi");
-      allgather(c, dbl, 7, v, k, "pmpi");
+      const bool host_stages = hier == half && backend != "mpi" && backend != "nccl";
+      const char* route = host_stages && sm == classic ? "blueconnect" : "pmpi";
+      for (size_t n : {size_t{1000}, size_t{4099}})
+        allreduce<double>(c, dbl, kOps[k % 4], n, v, k, route);
+      reduce_scatter_block<double>(c, dbl, kOps[(k + 1) % 4], 7, v, k, route);
+      allgather(c, dbl, 7, v, k, route);
+      for (bool in_place : {false, true}) {
+        v.in_place = in_place;
+        allreduce<float>(c, {"MPI_FLOAT", MPI_FLOAT, Tag::flt}, kOps[(k + 2) % 4], 33, v, k, route);
+        allgather(c, dbl, 5, v, k + 1, route);
+      }
     }
     MPI_Comm_free(&c.comm);
   }
