@@ -4,6 +4,8 @@
 #include <cctype>
 #include <charconv>
 
+#include "core/topology.hpp"
+
 namespace streamcoll::config {
 namespace {
 
@@ -60,14 +62,10 @@ std::string check_param(RouteId r, std::string_view key, std::string_view value)
                                           std::string(value) + "'";
     }
     if (p.kind == "hierarchy") {
-      bool ok = !value.empty();
-      for (auto f : split(value, 'x')) {
-        uint64_t n = 0;
-        auto [ptr, ec] = std::from_chars(f.data(), f.data() + f.size(), n);
-        ok = ok && ec == std::errc() && ptr == f.data() + f.size() && n >= 1;
-      }
-      return ok ? "" : "'" + std::string(key) + "' needs factors like 2x4, got '" +
-                           std::string(value) + "'";
+      return topo::parse_factors(value) ? ""
+                                         : "'" + std::string(key) +
+                                               "' needs factors like 2x4, got '" +
+                                               std::string(value) + "'";
     }
     if (p.kind == "list") {  // one value, or one per level: a/b/c
       bool ok = true;
