@@ -1,5 +1,5 @@
 // Route blueconnect on host buffers, with imposed hierarchies, against the MPI's own
-// collective, in one run (issue 5): MPI_Allreduce(MPI_FLOAT, MPI_SUM) from 4 B to 16 MiB
+// collective, in one run: MPI_Allreduce(MPI_FLOAT, MPI_SUM) from 4 B to 16 MiB
 // (x4 steps), and briefly MPI_Reduce_scatter_block and MPI_Allgather (--coll).
 //
 //   hier_latency [--coll allreduce|reduce_scatter_block|allgather|all (or a comma list)]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Route blueconnect on host buffers with imposed hierarchies against the MPI's own
-# collectives, same run (issue 5): builds if needed, then runs bench/hier_latency under
+# collectives, same run: builds if needed, then runs bench/hier_latency under
 # mpirun with streamcoll preloaded and STREAMCOLL_STATS=1 (the route of every variant's
 # first call is checked), for each NP in $NPS (default "4 8"):
 #   1. allreduce, 4 B .. 16 MiB (x4), RUNS times (default 5): the MPI, blueconnect with
