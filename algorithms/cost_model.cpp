@@ -184,6 +184,9 @@ std::string_view name(Algorithm a) {
     case Algorithm::rabenseifner: return "rabenseifner";
     case Algorithm::two_level: return "two-level";
     case Algorithm::blueconnect: return "blueconnect";
+    case Algorithm::binary_tree: return "tree";
+    case Algorithm::double_binary_tree: return "double-tree";
+    case Algorithm::host_transfer: return "host-transfer";
   }
   return "?";
 }
@@ -394,6 +397,68 @@ Breakdown blueconnect_allreduce(const Hierarchy& h, double bytes, const Machine&
   return b;
 }
 
+namespace {
+
+/// The reduce-up / broadcast-down tree allreduce; `trees` = 1 (binary) or 2 (double
+/// binary: each tree carries n/2, so per rank the per-phase load halves).
+Breakdown tree_allreduce(Algorithm a, int trees, const Hierarchy& h, double bytes,
+                         const Machine& m) {
+  Breakdown b;
+  if (!start(&b, a, h, bytes)) return b;
+  const int p = h.ranks();
+  if (p > 1 && bytes > 0) {
+    uint64_t mask = 0;
+    for (int i = 0; i < h.levels(); ++i) {
+      if (h.factors[i] > 1) mask |= uint64_t{1} << i;
+    }
+    const Crossing c = slowest(h, mask, /*solo_outer=*/true);
+    const int height = floor_log2(p);
+    // Per phase an inner node moves 2 (children) x n/trees bytes through its port.
+    const double load = 2.0 * bytes / trees;
+    const char* how = trees == 1 ? "tree" : "double-tree";
+    StageCost up{"reduce", how, c.level, p, bytes,
+                 Cost{height * c.alpha, load * c.beta, load * m.gamma}};
+    StageCost down{"broadcast", how, c.level, p, bytes, Cost{height * c.alpha, load * c.beta, 0}};
+    b.stages.push_back(up);
+    b.stages.push_back(down);
+  }
+  finish(&b);
+  return b;
+}
+
+}  // namespace
+
+Breakdown binary_tree_allreduce(const Hierarchy& h, double bytes, const Machine& m) {
+  return tree_allreduce(Algorithm::binary_tree, 1, h, bytes, m);
+}
+
+Breakdown double_binary_tree_allreduce(const Hierarchy& h, double bytes, const Machine& m) {
+  return tree_allreduce(Algorithm::double_binary_tree, 2, h, bytes, m);
+}
+
+Breakdown host_transfer_allreduce(const Hierarchy& h, double bytes, const Machine& m) {
+  Breakdown b;
+  if (!start(&b, Algorithm::host_transfer, h, bytes)) return b;
+  if (!(finite_nonneg(m.copy_alpha) && finite_nonneg(m.copy_beta))) {
+    b.error = "copy α and β must be finite and >= 0";
+    return b;
+  }
+  if (h.ranks() > 1 && bytes > 0) {
+    const Breakdown rd = recursive_doubling_allreduce(h, bytes, m);
+    const Breakdown rab = rabenseifner_allreduce(h, bytes, m);
+    const Breakdown& host = cheaper(rab.seconds(), rd.seconds()) ? rab : rd;
+    const Cost copy{m.copy_alpha, bytes * m.copy_beta, 0};
+    b.stages.push_back(StageCost{"d2h copy", "copy", 0, 1, bytes, copy});
+    for (StageCost s : host.stages) {
+      s.what = "host " + s.what;
+      b.stages.push_back(s);
+    }
+    b.stages.push_back(StageCost{"h2d copy", "copy", 0, 1, bytes, copy});
+  }
+  finish(&b);
+  return b;
+}
+
 // ---- the catalogue ----------------------------------------------------------------------
 
 namespace {
@@ -412,6 +477,9 @@ const std::vector<ModelEntry>& models() {
       {Algorithm::rabenseifner, rabenseifner_allreduce},
       {Algorithm::two_level, two_level_default},
       {Algorithm::blueconnect, blueconnect_default},
+      {Algorithm::binary_tree, binary_tree_allreduce},
+      {Algorithm::double_binary_tree, double_binary_tree_allreduce},
+      {Algorithm::host_transfer, host_transfer_allreduce},
   };
   return all;
 }
@@ -424,6 +492,39 @@ Breakdown evaluate(Algorithm a, const Hierarchy& h, double bytes, const Machine&
   b.algo = a;
   b.error = "no such model";
   return b;
+}
+
+std::optional<double> crossover(ModelFn a, ModelFn b, const Hierarchy& h, const Machine& m,
+                                double lo, double hi) {
+  if (a == nullptr || b == nullptr || !(std::isfinite(lo) && std::isfinite(hi)) ||
+      !(lo > 0 && lo < hi)) {
+    return std::nullopt;
+  }
+  bool bad = false;
+  auto a_wins = [&](double n) {
+    const Breakdown x = a(h, n, m), y = b(h, n, m);
+    if (!x.error.empty() || !y.error.empty()) bad = true;
+    return cheaper(x.seconds(), y.seconds());
+  };
+  if (!a_wins(lo) || bad) return std::nullopt;
+  if (a_wins(hi) || bad) return std::nullopt;
+  // Invariant: a wins at lo, not at hi. Geometric midpoints: sizes span many decades.
+  for (int it = 0; it < 400 && hi > lo * (1 + 1e-12); ++it) {
+    const double mid = std::sqrt(lo) * std::sqrt(hi);
+    if (!(mid > lo && mid < hi)) break;
+    (a_wins(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+std::optional<double> crossover(Algorithm a, Algorithm b, const Hierarchy& h,
+                                const Machine& m, double lo, double hi) {
+  ModelFn fa = nullptr, fb = nullptr;
+  for (const ModelEntry& e : models()) {
+    if (e.algo == a) fa = e.fn;
+    if (e.algo == b) fb = e.fn;
+  }
+  return crossover(fa, fb, h, m, lo, hi);
 }
 
 bool cheaper(double a_seconds, double b_seconds) {

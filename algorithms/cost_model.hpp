@@ -20,6 +20,20 @@
 //         Mixed-Precision", arXiv 1807.11205, 2018 (hierarchical all-reduce: intra-node
 //         reduce to a master, inter-node ring all-reduce among masters, intra-node
 //         broadcast).
+//   [SST] P. Sanders, J. Speck, J. L. Träff, "Two-tree algorithms for full bandwidth
+//         broadcast, reduction and scan", Parallel Computing 35(12), 2009 (a pipelined
+//         binary tree needs ~2nβ per reduction or broadcast, since an inner node talks to
+//         two children through one port; two trees, each on half the data, with every
+//         rank inner in at most one of them, get to ~nβ).
+//   [NCCL] S. Jeaugey, "Massively Scale Your Deep Learning Training with NCCL 2.4",
+//         NVIDIA developer blog, 2019 (double binary trees: allreduce as a pipelined
+//         reduce up and broadcast down two complementary binary trees, each carrying half
+//         of the data; logarithmic latency, full bandwidth).
+//   [AL]  N. Dryden, N. Maruyama, T. Moon, T. Benson, A. Yoo, M. Snir, B. Van Essen,
+//         "Aluminum: An Asynchronous, GPU-Aware Communication Library Optimized for
+//         Large-Scale Training of Deep Neural Networks on HPC Systems", MLHPC 2018,
+//         section III-B (host-transfer allreduce: copy the GPU buffer to the host, run
+//         MPI's host allreduce, copy the result back).
 // The text of [BC] beyond its abstract was not reachable while this was written, so the
 // stage costs below are the standard forms derived from its section 3 construction (and
 // the decomposition already implemented in algorithms/blueconnect_plan.hpp), not
@@ -42,7 +56,7 @@
 //           rank alone can use more than its share (it favours ring and two-level).
 // Level 0 has no group below it, so only its β is used.
 //
-// Adding a model (Aluminum host-transfer, NV-Group, binary trees): write one
+// Adding a model (NV-Group is still missing): write one
 // function with the ModelFn signature (the stage helpers below build it from pieces),
 // add an Algorithm value and a line in models(); best() and bc_model pick it up.
 #pragma once
@@ -81,9 +95,14 @@ struct Hierarchy {
 };
 
 /// The machine outside the links: gamma = seconds to reduce one byte (read two operands,
-/// write one) on the device that reduces.
+/// write one) on the device that reduces; copy_alpha / copy_beta = the start-up (s) and
+/// the time per byte (s/B) of one device<->host copy, used by the host-transfer model only
+/// (defaults: 10 µs, 12 GB/s, a PCIe 3.0 x16 copy from pinned memory). Machine{g} still
+/// sets gamma alone.
 struct Machine {
   double gamma = 0;
+  double copy_alpha = 10e-6;
+  double copy_beta = 1.0 / 12e9;
 };
 
 /// Empty when h is usable (at least one level, every factor >= 1, one link per level,
@@ -129,8 +148,19 @@ struct StageCost {
   Cost cost;
 };
 
-enum class Algorithm { ring, recursive_doubling, rabenseifner, two_level, blueconnect };
-std::string_view name(Algorithm a);  ///< "ring", "rd", "rabenseifner", "two-level", "blueconnect"
+enum class Algorithm {
+  ring,
+  recursive_doubling,
+  rabenseifner,
+  two_level,
+  blueconnect,
+  binary_tree,
+  double_binary_tree,
+  host_transfer,
+};
+/// "ring", "rd", "rabenseifner", "two-level", "blueconnect", "tree", "double-tree",
+/// "host-transfer"
+std::string_view name(Algorithm a);
 
 /// A modelled allreduce: its phases in order and their sum.
 struct Breakdown {
@@ -201,6 +231,42 @@ Breakdown two_level_allreduce(const Hierarchy& h, double bytes, const Machine& m
 Breakdown blueconnect_allreduce(const Hierarchy& h, double bytes, const Machine& m,
                                 StageAlgo algo = StageAlgo::automatic);
 
+/// Pipelined binary tree ([SST] section 2; NCCL's single tree): a reduce up a binary tree
+/// over all p ranks, then a broadcast down it, each pipelined in small pieces and taken at
+/// ideal pipelining (start-up once per tree level; the piece-count term dropped, as in
+/// IntraAlgo::pipelined). With h = ⌊lg p⌋, the height of a complete binary tree of p nodes
+/// (= ⌈lg p⌉ for a power of two):
+///   reduce     h·α* + 2n·β* + 2n·γ   (an inner node receives n bytes from each of its two
+///                                     children through one port and reduces both)
+///   broadcast  h·α* + 2n·β*          (and sends n bytes to each child)
+///   allreduce  2h·α* + 4n·β* + 2n·γ
+/// α*, β* as for the flat ring (the largest α; β of level 0, β_solo of outer levels, over
+/// the levels with p_i > 1): the tree is laid over ranks in order, so its edges cross every
+/// such level, with few ranks of a node on an outer link at a time.
+Breakdown binary_tree_allreduce(const Hierarchy& h, double bytes, const Machine& m);
+
+/// Double binary tree ([SST]'s two-tree idea as NCCL 2.4 uses it, [NCCL]): two binary
+/// trees, each reducing then broadcasting n/2 bytes, every rank inner in at most one, so
+/// a rank receives and sends n bytes per phase:
+///   reduce     h·α* + n·β* + n·γ,   broadcast  h·α* + n·β*
+///   allreduce  2h·α* + 2n·β* + n·γ
+/// (h, α*, β* as for binary_tree_allreduce; the two trees run concurrently). Against the
+/// flat ring on one level of p ranks it trades 2(p-1-h)α of latency for 2/p·nβ + 1/p·nγ of
+/// bandwidth and reduction: with γ = 0 the two tie at n = (p-1-h)·p·α/β.
+Breakdown double_binary_tree_allreduce(const Hierarchy& h, double bytes, const Machine& m);
+
+/// Host-transfer ([AL] section III-B): copy the n bytes device-to-host, run the host
+/// allreduce among all p ranks on h's links, copy the result host-to-device:
+///   (α_c + n·β_c) + host allreduce + (α_c + n·β_c),
+///   host allreduce = the cheaper (cheaper(); recursive doubling on a tie) of
+///                    recursive_doubling_allreduce and rabenseifner_allreduce (MPICH's
+///                    short / long message choice [TRG], taken here at its optimum).
+/// α_c = m.copy_alpha, β_c = m.copy_beta; the host reduction uses m.gamma. The host
+/// allreduce's intra-node steps are taken at level 0's links as given (MPI's shared-memory
+/// path is not modelled apart), so give level 0 the host's figures when they differ.
+/// Stages: "d2h copy", the host algorithm's stages prefixed "host ", "h2d copy".
+Breakdown host_transfer_allreduce(const Hierarchy& h, double bytes, const Machine& m);
+
 // ---- the catalogue ----------------------------------------------------------------------
 
 using ModelFn = Breakdown (*)(const Hierarchy&, double bytes, const Machine&);
@@ -210,6 +276,18 @@ struct ModelEntry {
 };
 /// Every model with its default options, in Algorithm order.
 const std::vector<ModelEntry>& models();
+
+/// The crossover size of two models on (h, m): a byte count x in [lo, hi] where model a
+/// stops being cheaper (cheaper()) than model b, found by bisection on a geometric scale
+/// to a relative 1e-12: a is cheaper at the returned x and not at x·(1 + ~1e-12). nullopt
+/// when a is not cheaper at lo, a is still cheaper at hi, lo/hi are not 0 < lo < hi finite,
+/// or either model rejects the input. With several crossings in [lo, hi] it returns one of
+/// them (the predicate is assumed to flip once, as for latency- vs bandwidth-bound pairs).
+std::optional<double> crossover(ModelFn a, ModelFn b, const Hierarchy& h, const Machine& m,
+                                double lo = 1, double hi = 1099511627776.0 /* 1 TiB */);
+std::optional<double> crossover(Algorithm a, Algorithm b, const Hierarchy& h,
+                                const Machine& m, double lo = 1,
+                                double hi = 1099511627776.0);
 
 /// One model with its default options.
 Breakdown evaluate(Algorithm a, const Hierarchy& h, double bytes, const Machine& m);

@@ -1,6 +1,7 @@
 // bc_model: prints the α-β-γ model (algorithms/cost_model.hpp) of allreduce on a link
-// hierarchy: flat ring, recursive doubling, Rabenseifner, the two-level scheme and
-// BlueConnect, per message size, with BlueConnect's reduction of the two-level time, the
+// hierarchy: flat ring, recursive doubling, Rabenseifner, the two-level scheme,
+// BlueConnect, the binary and double binary trees and Aluminum's host-transfer (with the
+// default device<->host copy of Machine: 10 µs, 12 GB/s), per message size, with BlueConnect's reduction of the two-level time, the
 // sizes where BlueConnect is the cheapest, and the stages at the paper's message size.
 // Linked with the core library (for topo::parse_factors); calls nothing from MPI:
 //   ninja -C build bench/bc_model && build/bench/bc_model --hierarchy 4x48
@@ -19,6 +20,7 @@
 //        γ 3.3e-12 s/B: V100 HBM2 ~900 GB/s, 3 bytes moved per byte reduced.
 // The paper's message size: ResNet-50's fp32 gradient, 25,557,032 parameters =
 // 102,228,128 bytes (the 87 % claim is for ResNet-50 training on 192 GPUs).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -340,11 +342,17 @@ int main(int argc, char** argv) {
   std::printf("\n# allreduce time in microseconds per model; bc vs 2lvl = how much less time"
               " blueconnect takes than two-level\n");
   std::printf("%12s %10s", "bytes", "");
-  for (const ModelEntry& e : models()) std::printf(" %12s", std::string(name(e.algo)).c_str());
+  // A column is as wide as its model's name, at least 12 ("host-transfer" is 13).
+  auto width = [](Algorithm a) { return std::max(12, static_cast<int>(name(a).size())); };
+  for (const ModelEntry& e : models()) {
+    std::printf(" %*s", width(e.algo), std::string(name(e.algo)).c_str());
+  }
   std::printf(" %11s  %s\n", "bc vs 2lvl", "best");
   for (double n : o.sizes) {
     std::printf("%12.0f %10s", n, human(n).c_str());
-    for (const ModelEntry& e : models()) std::printf(" %12.2f", run(e.algo, o, n).seconds() * 1e6);
+    for (const ModelEntry& e : models()) {
+      std::printf(" %*.2f", width(e.algo), run(e.algo, o, n).seconds() * 1e6);
+    }
     double tb;
     const Algorithm a = cheapest(o, n, &tb);
     std::printf(" %10.1f%%  %s\n",

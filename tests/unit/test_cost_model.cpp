@@ -346,3 +346,130 @@ TEST_CASE("cost model: best() at tiny and huge n") {
   const Hierarchy flat = uniform({1, 6});
   CHECK(best(flat, double(1 << 30), Machine{0}).algo == Algorithm::ring);
 }
+
+TEST_CASE("cost model: binary and double binary tree closed forms") {
+  CHECK(name(Algorithm::binary_tree) == "tree");
+  CHECK(name(Algorithm::double_binary_tree) == "double-tree");
+  SUBCASE("p = 8, one level: height 3") {
+    // Binary: 2·3α + 4nβ + 2nγ; double: 2·3α + 2nβ + nγ (each tree carries n/2).
+    const Breakdown t = binary_tree_allreduce(uniform({8}), kN, Machine{kG});
+    CHECK(t.error.empty());
+    CHECK(t.algo == Algorithm::binary_tree);
+    CHECK(t.total.latency == approx(6 * kA));
+    CHECK(t.total.bandwidth == approx(4 * kN * kB));
+    CHECK(t.total.reduction == approx(2 * kN * kG));
+    CHECK(t.seconds() == approx(6 * kA + 4 * kN * kB + 2 * kN * kG));
+    REQUIRE(t.stages.size() == 2);
+    CHECK(t.stages[0].what == "reduce");
+    CHECK(t.stages[1].what == "broadcast");
+    CHECK(t.stages[1].cost.reduction == 0);
+    const Breakdown d = double_binary_tree_allreduce(uniform({8}), kN, Machine{kG});
+    CHECK(d.algo == Algorithm::double_binary_tree);
+    CHECK(d.seconds() == approx(6 * kA + 2 * kN * kB + kN * kG));
+    CHECK(d.total.latency == approx(6 * kA));
+  }
+  SUBCASE("p = 6: height ⌊lg 6⌋ = 2") {
+    const Breakdown d = double_binary_tree_allreduce(uniform({6}), kN, Machine{0});
+    CHECK(d.total.latency == approx(4 * kA));
+    CHECK(d.total.bandwidth == approx(2 * kN * kB));
+  }
+  SUBCASE("two levels: slowest α, outer β at its solo value") {
+    // 4x2 = 8 ranks: α* = 5e-6, β* = max(1e-11, solo 2e-10).
+    const Breakdown d = double_binary_tree_allreduce(two_levels(2), kN, Machine{0});
+    CHECK(d.seconds() == approx(6 * 5e-6 + 2 * kN * kSolo1));
+    const Breakdown t = binary_tree_allreduce(two_levels(2), kN, Machine{0});
+    CHECK(t.seconds() == approx(6 * 5e-6 + 4 * kN * kSolo1));
+  }
+  SUBCASE("monotone in n and p; double never dearer than single") {
+    const Machine m{kG};
+    for (ModelFn f : {binary_tree_allreduce, double_binary_tree_allreduce}) {
+      double prev_p = 0;
+      for (int p = 2; p <= 1024; p *= 2) {
+        const double t = f(uniform({p}), kN, m).seconds();
+        CHECK(t > prev_p);
+        prev_p = t;
+      }
+    }
+    for (double n = 1; n <= 1e9; n *= 10) {
+      CHECK(double_binary_tree_allreduce(two_levels(48), n, m).seconds() <
+            binary_tree_allreduce(two_levels(48), n, m).seconds());
+    }
+  }
+}
+
+TEST_CASE("cost model: host-transfer is two copies plus the host allreduce") {
+  CHECK(name(Algorithm::host_transfer) == "host-transfer");
+  // Defaults: 10 µs and 12 GB/s; Machine{g} keeps them.
+  CHECK(Machine{kG}.copy_alpha == approx(10e-6));
+  CHECK(Machine{kG}.copy_beta == approx(1.0 / 12e9));
+  const Machine m{kG, 5e-6, 1e-10};
+  const double copy_a = 5e-6, copy_b = 1e-10;
+  SUBCASE("p = 8 by hand: rd for small n, Rabenseifner for large") {
+    // rd: 3(α + nβ + nγ); Rabenseifner: 6α + 1.75nβ + 0.875nγ.
+    const double small = 1e3, large = 1e6;
+    const Breakdown s = host_transfer_allreduce(uniform({8}), small, m);
+    CHECK(s.algo == Algorithm::host_transfer);
+    CHECK(s.seconds() == approx(2 * (copy_a + small * copy_b) +
+                                3 * (kA + small * kB + small * kG)));
+    const Breakdown l = host_transfer_allreduce(uniform({8}), large, m);
+    CHECK(l.seconds() == approx(2 * (copy_a + large * copy_b) + 6 * kA + 1.75 * large * kB +
+                                0.875 * large * kG));
+    REQUIRE(l.stages.size() == 2 + 6);
+    CHECK(l.stages.front().what == "d2h copy");
+    CHECK(l.stages.back().what == "h2d copy");
+    CHECK(l.stages[1].what == "host reduce-scatter");
+    CHECK(s.stages[1].what == "host exchange");
+  }
+  SUBCASE("equals copies + min(rd, Rabenseifner) on a two-level machine") {
+    const Hierarchy h = two_levels(48);
+    for (double n = 1; n <= double(1 << 30); n *= 4) {
+      CAPTURE(n);
+      const double host = std::min(recursive_doubling_allreduce(h, n, m).seconds(),
+                                   rabenseifner_allreduce(h, n, m).seconds());
+      const Breakdown b = host_transfer_allreduce(h, n, m);
+      CHECK(b.seconds() == approx(2 * (copy_a + n * copy_b) + host));
+      CHECK(b.seconds() == approx(sum_stages(b)));
+    }
+  }
+  SUBCASE("bad copy parameters are rejected") {
+    CHECK(std::isinf(host_transfer_allreduce(uniform({8}), kN, Machine{kG, -1, 0}).seconds()));
+    CHECK(std::isinf(host_transfer_allreduce(uniform({8}), kN, Machine{kG, 0, NAN}).seconds()));
+  }
+}
+
+TEST_CASE("cost model: crossover sizes") {
+  const Machine m0{0};
+  SUBCASE("double tree vs ring, p = 8, γ = 0: (p-1-lg p)·p·α/β = 32 α/β") {
+    // ring 14α + 1.75nβ, double tree 6α + 2nβ: equal at n = 8α/(0.25β) = 32000 bytes.
+    const auto x = crossover(Algorithm::double_binary_tree, Algorithm::ring, uniform({8}), m0);
+    REQUIRE(x);
+    CHECK(*x == doctest::Approx(32 * kA / kB).epsilon(1e-6));
+    CHECK(cheaper(evaluate(Algorithm::double_binary_tree, uniform({8}), *x * 0.999, m0).seconds(),
+                  evaluate(Algorithm::ring, uniform({8}), *x * 0.999, m0).seconds()));
+    CHECK_FALSE(cheaper(evaluate(Algorithm::double_binary_tree, uniform({8}), *x * 1.001, m0).seconds(),
+                        evaluate(Algorithm::ring, uniform({8}), *x * 1.001, m0).seconds()));
+    // The ModelFn form agrees.
+    const auto y = crossover(double_binary_tree_allreduce, ring_allreduce, uniform({8}), m0);
+    REQUIRE(y);
+    CHECK(*y == doctest::Approx(*x).epsilon(1e-12));
+  }
+  SUBCASE("rd vs Rabenseifner, p = 8, γ = 0: 3α + 3nβ = 6α + 1.75nβ at n = 2.4 α/β") {
+    const auto x = crossover(Algorithm::recursive_doubling, Algorithm::rabenseifner,
+                             uniform({8}), m0);
+    REQUIRE(x);
+    CHECK(*x == doctest::Approx(2.4 * kA / kB).epsilon(1e-6));
+  }
+  SUBCASE("no crossover in range, or bad input") {
+    // The ring is not cheaper than the double tree at 1 byte.
+    CHECK_FALSE(crossover(Algorithm::ring, Algorithm::double_binary_tree, uniform({8}), m0));
+    // Still cheaper at hi.
+    CHECK_FALSE(crossover(Algorithm::double_binary_tree, Algorithm::ring, uniform({8}), m0, 1,
+                          1e4));
+    CHECK_FALSE(crossover(Algorithm::double_binary_tree, Algorithm::ring, uniform({8}), m0, 0,
+                          1e9));
+    CHECK_FALSE(crossover(Algorithm::double_binary_tree, Algorithm::ring, uniform({8}), m0, 1e9,
+                          1));
+    CHECK_FALSE(crossover(Algorithm::double_binary_tree, Algorithm::ring, Hierarchy{}, m0));
+    CHECK_FALSE(crossover(nullptr, ring_allreduce, uniform({8}), m0));
+  }
+}
