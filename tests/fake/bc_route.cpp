@@ -62,96 +62,14 @@
 #include <vector>
 
 #include "fake_api.h"
+#include "harness.hpp"
 #include "streamcoll/streamcoll.h"
 #include "streamcoll/streamext.h"
 
 namespace {
 
-int g_pass = 0, g_fail = 0, g_rank = 0, g_size = 1;
 bool g_defer = false;
 bool g_shared = false;  // mode shared: ranks share GPUs, NCCL declines, blueconnect too
-
-bool check(bool ok, const std::string& what) {
-  if (ok) {
-    ++g_pass;
-  } else {
-    ++g_fail;
-    if (g_fail <= 50) std::fprintf(stderr, "[rank %d] FAIL: %s\n", g_rank, what.c_str());
-    if (g_fail == 50) std::fprintf(stderr, "[rank %d] (further failures not shown)\n", g_rank);
-  }
-  return ok;
-}
-
-// ---- the fakes and streamcoll, through dlsym ----------------------------------------------
-
-struct Api {
-  fake_cuda_malloc_fn malloc = nullptr;
-  fake_cuda_free_fn free = nullptr;
-  fake_cuda_runtime_init_fn runtime_init = nullptr;
-  fake_cuda_runtime_fini_fn runtime_fini = nullptr;
-  fake_cuda_stream_create_fn stream_create = nullptr;
-  fake_cuda_stream_destroy_fn stream_destroy = nullptr;
-  fake_cuda_stream_sync_fn stream_sync = nullptr;
-  fake_cuda_pending_fn pending = nullptr;
-  fake_cuda_enqueue_copy_fn enqueue_copy = nullptr;
-  fake_cuda_host_access_fn host_access = nullptr;
-  fake_cuda_deferred_fn deferred = nullptr;
-  fake_cuda_counter_fn cuda_counter = nullptr;
-  fake_cuda_sync_count_fn sync_count = nullptr;
-  fake_nccl_counter_fn nccl_counter = nullptr;
-  int (*get_stats)(const char*, const char*, const char*, streamcoll_stat_t*) = nullptr;
-  int (*set_route)(MPI_Comm, const char*) = nullptr;
-};
-Api api;
-
-template <class F>
-bool sym(void* h, F& fn, const char* name) {
-  fn = reinterpret_cast<F>(dlsym(h, name));
-  if (!fn) std::fprintf(stderr, "[rank %d] %s not found\n", g_rank, name);
-  return fn != nullptr;
-}
-
-bool load_api() {
-  void* cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  const char* path = std::getenv("STREAMCOLL_NCCL_LIB");
-  void* nc = path ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : nullptr;
-  if (!cu || !nc) {
-    std::fprintf(stderr, "[rank %d] libcuda.so.1 or STREAMCOLL_NCCL_LIB=%s not loadable\n", g_rank,
-                 path ? path : "(unset)");
-    return false;
-  }
-  return sym(cu, api.malloc, "fake_cuda_malloc") && sym(cu, api.free, "fake_cuda_free") &&
-         sym(cu, api.runtime_init, "fake_cuda_runtime_init") &&
-         sym(cu, api.runtime_fini, "fake_cuda_runtime_fini") &&
-         sym(cu, api.stream_create, "fake_cuda_stream_create") &&
-         sym(cu, api.stream_destroy, "fake_cuda_stream_destroy") &&
-         sym(cu, api.stream_sync, "fake_cuda_stream_sync") && sym(cu, api.pending, "fake_cuda_pending") &&
-         sym(cu, api.enqueue_copy, "fake_cuda_enqueue_copy") &&
-         sym(cu, api.host_access, "fake_cuda_host_access") &&
-         sym(cu, api.deferred, "fake_cuda_deferred") && sym(cu, api.cuda_counter, "fake_cuda_counter") &&
-         sym(cu, api.sync_count, "fake_cuda_sync_count") &&
-         sym(nc, api.nccl_counter, "fake_nccl_counter") &&
-         sym(RTLD_DEFAULT, api.get_stats, "streamcoll_get_stats") &&
-         sym(RTLD_DEFAULT, api.set_route, "streamcoll_comm_set_route");
-}
-
-unsigned long long cu(const char* name) { return api.cuda_counter(name); }
-unsigned long long nc(const char* name) { return api.nccl_counter(name); }
-
-unsigned long long stat_calls(const char* coll, const char* route, const char* mem) {
-  streamcoll_stat_t s{};
-  if (api.get_stats(coll, route, mem, &s) != 0) return ~0ull;
-  return s.calls;
-}
-
-template <class F>
-bool eventually(F cond, double seconds = 5) {
-  for (int i = 0; i < static_cast<int>(seconds * 100); ++i) {
-    if (cond()) return true;
-    usleep(10000);
-  }
-  return cond();
-}
 
 int comm_rank(MPI_Comm c) {
   int r;
@@ -804,7 +722,7 @@ int main(int argc, char** argv) {
   const bool known = (mode == "route" && (g_size == 1 || g_size == 4 || g_size == 8)) ||
                      (mode == "shared" && (g_size == 4 || g_size == 8)) || (mode == "env" && g_size == 4);
   g_shared = mode == "shared";
-  int ok = known && load_api() ? 1 : 0, all_ok = 0;
+  int ok = known && load_api(true) ? 1 : 0, all_ok = 0;
   MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (!all_ok) {
     if (g_rank == 0)
