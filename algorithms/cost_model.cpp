@@ -265,56 +265,53 @@ Breakdown ring_allreduce(const Hierarchy& h, double bytes, const Machine& m) {
   return b;
 }
 
-Breakdown recursive_doubling_allreduce(const Hierarchy& h, double bytes, const Machine& m) {
+// The frame of Thakur, Rabenseifner and Gropp for p not a power of two: the first 2r
+// ranks pair up (pre-step: one hands its vector to the other), the p' = 2^⌊lg p⌋ that go
+// on run `steps(pof2, real, add)` (real(v): the rank playing virtual rank v; add(name,
+// how, crossing, message, reduced) appends one exchange), then the post-step sends the
+// result back.
+template <class Steps>
+Breakdown pow2_frame(Algorithm algo, const Hierarchy& h, double bytes, const Machine& m,
+                     Steps steps) {
   Breakdown b;
-  if (!start(&b, Algorithm::recursive_doubling, h, bytes)) return b;
+  if (!start(&b, algo, h, bytes)) return b;
   const int p = h.ranks();
   if (p > 1 && bytes > 0) {
     const int pof2 = 1 << floor_log2(p), rem = p - pof2;
     auto real = [rem](int v) { return v < rem ? 2 * v + 1 : v + rem; };
+    auto add = [&](const char* what, const char* how, const Crossing& c, double msg,
+                   double reduced) {
+      b.stages.push_back(message_stage(what, how, c, 2, bytes, msg, reduced, m.gamma));
+    };
     const Crossing pre = slowest(h, pair_mask(h.factors, rem), false);
-    if (rem > 0) {
-      b.stages.push_back(message_stage("pre-step", "send", pre, 2, bytes, bytes, bytes, m.gamma));
-    }
-    for (int d = 1; d < pof2; d *= 2) {
-      const Crossing c = slowest(h, step_mask(h.factors, pof2, d, real), false);
-      b.stages.push_back(message_stage("exchange", "rd", c, 2, bytes, bytes, bytes, m.gamma));
-    }
-    if (rem > 0) {
-      b.stages.push_back(message_stage("post-step", "send", pre, 2, bytes, bytes, 0, m.gamma));
-    }
+    if (rem > 0) add("pre-step", "send", pre, bytes, bytes);
+    steps(pof2, real, add);
+    if (rem > 0) add("post-step", "send", pre, bytes, 0);
   }
   finish(&b);
   return b;
 }
 
-Breakdown rabenseifner_allreduce(const Hierarchy& h, double bytes, const Machine& m) {
-  Breakdown b;
-  if (!start(&b, Algorithm::rabenseifner, h, bytes)) return b;
-  const int p = h.ranks();
-  if (p > 1 && bytes > 0) {
-    const int pof2 = 1 << floor_log2(p), rem = p - pof2;
-    auto real = [rem](int v) { return v < rem ? 2 * v + 1 : v + rem; };
-    const Crossing pre = slowest(h, pair_mask(h.factors, rem), false);
-    if (rem > 0) {
-      b.stages.push_back(message_stage("pre-step", "send", pre, 2, bytes, bytes, bytes, m.gamma));
+Breakdown recursive_doubling_allreduce(const Hierarchy& h, double bytes, const Machine& m) {
+  return pow2_frame(Algorithm::recursive_doubling, h, bytes, m, [&](int pof2, auto real, auto add) {
+    for (int d = 1; d < pof2; d *= 2) {
+      const Crossing c = slowest(h, step_mask(h.factors, pof2, d, real), false);
+      add("exchange", "rd", c, bytes, bytes);
     }
+  });
+}
+
+Breakdown rabenseifner_allreduce(const Hierarchy& h, double bytes, const Machine& m) {
+  return pow2_frame(Algorithm::rabenseifner, h, bytes, m, [&](int pof2, auto real, auto add) {
     for (int d = pof2 / 2; d >= 1; d /= 2) {
       const Crossing c = slowest(h, step_mask(h.factors, pof2, d, real), false);
-      const double msg = bytes * d / pof2;
-      b.stages.push_back(message_stage("reduce-scatter", "halving", c, 2, bytes, msg, msg, m.gamma));
+      add("reduce-scatter", "halving", c, bytes * d / pof2, bytes * d / pof2);
     }
     for (int d = 1; d < pof2; d *= 2) {
       const Crossing c = slowest(h, step_mask(h.factors, pof2, d, real), false);
-      const double msg = bytes * d / pof2;
-      b.stages.push_back(message_stage("all-gather", "doubling", c, 2, bytes, msg, 0, m.gamma));
+      add("all-gather", "doubling", c, bytes * d / pof2, 0);
     }
-    if (rem > 0) {
-      b.stages.push_back(message_stage("post-step", "send", pre, 2, bytes, bytes, 0, m.gamma));
-    }
-  }
-  finish(&b);
-  return b;
+  });
 }
 
 Breakdown two_level_allreduce(const Hierarchy& h, double bytes, const Machine& m,
