@@ -187,6 +187,7 @@ std::string_view name(Algorithm a) {
     case Algorithm::binary_tree: return "tree";
     case Algorithm::double_binary_tree: return "double-tree";
     case Algorithm::host_transfer: return "host-transfer";
+    case Algorithm::nvgroup: return "nvgroup";
   }
   return "?";
 }
@@ -456,6 +457,104 @@ Breakdown host_transfer_allreduce(const Hierarchy& h, double bytes, const Machin
   return b;
 }
 
+Breakdown nvgroup_allreduce(const Hierarchy& h, double bytes, const Machine& m,
+                            const NVGroupOptions& opt) {
+  Breakdown b;
+  if (!start(&b, Algorithm::nvgroup, h, bytes)) return b;
+  if (opt.chunks < 0 || opt.chunks > NVGroupOptions::kMaxChunks) {
+    b.error = "nvgroup: chunks must be 0 (best) or 1.." +
+              std::to_string(NVGroupOptions::kMaxChunks);
+    return b;
+  }
+  const int p = h.ranks(), g = h.factors[0], q = p / g;
+  if (p <= 1 || bytes <= 0) {
+    finish(&b);
+    return b;
+  }
+  const LinkLevel& l0 = h.links[0];
+  uint64_t outer = 0;
+  for (int i = 1; i < h.levels(); ++i) {
+    if (h.factors[i] > 1) outer |= uint64_t{1} << i;
+  }
+  const Crossing x = slowest(h, outer, /*solo_outer=*/false);
+  const double gf = double(g - 1) / g, qf = double(q - 1) / q;
+
+  // The stages of one chunk of c bytes.
+  struct Chunk {
+    Cost rs, ring_rs, ring_ag, st;
+    Cost nvlink() const {
+      Cost c = rs;
+      c += st;
+      return c;
+    }
+    Cost ring() const {
+      Cost c = ring_rs;
+      c += ring_ag;
+      return c;
+    }
+  };
+  auto chunk = [&](double c) {
+    Chunk k;
+    if (g > 1) {
+      k.rs = Cost{l0.alpha, gf * c * l0.a2a(), gf * c * m.gamma};
+      k.st = Cost{l0.alpha, gf * c * l0.a2a(), 0};
+    }
+    if (q > 1) {
+      k.ring_rs = Cost{(q - 1) * x.alpha, qf * (c / g) * x.beta, qf * (c / g) * m.gamma};
+      k.ring_ag = Cost{(q - 1) * x.alpha, qf * (c / g) * x.beta, 0};
+    }
+    return k;
+  };
+  // T(C) for C chunks; *k: one chunk's stages, *neck_net: whether the network (the ring)
+  // is the bottleneck rather than the NVLinks.
+  auto total = [&](int chunks, Chunk* k, bool* neck_net) {
+    *k = chunk(bytes / chunks);
+    const Cost nv = k->nvlink(), net = k->ring();
+    *neck_net = net.total() > nv.total();
+    return nv.total() + net.total() + (chunks - 1) * (*neck_net ? net : nv).total();
+  };
+  int chunks = opt.chunks;
+  if (chunks == 0) {
+    // One group or g = 1: one resource, so chunking only adds start-ups.
+    chunks = 1;
+    if (g > 1 && q > 1) {
+      Chunk k;
+      bool neck_net;
+      double best_t = total(1, &k, &neck_net);
+      for (int c = 2; c <= NVGroupOptions::kMaxChunks; c *= 2) {
+        const double t = total(c, &k, &neck_net);
+        if (cheaper(t, best_t)) {
+          best_t = t;
+          chunks = c;
+        }
+      }
+    }
+  }
+  Chunk k;
+  bool neck_net;
+  total(chunks, &k, &neck_net);
+  const double c = bytes / chunks;
+  if (g > 1) b.stages.push_back(StageCost{"load-reduce", "ipc", 0, g, c, k.rs});
+  if (q > 1) {
+    b.stages.push_back(StageCost{"reduce-scatter", "ring", x.level, q, c / g, k.ring_rs});
+    b.stages.push_back(StageCost{"all-gather", "ring", x.level, q, c / g, k.ring_ag});
+  }
+  if (g > 1) b.stages.push_back(StageCost{"store", "ipc", 0, g, c, k.st});
+  if (chunks > 1) {
+    const Cost neck = neck_net ? k.ring() : k.nvlink();
+    const Cost rest{(chunks - 1) * neck.latency, (chunks - 1) * neck.bandwidth,
+                    (chunks - 1) * neck.reduction};
+    b.stages.push_back(StageCost{"pipeline", std::to_string(chunks - 1) + " chunks",
+                                 neck_net ? x.level : 0, p, c, rest});
+  }
+  finish(&b);
+  return b;
+}
+
+Breakdown nvgroup_allreduce(const Hierarchy& h, double bytes, const Machine& m) {
+  return nvgroup_allreduce(h, bytes, m, NVGroupOptions{});
+}
+
 // ---- the catalogue ----------------------------------------------------------------------
 
 namespace {
@@ -464,6 +563,9 @@ Breakdown two_level_default(const Hierarchy& h, double n, const Machine& m) {
 }
 Breakdown blueconnect_default(const Hierarchy& h, double n, const Machine& m) {
   return blueconnect_allreduce(h, n, m);
+}
+Breakdown nvgroup_default(const Hierarchy& h, double n, const Machine& m) {
+  return nvgroup_allreduce(h, n, m);
 }
 }  // namespace
 
@@ -477,6 +579,7 @@ const std::vector<ModelEntry>& models() {
       {Algorithm::binary_tree, binary_tree_allreduce},
       {Algorithm::double_binary_tree, double_binary_tree_allreduce},
       {Algorithm::host_transfer, host_transfer_allreduce},
+      {Algorithm::nvgroup, nvgroup_default},
   };
   return all;
 }
@@ -491,18 +594,11 @@ Breakdown evaluate(Algorithm a, const Hierarchy& h, double bytes, const Machine&
   return b;
 }
 
-std::optional<double> crossover(ModelFn a, ModelFn b, const Hierarchy& h, const Machine& m,
-                                double lo, double hi) {
-  if (a == nullptr || b == nullptr || !(std::isfinite(lo) && std::isfinite(hi)) ||
-      !(lo > 0 && lo < hi)) {
-    return std::nullopt;
-  }
-  bool bad = false;
-  auto a_wins = [&](double n) {
-    const Breakdown x = a(h, n, m), y = b(h, n, m);
-    if (!x.error.empty() || !y.error.empty()) bad = true;
-    return cheaper(x.seconds(), y.seconds());
-  };
+namespace {
+
+template <typename Wins>
+std::optional<double> bisect(double lo, double hi, Wins a_wins, const bool& bad) {
+  if (!(std::isfinite(lo) && std::isfinite(hi)) || !(lo > 0 && lo < hi)) return std::nullopt;
   if (!a_wins(lo) || bad) return std::nullopt;
   if (a_wins(hi) || bad) return std::nullopt;
   // Invariant: a wins at lo, not at hi. Geometric midpoints: sizes span many decades.
@@ -512,6 +608,32 @@ std::optional<double> crossover(ModelFn a, ModelFn b, const Hierarchy& h, const 
     (a_wins(mid) ? lo : hi) = mid;
   }
   return lo;
+}
+
+}  // namespace
+
+std::optional<double> crossover(ModelFn a, ModelFn b, const Hierarchy& h, const Machine& m,
+                                double lo, double hi) {
+  if (a == nullptr || b == nullptr) return std::nullopt;
+  bool bad = false;
+  auto a_wins = [&](double n) {
+    const Breakdown x = a(h, n, m), y = b(h, n, m);
+    if (!x.error.empty() || !y.error.empty()) bad = true;
+    return cheaper(x.seconds(), y.seconds());
+  };
+  return bisect(lo, hi, a_wins, bad);
+}
+
+std::optional<double> crossover_times(const TimeFn& a, const TimeFn& b, double lo,
+                                      double hi) {
+  if (!a || !b) return std::nullopt;
+  bool bad = false;
+  auto a_wins = [&](double n) {
+    const double x = a(n), y = b(n);
+    if (!std::isfinite(x) || !std::isfinite(y)) bad = true;
+    return cheaper(x, y);
+  };
+  return bisect(lo, hi, a_wins, bad);
 }
 
 std::optional<double> crossover(Algorithm a, Algorithm b, const Hierarchy& h,

@@ -1,6 +1,7 @@
 // α-β(-γ) cost model of allreduce on a link hierarchy: flat ring, recursive doubling,
-// Rabenseifner, the two-level (reduce / leaders' allreduce / broadcast) scheme and
-// BlueConnect, and the cheapest of them for a given size. Pure: no MPI, no CUDA, no other
+// Rabenseifner, the two-level (reduce / leaders' allreduce / broadcast) scheme,
+// BlueConnect, the binary and double binary trees, host-transfer and NV-Group, and the
+// cheapest of them for a given size. Pure: no MPI, no CUDA, no other
 // project header, so tools can link it or compile it alone.
 //
 // Units everywhere: bytes (per rank, the size of the allreduce vector), seconds.
@@ -34,6 +35,16 @@
 //         Large-Scale Training of Deep Neural Networks on HPC Systems", MLHPC 2018,
 //         section III-B (host-transfer allreduce: copy the GPU buffer to the host, run
 //         MPI's host allreduce, copy the result back).
+//   [NVG] C.-H. Chu, P. Kousha, A. A. Awan, K. S. Khorassani, H. Subramoni, D. K. Panda,
+//         "NV-Group: Link-Efficient Reduction for Distributed Deep Learning on Modern Dense
+//         GPU Systems", ICS 2020, section 4 (GPUs that share NVLink form a group; a
+//         persistent cooperative kernel on every member loads its peers' data over CUDA
+//         IPC, reduces and stores the result back, so all of a GPU's links work at once;
+//         a ring runs across the groups; the vector is cut into chunks so that the
+//         intra-group and inter-group work overlap) and its cost model, eqs. 7-10.
+// The text of [NVG] beyond its title and authors was not reachable either, so
+// nvgroup_allreduce is derived from the design as described above (and in DESIGN.md), in
+// this file's α-β-γ terms and pipeline convention; it is not a transcription of eqs. 7-10.
 // The text of [BC] beyond its abstract was not reachable while this was written, so the
 // stage costs below are the standard forms derived from its section 3 construction (and
 // the decomposition already implemented in algorithms/blueconnect_plan.hpp), not
@@ -56,11 +67,12 @@
 //           rank alone can use more than its share (it favours ring and two-level).
 // Level 0 has no group below it, so only its β is used.
 //
-// Adding a model (NV-Group is still missing): write one
-// function with the ModelFn signature (the stage helpers below build it from pieces),
-// add an Algorithm value and a line in models(); best() and bc_model pick it up.
+// Adding a model: write one function with the ModelFn signature (the stage helpers below
+// build it from pieces), add an Algorithm value and a line in models(); best() and
+// bc_model pick it up.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -70,13 +82,17 @@ namespace streamcoll::model {
 
 /// One level of links. alpha: seconds per message; beta: seconds per byte (see the
 /// sharing rule above); beta_solo: seconds per byte with one rank per group crossing
-/// (0 = same as beta).
+/// (0 = same as beta); beta_a2a: seconds per byte a rank gets when it talks to all the
+/// other ranks of its group at once, every one of its links busy (NV-Group's intra-group
+/// load/store; 0 = same as beta, i.e. no more than the one link a ring uses).
 struct LinkLevel {
   double alpha = 0;
   double beta = 0;
   double beta_solo = 0;
+  double beta_a2a = 0;
 
   double solo() const { return beta_solo > 0 ? beta_solo : beta; }
+  double a2a() const { return beta_a2a > 0 ? beta_a2a : beta; }
 };
 
 /// Seconds per byte of a bandwidth in GB/s (1 GB = 1e9 bytes); 0 for a non-positive input.
@@ -157,9 +173,10 @@ enum class Algorithm {
   binary_tree,
   double_binary_tree,
   host_transfer,
+  nvgroup,
 };
 /// "ring", "rd", "rabenseifner", "two-level", "blueconnect", "tree", "double-tree",
-/// "host-transfer"
+/// "host-transfer", "nvgroup"
 std::string_view name(Algorithm a);
 
 /// A modelled allreduce: its phases in order and their sum.
@@ -267,6 +284,42 @@ Breakdown double_binary_tree_allreduce(const Hierarchy& h, double bytes, const M
 /// Stages: "d2h copy", the host algorithm's stages prefixed "host ", "h2d copy".
 Breakdown host_transfer_allreduce(const Hierarchy& h, double bytes, const Machine& m);
 
+/// Options of the NV-Group model.
+struct NVGroupOptions {
+  /// Chunks the vector is cut into: 0 = the cheapest power of two in 1..kMaxChunks (the
+  /// implementation picks its chunk size to fill the pipe; the model takes the best one).
+  int chunks = 0;
+  static constexpr int kMaxChunks = 4096;
+};
+
+/// NV-Group ([NVG] section 4; derived, see Sources). The group is level 0 (g = p0 GPUs
+/// sharing NVLink), q = p/g groups; a vector of n bytes is cut into C chunks of c = n/C.
+/// Per chunk:
+///   load-reduce  (group reduce-scatter): every GPU loads its 1/g slice from the g-1 peers
+///                at once over all its links and reduces it, one synchronisation:
+///                  t_rs(c) = α0 + (g-1)/g·c·β0a + (g-1)/g·c·γ
+///   inter-group ring on the slice (GPU j of every group with GPU j of the others, all g
+///                rings at once, so each crosses the outer levels at the shared β):
+///                  t_ring(c) = 2(q-1)α* + 2(q-1)/q·(c/g)·β* + (q-1)/q·(c/g)·γ
+///   store        (group all-gather): every GPU stores its reduced slice to the g-1 peers:
+///                  t_st(c) = α0 + (g-1)/g·c·β0a
+/// with β0a = level 0's a2a() β, α*, β* the largest α and (shared) β of the outer levels
+/// with p_i > 1. The NVLinks carry load-reduce and store (both use both directions of
+/// every link), the network carries the ring, and the two overlap chunk by chunk: with the
+/// linear-pipeline convention
+///   T(C) = t_rs(c) + t_ring(c) + t_st(c) + (C-1)·max(t_rs(c) + t_st(c), t_ring(c))
+/// and T = min over C (NVGroupOptions::chunks). One group (q = 1), best C: C = 1 and
+///   T = 2α0 + 2(g-1)/g·n·β0a + (g-1)/g·n·γ   (latency 2α0 against the ring's 2(g-1)α0);
+/// g = 1: the ring across groups alone. Stages: "load-reduce", the ring's "reduce-scatter"
+/// and "all-gather", "store" (each for the first chunk), then "pipeline" for the C-1 other
+/// chunks (the bottleneck's cost, C-1 times) when C > 1. Not modelled: the design's
+/// CPU-driven path for small chunks, and the kernel launch (the kernel is persistent).
+/// Level 0 is taken as one load/store group whatever it is, so on a hierarchy whose
+/// innermost level has no peer access (a CPU cluster) this model does not apply.
+Breakdown nvgroup_allreduce(const Hierarchy& h, double bytes, const Machine& m,
+                            const NVGroupOptions& opt);
+Breakdown nvgroup_allreduce(const Hierarchy& h, double bytes, const Machine& m);
+
 // ---- the catalogue ----------------------------------------------------------------------
 
 using ModelFn = Breakdown (*)(const Hierarchy&, double bytes, const Machine&);
@@ -288,6 +341,12 @@ std::optional<double> crossover(ModelFn a, ModelFn b, const Hierarchy& h, const 
 std::optional<double> crossover(Algorithm a, Algorithm b, const Hierarchy& h,
                                 const Machine& m, double lo = 1,
                                 double hi = 1099511627776.0);
+/// The same for two time functions of the byte count (seconds; infinite or NaN = rejected
+/// input, giving nullopt), e.g. two routes on different hierarchies or machines (a host
+/// path and a device path).
+using TimeFn = std::function<double(double bytes)>;
+std::optional<double> crossover_times(const TimeFn& a, const TimeFn& b, double lo = 1,
+                                      double hi = 1099511627776.0);
 
 /// One model with its default options.
 Breakdown evaluate(Algorithm a, const Hierarchy& h, double bytes, const Machine& m);

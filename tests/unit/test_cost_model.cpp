@@ -332,15 +332,28 @@ TEST_CASE("cost model: best() at tiny and huge n") {
   CHECK(tiny.algo == Algorithm::recursive_doubling);
   CHECK(tiny.seconds() == approx(min_of_all(4)));
   CHECK(tiny.stages.size() == 9);
-  // 1 GiB: bandwidth only; BlueConnect moves the fewest bytes over the dear level.
+  // 1 GiB: bandwidth only; BlueConnect and NV-Group move the fewest bytes over the dear
+  // level, and NV-Group hides its NVLink stages behind the ring by pipelining chunks.
   const Breakdown huge = best(h, double(1 << 30), m);
-  CHECK(huge.algo == Algorithm::blueconnect);
+  CHECK(huge.algo == Algorithm::nvgroup);
   CHECK(huge.seconds() == approx(min_of_all(double(1 << 30))));
+  for (const ModelEntry& e : models()) {
+    if (e.algo == Algorithm::nvgroup || e.algo == Algorithm::blueconnect) continue;
+    CAPTURE(name(e.algo));
+    CHECK(blueconnect_allreduce(h, double(1 << 30), m).seconds() <
+          e.fn(h, double(1 << 30), m).seconds());
+  }
   // Equal in exact arithmetic, apart by rounding: a tie, won by the catalogue's first.
   CHECK(cheaper(1.0, 2.0));
   CHECK_FALSE(cheaper(2.0, 1.0));
   CHECK_FALSE(cheaper(1.0 - 1e-15, 1.0));
-  CHECK(best(uniform({8}), double(1 << 30), Machine{kG}).algo == Algorithm::rabenseifner);
+  // One level of 8: BlueConnect is Rabenseifner (a tie, the catalogue's first would
+  // win), but NV-Group, taking the level as one NVLink group, needs 2 start-ups, not 6.
+  const double rab = rabenseifner_allreduce(uniform({8}), double(1 << 30), Machine{kG}).seconds();
+  const double bc8 = blueconnect_allreduce(uniform({8}), double(1 << 30), Machine{kG}).seconds();
+  CHECK_FALSE(cheaper(rab, bc8));
+  CHECK_FALSE(cheaper(bc8, rab));
+  CHECK(best(uniform({8}), double(1 << 30), Machine{kG}).algo == Algorithm::nvgroup);
   // With one rank per node and equal links there is nothing to decompose: the flat
   // ring's bandwidth term ties BlueConnect's, and ring is first in the catalogue.
   const Hierarchy flat = uniform({1, 6});
@@ -472,4 +485,141 @@ TEST_CASE("cost model: crossover sizes") {
     CHECK_FALSE(crossover(Algorithm::double_binary_tree, Algorithm::ring, Hierarchy{}, m0));
     CHECK_FALSE(crossover(nullptr, ring_allreduce, uniform({8}), m0));
   }
+}
+
+TEST_CASE("cost model: NV-Group closed forms") {
+  CHECK(name(Algorithm::nvgroup) == "nvgroup");
+  const Machine m{kG};
+  SUBCASE("one group of 4: 2α + 1.5nβ + 0.75nγ (ring: 6α)") {
+    const Breakdown b = nvgroup_allreduce(uniform({4}), kN, m);
+    CHECK(b.error.empty());
+    CHECK(b.algo == Algorithm::nvgroup);
+    CHECK(b.total.latency == approx(2 * kA));
+    CHECK(b.total.bandwidth == approx(1.5 * kN * kB));
+    CHECK(b.total.reduction == approx(0.75 * kN * kG));
+    REQUIRE(b.stages.size() == 2);
+    CHECK(b.stages[0].what == "load-reduce");
+    CHECK(b.stages[1].what == "store");
+    CHECK(b.stages[1].cost.reduction == 0);
+    // One resource: chunking only adds start-ups, so the best count is 1.
+    NVGroupOptions four;
+    four.chunks = 4;
+    CHECK(nvgroup_allreduce(uniform({4}), kN, m, four).seconds() ==
+          approx(8 * kA + 1.5 * kN * kB + 0.75 * kN * kG));
+  }
+  SUBCASE("all links at once: the a2a β") {
+    Hierarchy h = uniform({4});
+    h.links[0].beta_a2a = kB / 3;  // three peers, a link to each
+    CHECK(h.links[0].a2a() == approx(kB / 3));
+    CHECK(LinkLevel{1, 2, 0, 0}.a2a() == 2);
+    const Breakdown b = nvgroup_allreduce(h, kN, m);
+    CHECK(b.total.bandwidth == approx(0.5 * kN * kB));
+    // The ring and the other models ignore it.
+    CHECK(ring_allreduce(h, kN, m).seconds() == approx(ring_allreduce(uniform({4}), kN, m).seconds()));
+  }
+  SUBCASE("4x48, one chunk: load-reduce + ring of the slices at the shared β + store") {
+    const Hierarchy h = two_levels(48);
+    const double a0 = 1e-6, b0 = 1e-11, a1 = 5e-6, b1 = 4e-10;  // shared β on level 1
+    NVGroupOptions one;
+    one.chunks = 1;
+    const Breakdown b = nvgroup_allreduce(h, kN, m, one);
+    const double rs = a0 + 0.75 * kN * b0 + 0.75 * kN * kG;
+    const double ring = 2 * 47 * a1 + 2.0 * 47 / 48 * (kN / 4) * b1 + 47.0 / 48 * (kN / 4) * kG;
+    const double st = a0 + 0.75 * kN * b0;
+    CHECK(b.seconds() == approx(rs + ring + st));
+    CHECK(b.seconds() == approx(sum_stages(b)));
+    REQUIRE(b.stages.size() == 4);
+    CHECK(b.stages[1].what == "reduce-scatter");
+    CHECK(b.stages[1].level == 1);
+    CHECK(b.stages[1].group == 48);
+    CHECK(b.stages[1].bytes == approx(kN / 4));
+    // The same bytes as BlueConnect's stages, fewer start-ups on level 0 (2 instead of
+    // 2 lg 4 = 4).
+    const Breakdown bc = blueconnect_allreduce(h, kN, m);
+    CHECK(bc.seconds() - b.seconds() == approx(2 * a0));
+  }
+  SUBCASE("4x48, four chunks: the ring is the bottleneck") {
+    const Hierarchy h = two_levels(48);
+    const double a0 = 1e-6, b0 = 1e-11, a1 = 5e-6, b1 = 4e-10;
+    NVGroupOptions four;
+    four.chunks = 4;
+    const double c = kN / 4;
+    const double rs = a0 + 0.75 * c * b0 + 0.75 * c * kG;
+    const double ring = 2 * 47 * a1 + 2.0 * 47 / 48 * (c / 4) * b1 + 47.0 / 48 * (c / 4) * kG;
+    const double st = a0 + 0.75 * c * b0;
+    REQUIRE(ring > rs + st);
+    const Breakdown b = nvgroup_allreduce(h, kN, m, four);
+    CHECK(b.seconds() == approx(rs + ring + st + 3 * ring));
+    CHECK(b.seconds() == approx(sum_stages(b)));
+    REQUIRE(b.stages.size() == 5);
+    CHECK(b.stages[4].what == "pipeline");
+    CHECK(b.stages[4].level == 1);
+    CHECK(b.stages[4].cost.latency == approx(3 * 2 * 47 * a1));
+  }
+  SUBCASE("NVLink-bound chunks: the bottleneck is load-reduce + store") {
+    // Level 0 slow, level 1 fast: 2x2 with α 0, β0 = 1e-9, β1 = 1e-12.
+    Hierarchy h;
+    h.factors = {2, 2};
+    h.links = {LinkLevel{0, 1e-9, 0, 0}, LinkLevel{0, 1e-12, 0, 0}};
+    NVGroupOptions two;
+    two.chunks = 2;
+    const double c = kN / 2;
+    const double nv = 2 * 0.5 * c * 1e-9;           // load-reduce + store, γ = 0
+    const double ring = 2 * 0.5 * (c / 2) * 1e-12;  // ring of 2 groups on c/2
+    const Breakdown b = nvgroup_allreduce(h, kN, Machine{0}, two);
+    CHECK(b.seconds() == approx(nv + ring + nv));
+    CHECK(b.stages.back().level == 0);
+  }
+  SUBCASE("best chunk count: the cheapest power of two, and it helps for big vectors") {
+    const Hierarchy h = two_levels(48);
+    const double n = double(1 << 30);
+    const Breakdown best_b = nvgroup_allreduce(h, n, m);
+    double lowest = INFINITY;
+    for (int c = 1; c <= NVGroupOptions::kMaxChunks; c *= 2) {
+      NVGroupOptions o;
+      o.chunks = c;
+      lowest = std::min(lowest, nvgroup_allreduce(h, n, m, o).seconds());
+    }
+    CHECK(best_b.seconds() == approx(lowest));
+    NVGroupOptions one;
+    one.chunks = 1;
+    CHECK(best_b.seconds() < nvgroup_allreduce(h, n, m, one).seconds());
+    CHECK(best_b.stages.back().what == "pipeline");
+    // Small vectors: one chunk (each chunk pays the ring's start-ups).
+    CHECK(nvgroup_allreduce(h, 64, m).stages.back().what == "store");
+  }
+  SUBCASE("one GPU per group: the ring across groups alone") {
+    CHECK(nvgroup_allreduce(uniform({1, 8}), kN, m).seconds() ==
+          approx(14 * kA + 1.75 * kN * kB + 0.875 * kN * kG));
+    CHECK(nvgroup_allreduce(uniform({1, 8}), kN, m).seconds() ==
+          approx(ring_allreduce(uniform({1, 8}), kN, m).seconds()));
+  }
+  SUBCASE("bad chunk counts are rejected") {
+    NVGroupOptions o;
+    o.chunks = -1;
+    CHECK(std::isinf(nvgroup_allreduce(uniform({4, 2}), kN, m, o).seconds()));
+    o.chunks = NVGroupOptions::kMaxChunks + 1;
+    CHECK_FALSE(nvgroup_allreduce(uniform({4, 2}), kN, m, o).error.empty());
+  }
+}
+
+TEST_CASE("cost model: crossover of two time functions") {
+  // rd vs Rabenseifner on p = 8 as above (2.4 α/β), through crossover_times.
+  const Hierarchy h = uniform({8});
+  const Machine m0{0};
+  const auto x = crossover_times(
+      [&](double n) { return recursive_doubling_allreduce(h, n, m0).seconds(); },
+      [&](double n) { return rabenseifner_allreduce(h, n, m0).seconds(); });
+  REQUIRE(x);
+  CHECK(*x == doctest::Approx(2.4 * kA / kB).epsilon(1e-6));
+  // Different hierarchies per side: rd on links twice as slow crosses at half the size.
+  const Hierarchy slow = uniform({8}, kA, 2 * kB);
+  const auto y = crossover_times(
+      [&](double n) { return recursive_doubling_allreduce(slow, n, m0).seconds(); },
+      [&](double n) { return rabenseifner_allreduce(h, n, m0).seconds(); });
+  REQUIRE(y);
+  // 3α + 6nβ = 6α + 1.75nβ at n = 3α / 4.25β.
+  CHECK(*y == doctest::Approx(3 / 4.25 * kA / kB).epsilon(1e-6));
+  CHECK_FALSE(crossover_times(nullptr, [](double) { return 1.0; }));
+  CHECK_FALSE(crossover_times([](double) { return NAN; }, [](double) { return 1.0; }));
 }
