@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# The autotuner: measures every candidate route on this machine and communicator shape
+# with bench/sc_bench, writes the tuning table streamcoll loads (STREAMCOLL_TUNING_FILE),
+# plots the fastest route per (ranks, size) and the latency curves, and checks that the
+# table, loaded by streamcoll, routes every measured size as written.
+#
+#   scripts/autotune.sh [options]
+#     --np "2 4 8"        rank counts to measure (default "2 4"); rules merge across them
+#     --coll LIST         collectives, comma-separated (default allreduce)
+#     --mem host|device   buffers (default host; device needs a GPU, else SKIP)
+#     --stream            device buffers with the stream attribute attached
+#     --routes "R ..."    candidates in sc_bench --route syntax (default: host
+#                         "pmpi ht:algo=rd ht:algo=rabenseifner ht:algo=ring";
+#                         device: "nccl pmpi ht:algo=rd ht:algo=rabenseifner ht:algo=ring")
+#     --min-bytes N --max-bytes N --iters N --warmup N   passed to sc_bench
+#                         (defaults 4, 64M, sc_bench's own iteration counts)
+#     --tie F             ties within F (relative) go to the simpler route (default 0.05)
+#     --out DIR           where everything goes (default autotune-YYYYmmdd-HHMMSS)
+#     --no-plot           no PNGs (they need python3-matplotlib)
+#     --no-verify         do not run the check against the loaded table
+#     --no-build          use the build folder as it is (the CI test does)
+# Environment: BUILD_DIR (default build), MPIRUN (default mpirun), MPIRUN_ARGS (extra
+# arguments for every mpirun, e.g. "--hostfile hosts --map-by ppr:4:node"), PYTHON (a
+# python3 with matplotlib, for the plots; default: python3, then /usr/bin/python3).
+#
+# Writes into DIR: measured.csv (every route at every size and rank count), table.txt
+# (the tuning table), autotune-map-*.png and autotune-latency-*.png, verify.csv (sc_bench
+# with nothing forced under STREAMCOLL_TUNING_FILE=table.txt), profile.toml (a machine
+# profile fitted to the ht allreduce rows, for build/bench/sc_model predict) and log.txt.
+# Exit status: 0 done and verified; 1 a benchmark or the check failed; 2 bad usage;
+# 77 device buffers without a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+nps="2 4" colls=allreduce mem=host stream=0 routes="" tie=0.05 out="" plot=1 verify=1 build_it=1
+bench_opts=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --np) nps=$2; shift ;;
+    --coll) colls=$2; shift ;;
+    --mem) mem=$2; shift ;;
+    --stream) stream=1 ;;
+    --routes) routes=$2; shift ;;
+    --min-bytes|--max-bytes|--iters|--warmup) bench_opts+=("$1" "$2"); shift ;;
+    --tie) tie=$2; shift ;;
+    --out) out=$2; shift ;;
+    --no-plot) plot=0 ;;
+    --no-verify) verify=0 ;;
+    --no-build) build_it=0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "autotune.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+case $mem in host|device) ;; *) echo "autotune.sh: --mem host|device, got '$mem'" >&2; exit 2 ;; esac
+[ $stream = 1 ] && [ $mem != device ] && { echo "autotune.sh: --stream needs --mem device" >&2; exit 2; }
+if [ -z "$routes" ]; then
+  routes="pmpi ht:algo=rd ht:algo=rabenseifner ht:algo=ring"
+  [ $mem = device ] && routes="nccl $routes"
+fi
+printf '%s' "${bench_opts[*]:-}" | grep -q -- '--max-bytes' || bench_opts+=(--max-bytes 64M)
+out=${out:-autotune-$(date -u +%Y%m%d-%H%M%S)}
+mkdir -p "$out"
+build=${BUILD_DIR:-build}
+[ $build_it = 1 ] && scripts/build.sh >/dev/null
+case $build in /*) ;; *) build=$PWD/$build ;; esac
+lib=$build/libstreamcoll.so
+for f in "$lib" "$build/bench/sc_bench" "$build/bench/sc_tune" "$build/bench/sc_model"; do
+  [ -e "$f" ] || { echo "autotune.sh: $f is missing (build first, or drop --no-build)" >&2; exit 2; }
+done
+
+# The measurements force each route and the check loads the new table: routes forced or
+# tables named from outside would only get in the way.
+unset STREAMCOLL_ROUTE STREAMCOLL_TUNING_FILE STREAMCOLL_DISABLE
+mpirun=${MPIRUN:-mpirun}
+mpi_args=() openmpi=0
+if $mpirun --version 2>&1 | grep -q "Open MPI"; then
+  openmpi=1
+  mpi_args+=(--oversubscribe --bind-to none)
+  [ "$(id -u)" -eq 0 ] && mpi_args+=(--allow-run-as-root)
+  export OMPI_MCA_btl_vader_single_copy_mechanism=none
+  # ranks may outnumber cores here; a spinning waiter would starve the progress thread
+  export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
+fi
+read -r -a extra <<<"${MPIRUN_ARGS:-}"
+log=$out/log.txt
+: >"$log"
+say() { echo "$@" | tee -a "$log"; }
+say "# scripts/autotune.sh: commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with local changes)'), $(date -u +%Y-%m-%dT%H:%M:%SZ), $(hostname)"
+say "# ranks: $nps; collectives: $colls; memory: $mem; stream: $stream; candidates: $routes"
+
+# bench NP CSV ENV... -- SC_BENCH_ARGS...: one sc_bench run under streamcoll.
+bench() {
+  local np=$1 csv=$2
+  shift 2
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  envs=(LD_PRELOAD="$lib" STREAMCOLL_STATS=1 "${envs[@]}")
+  local pass=()  # Open MPI: hand the variables to ranks on other nodes too
+  if [ $openmpi = 1 ]; then
+    for v in "${envs[@]%%=*}" $(compgen -e | grep -E '^(STREAMCOLL_|NCCL_)' || true); do
+      pass+=(-x "$v")
+    done
+  fi
+  local cmd=(env "${envs[@]}" "$mpirun" "${mpi_args[@]}" "${pass[@]}" "${extra[@]}"
+             -np "$np" "$build/bench/sc_bench" "$@" --csv "$csv" --append)
+  say "\$ ${cmd[*]}"
+  local rc=0
+  "${cmd[@]}" >>"$log" 2>&1 || rc=$?
+  if [ $rc -eq 77 ]; then
+    say "SKIP: $(grep -m1 '^SKIP' "$log" || echo 'sc_bench skipped')"
+    exit 77
+  fi
+  if [ $rc -ne 0 ]; then
+    say "FAIL: sc_bench exited $rc (the end of $log follows)"
+    tail -n 20 "$log" >&2
+    exit 1
+  fi
+}
+
+mem_args=(--mem "$mem")
+[ $stream = 1 ] && mem_args+=(--stream)
+route_args=()
+for r in $routes; do route_args+=(--route "$r"); done
+rm -f "$out/measured.csv" "$out/verify.csv"
+for np in $nps; do
+  for c in ${colls//,/ }; do
+    bench "$np" "$out/measured.csv" -- --coll "$c" "${mem_args[@]}" "${route_args[@]}" \
+      "${bench_opts[@]}" --quiet
+  done
+done
+
+say "\$ sc_tune table --tie $tie --out $out/table.txt $out/measured.csv"
+"$build/bench/sc_tune" table --tie "$tie" --out "$out/table.txt" "$out/measured.csv" 2>&1 | tee -a "$log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || { say "FAIL: sc_tune table"; exit 1; }
+
+# A machine profile for the scale model (sc_model predict), fitted to the ht rows of
+# allreduce (known host algorithms); informative, so a failure here is only reported.
+if grep -Eq '^allreduce,([^,]*,){7}ht:algo=(rd|rabenseifner|ring),' "$out/measured.csv"; then
+  say "\$ sc_model fit --in $out/measured.csv --out $out/profile.toml"
+  "$build/bench/sc_model" fit --in "$out/measured.csv" --out "$out/profile.toml" >>"$log" 2>&1 ||
+    say "note: sc_model fit found nothing to fit (see $log)"
+  grep -E '^level|^copy|^no device' "$log" | tail -n 3 || true
+fi
+
+if [ $plot = 1 ]; then
+  py=""
+  for p in ${PYTHON:-} python3 /usr/bin/python3; do
+    if "$p" -c 'import matplotlib' 2>/dev/null; then py=$p; break; fi
+  done
+  if [ -n "$py" ]; then
+    "$py" scripts/plot_routes.py --tie "$tie" --out-dir "$out" --prefix autotune \
+      "$out/measured.csv" 2>&1 | tee -a "$log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { say "FAIL: plot_routes.py"; exit 1; }
+  else
+    say "no plots: python3 with matplotlib is not installed (Debian: python3-matplotlib)"
+  fi
+fi
+
+if [ $verify = 1 ]; then
+  for np in $nps; do
+    for c in ${colls//,/ }; do
+      bench "$np" "$out/verify.csv" STREAMCOLL_TUNING_FILE="$out/table.txt" -- --coll "$c" \
+        "${mem_args[@]}" --route table "${bench_opts[@]}" --quiet
+    done
+  done
+  say "\$ sc_tune check --table $out/table.txt --measured $out/measured.csv $out/verify.csv"
+  "$build/bench/sc_tune" check --tie "$tie" --table "$out/table.txt" \
+    --measured "$out/measured.csv" "$out/verify.csv" 2>&1 | tee -a "$log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { say "FAIL: the loaded table does not route as written"; exit 1; }
+fi
+case $out in /*) abs=$out ;; *) abs=$PWD/$out ;; esac
+say "table: $out/table.txt (use it with STREAMCOLL_TUNING_FILE=$abs/table.txt)"
