@@ -482,7 +482,7 @@ int cmd_predict(int argc, char** argv) {
       };
       std::map<std::string, std::string> v = {
           {"coll", "allreduce"}, {"dtype", "float"}, {"op", "sum"}, {"mem", "device"},
-          {"stream", "0"}, {"ranks", std::to_string(x.ranks)},
+          {"stream", std::to_string(x.stream)}, {"ranks", std::to_string(x.ranks)},
           {"nodes", std::to_string(x.nodes)}, {"ppn", std::to_string(m.ppn)},
           {"spec", spec}, {"route", x.route}, {"taken", route_family(x.route)},
           {"bytes", std::to_string(x.bytes)}, {"count", std::to_string(x.bytes / 4)},

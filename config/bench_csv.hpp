@@ -8,7 +8,8 @@
 //             reduce_scatter_block, alltoall)
 //   dtype/op  MPI names without the prefix (float, sum)
 //   mem       host or device (the buffers' memory kind)
-//   stream    1 with the stream attribute, 0 without
+//   stream    1 with the stream attribute, 0 without; -1 either (sc_model's predicted
+//             rows: the models do not depend on it)
 //   ranks     communicator size; nodes: nodes it spans; ppn: most ranks on one node
 //   spec      the route as forced (streamcoll_comm_set_route syntax without the
 //             collective: "ht:algo=rd"), or "table" (nothing forced: the tuning table)

@@ -30,7 +30,8 @@ stream attribute, and node class (one node, or more than one). For each shape:
                             timed iterations as a shaded band (an error bar where a route
                             has one size only). Axis labels are times (µs, ms, s).
 
-SHAPE is COLL-MEM-stream|nostream-singlenode|multinode, e.g.
+SHAPE is COLL-MEM-stream|nostream|anystream-singlenode|multinode (anystream: stream -1,
+sc_model's predictions), e.g.
 "allreduce-device-stream-singlenode". Routes keep one colour across all figures of a run.
 
 Winner rule (config/table_builder.hpp, pick_winner): among the routes within --tie
@@ -111,15 +112,20 @@ Point = collections.namedtuple(
     "Point", "shape ranks nodes ppn bytes route median min max order")
 
 
+# stream column -> (file name part, title part); -1 is sc_model's "either".
+STREAM_NAMES = {1: ("stream", "stream"), 0: ("nostream", "no stream"),
+                -1: ("anystream", "stream or not")}
+
+
 def shape_name(shape):
     return "-".join((shape.coll, shape.mem,
-                     "stream" if shape.stream else "nostream",
+                     STREAM_NAMES[shape.stream][0],
                      "multinode" if shape.multi_node else "singlenode"))
 
 
 def shape_title(shape):
     return (f"{shape.coll}, {shape.mem} memory, "
-            f"{'stream' if shape.stream else 'no stream'}, "
+            f"{STREAM_NAMES[shape.stream][1]}, "
             f"{'multi-node' if shape.multi_node else 'single node'}")
 
 
@@ -203,7 +209,7 @@ def read_csv(path, order_start, skipped):
         if reason:
             skipped[reason] += 1
             continue
-        shape = Shape(v["coll"], v["mem"], 1 if v["stream"] else 0, v["nodes"] > 1)
+        shape = Shape(v["coll"], v["mem"], max(-1, min(1, v["stream"])), v["nodes"] > 1)
         med = v["median_us"]
         lo = v["min_us"] if math.isfinite(v["min_us"]) and v["min_us"] > 0 else med
         hi = v["max_us"] if math.isfinite(v["max_us"]) and v["max_us"] > 0 else med
