@@ -6,8 +6,8 @@
 //            [--op sum|prod|max|min] [--mem host|device] [--stream]
 //            [-b|--min-bytes 4] [-e|--max-bytes 1G] [-f|--factor 2]
 //            [-w|--warmup 5] [-n|--iters 100] [--min-iters 5]
-//            [--route SPEC]... [--csv FILE [--append]] [--json FILE]
-//            [--progress | --quiet] [--help]
+//            [--route SPEC]... [--order interleaved|sequential]
+//            [--csv FILE [--append]] [--json FILE] [--progress | --quiet] [--help]
 // Options take their value as the next argument or after '=' (--coll=bcast).
 //
 // What is measured
@@ -27,8 +27,8 @@
 // Counts are rounded down to whole elements; sizes that give less than one element per
 // rank, or the same rounded size as the size before, are skipped.
 //
-// Routes (--route SPEC, repeatable; a comma-separated list works too): each spec is run in
-// turn, sizes inner, on its own private duplicate of MPI_COMM_WORLD on which
+// Routes (--route SPEC, repeatable; a comma-separated list works too): each spec runs on
+// its own private duplicate of MPI_COMM_WORLD on which
 // streamcoll_comm_set_route(dup, "<coll>:SPEC") forces it. SPEC is that function's syntax
 // without the collective: pmpi, nccl, ht:algo=rd, blueconnect:hierarchy=2x2:backend=sched,
 // ... The spec "table" (the default) forces nothing: the tuning table in effect decides
@@ -36,8 +36,18 @@
 // loaded only "table" runs; any other spec is an error (exit 2), as is a spec
 // streamcoll_comm_set_route rejects.
 //
+// Order (--order): how the routes take turns. Comparing routes (the autotuner does) wants
+// the machine's drift and noise to hit them alike, which interleaving does.
+//   interleaved  (the default) sizes outer: per size, every route's warm-up calls (below)
+//                in turn, then the timed iterations in rounds: in round r every route
+//                makes one call, in turn from route r mod R (R routes), as
+//                bench/hier_latency does.
+//   sequential   routes outer: each route over all sizes, then the next route.
+// Both make the same calls per route and size, with the same checks.
+//
 // Method, per route and size: the inputs are written and the receive buffer is poisoned;
-// then --warmup calls (the first is checked), then the timed iterations. Each iteration:
+// then --warmup calls (the first is checked), then the timed iterations (interleaved: in
+// rounds with the other routes' iterations). Each iteration:
 // PMPI_Barrier(MPI_COMM_WORLD), then on every rank the time of
 //   host buffers     the call;
 //   device, classic  cudaStreamSynchronize of the stream the inputs were written on, then
@@ -59,9 +69,10 @@
 // exact in every type and order of reduction (sums stay below the type's exact range;
 // prod uses +-1 and one 2 per element; max/min and the data-moving collectives use
 // values up to 126 or 65520). The result of the first warm-up call and of the last timed
-// call (the receive buffer is poisoned again before it, outside the timing) are compared
-// element by element with values computed on the host (device buffers: copied back with
-// cudaMemcpy). A wrong element prints
+// call (the receive buffer is poisoned again before it, outside the timing; interleaved:
+// before every route's last call, and its result checked before the next route's call,
+// as the routes share the buffers) are compared element by element with values computed
+// on the host (device buffers: copied back with cudaMemcpy). A wrong element prints
 //   FAIL: allreduce 1024 B ht:algo=rd element 17: got nan expected 12 (rank 1, first call)
 // and the row's check says FAIL; the run goes on and exits 1 at the end.
 //
@@ -69,25 +80,34 @@
 // overwriting, so STREAMCOLL_STATS=0 in the environment turns it off; streamcoll reads it
 // when MPI_Init starts it). The calls each route got are read with streamcoll_get_stats
 // (found with dlsym) before the first warm-up call and after the last timed call of each
-// route and size; "taken" is the route that got them all on every rank, "mixed" when
-// more than one did, "-" when unknown (streamcoll not loaded, statistics off). A forced
-// route that declines (its calls go to pmpi) is not a failure: the row says so, and a
-// note after the route's table lists the sizes. Statistics cost two clock reads per call,
-// and with them rank 0 prints streamcoll's statistics table at MPI_Finalize.
+// route and size (interleaved: before and after the route's warm-up calls and each of its
+// timed calls, outside the timing, the differences summed, so that calls of the other
+// routes in between are not counted: the counters are per route name, and ht:algo=rd and
+// ht:algo=ring both count as "ht"); "taken" is the route that got them all on every
+// rank, "mixed" when more than one did, "-" when unknown (streamcoll not loaded,
+// statistics off). A forced route that declines (its calls go to pmpi) is not a failure:
+// the row says so, and a note after the route's table lists the sizes. Statistics cost
+// two clock reads per call, and with them rank 0 prints streamcoll's statistics table at
+// MPI_Finalize.
 //
-// Output (rank 0): stdout has the run's header, then per route a table
+// Output (rank 0): stdout has the run's header (with the order), then per route a table
 //   size(B) count iters min_us median_us max_us host_us algbw busbw taken check
 // under header lines naming coll, dtype, op, mem, stream, ranks, nodes (distinct
-// MPI_COMM_TYPE_SHARED groups), ppn (most ranks on one node) and the spec.
+// MPI_COMM_TYPE_SHARED groups), ppn (most ranks on one node) and the spec; interleaved,
+// the tables come after the last size (FAIL lines as they happen, before them).
 //   --csv FILE   the CSV of config/bench_csv.hpp: its header, one row per (route, size),
-//                written as they are measured (dtype and op are the MPI names without the
-//                prefix, lower case: float, int32_t, sum; op "none" for bcast, allgather,
-//                alltoall). --append adds the rows to an existing file (the header is
-//                written only if the file is new or empty; another header is an error).
+//                written as they are measured (interleaved: size by size, the routes of a
+//                size in the order of the specs; sequential: route by route). dtype and
+//                op are the MPI names without the prefix, lower case: float, int32_t,
+//                sum; op "none" for bcast, allgather, alltoall. --append adds the rows to
+//                an existing file (the header is written only if the file is new or
+//                empty; another header is an error).
 //   --json FILE  the same data, written at the end: {"meta":{...},"results":[{...},...]},
-//                the columns common to all rows in meta, the others per result.
+//                the columns common to all rows (and the order) in meta, the others per
+//                result, route by route.
 // Progress (rank 0, stderr): on a terminal one line, rewritten per size, such as
-//   [route 2/3 ht:algo=rd] allreduce 1 MiB (12/29)
+//   [3 routes, interleaved] allreduce 1 MiB (12/29)
+//   [route 2/3 ht:algo=rd] allreduce 1 MiB (12/29)          (sequential)
 // otherwise a line per size that took more than 2 s (--progress: every size); --quiet:
 // none.
 //
@@ -103,6 +123,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cerrno>
 #include <climits>
@@ -484,6 +505,7 @@ struct Options {
   DType dtype = DType::f32;
   Op op = Op::sum;
   bool device = false, stream = false;
+  bool interleaved = true;  // --order
   uint64_t min_bytes = 4, max_bytes = 1ull << 30, factor = 2;
   int warmup = 5, iters = 100, min_iters = 5;
   std::vector<std::string> specs;
@@ -497,13 +519,17 @@ const char kUsage[] =
     "                [--op sum|prod|max|min] [--mem host|device] [--stream]\n"
     "                [-b|--min-bytes 4] [-e|--max-bytes 1G] [-f|--factor 2]\n"
     "                [-w|--warmup 5] [-n|--iters 100] [--min-iters 5]\n"
-    "                [--route SPEC]... [--csv FILE [--append]] [--json FILE]\n"
-    "                [--progress | --quiet] [--help]\n"
+    "                [--route SPEC]... [--order interleaved|sequential]\n"
+    "                [--csv FILE [--append]] [--json FILE] [--progress | --quiet] [--help]\n"
     "  --route SPEC   force a route with streamcoll_comm_set_route(dup, \"<coll>:SPEC\"):\n"
     "                 pmpi, nccl, ht:algo=rd|rabenseifner|ring|mpi,\n"
     "                 blueconnect:hierarchy=2x2:backend=sched, ...; \"table\" (the default)\n"
     "                 forces nothing. Repeat it (or give a comma-separated list) to run\n"
     "                 several routes in turn.\n"
+    "  --order O      interleaved (default): per size, every route's warm-up, then the\n"
+    "                 timed iterations in rounds, one call per route each, the first\n"
+    "                 route rotating (drift and noise hit the routes alike); sequential:\n"
+    "                 each route over all sizes, then the next.\n"
     "  sizes: nccl-tests convention (allgather: receive buffer; reduce_scatter_block and\n"
     "  alltoall: send buffer); suffixes K, M, G are binary. --iters applies up to 64 KiB,\n"
     "  then it is scaled down by the size, never below --min-iters.\n"
@@ -597,6 +623,11 @@ int parse_options(int argc, char** argv, Options* o, std::string* err) {
           start = k + 1;
         }
       if (val.find_first_not_of(", ") == std::string::npos) bad("--route");
+    } else if (value("--order")) {
+      if (!err->empty()) return 2;
+      if (val == "interleaved") o->interleaved = true;
+      else if (val == "sequential") o->interleaved = false;
+      else bad("--order");
     } else if (value("--csv")) {
       if (err->empty()) o->csv = val;
     } else if (value("--json")) {
@@ -884,8 +915,9 @@ struct Bench {
   }
 
   // This process's calls of the collective per route (0 where unknown).
-  std::vector<unsigned long long> route_calls() {
-    std::vector<unsigned long long> c(kNumRoutes, 0);
+  using Counts = std::array<unsigned long long, kNumRoutes>;
+  Counts route_calls() {
+    Counts c{};
     for (int i = 0; get && stats_on && i < kNumRoutes; ++i) {
       streamcoll_stat_t st{};
       if (get(coll_name(opt.coll), kRoutes[i], opt.device ? "device" : "host", &st) == 0)
@@ -905,34 +937,34 @@ struct Bench {
     return std::max(std::min(opt.warmup, 2), static_cast<int>(opt.warmup * scale));
   }
 
-  // One route at one size, on every rank; the row on rank 0.
-  Row measure(size_t k, const Point& pt) {
-    const std::string& spec = opt.specs[k];
-    MPI_Comm comm = comms[k];
-    const Model m(opt.coll, opt.op, ti, size);
-    const int iters = iters_for(pt.bytes), warmup = warmup_for(pt.bytes);
-    double lat = 0, host = 0;
-    row_bad = false;
+  // The per-iteration record of one route at one size on this rank: latencies, then host
+  // times, then [bad, used route 0..], reduced over the ranks with MAX by row().
+  static std::vector<double> record(int iters) {
+    return std::vector<double>(2 * static_cast<size_t>(iters) + 1 + kNumRoutes, 0.0);
+  }
 
+  // Route k's warm-up at one size: inputs written, receive buffer poisoned, the first call
+  // checked, then the other warm-up calls. Adds the calls each route name got to *used.
+  void warm_up(size_t k, const Model& m, const Point& pt, Counts* used) {
+    const std::string& spec = opt.specs[k];
+    double lat = 0, host = 0;
     fill(m, pt);
     poison(pt);
-    const std::vector<unsigned long long> before = route_calls();
-    timed_call(comm, pt, spec, &lat, &host);  // the first warm-up call, checked
+    const Counts before = route_calls();
+    timed_call(comms[k], pt, spec, &lat, &host);  // the first warm-up call, checked
     check(m, pt, spec, "first call");
-    for (int w = 1; w < warmup; ++w) timed_call(comm, pt, spec, &lat, &host);
+    for (int w = 1, warmup = warmup_for(pt.bytes); w < warmup; ++w)
+      timed_call(comms[k], pt, spec, &lat, &host);
+    const Counts after = route_calls();
+    for (size_t i = 0; i < kNumRoutes; ++i) (*used)[i] += after[i] - before[i];
+  }
 
-    // t: latencies, then host times, then [bad, used route 0..]; reduced with MAX.
-    const size_t ni = static_cast<size_t>(iters);
-    std::vector<double> t(2 * ni + 1 + kNumRoutes, 0.0), tmax(t.size(), 0.0);
-    for (size_t it = 0; it < ni; ++it) {
-      if (it + 1 == ni) poison(pt);  // the last call must write the whole result again
-      timed_call(comm, pt, spec, &t[it], &t[ni + it]);
-    }
-    check(m, pt, spec, "last call");
-    const std::vector<unsigned long long> after = route_calls();
-    t[2 * ni] = row_bad ? 1 : 0;
-    for (int i = 0; i < kNumRoutes; ++i)
-      t[2 * ni + 1 + static_cast<size_t>(i)] = after[static_cast<size_t>(i)] > before[static_cast<size_t>(i)];
+  // Route k's row at one size from this rank's record t (see record(); bad and the used
+  // routes filled in): reduced over the ranks (collective), the row on rank 0.
+  Row row(size_t k, const Point& pt, std::vector<double>& t) {
+    const std::string& spec = opt.specs[k];
+    const size_t ni = (t.size() - 1 - kNumRoutes) / 2;
+    std::vector<double> tmax(t.size(), 0.0);
     PMPI_Allreduce(t.data(), tmax.data(), static_cast<int>(t.size()), MPI_DOUBLE, MPI_MAX,
                    MPI_COMM_WORLD);
 
@@ -941,7 +973,7 @@ struct Bench {
     row.route = table_syntax(spec);
     row.bytes = pt.bytes;
     row.count = static_cast<uint64_t>(pt.count);
-    row.iters = iters;
+    row.iters = static_cast<int>(ni);
     std::vector<double> l(tmax.begin(), tmax.begin() + static_cast<long>(ni));
     std::vector<double> h(tmax.begin() + static_cast<long>(ni), tmax.begin() + static_cast<long>(2 * ni));
     std::sort(l.begin(), l.end());
@@ -958,6 +990,77 @@ struct Bench {
       if (tmax[2 * ni + 1 + static_cast<size_t>(i)] > 0) ++used, which = i;
     row.taken = used == 0 ? "-" : used > 1 ? "mixed" : kRoutes[which];
     return row;
+  }
+
+  // --order sequential: one route at one size, on every rank; the row on rank 0.
+  Row measure(size_t k, const Point& pt) {
+    const std::string& spec = opt.specs[k];
+    MPI_Comm comm = comms[k];
+    const Model m(opt.coll, opt.op, ti, size);
+    const int iters = iters_for(pt.bytes);
+    row_bad = false;
+
+    Counts used{};
+    warm_up(k, m, pt, &used);
+    const Counts before = route_calls();
+    const size_t ni = static_cast<size_t>(iters);
+    std::vector<double> t = record(iters);
+    for (size_t it = 0; it < ni; ++it) {
+      if (it + 1 == ni) poison(pt);  // the last call must write the whole result again
+      timed_call(comm, pt, spec, &t[it], &t[ni + it]);
+    }
+    check(m, pt, spec, "last call");
+    const Counts after = route_calls();
+    t[2 * ni] = row_bad ? 1 : 0;
+    for (size_t i = 0; i < kNumRoutes; ++i)
+      t[2 * ni + 1 + i] = used[i] + (after[i] - before[i]) > 0;
+    return row(k, pt, t);
+  }
+
+  // --order interleaved: every route at one size, on every rank; the rows (in the order of
+  // the specs) on rank 0. Each route's warm-up in turn, then the timed iterations in
+  // rounds: in round r the routes make one call each, in turn from route r mod R. The
+  // receive buffer is shared, so it is poisoned before every route's last call and
+  // checked right after it. The statistics are read around each route's own calls only
+  // (the counters are per route name: ht:algo=rd and ht:algo=ring both count as "ht"),
+  // and the differences summed per route.
+  std::vector<Row> measure_interleaved(const Point& pt) {
+    const size_t nr = opt.specs.size();
+    const Model m(opt.coll, opt.op, ti, size);
+    const int iters = iters_for(pt.bytes);
+    const size_t ni = static_cast<size_t>(iters);
+    std::vector<std::vector<double>> t(nr, record(iters));
+    std::vector<Counts> used(nr, Counts{});
+    std::vector<char> bad(nr, 0);  // this rank saw a wrong result or a failed call
+
+    for (size_t k = 0; k < nr; ++k) {
+      row_bad = false;
+      warm_up(k, m, pt, &used[k]);
+      bad[k] = row_bad;
+    }
+    for (size_t it = 0; it < ni; ++it) {
+      const bool last = it + 1 == ni;
+      for (size_t q = 0; q < nr; ++q) {
+        const size_t k = (it + q) % nr;
+        const std::string& spec = opt.specs[k];
+        row_bad = false;
+        if (last) poison(pt);  // the buffer holds another route's result, or this one's
+        const Counts before = route_calls();
+        timed_call(comms[k], pt, spec, &t[k][it], &t[k][ni + it]);
+        const Counts after = route_calls();
+        if (last) check(m, pt, spec, "last call");
+        for (size_t i = 0; i < kNumRoutes; ++i) used[k][i] += after[i] - before[i];
+        if (row_bad) bad[k] = 1;
+      }
+    }
+
+    std::vector<Row> rows;
+    for (size_t k = 0; k < nr; ++k) {
+      t[k][2 * ni] = bad[k] ? 1 : 0;
+      for (size_t i = 0; i < kNumRoutes; ++i) t[k][2 * ni + 1 + i] = used[k][i] > 0;
+      rows.push_back(row(k, pt, t[k]));
+    }
+    return rows;
   }
 };
 
@@ -1024,10 +1127,11 @@ struct Output {
     std::fprintf(f, "    \"specs\": [%s],\n", specs.c_str());
     std::fprintf(f,
                  "    \"min_bytes\": %llu, \"max_bytes\": %llu, \"factor\": %llu, \"warmup\": %d, "
-                 "\"iters\": %d, \"min_iters\": %d,\n",
+                 "\"iters\": %d, \"min_iters\": %d, \"order\": %s,\n",
                  static_cast<unsigned long long>(o.min_bytes),
                  static_cast<unsigned long long>(o.max_bytes),
-                 static_cast<unsigned long long>(o.factor), o.warmup, o.iters, o.min_iters);
+                 static_cast<unsigned long long>(o.factor), o.warmup, o.iters, o.min_iters,
+                 json_string(o.interleaved ? "interleaved" : "sequential").c_str());
     std::fprintf(f, "    \"statistics\": %s, \"streamcoll\": %s,\n", b->stats_on ? "true" : "false",
                  version ? json_string(version).c_str() : "null");
     std::fprintf(f, "    \"mpi\": %s, \"host\": %s, \"date\": %s,\n", json_string(mpi).c_str(),
@@ -1305,6 +1409,16 @@ int main(int argc, char** argv) {
                 !opt.device ? "" : opt.stream ? " + cudaStreamSynchronize(stream)"
                                               : " (after cudaStreamSynchronize of the inputs)",
                 bus_factor(opt.coll, b.size));
+    if (opt.interleaved && opt.specs.size() > 1)
+      std::printf("# order: interleaved: per size, each route's warm-up, then the timed "
+                  "iterations in rounds, one call per route each, round r from route r mod %zu; "
+                  "the tables follow the last size\n",
+                  opt.specs.size());
+    else if (opt.interleaved)
+      std::printf("# order: interleaved (one route: the calls of sequential); the table follows "
+                  "the last size\n");
+    else
+      std::printf("# order: sequential: each route over all sizes, then the next route\n");
     std::printf("# taken: %s\n",
                 !b.get ? "- (streamcoll not loaded)"
                 : b.stats_on ? "from streamcoll_get_stats (STREAMCOLL_STATS=1)"
@@ -1320,31 +1434,20 @@ int main(int argc, char** argv) {
   progress.tty = isatty(STDERR_FILENO) != 0;
   progress.every = opt.progress;
 
+  // Rank 0: a measured row into the table (printed), the JSON rows and the counts.
   int bad_rows = 0;
-  for (size_t k = 0; k < opt.specs.size() && !points.empty(); ++k) {
+  std::vector<std::string> declined;  // sizes where the forced route did not take the calls
+  auto add_row = [&](size_t k, const Row& row) {
+    out.table_row(row);
+    if (!row.valid) ++bad_rows;
+    if (opt.specs[k] != "table" && row.taken != "-" && row.taken != route_of(opt.specs[k]))
+      declined.push_back(human(row.bytes) + (row.taken == "mixed" ? " (mixed)" : ""));
+    b.rows.push_back(row);
+  };
+  // Rank 0: after a route's table, the note on the sizes it declined.
+  auto end_table = [&](size_t k) {
     const std::string& spec = opt.specs[k];
-    if (rank == 0) out.table_header(k);
-    std::vector<std::string> declined;  // sizes where a forced route did not take the calls
-    for (size_t j = 0; j < points.size(); ++j) {
-      const Point& pt = points[j];
-      const std::string what = "[route " + std::to_string(k + 1) + "/" +
-                               std::to_string(opt.specs.size()) + " " + spec + "] " +
-                               coll_name(opt.coll) + " " + human(pt.bytes) + " (" +
-                               std::to_string(j + 1) + "/" + std::to_string(points.size()) + ")";
-      progress.show(what);
-      const double t0 = now_us();
-      Row row = b.measure(k, pt);
-      if (rank != 0) continue;
-      progress.clear();
-      progress.done(what, (now_us() - t0) * 1e-6);
-      out.table_row(row);
-      if (b.csv) out.csv_row(b.csv, row);
-      if (!row.valid) ++bad_rows;
-      if (spec != "table" && row.taken != "-" && row.taken != route_of(spec))
-        declined.push_back(human(row.bytes) + (row.taken == "mixed" ? " (mixed)" : ""));
-      b.rows.push_back(row);
-    }
-    if (rank == 0 && !declined.empty()) {
+    if (!declined.empty()) {
       std::string list;
       for (size_t i = 0; i < declined.size() && i < 8; ++i) list += (i ? ", " : "") + declined[i];
       if (declined.size() > 8) list += ", ...";
@@ -1357,7 +1460,55 @@ int main(int argc, char** argv) {
                          " sizes").c_str(),
                   list.c_str());
     }
-    if (rank == 0) std::fflush(stdout);
+    declined.clear();
+    std::fflush(stdout);
+  };
+  auto size_what = [&](size_t j) {
+    return std::string(coll_name(opt.coll)) + " " + human(points[j].bytes) + " (" +
+           std::to_string(j + 1) + "/" + std::to_string(points.size()) + ")";
+  };
+
+  if (!opt.interleaved) {
+    for (size_t k = 0; k < opt.specs.size() && !points.empty(); ++k) {
+      if (rank == 0) out.table_header(k);
+      for (size_t j = 0; j < points.size(); ++j) {
+        const std::string what = "[route " + std::to_string(k + 1) + "/" +
+                                 std::to_string(opt.specs.size()) + " " + opt.specs[k] + "] " +
+                                 size_what(j);
+        progress.show(what);
+        const double t0 = now_us();
+        Row row = b.measure(k, points[j]);
+        if (rank != 0) continue;
+        progress.clear();
+        progress.done(what, (now_us() - t0) * 1e-6);
+        if (b.csv) out.csv_row(b.csv, row);
+        add_row(k, row);
+      }
+      if (rank == 0) end_table(k);
+    }
+  } else {
+    // Every route per size; the tables (one per route, as above) after the last size.
+    std::vector<std::vector<Row>> by_route(opt.specs.size());
+    for (size_t j = 0; j < points.size(); ++j) {
+      const std::string what = "[" + std::to_string(opt.specs.size()) + " route" +
+                               (opt.specs.size() > 1 ? "s" : "") + ", interleaved] " +
+                               size_what(j);
+      progress.show(what);
+      const double t0 = now_us();
+      const std::vector<Row> rows = b.measure_interleaved(points[j]);
+      if (rank != 0) continue;
+      progress.clear();
+      progress.done(what, (now_us() - t0) * 1e-6);
+      for (size_t k = 0; k < rows.size(); ++k) {
+        if (b.csv) out.csv_row(b.csv, rows[k]);
+        by_route[k].push_back(rows[k]);
+      }
+    }
+    for (size_t k = 0; k < opt.specs.size() && !points.empty() && rank == 0; ++k) {
+      out.table_header(k);
+      for (const Row& row : by_route[k]) add_row(k, row);
+      end_table(k);
+    }
   }
   progress.clear();
 
