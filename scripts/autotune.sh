@@ -7,11 +7,13 @@
 #   scripts/autotune.sh [options]
 #     --np "2 4 8"        rank counts to measure (default "2 4"); rules merge across them
 #     --coll LIST         collectives, comma-separated (default allreduce)
-#     --mem host|device   buffers (default host; device needs a GPU, else SKIP)
-#     --stream            device buffers with the stream attribute attached
-#     --routes "R ..."    candidates in sc_bench --route syntax (default: host
-#                         "pmpi ht:algo=rd ht:algo=rabenseifner ht:algo=ring";
-#                         device: "nccl pmpi ht:algo=rd ht:algo=rabenseifner ht:algo=ring")
+#     --mem LIST          buffers: host, device or host,device (default host); device
+#                         buffers need a GPU: without one they are skipped ("SKIP")
+#     --stream no|yes|both  device buffers without / with the stream attribute attached,
+#                         or both (default no; a bare --stream means yes)
+#     --routes "R ..."    candidates in sc_bench --route syntax, for every memory kind
+#                         (default: host "pmpi ht:algo=rd ht:algo=rabenseifner
+#                         ht:algo=ring"; device: the same and nccl)
 #     --min-bytes N --max-bytes N --iters N --warmup N   passed to sc_bench
 #                         (defaults 4, 64M, sc_bench's own iteration counts)
 #     --tie F             ties within F (relative) go to the simpler route (default 0.05)
@@ -28,18 +30,19 @@
 # with nothing forced under STREAMCOLL_TUNING_FILE=table.txt), profile.toml (a machine
 # profile fitted to the ht allreduce rows, for build/bench/sc_model predict) and log.txt.
 # Exit status: 0 done and verified; 1 a benchmark or the check failed; 2 bad usage;
-# 77 device buffers without a GPU.
+# 77 nothing measured (only device buffers asked for, and no GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-nps="2 4" colls=allreduce mem=host stream=0 routes="" tie=0.05 out="" plot=1 verify=1 build_it=1
+nps="2 4" colls=allreduce mems=host streams=no routes="" tie=0.05 out="" plot=1 verify=1 build_it=1
 bench_opts=()
 while [ $# -gt 0 ]; do
   case $1 in
     --np) nps=$2; shift ;;
     --coll) colls=$2; shift ;;
-    --mem) mem=$2; shift ;;
-    --stream) stream=1 ;;
+    --mem) mems=$2; shift ;;
+    --stream)
+      case ${2:-} in no|yes|both) streams=$2; shift ;; *) streams=yes ;; esac ;;
     --routes) routes=$2; shift ;;
     --min-bytes|--max-bytes|--iters|--warmup) bench_opts+=("$1" "$2"); shift ;;
     --tie) tie=$2; shift ;;
@@ -52,12 +55,26 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-case $mem in host|device) ;; *) echo "autotune.sh: --mem host|device, got '$mem'" >&2; exit 2 ;; esac
-[ $stream = 1 ] && [ $mem != device ] && { echo "autotune.sh: --stream needs --mem device" >&2; exit 2; }
-if [ -z "$routes" ]; then
-  routes="pmpi ht:algo=rd ht:algo=rabenseifner ht:algo=ring"
-  [ $mem = device ] && routes="nccl $routes"
-fi
+# The shapes to measure: "MEM:STREAM" (STREAM 0 or 1).
+shapes=()
+for m in ${mems//,/ }; do
+  case $m in
+    host) shapes+=(host:0) ;;
+    device)
+      [ "$streams" != yes ] && shapes+=(device:0)
+      [ "$streams" != no ] && shapes+=(device:1) ;;
+    *) echo "autotune.sh: --mem takes host, device or host,device, got '$mems'" >&2; exit 2 ;;
+  esac
+done
+[ ${#shapes[@]} -gt 0 ] || { echo "autotune.sh: --mem is empty" >&2; exit 2; }
+[ "$streams" != no ] && [[ ,$mems, != *,device,* ]] &&
+  { echo "autotune.sh: --stream is for device buffers (add --mem device)" >&2; exit 2; }
+routes_for() {  # the candidates for memory kind $1
+  if [ -n "$routes" ]; then echo "$routes"
+  elif [ "$1" = device ]; then echo "nccl pmpi ht:algo=rd ht:algo=rabenseifner ht:algo=ring"
+  else echo "pmpi ht:algo=rd ht:algo=rabenseifner ht:algo=ring"
+  fi
+}
 printf '%s' "${bench_opts[*]:-}" | grep -q -- '--max-bytes' || bench_opts+=(--max-bytes 64M)
 out=${out:-autotune-$(date -u +%Y%m%d-%H%M%S)}
 mkdir -p "$out"
@@ -87,7 +104,7 @@ log=$out/log.txt
 : >"$log"
 say() { echo "$@" | tee -a "$log"; }
 say "# scripts/autotune.sh: commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with local changes)'), $(date -u +%Y-%m-%dT%H:%M:%SZ), $(hostname)"
-say "# ranks: $nps; collectives: $colls; memory: $mem; stream: $stream; candidates: $routes"
+say "# ranks: $nps; collectives: $colls; shapes (memory:stream): ${shapes[*]}; candidates: ${routes:-default per memory kind}"
 
 # bench NP CSV ENV... -- SC_BENCH_ARGS...: one sc_bench run under streamcoll.
 bench() {
@@ -109,8 +126,8 @@ bench() {
   local rc=0
   "${cmd[@]}" >>"$log" 2>&1 || rc=$?
   if [ $rc -eq 77 ]; then
-    say "SKIP: $(grep -m1 '^SKIP' "$log" || echo 'sc_bench skipped')"
-    exit 77
+    say "$(grep '^SKIP' "$log" | tail -n 1 || echo 'SKIP: sc_bench skipped')"
+    return 77
   fi
   if [ $rc -ne 0 ]; then
     say "FAIL: sc_bench exited $rc (the end of $log follows)"
@@ -119,17 +136,30 @@ bench() {
   fi
 }
 
-mem_args=(--mem "$mem")
-[ $stream = 1 ] && mem_args+=(--stream)
-route_args=()
-for r in $routes; do route_args+=(--route "$r"); done
+shape_args() {  # sc_bench's options for shape $1 ("MEM:STREAM")
+  echo "--mem ${1%:*}$([ "${1#*:}" = 1 ] && echo ' --stream')"
+}
 rm -f "$out/measured.csv" "$out/verify.csv"
-for np in $nps; do
-  for c in ${colls//,/ }; do
-    bench "$np" "$out/measured.csv" -- --coll "$c" "${mem_args[@]}" "${route_args[@]}" \
-      "${bench_opts[@]}" --quiet
+measured=()  # the shapes that were measured (device ones are skipped without a GPU)
+for shape in "${shapes[@]}"; do
+  route_args=()
+  for r in $(routes_for "${shape%:*}"); do route_args+=(--route "$r"); done
+  skipped=0
+  for np in $nps; do
+    for c in ${colls//,/ }; do
+      rc=0
+      # shellcheck disable=SC2046  # shape_args is words on purpose
+      bench "$np" "$out/measured.csv" -- --coll "$c" $(shape_args "$shape") "${route_args[@]}" \
+        "${bench_opts[@]}" --quiet || rc=$?
+      [ $rc -eq 77 ] && { skipped=1; break 2; }
+    done
   done
+  [ $skipped = 0 ] && measured+=("$shape")
 done
+if [ ${#measured[@]} -eq 0 ]; then
+  say "SKIP: nothing measured (device buffers need a GPU)"
+  exit 77
+fi
 
 say "\$ sc_tune table --tie $tie --out $out/table.txt $out/measured.csv"
 "$build/bench/sc_tune" table --tie "$tie" --out "$out/table.txt" "$out/measured.csv" 2>&1 | tee -a "$log"
@@ -140,7 +170,7 @@ say "\$ sc_tune table --tie $tie --out $out/table.txt $out/measured.csv"
 if grep -Eq '^allreduce,([^,]*,){7}ht:algo=(rd|rabenseifner|ring),' "$out/measured.csv"; then
   say "\$ sc_model fit --in $out/measured.csv --out $out/profile.toml"
   "$build/bench/sc_model" fit --in "$out/measured.csv" --out "$out/profile.toml" >>"$log" 2>&1 ||
-    say "note: sc_model fit found nothing to fit (see $log)"
+    say "note: sc_model fit wrote no profile (see $log)"
   grep -E '^level|^copy|^no device' "$log" | tail -n 3 || true
 fi
 
@@ -159,10 +189,13 @@ if [ $plot = 1 ]; then
 fi
 
 if [ $verify = 1 ]; then
-  for np in $nps; do
-    for c in ${colls//,/ }; do
-      bench "$np" "$out/verify.csv" STREAMCOLL_TUNING_FILE="$out/table.txt" -- --coll "$c" \
-        "${mem_args[@]}" --route table "${bench_opts[@]}" --quiet
+  for shape in "${measured[@]}"; do
+    for np in $nps; do
+      for c in ${colls//,/ }; do
+        # shellcheck disable=SC2046
+        bench "$np" "$out/verify.csv" STREAMCOLL_TUNING_FILE="$out/table.txt" -- --coll "$c" \
+          $(shape_args "$shape") --route table "${bench_opts[@]}" --quiet
+      done
     done
   done
   say "\$ sc_tune check --table $out/table.txt --measured $out/measured.csv $out/verify.csv"

@@ -52,4 +52,34 @@ if "$build/bench/sc_tune" check --table "$out/swapped.txt" "$out/verify.csv" \
   fail "sc_tune check accepted calls that did not take the table's routes"
 fi
 echo "the check rejects a swapped table: $(grep -c '^FAIL' "$out/swapped-check.txt") mismatches"
+
+# sc_bench's JSON and CSV of one run carry the same rows.
+LD_PRELOAD=$build/libstreamcoll.so OMPI_MCA_mpi_yield_when_idle=1 \
+  mpirun --oversubscribe --bind-to none $([ "$(id -u)" -eq 0 ] && echo --allow-run-as-root) \
+  -np 2 "$build/bench/sc_bench" --coll reduce_scatter_block -e 4K -n 10 --route pmpi \
+  --route ht:algo=ring --json "$out/one.json" --csv "$out/one.csv" --quiet >"$out/one.txt"
+py=python3
+for p in python3 /usr/bin/python3; do "$p" -c 'import json' 2>/dev/null && py=$p && break; done
+"$py" - "$out/one.json" "$out/one.csv" <<'EOF' || fail "sc_bench's JSON and CSV disagree"
+import csv, json, sys
+meta_keys = ("coll", "dtype", "op", "mem", "stream", "ranks", "nodes", "ppn")
+d = json.load(open(sys.argv[1]))
+rows = list(csv.DictReader(open(sys.argv[2])))
+res = d["results"]
+assert len(rows) == len(res) > 0, (len(rows), len(res))
+by_key = {(r["spec"], int(r["bytes"])): r for r in res}
+for row in rows:
+    r = by_key[(row["spec"], int(row["bytes"]))]
+    for k in meta_keys:
+        assert str(d["meta"][k]) == row[k], (k, d["meta"][k], row[k])
+    for k in ("route", "taken"):
+        assert r[k] == row[k], (k, r[k], row[k])
+    for k in ("count", "iters"):
+        assert int(r[k]) == int(row[k]), (k, r[k], row[k])
+    for k in ("min_us", "median_us", "max_us", "host_us", "algbw_GBps", "busbw_GBps"):
+        assert abs(float(r[k]) - float(row[k])) <= 1e-4 * abs(float(r[k])) + 1e-9, (k, r[k], row[k])
+    assert r["valid"] is True and row["valid"] == "1"
+    assert r["taken"] == r["route"].split()[0], r
+print("sc_bench JSON and CSV agree on %d rows" % len(rows))
+EOF
 echo "PASS: autotune smoke"
