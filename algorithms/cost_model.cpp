@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
@@ -190,6 +191,20 @@ std::string_view name(Algorithm a) {
     case Algorithm::nvgroup: return "nvgroup";
   }
   return "?";
+}
+
+std::string human_bytes(double bytes, int decimals) {
+  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  const bool whole = std::fabs(bytes - std::round(bytes)) < 1e-9;
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.*f %s", whole ? 0 : std::clamp(decimals, 0, 9), bytes,
+                unit[u]);
+  return buf;
 }
 
 bool is_pow2(int p) { return p >= 1 && (p & (p - 1)) == 0; }

@@ -368,6 +368,10 @@ Cost doubling_all_gather(int p, double s, const LinkLevel& l, double beta);
 // (beta is passed separately so a caller chooses l.beta or l.solo(); p a power of two for
 // the halving/doubling forms; p <= 1 or s <= 0 costs nothing.)
 
+/// A byte count for people, in binary units: "4 B", "16 KiB", "97.5 MiB" (`decimals`
+/// digits after the point when the value is not whole in its unit). For tools' output.
+std::string human_bytes(double bytes, int decimals = 1);
+
 bool is_pow2(int p);
 int floor_log2(int p);  ///< ⌊lg p⌋ for p >= 1
 int ceil_log2(int p);   ///< ⌈lg p⌉ for p >= 1

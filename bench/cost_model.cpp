@@ -134,22 +134,7 @@ bool parse_sizes(const std::string& spec, std::vector<double>* out) {
   return true;
 }
 
-/// "4 B", "16 KiB", "97.5 MiB".
-std::string human(double bytes) {
-  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) {
-    bytes /= 1024;
-    ++u;
-  }
-  char buf[32];
-  if (std::fabs(bytes - std::round(bytes)) < 1e-9) {
-    std::snprintf(buf, sizeof buf, "%.0f %s", bytes, unit[u]);
-  } else {
-    std::snprintf(buf, sizeof buf, "%.1f %s", bytes, unit[u]);
-  }
-  return buf;
-}
+std::string human(double bytes) { return human_bytes(bytes, 1); }
 
 double gbps(double beta) { return beta > 0 ? 1e-9 / beta : INFINITY; }
 

@@ -112,19 +112,7 @@ bool parse_span(const std::string& s, char sep, uint64_t* lo, uint64_t* hi) {
   return *lo > 0 && *hi >= *lo;
 }
 
-/// "4 B", "16 KiB", "2 MiB", "1.5 GiB".
-std::string human(double bytes) {
-  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) {
-    bytes /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, std::fabs(bytes - std::round(bytes)) < 1e-9 ? "%.0f %s" : "%.2f %s",
-                bytes, unit[u]);
-  return buf;
-}
+std::string human(double bytes) { return md::human_bytes(bytes, 2); }
 
 /// "64", "1K", "16M" for a column head.
 std::string short_bytes(uint64_t b) {

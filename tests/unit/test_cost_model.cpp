@@ -623,3 +623,15 @@ TEST_CASE("cost model: crossover of two time functions") {
   CHECK_FALSE(crossover_times(nullptr, [](double) { return 1.0; }));
   CHECK_FALSE(crossover_times([](double) { return NAN; }, [](double) { return 1.0; }));
 }
+
+TEST_CASE("human_bytes: binary units, decimals only when not whole") {
+  using streamcoll::model::human_bytes;
+  CHECK(human_bytes(4) == "4 B");
+  CHECK(human_bytes(1023) == "1023 B");
+  CHECK(human_bytes(1024) == "1 KiB");
+  CHECK(human_bytes(1536, 2) == "1.50 KiB");
+  CHECK(human_bytes(102228128) == "97.5 MiB");
+  CHECK(human_bytes(102228128, 2) == "97.49 MiB");
+  CHECK(human_bytes(1ull << 30) == "1 GiB");
+  CHECK(human_bytes(1ull << 50) == "1024 TiB");
+}
