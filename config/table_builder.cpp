@@ -30,9 +30,12 @@ struct ShapeKey {
   MemKind mem;
   int stream;
   bool multi_node;
+  // Rules for one stream mode come before those for either (-1), which would shadow
+  // them: the first matching rule wins.
+  int stream_order() const { return stream < 0 ? 2 : stream; }
   bool operator<(const ShapeKey& o) const {
-    return std::tie(coll, mem, stream, multi_node) <
-           std::tie(o.coll, o.mem, o.stream, o.multi_node);
+    return std::make_tuple(coll, mem, stream_order(), multi_node) <
+           std::make_tuple(o.coll, o.mem, o.stream_order(), o.multi_node);
   }
 };
 

@@ -75,7 +75,9 @@ int pick_winner(const std::vector<Measurement>& candidates, const BuildOptions& 
 /// Rules 1-3: every measurement must have a parseable route (see check_route) and a
 /// finite positive time; bad ones are skipped and counted in *skipped (if given), with
 /// the first reason in *why. Rules come out ordered by shape (collective, memory,
-/// stream, node class), then ranks, then bytes.
+/// stream: without, with, then either; node class), then ranks, then bytes, so a shape
+/// measured with and without the stream attribute is not shadowed by a model's rules for
+/// either.
 std::vector<BuiltRule> build_rules(const std::vector<Measurement>& points,
                                    const BuildOptions& opt, int* skipped = nullptr,
                                    std::string* why = nullptr);

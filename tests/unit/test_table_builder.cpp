@@ -245,6 +245,24 @@ TEST_CASE("shapes stay apart: collective, memory, stream, one node or more") {
   CHECK(text.find(" yes ") != std::string::npos);
 }
 
+TEST_CASE("rules for one stream mode come before rules for either") {
+  // a model's prediction (stream -1) and a measurement without the attribute
+  std::vector<Measurement> pts = {pt(8, 64, "blueconnect", 1, 2, MemKind::device, -1),
+                                  pt(8, 64, "nccl", 2, 2, MemKind::device, -1),
+                                  pt(8, 64, "ht algo=rd", 1, 2, MemKind::device, 0),
+                                  pt(8, 64, "nccl", 2, 2, MemKind::device, 0)};
+  auto rules = build_rules(pts, BuildOptions{});
+  REQUIRE(rules.size() == 2);
+  CHECK(rules[0].stream == 0);
+  CHECK(rules[1].stream == -1);
+  auto t = load(write_table(rules, "", ""));
+  auto without = pts[2];
+  CHECK(routed(t, without, 64, 8) == "ht algo=rd");
+  auto with = pts[2];
+  with.stream = 1;
+  CHECK(routed(t, with, 64, 8) == "blueconnect");
+}
+
 TEST_CASE("bad points are skipped and counted, with the first reason") {
   std::vector<Measurement> pts = {pt(2, 8, "pmpi", 1), pt(2, 8, "warp", 0.5),
                                   pt(2, 8, "ht algo=fast", 0.5), pt(2, 8, "ht", NAN),
