@@ -276,9 +276,14 @@ void TuningTable::prepend(std::vector<Rule> rules) {
   index();
 }
 
-const Rule* TuningTable::match(const CallKey& key) const {
-  for (const Rule& r : rules_)
-    if (r.matches(key)) return &r;
+const Rule* TuningTable::match(const CallKey& key, const Rule* after) const {
+  size_t i = 0;
+  if (after) {
+    if (after < rules_.data() || after >= rules_.data() + rules_.size()) return nullptr;
+    i = static_cast<size_t>(after - rules_.data()) + 1;
+  }
+  for (; i < rules_.size(); ++i)
+    if (rules_[i].matches(key)) return &rules_[i];
   return nullptr;
 }
 

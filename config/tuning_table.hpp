@@ -20,7 +20,10 @@
 //   route       pmpi, nccl, ht, blueconnect, nvgroup, ccube.
 //   key=value   route parameters; each route accepts its own keys (route_params()).
 //
-// The first rule that matches wins; a call that matches no rule goes to pmpi.
+// The first rule that matches wins; a call that matches no rule goes to pmpi. When the
+// winning rule's route declines the call (or is not in this build), the next matching rule
+// is tried, and so on; rules forced by STREAMCOLL_ROUTE are the exception: a forced route
+// that declines sends the call to pmpi.
 // Parsing is pure and thread-compatible; a parsed table is immutable and may be read by
 // any number of threads.
 #pragma once
@@ -97,8 +100,9 @@ class TuningTable {
   /// Puts `rules` before the existing rules (they win).
   void prepend(std::vector<Rule> rules);
 
-  /// The first matching rule, or nullptr (meaning pmpi).
-  const Rule* match(const CallKey& key) const;
+  /// The first matching rule, or nullptr (meaning pmpi). With `after` (a rule of this
+  /// table): the first matching rule after it, for when `after`'s route declined the call.
+  const Rule* match(const CallKey& key, const Rule* after = nullptr) const;
 
   /// False when no rule can send a call of collective `c` on memory `m` to a route other
   /// than pmpi; the shim then passes such calls through without looking further.

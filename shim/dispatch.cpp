@@ -14,7 +14,9 @@
 //                 Fortran binding (core/eligibility)          -> pmpi
 //                 communicator context (node layout)          core/comm_context
 //                 tuning table: first matching rule           config/tuning_table
-//                 route absent in this build, or declines     -> pmpi
+//                 route absent in this build, or declines     -> the next matching rule
+//                 (a forced route: STREAMCOLL_ROUTE, streamcoll_comm_set_route)  -> pmpi
+//                 no rule left                                -> pmpi
 //                 (pmpi with a stream: the stream is synchronised first, so the
 //                 call is still correct, only not asynchronous)
 //                 (pmpi on GPU buffers with an MPI that is not CUDA-aware: the
@@ -168,17 +170,26 @@ Decision decide(const CollArgs& a, Runtime& rt) {
                         d.env.mem, d.env.has_stream};
     const config::Rule* rule = nullptr;
     if ((d.forced = d.ctx->forced_routes())) rule = d.forced->match(key);  // comm_set_route
+    // A forced route (streamcoll_comm_set_route, STREAMCOLL_ROUTE) that declines goes to
+    // pmpi; a table rule's route that declines hands the call to the next matching rule.
+    const bool by_comm = rule != nullptr;
     if (!rule) rule = rt.table().match(key);
-    if (rule) {
+    while (rule) {
       d.choice = &rule->choice;
       Route* route = find_route(rule->choice.route);
       if (route && route->accepts(a, *d.ctx, rule->choice, d.env)) {
         d.route = rule->choice.route;
-      } else if (rule->choice.route != RouteId::pmpi) {
-        SC_TRACE("%s: route %s (%s) %s; using pmpi", call_name(a.coll, a.nonblocking).c_str(),
-                 std::string(name(rule->choice.route)).c_str(), rule->origin.c_str(),
-                 route ? "declines this call" : "is not available");
+        break;
       }
+      if (rule->choice.route == RouteId::pmpi) break;
+      const bool forced = by_comm || rule->origin == "STREAMCOLL_ROUTE";
+      const config::Rule* next = forced ? nullptr : rt.table().match(key, rule);
+      SC_TRACE("%s: route %s (%s) %s; %s%s", call_name(a.coll, a.nonblocking).c_str(),
+               std::string(name(rule->choice.route)).c_str(), rule->origin.c_str(),
+               route ? "declines this call" : "is not available",
+               next ? "trying " : "using pmpi", next ? next->origin.c_str() : "");
+      rule = next;
+      if (!rule) d.choice = nullptr;
     }
   }
   if (check) check_agreement(a.comm, a.coll, a.nonblocking, d.route, d.env.mem, rank);

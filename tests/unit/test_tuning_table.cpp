@@ -258,3 +258,23 @@ TEST_CASE("names round-trip") {
   CHECK_FALSE(parse_coll("iallreduce"));
   CHECK_FALSE(parse_route("NCCL"));
 }
+
+TEST_CASE("match after a rule: the next matching rule, for a route that declined") {
+  auto t = parse_ok(
+      "allreduce 0-1K * * * host * blueconnect hierarchy=3x3\n"
+      "bcast     *    * * * host * ht\n"
+      "allreduce *    * * * host * ht algo=ring\n"
+      "*         *    * * * *    * pmpi\n");
+  auto k = key(Coll::allreduce, 64, 2, MemKind::host);
+  const Rule* first = t.match(k);
+  REQUIRE(first == &t.rules()[0]);
+  const Rule* second = t.match(k, first);
+  REQUIRE(second == &t.rules()[2]);  // the bcast rule does not match
+  CHECK(t.match(k, second) == &t.rules()[3]);
+  CHECK(t.match(k, &t.rules()[3]) == nullptr);
+  // above 1 KiB the first rule does not match at all
+  CHECK(t.match(key(Coll::allreduce, 4096, 2, MemKind::host)) == &t.rules()[2]);
+  // a rule of another table is not a position in this one
+  auto other = parse_ok("* * * * * * * pmpi\n");
+  CHECK(t.match(k, &other.rules()[0]) == nullptr);
+}
