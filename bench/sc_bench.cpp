@@ -86,9 +86,11 @@
 // ht:algo=ring both count as "ht"); "taken" is the route that got them all on every
 // rank, "mixed" when more than one did, "-" when unknown (streamcoll not loaded,
 // statistics off). A forced route that declines (its calls go to pmpi) is not a failure:
-// the row says so, and a note after the route's table lists the sizes. Statistics cost
-// two clock reads per call, and with them rank 0 prints streamcoll's statistics table at
-// MPI_Finalize.
+// the row says so, and a note after the route's table lists the sizes. The CSV's and
+// JSON's "rule" is what streamcoll_last_route says rank 0's last timed call of the route
+// and size took, parameters included ("ht algo=rd"; "-" unknown): with nothing forced it
+// shows which rule of the tuning table ran. Statistics cost two clock reads per call, and
+// with them rank 0 prints streamcoll's statistics table at MPI_Finalize.
 //
 // Output (rank 0): stdout has the run's header (with the order), then per route a table
 //   size(B) count iters min_us median_us max_us host_us algbw busbw taken check
@@ -149,6 +151,7 @@ extern char** environ;
 namespace {
 
 using GetStats = int (*)(const char*, const char*, const char*, streamcoll_stat_t*);
+using LastRoute = int (*)(char*, int);
 using SetRoute = int (*)(MPI_Comm, const char*);
 using Version = const char* (*)();
 
@@ -453,12 +456,15 @@ std::string json_string(const std::string& s) {
   return o + "\"";
 }
 
-std::string json_number(double v) {
+// JSON numbers as the CSV writes them: times in microseconds with 3 decimals,
+// bandwidths with 6 significant digits.
+std::string json_number(double v, const char* format = "%.6g") {
   if (!std::isfinite(v)) return "null";
-  char b[32];
-  std::snprintf(b, sizeof b, "%.6g", v);
+  char b[48];
+  std::snprintf(b, sizeof b, format, v);
   return b;
 }
+std::string json_us(double v) { return json_number(v, "%.3f"); }
 
 double median_of(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -694,6 +700,7 @@ std::vector<Point> sweep(const Options& o, int p, std::vector<std::string>* note
 
 struct Row {
   std::string spec, route, taken;
+  std::string rule = "-";  // the route with its parameters the last timed call took
   uint64_t bytes = 0, count = 0;
   int iters = 0;
   double min_us = 0, median_us = 0, max_us = 0, host_us = 0, algbw = 0, busbw = 0;
@@ -707,6 +714,7 @@ struct Bench {
   MPI_Op op = MPI_OP_NULL;
   int rank = 0, size = 1, nodes = 1, ppn = 1;
   GetStats get = nullptr;
+  LastRoute last_route = nullptr;
   bool stats_on = false;
   std::vector<MPI_Comm> comms;  // one per spec
 
@@ -1009,12 +1017,22 @@ struct Bench {
       if (it + 1 == ni) poison(pt);  // the last call must write the whole result again
       timed_call(comm, pt, spec, &t[it], &t[ni + it]);
     }
+    const std::string rule = last_rule();
     check(m, pt, spec, "last call");
     const Counts after = route_calls();
     t[2 * ni] = row_bad ? 1 : 0;
     for (size_t i = 0; i < kNumRoutes; ++i)
       t[2 * ni + 1 + i] = used[i] + (after[i] - before[i]) > 0;
-    return row(k, pt, t);
+    Row r = row(k, pt, t);
+    r.rule = rule;
+    return r;
+  }
+
+  // streamcoll_last_route after this rank's last call: "ht algo=rd"; "-" unknown.
+  std::string last_rule() const {
+    char buf[256];
+    if (!last_route || last_route(buf, sizeof buf) < 0) return "-";
+    return buf;
   }
 
   // --order interleaved: every route at one size, on every rank; the rows (in the order of
@@ -1032,6 +1050,7 @@ struct Bench {
     std::vector<std::vector<double>> t(nr, record(iters));
     std::vector<Counts> used(nr, Counts{});
     std::vector<char> bad(nr, 0);  // this rank saw a wrong result or a failed call
+    std::vector<std::string> rule(nr, "-");
 
     for (size_t k = 0; k < nr; ++k) {
       row_bad = false;
@@ -1048,6 +1067,7 @@ struct Bench {
         const Counts before = route_calls();
         timed_call(comms[k], pt, spec, &t[k][it], &t[k][ni + it]);
         const Counts after = route_calls();
+        if (last) rule[k] = last_rule();
         if (last) check(m, pt, spec, "last call");
         for (size_t i = 0; i < kNumRoutes; ++i) used[k][i] += after[i] - before[i];
         if (row_bad) bad[k] = 1;
@@ -1059,6 +1079,7 @@ struct Bench {
       t[k][2 * ni] = bad[k] ? 1 : 0;
       for (size_t i = 0; i < kNumRoutes; ++i) t[k][2 * ni + 1 + i] = used[k][i] > 0;
       rows.push_back(row(k, pt, t[k]));
+      rows.back().rule = rule[k];
     }
     return rows;
   }
@@ -1069,7 +1090,7 @@ struct Bench {
 
 const char kCsvHeader[] =
     "coll,dtype,op,mem,stream,ranks,nodes,ppn,spec,route,taken,bytes,count,iters,"
-    "min_us,median_us,max_us,host_us,algbw_GBps,busbw_GBps,valid";
+    "min_us,median_us,max_us,host_us,algbw_GBps,busbw_GBps,valid,rule";
 
 struct Output {
   const Bench* b = nullptr;
@@ -1077,12 +1098,12 @@ struct Output {
 
   void csv_row(FILE* f, const Row& r) const {
     const Options& o = b->opt;
-    std::fprintf(f, "%s,%s,%s,%s,%d,%d,%d,%d,%s,%s,%s,%llu,%llu,%d,%.3f,%.3f,%.3f,%.3f,%.6g,%.6g,%d\n",
+    std::fprintf(f, "%s,%s,%s,%s,%d,%d,%d,%d,%s,%s,%s,%llu,%llu,%d,%.3f,%.3f,%.3f,%.3f,%.6g,%.6g,%d,%s\n",
                  coll_name(o.coll), b->ti.mpi, op, o.device ? "device" : "host", o.stream ? 1 : 0,
                  b->size, b->nodes, b->ppn, r.spec.c_str(), r.route.c_str(), r.taken.c_str(),
                  static_cast<unsigned long long>(r.bytes), static_cast<unsigned long long>(r.count),
                  r.iters, r.min_us, r.median_us, r.max_us, r.host_us, r.algbw, r.busbw,
-                 r.valid ? 1 : 0);
+                 r.valid ? 1 : 0, r.rule.c_str());
     std::fflush(f);
   }
 
@@ -1143,13 +1164,14 @@ struct Output {
                    "%s\n    {\"spec\": %s, \"route\": %s, \"taken\": %s, \"bytes\": %llu, "
                    "\"count\": %llu, \"iters\": %d, \"min_us\": %s, \"median_us\": %s, "
                    "\"max_us\": %s, \"host_us\": %s, \"algbw_GBps\": %s, \"busbw_GBps\": %s, "
-                   "\"valid\": %s}",
+                   "\"valid\": %s, \"rule\": %s}",
                    i ? "," : "", json_string(r.spec).c_str(), json_string(r.route).c_str(),
                    json_string(r.taken).c_str(), static_cast<unsigned long long>(r.bytes),
-                   static_cast<unsigned long long>(r.count), r.iters, json_number(r.min_us).c_str(),
-                   json_number(r.median_us).c_str(), json_number(r.max_us).c_str(),
-                   json_number(r.host_us).c_str(), json_number(r.algbw).c_str(),
-                   json_number(r.busbw).c_str(), r.valid ? "true" : "false");
+                   static_cast<unsigned long long>(r.count), r.iters, json_us(r.min_us).c_str(),
+                   json_us(r.median_us).c_str(), json_us(r.max_us).c_str(),
+                   json_us(r.host_us).c_str(), json_number(r.algbw).c_str(),
+                   json_number(r.busbw).c_str(), r.valid ? "true" : "false",
+                   json_string(r.rule).c_str());
     }
     std::fprintf(f, "\n  ]\n}\n");
     return std::fclose(f) == 0;
@@ -1237,6 +1259,7 @@ int main(int argc, char** argv) {
 
   // streamcoll, found at run time.
   b.get = reinterpret_cast<GetStats>(dlsym(RTLD_DEFAULT, "streamcoll_get_stats"));
+  b.last_route = reinterpret_cast<LastRoute>(dlsym(RTLD_DEFAULT, "streamcoll_last_route"));
   auto set_route = reinterpret_cast<SetRoute>(dlsym(RTLD_DEFAULT, "streamcoll_comm_set_route"));
   auto version_fn = reinterpret_cast<Version>(dlsym(RTLD_DEFAULT, "streamcoll_version"));
   const char* version = version_fn ? version_fn() : nullptr;

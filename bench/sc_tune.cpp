@@ -14,7 +14,8 @@
 //       Loads FILE with the library's parser (a malformed table fails the check), then:
 //       - every row of the trailing CSV files with spec "table" (a sc_bench run with
 //         nothing forced, under STREAMCOLL_TUNING_FILE=FILE) must have taken the route
-//         the table names for its call (the first matching rule; none: pmpi) and be valid;
+//         the table names for its call (the first matching rule; none: pmpi), with the
+//         rule's parameters where the row has them (its "rule" column), and be valid;
 //       - with --measured, every measured point must be routed by the table to its
 //         winner (the same choice `table` makes, with --tie).
 //       Prints each mismatch and a summary; exit 1 on any mismatch.
@@ -302,7 +303,7 @@ int cmd_check(int argc, char** argv) {
     std::printf("measured points: %d checked, %d routed to their winner\n", checked,
                 checked - bad);
   }
-  int calls = 0, calls_bad = 0;
+  int calls = 0, calls_bad = 0, with_params = 0;
   if (!files.empty()) {
     std::vector<BenchRow> rows;
     if (!read_rows(files, &rows)) return 2;
@@ -326,12 +327,18 @@ int cmd_check(int argc, char** argv) {
       k.mem = *mem;
       k.stream = r.stream == 1;
       const Rule* rule = table.match(k);
-      std::string want(rule ? name(rule->choice.route) : "pmpi");
-      if (!r.valid || r.taken != want) {
+      // The route family from the statistics, and, where sc_bench could read it
+      // (streamcoll_last_route), the parameters too: which ht algorithm ran.
+      const std::string want_family(rule ? name(rule->choice.route) : "pmpi");
+      const std::string want = route_text(rule);
+      const bool params_known = r.rule != "-";
+      if (params_known) ++with_params;
+      if (!r.valid || r.taken != want_family || (params_known && r.rule != want)) {
         ++calls_bad;
         std::printf("FAIL: %s %s, %d ranks, %s: the table says %s (%s), the calls went to %s%s\n",
                     r.coll.c_str(), r.mem.c_str(), r.ranks, size_text(r.bytes).c_str(),
-                    want.c_str(), rule ? rule->origin.c_str() : "no rule", r.taken.c_str(),
+                    want.c_str(), rule ? rule->origin.c_str() : "no rule",
+                    params_known ? r.rule.c_str() : r.taken.c_str(),
                     r.valid ? "" : ", and the results were wrong");
       }
     }
@@ -339,8 +346,9 @@ int cmd_check(int argc, char** argv) {
       std::printf("FAIL: no rows with spec 'table' in the files to check\n");
       ++calls_bad;
     }
-    std::printf("table-routed sizes: %d checked, %d took the table's route\n", calls,
-                calls - calls_bad);
+    std::printf("table-routed sizes: %d checked, %d took the table's route (%d of them "
+                "compared with its parameters)\n",
+                calls, calls - calls_bad, with_params);
   }
   return bad || calls_bad ? 1 : 0;
 }

@@ -36,12 +36,13 @@ bool parse_real(std::string_view s, double* out) {
 
 std::string_view bench_csv_header() {
   return "coll,dtype,op,mem,stream,ranks,nodes,ppn,spec,route,taken,bytes,count,iters,"
-         "min_us,median_us,max_us,host_us,algbw_GBps,busbw_GBps,valid";
+         "min_us,median_us,max_us,host_us,algbw_GBps,busbw_GBps,valid,rule";
 }
 
 bool parse_bench_csv(std::string_view text, std::string_view source,
                      std::vector<BenchRow>* rows, std::string* error) {
   std::map<std::string_view, size_t> col;
+  std::vector<std::string_view> header;
   int lineno = 0;
   size_t start = 0;
   bool have_header = false;
@@ -60,13 +61,17 @@ bool parse_bench_csv(std::string_view text, std::string_view source,
     if (line.empty() || line.front() == '#') continue;
     auto f = split_commas(line);
     if (!have_header) {
-      for (size_t i = 0; i < f.size(); ++i) col[f[i]] = i;
+      header = f;
+      for (size_t i = 0; i < f.size(); ++i)
+        if (!col.emplace(f[i], i).second)
+          return fail("column '" + std::string(f[i]) + "' appears twice");
       for (auto name : split_commas(bench_csv_header()))
-        if (!col.count(name)) return fail("no column '" + std::string(name) + "'");
+        if (!col.count(name) && name != "rule")  // rule: newer, optional
+          return fail("no column '" + std::string(name) + "'");
       have_header = true;
       continue;
     }
-    if (f == split_commas(bench_csv_header())) continue;  // a header repeated by appending
+    if (f == header) continue;  // the header again (files appended to each other)
     if (f.size() < col.size())
       return fail("expected " + std::to_string(col.size()) + " fields, got " +
                   std::to_string(f.size()));
@@ -79,6 +84,7 @@ bool parse_bench_csv(std::string_view text, std::string_view source,
     r.spec = at("spec");
     r.route = at("route");
     r.taken = at("taken");
+    if (col.count("rule")) r.rule = at("rule");
     int valid = 0;
     bool ok = parse_int(at("stream"), &r.stream) && parse_int(at("ranks"), &r.ranks) &&
               parse_int(at("nodes"), &r.nodes) && parse_int(at("ppn"), &r.ppn) &&
@@ -112,6 +118,8 @@ bool to_measurement(const BenchRow& row, Measurement* out, std::string* why) {
   std::string_view family = std::string_view(row.route).substr(0, row.route.find(' '));
   if (row.taken != "-" && row.taken != family)
     return no("route '" + row.route + "' declined: the calls went to " + row.taken);
+  if (row.rule != "-" && row.rule != row.route)
+    return no("route '" + row.route + "' did not run as written: the calls went to " + row.rule);
   if (!std::isfinite(row.median_us) || row.median_us <= 0) return no("no time");
   out->coll = *coll;
   out->mem = *mem;

@@ -2,7 +2,7 @@
 // profile fit of sc_model). One header line, then one row per (route, size):
 //
 //   coll,dtype,op,mem,stream,ranks,nodes,ppn,spec,route,taken,bytes,count,iters,
-//   min_us,median_us,max_us,host_us,algbw_GBps,busbw_GBps,valid
+//   min_us,median_us,max_us,host_us,algbw_GBps,busbw_GBps,valid,rule
 //
 //   coll      collective name (allreduce, reduce, bcast, allgather,
 //             reduce_scatter_block, alltoall)
@@ -23,6 +23,8 @@
 //             in the call (the host-blocking time)
 //   algbw_GBps, busbw_GBps  bytes / median time, and that times nccl-tests' bus factor
 //   valid     1 when every checked result was right
+//   rule      the route with its parameters that the last timed call took, from
+//             streamcoll_last_route ("ht algo=rd"; "-" unknown); optional when reading
 //
 // Columns are found by name, so readers accept extra columns and any order.
 #pragma once
@@ -44,6 +46,7 @@ struct BenchRow {
   int iters = 0;
   double min_us = 0, median_us = 0, max_us = 0, host_us = 0, algbw = 0, busbw = 0;
   bool valid = false;
+  std::string rule = "-";
 };
 
 /// The column names in order, joined by ','.
@@ -57,7 +60,8 @@ bool parse_bench_csv(std::string_view text, std::string_view source,
 /// A row as a Measurement for the table builder (route = row.route, seconds = median).
 /// False (and the reason) when the row cannot be one: not valid, spec "table", a
 /// collective or memory kind the table does not know, or a taken route that is not the
-/// forced one (the route declined: its time is another route's).
+/// forced one (the route declined: its time is another route's), or a rule column that
+/// is not the route as written.
 bool to_measurement(const BenchRow& row, Measurement* out, std::string* why);
 
 }  // namespace streamcoll::config

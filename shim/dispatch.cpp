@@ -239,9 +239,21 @@ int dispatch(const CollArgs& a) {
     rc = find_route(d.route)->run(a, *d.ctx, d.choice ? *d.choice : kNoParams, d.env);
     if (rc != MPI_SUCCESS) PMPI_Comm_call_errhandler(a.comm, rc);
   }
-  if (timed)
+  if (timed) {
     rt.stats().record(a.coll, a.nonblocking, d.route, d.env.mem, d.bytes, now_ns() - t0);
+    // The route with its parameters, for streamcoll_last_route (statistics only: the
+    // string costs a little per call).
+    std::string& last = last_route_text();
+    last = name(d.route);
+    if (d.route != RouteId::pmpi && d.choice)
+      for (const auto& [k, v] : d.choice->params) last += " " + k + "=" + v;
+  }
   return rc;
+}
+
+std::string& last_route_text() {
+  thread_local std::string text;
+  return text;
 }
 
 }  // namespace streamcoll

@@ -3,6 +3,8 @@
 
 #include <mpi.h>
 
+#include <string>
+
 #include "core/coll_args.hpp"
 #include "core/runtime.hpp"
 
@@ -21,5 +23,9 @@ inline bool pass_through(Coll c, MPI_Comm comm, const void* sendbuf, const void*
 /// Everything else: screens, classifies, routes and runs one call, and records its
 /// statistics; returns what the MPI call returns. shim/dispatch.cpp.
 int dispatch(const CollArgs& a);
+
+/// The route (table syntax, with its parameters: "ht algo=rd") that this thread's last
+/// dispatched call went to; kept while statistics are on, empty before the first call.
+std::string& last_route_text();
 
 }  // namespace streamcoll

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -12,6 +13,7 @@
 #include "core/comm_context.hpp"
 #include "core/log.hpp"
 #include "core/runtime.hpp"
+#include "shim/dispatch.hpp"
 #include "shim/export.hpp"
 #include "streamcoll/streamcoll.h"
 
@@ -101,6 +103,17 @@ SC_EXPORT int streamcoll_comm_set_route(MPI_Comm comm, const char* spec) {
 }
 
 SC_EXPORT const char* streamcoll_version(void) { return STREAMCOLL_VERSION; }
+
+SC_EXPORT int streamcoll_last_route(char* buf, int len) {
+  using namespace streamcoll;
+  if (!buf || len <= 0 || !Runtime::get().stats_on()) return -1;
+  const std::string& text = last_route_text();
+  if (text.empty()) return -1;
+  const size_t n = std::min(text.size(), static_cast<size_t>(len) - 1);
+  std::memcpy(buf, text.data(), n);
+  buf[n] = '\0';
+  return static_cast<int>(text.size());
+}
 
 SC_EXPORT int streamcoll_get_stats(const char* collective, const char* route,
                                    const char* memory, streamcoll_stat_t* out) {

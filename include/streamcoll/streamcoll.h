@@ -50,6 +50,15 @@ int streamcoll_get_stats(const char *collective, const char *route, const char *
  *  MPI_ERR_OTHER when streamcoll is disabled or MPI is not initialised. */
 int streamcoll_comm_set_route(MPI_Comm comm, const char *spec);
 
+/** The route this thread's last collective call went to, with the parameters of the rule
+ *  that chose it, in tuning-table syntax: "ht algo=rd", "blueconnect hierarchy=2x2
+ *  backend=sched", "pmpi". Benchmarks use it to check which algorithm a table picked.
+ *  Kept only while STREAMCOLL_STATS=1. Writes at most len bytes, NUL included (the text
+ *  is cut to fit); returns the text's full length, or -1 (and writes nothing) when
+ *  statistics are off, no collective has been called on this thread yet, buf is NULL
+ *  or len <= 0. */
+int streamcoll_last_route(char *buf, int len);
+
 /** The library version, STREAMCOLL_VERSION of the build. */
 const char *streamcoll_version(void);
 

@@ -53,10 +53,36 @@ if "$build/bench/sc_tune" check --table "$out/swapped.txt" "$out/verify.csv" \
 fi
 echo "the check rejects a swapped table: $(grep -c '^FAIL' "$out/swapped-check.txt") mismatches"
 
+# The check compares the algorithm too (sc_bench's "rule" column): a table that names ht
+# algorithms by size passes against a run under it, and fails once they are rotated.
+cat >"$out/algos.txt" <<'TABLE'
+allreduce  0-256    *  *  *  host  *  ht  algo=rd
+allreduce  257-16K  *  *  *  host  *  ht  algo=rabenseifner
+allreduce  16K-     *  *  *  host  *  ht  algo=ring
+TABLE
+sed -e 's/algo=rd$/algo=X/; s/algo=rabenseifner$/algo=rd/; s/algo=ring$/algo=rabenseifner/; s/algo=X$/algo=ring/' \
+  "$out/algos.txt" >"$out/algos-rotated.txt"
+launch=(mpirun -np 2)
+if mpirun --version 2>&1 | grep -q "Open MPI"; then
+  launch+=(--oversubscribe --bind-to none)
+  [ "$(id -u)" -eq 0 ] && launch+=(--allow-run-as-root)
+fi
+LD_PRELOAD=$build/libstreamcoll.so STREAMCOLL_STATS=1 STREAMCOLL_TUNING_FILE=$out/algos.txt \
+  OMPI_MCA_mpi_yield_when_idle=1 timeout 300 "${launch[@]}" "$build/bench/sc_bench" \
+  --coll allreduce -e 64K -n 5 --route table --csv "$out/algos.csv" --quiet >"$out/algos.out" 2>&1 ||
+  { cat "$out/algos.out"; fail "sc_bench under algos.txt failed"; }
+"$build/bench/sc_tune" check --table "$out/algos.txt" "$out/algos.csv" ||
+  fail "a run under a table that names ht algorithms does not pass the check"
+grep -q ',ht algo=rabenseifner$' "$out/algos.csv" || fail "no row reports the rabenseifner rule"
+if "$build/bench/sc_tune" check --table "$out/algos-rotated.txt" "$out/algos.csv" \
+    >"$out/algos-rotated-check.txt"; then
+  fail "sc_tune check accepted calls that ran other ht algorithms than the table names"
+fi
+echo "the check rejects rotated ht algorithms: $(grep -c '^FAIL' "$out/algos-rotated-check.txt") mismatches"
+
 # sc_bench's JSON and CSV of one run carry the same rows.
 LD_PRELOAD=$build/libstreamcoll.so OMPI_MCA_mpi_yield_when_idle=1 \
-  mpirun --oversubscribe --bind-to none $([ "$(id -u)" -eq 0 ] && echo --allow-run-as-root) \
-  -np 2 "$build/bench/sc_bench" --coll reduce_scatter_block -e 4K -n 10 --route pmpi \
+  timeout 300 "${launch[@]}" "$build/bench/sc_bench" --coll reduce_scatter_block -e 4K -n 10 --route pmpi \
   --route ht:algo=ring --json "$out/one.json" --csv "$out/one.csv" --quiet >"$out/one.txt"
 py=python3
 for p in python3 /usr/bin/python3; do "$p" -c 'import json' 2>/dev/null && py=$p && break; done
@@ -72,7 +98,7 @@ for row in rows:
     r = by_key[(row["spec"], int(row["bytes"]))]
     for k in meta_keys:
         assert str(d["meta"][k]) == row[k], (k, d["meta"][k], row[k])
-    for k in ("route", "taken"):
+    for k in ("route", "taken", "rule"):
         assert r[k] == row[k], (k, r[k], row[k])
     for k in ("count", "iters"):
         assert int(r[k]) == int(row[k]), (k, r[k], row[k])
@@ -82,6 +108,7 @@ for row in rows:
         assert abs(float(r[k]) - float(row[k])) <= 1e-5 * abs(float(r[k])), (k, r[k], row[k])
     assert r["valid"] is True and row["valid"] == "1"
     assert r["taken"] == r["route"].split()[0], r
+    assert r["rule"] == r["route"], r
 print("sc_bench JSON and CSV agree on %d rows" % len(rows))
 EOF
 echo "PASS: autotune smoke"

@@ -382,7 +382,7 @@ TEST_CASE("sc_bench CSV: columns by name, appended headers, errors with the line
   std::string header(bench_csv_header());
   std::string row =
       "allreduce,float,sum,host,0,4,1,4,ht:algo=rd,ht algo=rd,ht,1024,256,100,"
-      "10.5,12.25,30,12,0.0835,0.1253,1";
+      "10.5,12.25,30,12,0.0835,0.1253,1,ht algo=rd";
   std::vector<BenchRow> rows;
   std::string err;
   REQUIRE(parse_bench_csv(header + "\n" + row + "\n" + header + "\n" + row + "\n", "a.csv",
@@ -394,6 +394,7 @@ TEST_CASE("sc_bench CSV: columns by name, appended headers, errors with the line
   CHECK(r.spec == "ht:algo=rd");
   CHECK(r.route == "ht algo=rd");
   CHECK(r.bytes == 1024);
+  CHECK(r.rule == "ht algo=rd");
   CHECK(r.median_us == doctest::Approx(12.25));
   CHECK(r.valid);
 
@@ -412,6 +413,10 @@ TEST_CASE("sc_bench CSV: columns by name, appended headers, errors with the line
   BenchRow unknown = r;
   unknown.taken = "-";
   CHECK(to_measurement(unknown, &m, &why));
+  BenchRow other_algo = r;  // the statistics say ht, but another algorithm ran
+  other_algo.rule = "ht algo=ring";
+  CHECK_FALSE(to_measurement(other_algo, &m, &why));
+  CHECK(why.find("went to ht algo=ring") != std::string::npos);
   BenchRow wrong = r;
   wrong.valid = false;
   CHECK_FALSE(to_measurement(wrong, &m, &why));
@@ -423,6 +428,18 @@ TEST_CASE("sc_bench CSV: columns by name, appended headers, errors with the line
   rows.clear();
   REQUIRE(parse_bench_csv("extra," + header + "\nx," + row + "\n", "b.csv", &rows, &err));
   CHECK(rows.at(0).busbw == doctest::Approx(0.1253));
+
+  // files from before the rule column: it is optional, "-" when absent
+  rows.clear();
+  const std::string old_header = header.substr(0, header.rfind(",rule"));
+  REQUIRE(parse_bench_csv(old_header + "\n" + row.substr(0, row.rfind(',')) + "\n", "o.csv",
+                          &rows, &err));
+  CHECK(rows.at(0).rule == "-");
+  CHECK(rows.at(0).valid);
+  // a column named twice
+  rows.clear();
+  CHECK_FALSE(parse_bench_csv(header + ",spec\n" + row + ",x\n", "t.csv", &rows, &err));
+  CHECK(err == "t.csv:1: column 'spec' appears twice");
 
   rows.clear();
   CHECK_FALSE(parse_bench_csv("coll,bytes\nallreduce,4\n", "c.csv", &rows, &err));
