@@ -13,7 +13,8 @@
 #                         or both (default no; a bare --stream means yes)
 #     --routes "R ..."    candidates in sc_bench --route syntax, for every memory kind
 #                         (default: host "pmpi ht:algo=rd ht:algo=rabenseifner
-#                         ht:algo=ring"; device: the same and nccl)
+#                         ht:algo=ring", without rabenseifner for allgather and
+#                         reduce_scatter_block, where it is rd; device: the same and nccl)
 #     --min-bytes N --max-bytes N --iters N --warmup N   passed to sc_bench
 #                         (defaults 4, 64M, sc_bench's own iteration counts)
 #     --tie F             ties within F (relative) go to the simpler route (default 0.05)
@@ -69,11 +70,14 @@ done
 [ ${#shapes[@]} -gt 0 ] || { echo "autotune.sh: --mem is empty" >&2; exit 2; }
 [ "$streams" != no ] && [[ ,$mems, != *,device,* ]] &&
   { echo "autotune.sh: --stream is for device buffers (add --mem device)" >&2; exit 2; }
-routes_for() {  # the candidates for memory kind $1
-  if [ -n "$routes" ]; then echo "$routes"
-  elif [ "$1" = device ]; then echo "nccl pmpi ht:algo=rd ht:algo=rabenseifner ht:algo=ring"
-  else echo "pmpi ht:algo=rd ht:algo=rabenseifner ht:algo=ring"
-  fi
+routes_for() {  # the candidates for memory kind $1 and collective $2
+  if [ -n "$routes" ]; then echo "$routes"; return; fi
+  local r="pmpi ht:algo=rd ht:algo=rabenseifner ht:algo=ring"
+  # ht's rabenseifner is its rd for these two (algorithms/schedule.hpp): measuring both
+  # would only let noise pick between one algorithm's two names
+  case $2 in allgather|reduce_scatter_block) r="pmpi ht:algo=rd ht:algo=ring" ;; esac
+  [ "$1" = device ] && r="nccl $r"
+  echo "$r"
 }
 printf '%s' "${bench_opts[*]:-}" | grep -q -- '--max-bytes' || bench_opts+=(--max-bytes 64M)
 out=${out:-autotune-$(date -u +%Y%m%d-%H%M%S)}
@@ -142,11 +146,11 @@ shape_args() {  # sc_bench's options for shape $1 ("MEM:STREAM")
 rm -f "$out/measured.csv" "$out/verify.csv"
 measured=()  # the shapes that were measured (device ones are skipped without a GPU)
 for shape in "${shapes[@]}"; do
-  route_args=()
-  for r in $(routes_for "${shape%:*}"); do route_args+=(--route "$r"); done
   skipped=0
   for np in $nps; do
     for c in ${colls//,/ }; do
+      route_args=()
+      for r in $(routes_for "${shape%:*}" "$c"); do route_args+=(--route "$r"); done
       rc=0
       # shellcheck disable=SC2046  # shape_args is words on purpose
       bench "$np" "$out/measured.csv" -- --coll "$c" $(shape_args "$shape") "${route_args[@]}" \
