@@ -622,6 +622,7 @@ std::optional<double> bisect(double lo, double hi, Wins a_wins, const bool& bad)
     if (!(mid > lo && mid < hi)) break;
     (a_wins(mid) ? lo : hi) = mid;
   }
+  if (bad) return std::nullopt;  // a model rejected a size inside the range
   return lo;
 }
 

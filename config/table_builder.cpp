@@ -42,9 +42,11 @@ struct ShapeKey {
 // One rank count's byte ranges: (upper bound of the range, route), ascending.
 using ByteMap = std::vector<std::pair<uint64_t, std::string>>;
 
-std::string range_text(const Range& r) {
-  auto size = [](uint64_t v) {
-    // Exact binary suffixes where they fit, plain bytes otherwise.
+// `suffixes`: whole binary multiples as K, M, G (byte ranges); plain numbers otherwise
+// (rank ranges).
+std::string range_text(const Range& r, bool suffixes = true) {
+  auto size = [suffixes](uint64_t v) {
+    if (!suffixes) return std::to_string(v);
     if (v >= (1ull << 30) && v % (1ull << 30) == 0) return std::to_string(v >> 30) + "G";
     if (v >= (1ull << 20) && v % (1ull << 20) == 0) return std::to_string(v >> 20) + "M";
     if (v >= (1ull << 10) && v % (1ull << 10) == 0) return std::to_string(v >> 10) + "K";
@@ -195,7 +197,7 @@ std::string write_table(const std::vector<BuiltRule>& rules, std::string_view he
   std::vector<std::vector<std::string>> rows;
   rows.push_back({"# collective", "bytes", "ranks", "nodes", "ppn", "memory", "stream", "route"});
   for (const BuiltRule& r : rules)
-    rows.push_back({std::string(name(r.coll)), range_text(r.bytes), range_text(r.ranks),
+    rows.push_back({std::string(name(r.coll)), range_text(r.bytes), range_text(r.ranks, false),
                     r.multi_node ? "2-" : "1", "*", std::string(name(r.mem)),
                     r.stream < 0 ? "*" : r.stream ? "yes" : "no", r.route});
   std::vector<size_t> width(8, 0);

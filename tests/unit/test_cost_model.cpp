@@ -622,6 +622,11 @@ TEST_CASE("cost model: crossover of two time functions") {
   CHECK(*y == doctest::Approx(3 / 4.25 * kA / kB).epsilon(1e-6));
   CHECK_FALSE(crossover_times(nullptr, [](double) { return 1.0; }));
   CHECK_FALSE(crossover_times([](double) { return NAN; }, [](double) { return 1.0; }));
+  // a rejected size inside the range (not at its ends; the bisection passes 1024) also
+  // gives no crossover
+  CHECK_FALSE(crossover_times([](double n) { return n > 1000.5 && n < 1100 ? NAN : n; },
+                              [](double) { return 1000.0; }));
+  CHECK(crossover_times([](double n) { return n; }, [](double) { return 1000.0; }));
 }
 
 TEST_CASE("human_bytes: binary units, decimals only when not whole") {

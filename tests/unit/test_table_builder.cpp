@@ -305,6 +305,12 @@ TEST_CASE("written tables keep the fallback and range syntax the parser reads") 
   auto text2 = write_table(build_rules(q, BuildOptions{}), "", "");
   CHECK(text2.find("0-2K ") != std::string::npos);
   CHECK(text2.find("2049-  ") != std::string::npos);
+  // rank ranges are written as plain numbers
+  std::vector<Measurement> r = {pt(1024, 8, "pmpi", 1), pt(2048, 8, "ht", 1),
+                                pt(2048, 8, "pmpi", 2)};
+  auto text3 = write_table(build_rules(r, BuildOptions{}), "", "");
+  CHECK(text3.find(" 1024-2047 ") != std::string::npos);
+  CHECK(text3.find(" 2048- ") != std::string::npos);
 }
 
 TEST_CASE("random measurements: the loaded table routes every point to its winner") {
@@ -351,8 +357,7 @@ TEST_CASE("random measurements: the loaded table routes every point to its winne
     auto t = load(write_table(rules, "random", ""));
     for (const auto& c : groups) {
       const Measurement& m = c.front();
-      // the point itself, and every size up to the next measured one routes like it or
-      // like the next point (the boundary lies between them)
+      // every measured point routes to its winner
       std::string got = routed(t, m, m.bytes, m.ranks);
       std::string want = expected_winner(c, tie);
       if (got != want) {
