@@ -9,15 +9,17 @@
 //       each route:
 //         nccl         the cheaper of the ring and the double binary tree (NCCL >= 2.4
 //                      chooses between them); --nccl ring: the ring alone (NCCL of 2018,
-//                      the Aluminum paper's), --nccl tree: the tree alone
+//                      the Aluminum paper's), --nccl tree: the tree alone; plus the
+//                      profile's nccl_call_alpha once (one NCCL call)
 //         ht           host-transfer on the profile's host path; the route is written
 //                      "ht algo=rd" or "ht algo=rabenseifner", as the model chose
 //         blueconnect  BlueConnect on the device path with ring stages (backend nccl runs
-//                      each stage as NCCL's reduce-scatter or all-gather, both rings),
+//                      each stage as NCCL's reduce-scatter or all-gather, both rings,
+//                      so nccl_call_alpha twice per level with more than one rank),
 //                      written "blueconnect backend=nccl": the route discovers the
 //                      hierarchy (GPUs per node x nodes) itself, at any rank count
 //         nvgroup      NV-Group, only when asked (the route has no implementation in this
-//                      build; a table naming it sends those calls to pmpi)
+//                      build; a table naming it hands those calls to its next rule)
 //       then the table builder's rules (config/table_builder.hpp) and a table streamcoll
 //       loads (--out; header lines name the profile and the command), a map of the winners
 //       on stdout (a row per size, a column per GPU count, a letter per route, after the
@@ -150,6 +152,7 @@ struct Machine {
   md::Hierarchy dev, host;
   md::Machine dev_m, host_m;
   int gpus = 0, nodes = 0, ppn = 0;
+  double nccl_call = 0;  ///< s per NCCL collective call (the profile's nccl_call_alpha)
 };
 
 bool machine_for(const MachineProfile& p, int gpus, Machine* m, std::string* why) {
@@ -163,6 +166,7 @@ bool machine_for(const MachineProfile& p, int gpus, Machine* m, std::string* why
   m->gpus = gpus;
   m->nodes = nodes_for(p, gpus);
   m->ppn = std::min(gpus, p.gpus_per_node);
+  m->nccl_call = p.nccl_call_alpha;
   return true;
 }
 
@@ -172,14 +176,24 @@ NcclAlgos g_nccl = NcclAlgos::automatic;
 
 /// NCCL >= 2.4: ring or double binary tree, whichever is cheaper (--nccl ring: the ring
 /// alone, as NCCL before 2.4; --nccl tree: the double binary tree alone).
+/// One NCCL allreduce call: the per-call cost once, plus the algorithm.
 double nccl_seconds(const Machine& m, double n) {
   const double ring = md::ring_allreduce(m.dev, n, m.dev_m).seconds();
   const double tree = md::double_binary_tree_allreduce(m.dev, n, m.dev_m).seconds();
   switch (g_nccl) {
-    case NcclAlgos::ring: return ring;
-    case NcclAlgos::tree: return tree;
-    default: return std::min(ring, tree);
+    case NcclAlgos::ring: return m.nccl_call + ring;
+    case NcclAlgos::tree: return m.nccl_call + tree;
+    default: return m.nccl_call + std::min(ring, tree);
   }
+}
+
+/// Route blueconnect with backend nccl: a reduce-scatter and an all-gather NCCL call per
+/// level with more than one rank, each paying the per-call cost.
+double blueconnect_seconds(const Machine& m, double n) {
+  int calls = 0;
+  for (int f : m.dev.factors) calls += f > 1 ? 2 : 0;
+  return calls * m.nccl_call +
+         md::blueconnect_allreduce(m.dev, n, m.dev_m, md::StageAlgo::ring).seconds();
 }
 
 double ht_seconds(const Machine& m, double n) {
@@ -201,7 +215,7 @@ Prediction predict(const std::string& route, const Machine& m, double n) {
     // No hierarchy= in the rule: the route discovers GPUS_PER_NODE x NODES at run time,
     // so one rule serves every rank count of its range.
     return {"blueconnect backend=nccl",
-            md::blueconnect_allreduce(m.dev, n, m.dev_m, md::StageAlgo::ring).seconds()};
+            blueconnect_seconds(m, n)};
   }
   return {"nvgroup", md::nvgroup_allreduce(m.dev, n, m.dev_m).seconds()};
 }
@@ -321,7 +335,7 @@ int cmd_predict(int argc, char** argv) {
   std::printf("\n");
   if (nvgroup) {
     std::printf("# note: route nvgroup has no implementation in this build; a table that names "
-                "it sends those calls to pmpi\n");
+                "it hands those calls to the next matching rule\n");
   }
 
   std::vector<Measurement> points;
@@ -433,7 +447,7 @@ int cmd_predict(int argc, char** argv) {
         "algorithms/cost_model.hpp), not measured: allreduce on device buffers.\n"
         "profile: " + profile_path + (prof->name.empty() ? "" : " (" + prof->name + ")") + "\n" +
         "command: " + cmd;
-    if (nvgroup) header += "\nroute nvgroup is not implemented in this build: its rules go to pmpi";
+    if (nvgroup) header += "\nroute nvgroup is not implemented in this build: its calls go to the next matching rule";
     const std::string table = write_table(rules, header);
     std::optional<ParseError> perr;
     TuningTable::parse(table, out_path, &perr);
@@ -573,8 +587,9 @@ std::optional<double> ht_crossover(const Machine& m, Dev dev) {
                              [&](double n) { return dev(n); });
 }
 
+/// One NCCL call that runs the ring (NCCL before 2.4): the per-call cost and the ring.
 double ring_seconds(const Machine& m, double n) {
-  return md::ring_allreduce(m.dev, n, m.dev_m).seconds();
+  return m.nccl_call + md::ring_allreduce(m.dev, n, m.dev_m).seconds();
 }
 
 void print_aluminum(const MachineProfile& p, const std::string& path) {
@@ -598,8 +613,9 @@ void print_aluminum(const MachineProfile& p, const std::string& path) {
   std::printf("The paper: host-transfer allreduce is faster than NCCL up to 32768 floats "
               "(128 KiB) on 64 GPUs\nand up to 2^19 floats (2 MiB) on 2048 GPUs; the NCCL "
               "of 2018 had rings only (no trees).\n");
-  std::printf("Model: crossover() of host_transfer (host path) and the flat ring (device "
-              "path):\n\n");
+  std::printf("Model: crossover() of host_transfer (host path) and one NCCL call running the "
+              "flat ring\n(device path, nccl_call_alpha %.1f us + the ring):\n\n",
+              p.nccl_call_alpha * 1e6);
   std::printf("%6s %10s %16s %16s %8s   %s\n", "GPUs", "hierarchy", "model crossover",
               "paper", "model/paper", "times at the paper's size (us)");
   struct Point {
@@ -626,10 +642,11 @@ void print_aluminum(const MachineProfile& p, const std::string& path) {
       const md::Breakdown ht = md::host_transfer_allreduce(m.host, *x, m.host_m);
       const md::Breakdown ring = md::ring_allreduce(m.dev, *x, m.dev_m);
       std::printf("%6s   at the crossover: ht %.1f us (copies %.1f, host %s %.1f), ring %.1f us "
-                  "(latency %.1f, bandwidth %.1f, reduction %.1f)\n",
+                  "(call %.1f, latency %.1f, bandwidth %.1f, reduction %.1f)\n",
                   "", ht.seconds() * 1e6, 2 * ht.stages.front().cost.total() * 1e6,
                   ht_algo(m, *x), (ht.seconds() - 2 * ht.stages.front().cost.total()) * 1e6,
-                  ring.seconds() * 1e6, ring.total.latency * 1e6, ring.total.bandwidth * 1e6,
+                  (m.nccl_call + ring.seconds()) * 1e6, m.nccl_call * 1e6,
+                  ring.total.latency * 1e6, ring.total.bandwidth * 1e6,
                   ring.total.reduction * 1e6);
     }
   }

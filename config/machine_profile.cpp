@@ -170,6 +170,7 @@ std::string check_profile(const MachineProfile& p) {
   if (p.host_gamma && !finite_nonneg(*p.host_gamma)) return "host_gamma must be finite and >= 0";
   if (!finite_nonneg(p.copy_alpha)) return "copy_alpha must be finite and >= 0";
   if (!finite_pos(p.copy_gbps)) return "copy_bandwidth must be > 0";
+  if (!finite_nonneg(p.nccl_call_alpha)) return "nccl_call_alpha must be finite and >= 0";
   if (p.levels.empty()) return "at least one [[level]] is needed";
   if (p.levels.size() > 16) return "at most 16 levels";
   for (size_t i = 0; i < p.levels.size(); ++i) {
@@ -228,6 +229,9 @@ std::optional<MachineProfile> load_profile(std::string_view text, std::string_vi
   }
   if (top.number("copy_alpha", &p.copy_alpha, false)) {
     top.require(p.copy_alpha >= 0, "copy_alpha", "must be >= 0");
+  }
+  if (top.number("nccl_call_alpha", &p.nccl_call_alpha, false)) {
+    top.require(p.nccl_call_alpha >= 0, "nccl_call_alpha", "must be >= 0");
   }
   if (top.number("copy_bandwidth", &p.copy_gbps, false)) {
     top.require(p.copy_gbps > 0, "copy_bandwidth", "must be > 0 (GB/s)");
@@ -315,6 +319,8 @@ std::string write_profile(const MachineProfile& p, std::string_view comment) {
   }
   out += "copy_alpha = " + number_text(p.copy_alpha) + "       # s\n";
   out += "copy_bandwidth = " + number_text(p.copy_gbps) + "   # GB/s\n";
+  if (p.nccl_call_alpha > 0)
+    out += "nccl_call_alpha = " + number_text(p.nccl_call_alpha) + "   # s per NCCL call\n";
   for (const LevelProfile& l : p.levels) {
     out += "\n[[level]]\n";
     if (!l.name.empty()) out += "name = " + string_text(l.name) + "\n";

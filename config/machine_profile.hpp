@@ -11,6 +11,9 @@
 //   host_gamma = 1e-10               # optional, s/B, reducing on the host (default gamma)
 //   copy_alpha = 10e-6               # s, start-up of one device<->host copy
 //   copy_bandwidth = 50.0            # GB/s of one device<->host copy
+//   nccl_call_alpha = 3.6e-6         # optional, s: the fixed cost of one NCCL collective
+//                                    # call (launch, NCCL's base latency), paid once per
+//                                    # call on top of the per-step α; default 0
 //
 //   [[level]]                        # one per link level, innermost (level 0) first
 //   name = "nvlink"                  # optional
@@ -62,6 +65,7 @@ struct MachineProfile {
   double gamma = 0;                  ///< s/B
   std::optional<double> host_gamma;  ///< unset = gamma
   double copy_alpha = 10e-6;         ///< s
+  double nccl_call_alpha = 0;        ///< s per NCCL collective call
   double copy_gbps = 12;             ///< GB/s
   std::vector<LevelProfile> levels;  ///< innermost first, at least one
 };

@@ -24,6 +24,7 @@ gamma = 3.3e-12
 host_gamma = 1e-10
 copy_alpha = 8e-6
 copy_bandwidth = 50
+nccl_call_alpha = 3.6e-6
 
 [[level]]
 name = "nvlink"
@@ -126,6 +127,7 @@ TEST_CASE("machine profile: load") {
   CHECK(*p.host_gamma == 1e-10);
   CHECK(p.copy_alpha == 8e-6);
   CHECK(p.copy_gbps == 50);  // an integer is accepted for a number
+  CHECK(p.nccl_call_alpha == 3.6e-6);
   REQUIRE(p.levels.size() == 2);
   CHECK(p.levels[0].name == "nvlink");
   CHECK(p.levels[0].alpha == 0.4e-6);
@@ -145,6 +147,7 @@ TEST_CASE("machine profile: load") {
   CHECK(d.copy_alpha == model::Machine{}.copy_alpha);
   CHECK(model::beta_from_gbps(d.copy_gbps) == doctest::Approx(model::Machine{}.copy_beta));
   CHECK(d.levels[0].name.empty());
+  CHECK(d.nccl_call_alpha == 0);
 }
 
 TEST_CASE("machine profile: write reads back") {
@@ -159,6 +162,7 @@ TEST_CASE("machine profile: write reads back") {
   CHECK(q.host_gamma == p.host_gamma);
   CHECK(q.copy_alpha == p.copy_alpha);
   CHECK(q.copy_gbps == p.copy_gbps);
+  CHECK(q.nccl_call_alpha == p.nccl_call_alpha);
   REQUIRE(q.levels.size() == p.levels.size());
   for (size_t i = 0; i < p.levels.size(); ++i) {
     CAPTURE(i);
