@@ -33,7 +33,10 @@
 # Exit status: 0 done and verified; 1 a benchmark or the check failed; 2 bad usage;
 # 77 nothing measured (only device buffers asked for, and no GPU).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+# Paths given by the caller (--out, host files in MPIRUN_ARGS) stay relative to where the
+# script was started; a relative BUILD_DIR is relative to the source tree, as for
+# scripts/build.sh.
+root=$(cd "$(dirname "$0")/.." && pwd)
 
 nps="2 4" colls=allreduce mems=host streams=no routes="" tie=0.05 out="" plot=1 verify=1 build_it=1
 bench_opts=()
@@ -82,9 +85,10 @@ routes_for() {  # the candidates for memory kind $1 and collective $2
 printf '%s' "${bench_opts[*]:-}" | grep -q -- '--max-bytes' || bench_opts+=(--max-bytes 64M)
 out=${out:-autotune-$(date -u +%Y%m%d-%H%M%S)}
 mkdir -p "$out"
+case $out in /*) ;; *) out=$PWD/$out ;; esac  # ranks on other nodes get absolute paths
 build=${BUILD_DIR:-build}
-[ $build_it = 1 ] && scripts/build.sh >/dev/null
-case $build in /*) ;; *) build=$PWD/$build ;; esac
+[ $build_it = 1 ] && "$root/scripts/build.sh" >/dev/null
+case $build in /*) ;; *) build=$root/$build ;; esac
 lib=$build/libstreamcoll.so
 for f in "$lib" "$build/bench/sc_bench" "$build/bench/sc_tune"; do
   [ -e "$f" ] || { echo "autotune.sh: $f is missing (build first, or drop --no-build)" >&2; exit 2; }
@@ -107,7 +111,7 @@ read -r -a extra <<<"${MPIRUN_ARGS:-}"
 log=$out/log.txt
 : >"$log"
 say() { echo "$@" | tee -a "$log"; }
-say "# scripts/autotune.sh: commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with local changes)'), $(date -u +%Y-%m-%dT%H:%M:%SZ), $(hostname)"
+say "# scripts/autotune.sh: commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$root" diff --quiet HEAD 2>/dev/null || echo ' (with local changes)'), $(date -u +%Y-%m-%dT%H:%M:%SZ), $(hostname)"
 say "# ranks: $nps; collectives: $colls; shapes (memory:stream): ${shapes[*]}; candidates: ${routes:-default per memory kind}"
 
 # bench NP CSV ENV... -- SC_BENCH_ARGS...: one sc_bench run under streamcoll.
@@ -186,7 +190,7 @@ if [ $plot = 1 ]; then
     if "$p" -c 'import matplotlib' 2>/dev/null; then py=$p; break; fi
   done
   if [ -n "$py" ]; then
-    "$py" scripts/plot_routes.py --tie "$tie" --out-dir "$out" --prefix autotune \
+    "$py" "$root/scripts/plot_routes.py" --tie "$tie" --out-dir "$out" --prefix autotune \
       "$out/measured.csv" 2>&1 | tee -a "$log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || { say "FAIL: plot_routes.py"; exit 1; }
   else
@@ -209,5 +213,4 @@ if [ $verify = 1 ]; then
     --measured "$out/measured.csv" "$out/verify.csv" 2>&1 | tee -a "$log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || { say "FAIL: the loaded table does not route as written"; exit 1; }
 fi
-case $out in /*) abs=$out ;; *) abs=$PWD/$out ;; esac
-say "table: $out/table.txt (use it with STREAMCOLL_TUNING_FILE=$abs/table.txt)"
+say "table: $out/table.txt (use it with STREAMCOLL_TUNING_FILE=$out/table.txt)"

@@ -15,7 +15,7 @@
 # winner (sc_tune check).
 # Example: scripts/predict-routes.sh bench/profiles/sierra.toml --gpus 8-4096
 set -euo pipefail
-cd "$(dirname "$0")/.."
+root=$(cd "$(dirname "$0")/.." && pwd)  # paths given by the caller stay relative to $PWD
 [ $# -ge 1 ] && [ -f "$1" ] || {
   echo "usage: scripts/predict-routes.sh PROFILE [--out DIR] [sc_model predict options]" >&2
   exit 2
@@ -23,26 +23,28 @@ cd "$(dirname "$0")/.."
 profile=$1
 shift
 out=predict-$(basename "$profile" .toml)
-args=()
+args=() tie=()
 while [ $# -gt 0 ]; do
   case $1 in
     --out) out=$2; shift ;;
+    --tie) tie=(--tie "$2"); args+=("$1" "$2"); shift ;;
     *) args+=("$1") ;;
   esac
   shift
 done
 mkdir -p "$out"
-scripts/build.sh >/dev/null
+"$root/scripts/build.sh" >/dev/null
 build=${BUILD_DIR:-build}
+case $build in /*) ;; *) build=$root/$build ;; esac
 "$build/bench/sc_model" predict --profile "$profile" "${args[@]}" --out "$out/table.txt" \
   --csv "$out/predicted.csv" | tee "$out/predict.txt"
-"$build/bench/sc_tune" check --table "$out/table.txt" --measured "$out/predicted.csv"
+"$build/bench/sc_tune" check "${tie[@]}" --table "$out/table.txt" --measured "$out/predicted.csv"
 py=""
 for p in ${PYTHON:-} python3 /usr/bin/python3; do
   if "$p" -c 'import matplotlib' 2>/dev/null; then py=$p; break; fi
 done
 if [ -n "$py" ]; then
-  "$py" scripts/plot_routes.py --title "predicted by sc_model, profile $profile" \
+  "$py" "$root/scripts/plot_routes.py" "${tie[@]}" --title "predicted by sc_model, profile $profile" \
     --out-dir "$out" --prefix predict "$out/predicted.csv"
 else
   echo "no plots: python3 with matplotlib is not installed (Debian: python3-matplotlib)"
