@@ -424,8 +424,12 @@ int cmd_predict(int argc, char** argv) {
     }
     flush(last, true);
     std::printf("\n");
-    for (uint64_t n : {uint64_t{4}, uint64_t{1} << 20, sizes.back()}) {
-      if (n < sizes.front() || n > sizes.back()) continue;
+    std::vector<uint64_t> shown;  // 4 B, 1 MiB and the largest size, each once
+    for (uint64_t n : {uint64_t{4}, uint64_t{1} << 20, sizes.back()})
+      if (n >= sizes.front() && n <= sizes.back() &&
+          std::find(shown.begin(), shown.end(), n) == shown.end())
+        shown.push_back(n);
+    for (uint64_t n : shown) {
       std::printf("        %8s:", short_bytes(n).c_str());
       for (const std::string& r : routes) {
         const Prediction pr = predict(r, m, double(n));
