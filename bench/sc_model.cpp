@@ -494,7 +494,7 @@ int cmd_predict(int argc, char** argv) {
           {"bytes", std::to_string(x.bytes)}, {"count", std::to_string(x.bytes / 4)},
           {"iters", "0"}, {"min_us", f(us)}, {"median_us", f(us)}, {"max_us", f(us)},
           {"host_us", f(us)}, {"algbw_GBps", f(algbw)}, {"busbw_GBps", f(busbw)},
-          {"valid", "1"}};
+          {"valid", "1"}, {"rule", x.route}};
       for (size_t i = 0; i < cols.size(); ++i) {
         text += (i ? "," : "") + (v.count(cols[i]) ? v[cols[i]] : std::string());
       }

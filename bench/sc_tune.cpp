@@ -302,6 +302,10 @@ int cmd_check(int argc, char** argv) {
     }
     std::printf("measured points: %d checked, %d routed to their winner\n", checked,
                 checked - bad);
+    if (checked == 0) {
+      std::printf("FAIL: no usable measured points in the --measured files\n");
+      ++bad;
+    }
   }
   int calls = 0, calls_bad = 0, with_params = 0;
   if (!files.empty()) {

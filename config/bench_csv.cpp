@@ -84,7 +84,7 @@ bool parse_bench_csv(std::string_view text, std::string_view source,
     r.spec = at("spec");
     r.route = at("route");
     r.taken = at("taken");
-    if (col.count("rule")) r.rule = at("rule");
+    if (col.count("rule") && !at("rule").empty()) r.rule = at("rule");
     int valid = 0;
     bool ok = parse_int(at("stream"), &r.stream) && parse_int(at("ranks"), &r.ranks) &&
               parse_int(at("nodes"), &r.nodes) && parse_int(at("ppn"), &r.ppn) &&

@@ -441,6 +441,11 @@ TEST_CASE("sc_bench CSV: columns by name, appended headers, errors with the line
                           &rows, &err));
   CHECK(rows.at(0).rule == "-");
   CHECK(rows.at(0).valid);
+  // an empty rule field reads as unknown
+  rows.clear();
+  REQUIRE(parse_bench_csv(header + "\n" + row.substr(0, row.rfind(',') + 1) + "\n", "e.csv",
+                          &rows, &err));
+  CHECK(rows.at(0).rule == "-");
   // a column named twice
   rows.clear();
   CHECK_FALSE(parse_bench_csv(header + ",spec\n" + row + ",x\n", "t.csv", &rows, &err));
