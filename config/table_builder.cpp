@@ -198,7 +198,9 @@ std::string write_table(const std::vector<BuiltRule>& rules, std::string_view he
   rows.push_back({"# collective", "bytes", "ranks", "nodes", "ppn", "memory", "stream", "route"});
   for (const BuiltRule& r : rules)
     rows.push_back({std::string(name(r.coll)), range_text(r.bytes), range_text(r.ranks, false),
-                    r.multi_node ? "2-" : "1", "*", std::string(name(r.mem)),
+                    r.multi_node ? "2-" : "1", "*",
+                    // pageable host measurements stand for pinned host memory too
+                    r.mem == MemKind::host ? "host,pinned" : std::string(name(r.mem)),
                     r.stream < 0 ? "*" : r.stream ? "yes" : "no", r.route});
   std::vector<size_t> width(8, 0);
   for (const auto& row : rows)

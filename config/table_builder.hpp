@@ -88,7 +88,9 @@ std::string check_route(std::string_view route);
 
 /// The table text: `header` lines (each prefixed "# "), the rules in aligned columns,
 /// then `fallback` (a table text appended as it is; default: the embedded default table).
-/// The result parses with TuningTable::parse.
+/// Rules of host memory are written for host and pinned memory: sc_bench measures
+/// pageable buffers, and the host routes treat pinned ones alike. The result parses with
+/// TuningTable::parse.
 std::string write_table(const std::vector<BuiltRule>& rules, std::string_view header,
                         std::string_view fallback = default_table_text());
 

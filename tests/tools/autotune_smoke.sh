@@ -16,7 +16,7 @@ BUILD_DIR=$build "$src/scripts/autotune.sh" --no-build --np 2 --coll "${colls// 
 
 fail() { echo "FAIL: $*"; exit 1; }
 for c in $colls; do
-  grep -Eq "^$c +[^ ]+ +2- +1 +\* +host +no +(pmpi|ht algo=(rd|rabenseifner|ring))\$" \
+  grep -Eq "^$c +[^ ]+ +2- +1 +\* +host,pinned +no +(pmpi|ht algo=(rd|rabenseifner|ring))\$" \
     "$out/table.txt" || fail "no measured $c rule for 2 ranks in $out/table.txt"
 done
 grep -q "^# fallback" "$out/table.txt" || fail "the table has no fallback"

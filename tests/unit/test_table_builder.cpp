@@ -153,7 +153,7 @@ TEST_CASE("one rank count: byte ranges split at the geometric midpoint") {
 
   auto text = write_table(rules, "test table\nsecond line", "");
   CHECK(text.find("# test table\n# second line\n") == 0);
-  CHECK(text.find("allreduce     0-128  4-     1      *    host    no      ht algo=rd\n") !=
+  CHECK(text.find("allreduce     0-128  4-     1      *    host,pinned  no      ht algo=rd\n") !=
         std::string::npos);
   auto t = load(text);
   REQUIRE(t.rules().size() == 2);
@@ -164,6 +164,10 @@ TEST_CASE("one rank count: byte ranges split at the geometric midpoint") {
   CHECK(routed(t, m, 1ull << 40, 4) == "pmpi");
   CHECK(routed(t, m, 8, 3) == "<none>");   // below the smallest measured rank count
   CHECK(routed(t, m, 8, 100) == "ht algo=rd");
+  auto pinned = m;  // host rules cover pinned host memory
+  pinned.mem = MemKind::pinned;
+  CHECK(routed(t, pinned, 8, 4) == "ht algo=rd");
+  CHECK(routed(t, pinned, 129, 4) == "pmpi");
   auto dev = m;
   dev.mem = MemKind::device;
   CHECK(routed(t, dev, 8, 4) == "<none>");  // another shape
