@@ -74,7 +74,8 @@
 // as the routes share the buffers) are compared element by element with values computed
 // on the host (device buffers: copied back with cudaMemcpy). A wrong element prints
 //   FAIL: allreduce 1024 B ht:algo=rd element 17: got nan expected 12 (rank 1, first call)
-// and the row's check says FAIL; the run goes on and exits 1 at the end.
+// and the row's check says FAIL; the run goes on and exits 1 at the end. --check all checks
+// every timed call the same way (poisoned before, compared after, outside the timing).
 //
 // Route taken: sc_bench sets STREAMCOLL_STATS=1 before MPI_Init (setenv without
 // overwriting, so STREAMCOLL_STATS=0 in the environment turns it off; streamcoll reads it
@@ -512,6 +513,7 @@ struct Options {
   Op op = Op::sum;
   bool device = false, stream = false;
   bool interleaved = true;  // --order
+  bool check_all = false;   // --check all: every timed call, not only the last
   uint64_t min_bytes = 4, max_bytes = 1ull << 30, factor = 2;
   int warmup = 5, iters = 100, min_iters = 5;
   std::vector<std::string> specs;
@@ -525,7 +527,7 @@ const char kUsage[] =
     "                [--op sum|prod|max|min] [--mem host|device] [--stream]\n"
     "                [-b|--min-bytes 4] [-e|--max-bytes 1G] [-f|--factor 2]\n"
     "                [-w|--warmup 5] [-n|--iters 100] [--min-iters 5]\n"
-    "                [--route SPEC]... [--order interleaved|sequential]\n"
+    "                [--route SPEC]... [--order interleaved|sequential] [--check last|all]\n"
     "                [--csv FILE [--append]] [--json FILE] [--progress | --quiet] [--help]\n"
     "  --route SPEC   force a route with streamcoll_comm_set_route(dup, \"<coll>:SPEC\"):\n"
     "                 pmpi, nccl, ht:algo=rd|rabenseifner|ring|mpi,\n"
@@ -536,6 +538,10 @@ const char kUsage[] =
     "                 timed iterations in rounds, one call per route each, the first\n"
     "                 route rotating (drift and noise hit the routes alike); sequential:\n"
     "                 each route over all sizes, then the next.\n"
+    "  --check C      last (default): the first warm-up call and the last timed call of\n"
+    "                 every route and size are checked; all: every timed call as well\n"
+    "                 (the buffer poisoned before and compared after each, outside the\n"
+    "                 timing; slower sweeps, and the poisoning touches the caches).\n"
     "  sizes: nccl-tests convention (allgather: receive buffer; reduce_scatter_block and\n"
     "  alltoall: send buffer); suffixes K, M, G are binary. --iters applies up to 64 KiB,\n"
     "  then it is scaled down by the size, never below --min-iters.\n"
@@ -634,6 +640,11 @@ int parse_options(int argc, char** argv, Options* o, std::string* err) {
       if (val == "interleaved") o->interleaved = true;
       else if (val == "sequential") o->interleaved = false;
       else bad("--order");
+    } else if (value("--check")) {
+      if (!err->empty()) return 2;
+      if (val == "last") o->check_all = false;
+      else if (val == "all") o->check_all = true;
+      else bad("--check");
     } else if (value("--csv")) {
       if (err->empty()) o->csv = val;
     } else if (value("--json")) {
@@ -829,7 +840,7 @@ struct Bench {
   }
 
   // Compares the receive buffer with the model; prints the first wrong element. `when`:
-  // "first call" or "last call". True when right (or not significant on this rank).
+  // "first call", "a timed call" or "last call". True when right (or not significant on this rank).
   bool check(const Model& m, const Point& pt, const std::string& spec, const char* when) {
     if (opt.coll == Coll::reduce && rank != 0) return true;
     const uint64_t n = static_cast<uint64_t>(pt.count), p = static_cast<uint64_t>(size);
@@ -1014,8 +1025,10 @@ struct Bench {
     const size_t ni = static_cast<size_t>(iters);
     std::vector<double> t = record(iters);
     for (size_t it = 0; it < ni; ++it) {
-      if (it + 1 == ni) poison(pt);  // the last call must write the whole result again
+      const bool checked = opt.check_all || it + 1 == ni;
+      if (checked) poison(pt);  // the checked call must write the whole result again
       timed_call(comm, pt, spec, &t[it], &t[ni + it]);
+      if (checked && it + 1 < ni) check(m, pt, spec, "a timed call");
     }
     const std::string rule = last_rule();
     check(m, pt, spec, "last call");
@@ -1063,12 +1076,13 @@ struct Bench {
         const size_t k = (it + q) % nr;
         const std::string& spec = opt.specs[k];
         row_bad = false;
-        if (last) poison(pt);  // the buffer holds another route's result, or this one's
+        const bool checked = last || opt.check_all;
+        if (checked) poison(pt);  // the buffer holds another route's result, or this one's
         const Counts before = route_calls();
         timed_call(comms[k], pt, spec, &t[k][it], &t[k][ni + it]);
         const Counts after = route_calls();
         if (last) rule[k] = last_rule();
-        if (last) check(m, pt, spec, "last call");
+        if (checked) check(m, pt, spec, last ? "last call" : "a timed call");
         for (size_t i = 0; i < kNumRoutes; ++i) used[k][i] += after[i] - before[i];
         if (row_bad) bad[k] = 1;
       }
@@ -1545,7 +1559,9 @@ int main(int argc, char** argv) {
   const int all_ok = all_min(!b.failed);
   if (rank == 0) {
     if (all_ok)
-      std::printf("\n# every result checked (first and last call of every route and size): ok\n");
+      std::printf("\n# every result checked (%s of every route and size): ok\n",
+                  opt.check_all ? "the first warm-up call and every timed call"
+                                : "first and last call");
     else
       std::printf("\nFAIL: %d of %zu rows had a wrong result or a failed call (FAIL lines above)\n",
                   bad_rows, b.rows.size());
