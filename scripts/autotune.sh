@@ -28,7 +28,8 @@
 #
 # Writes into DIR: measured.csv (every route at every size and rank count), table.txt
 # (the tuning table), autotune-map-*.png and autotune-latency-*.png, verify.csv (sc_bench
-# with nothing forced under STREAMCOLL_TUNING_FILE=table.txt), profile.toml (a machine
+# with nothing forced under STREAMCOLL_TUNING_FILE=table.txt, every call checked),
+# profile.toml (a machine
 # profile fitted to the ht allreduce rows, for build/bench/sc_model predict) and log.txt.
 # Exit status: 0 done and verified; 1 a benchmark or the check failed; 2 bad usage;
 # 77 nothing measured (only device buffers asked for, and no GPU).
@@ -204,7 +205,7 @@ if [ $verify = 1 ]; then
       for c in ${colls//,/ }; do
         # shellcheck disable=SC2046
         bench "$np" "$out/verify.csv" STREAMCOLL_TUNING_FILE="$out/table.txt" -- --coll "$c" \
-          $(shape_args "$shape") --route table "${bench_opts[@]}" --quiet
+          $(shape_args "$shape") --route table --check all "${bench_opts[@]}" --quiet
       done
     done
   done
