@@ -19,8 +19,9 @@
 //     with another map between them) merge into one rank range. A range runs from its
 //     first rank count to one below the next measured rank count; the first starts at
 //     the smallest measured count, the last has no end. So a rank count between two
-//     measured ones takes the smaller one's rules, and one below every measured count
-//     falls through to the fallback rules.
+//     measured ones takes the smaller one's rules (where such a rule's route declines the
+//     call, e.g. a hierarchy that does not fit, the library tries the next matching
+//     rule), and one below every measured count falls through to the fallback rules.
 // The written table ends with the fallback (by default the library's embedded default
 // table), so collectives and shapes that were not measured keep their usual routes.
 //

@@ -29,8 +29,8 @@
 # Writes into DIR: measured.csv (every route at every size and rank count), table.txt
 # (the tuning table), autotune-map-*.png and autotune-latency-*.png, verify.csv (sc_bench
 # with nothing forced under STREAMCOLL_TUNING_FILE=table.txt, every call checked),
-# profile.toml (a machine
-# profile fitted to the ht allreduce rows, for build/bench/sc_model predict) and log.txt.
+# profile.toml (a machine profile fitted to the ht allreduce rows, for
+# build/bench/sc_model predict) and log.txt.
 # Exit status: 0 done and verified; 1 a benchmark or the check failed; 2 bad usage;
 # 77 nothing measured (only device buffers asked for, and no GPU).
 set -euo pipefail
