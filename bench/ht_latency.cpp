@@ -49,12 +49,18 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "bench_util.hpp"
 #include "streamcoll/streamcoll.h"
 #include "streamcoll/streamext.h"
 
 extern char** environ;
 
 namespace {
+
+using bench::all_min;
+using bench::now_us;
+using bench::percentile;
+using bench::quote;
 
 struct Options {
   long min_count = 1, max_count = 262144;
@@ -78,24 +84,6 @@ constexpr int kNumRoutes = sizeof(kRoutes) / sizeof(kRoutes[0]);
 using GetStats = int (*)(const char*, const char*, const char*, streamcoll_stat_t*);
 using SetRoute = int (*)(MPI_Comm, const char*);
 
-double now_us() {
-  return std::chrono::duration<double, std::micro>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-double pct(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
-}
-
-int all_min(int v) {
-  int r = 0;
-  PMPI_Allreduce(&v, &r, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return r;
-}
-
 void cuda_ok(cudaError_t e, const char* what, int line) {
   if (e == cudaSuccess) return;
   std::fprintf(stderr, "ht_latency: %s failed (line %d): %s\n", what, line, cudaGetErrorString(e));
@@ -113,15 +101,6 @@ void mpi_ok(int rc, const char* what, int line) {
 }
 #define MPI_OK(call) mpi_ok((call), #call, __LINE__)
 
-std::string quote(const std::string& s) {
-  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                        "0123456789_-+=/.,:@%") == std::string::npos)
-    return s;
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 // Rank r's element i at measurement `salt`: small integers, exact float sums.
 inline float input(size_t i, int r, unsigned salt) {
   return static_cast<float>((i * 3 + static_cast<size_t>(r) * 7 + salt) % 19 + static_cast<size_t>(r) + 1);
@@ -130,7 +109,7 @@ inline float input(size_t i, int r, unsigned salt) {
 struct Sample {
   std::vector<double> t;      // us per call
   std::vector<double> block;  // us in the call itself (stream-attached ht)
-  double med() const { return pct(t, 0.5); }
+  double med() const { return percentile(t, 0.5); }
 };
 
 // Device-memory allreduce calls per route, this process.
@@ -529,7 +508,7 @@ int main(int argc, char** argv) {
       base_met += in_base && ok_base;
       std::printf("  %9llu %-17s %9.2f %8.3f %10.3f %3s%3s", r.bytes, which.c_str(), best, rs, rb,
                   ok_sum ? "s" : "-", in_base ? (ok_base ? "b" : "-") : " ");
-      for (int a = 0; a < kNumAlgos; ++a) std::printf(" %9.2f", pct(r.hts[a].block, 0.5));
+      for (int a = 0; a < kNumAlgos; ++a) std::printf(" %9.2f", percentile(r.hts[a].block, 0.5));
       std::printf("\n");
     }
     std::printf("# goals column: s = best/sum <= 1.3 met, b = best/baseline < 1 met (sizes <= 64 KiB)\n");
@@ -539,7 +518,8 @@ int main(int argc, char** argv) {
     std::printf("\n# csv,bytes,column,median_us,min_us,max_us\n");
     auto csv = [](unsigned long long bytes, const std::string& col, const std::vector<double>& v) {
       if (v.empty()) return;
-      std::printf("csv,%llu,%s,%.3f,%.3f,%.3f\n", bytes, col.c_str(), pct(v, 0.5), pct(v, 0), pct(v, 1));
+      std::printf("csv,%llu,%s,%.3f,%.3f,%.3f\n", bytes, col.c_str(), percentile(v, 0.5),
+                  percentile(v, 0), percentile(v, 1));
     };
     for (const Row& r : rows) {
       csv(r.bytes, "d2h", r.d2h.t);

@@ -144,12 +144,18 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "bench_util.hpp"
 #include "streamcoll/streamcoll.h"
 #include "streamcoll/streamext.h"
 
 extern char** environ;
 
 namespace {
+
+using bench::all_min;
+using bench::now_us;
+using bench::percentile;
+using bench::quote;
 
 using GetStats = int (*)(const char*, const char*, const char*, streamcoll_stat_t*);
 using LastRoute = int (*)(char*, int);
@@ -375,18 +381,6 @@ size_t first_mismatch(DType t, const void* buf, size_t n, F want, std::string* g
 // ---------------------------------------------------------------------------------------
 // Small helpers
 
-double now_us() {
-  return std::chrono::duration<double, std::micro>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-int all_min(int v) {
-  int r = 0;
-  PMPI_Allreduce(&v, &r, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return r;
-}
-
 // "4", "64K", "1M", "1G", "2GiB", "512KB": binary suffixes.
 bool parse_bytes(const char* s, uint64_t* out) {
   char* end = nullptr;
@@ -428,15 +422,6 @@ std::string human(uint64_t b) {
   char buf[32];
   std::snprintf(buf, sizeof buf, v == std::floor(v) ? "%.0f %s" : "%.3g %s", v, units[u]);
   return buf;
-}
-
-std::string quote(const std::string& s) {
-  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                        "0123456789_-+=/.,:@%") == std::string::npos)
-    return s;
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
 }
 
 std::string json_string(const std::string& s) {

@@ -55,12 +55,18 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "bench_util.hpp"
 #include "streamcoll/streamcoll.h"
 #include "streamcoll/streamext.h"
 
 extern char** environ;
 
 namespace {
+
+using bench::all_min;
+using bench::now_us;
+using bench::percentile;
+using bench::quote;
 
 struct Options {
   unsigned long long min_bytes = 8, max_bytes = 64ull << 20, factor = 4;
@@ -91,33 +97,6 @@ bool parse_int(const char* s, int* out) {
 }
 
 #if STREAMCOLL_HAVE_CUDA
-std::string quote(const std::string& s) {
-  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                        "0123456789_-+=/.,:@%") == std::string::npos)
-    return s;
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
-}
-
-double now_us() {
-  return std::chrono::duration<double, std::micro>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-// All ranks agree on a flag: the minimum over MPI_COMM_WORLD (PMPI_: not counted).
-int all_min(int v) {
-  int r = 0;
-  PMPI_Allreduce(&v, &r, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return r;
-}
 
 void cuda_ok(cudaError_t e, const char* what, int line) {
   if (e == cudaSuccess) return;
