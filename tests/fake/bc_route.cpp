@@ -71,17 +71,6 @@ namespace {
 bool g_defer = false;
 bool g_shared = false;  // mode shared: ranks share GPUs, NCCL declines, blueconnect too
 
-int comm_rank(MPI_Comm c) {
-  int r;
-  MPI_Comm_rank(c, &r);
-  return r;
-}
-int comm_size(MPI_Comm c) {
-  int s;
-  MPI_Comm_size(c, &s);
-  return s;
-}
-
 // ---- buffers ---------------------------------------------------------------------------------
 
 // Fake device memory (or host memory), freed at scope end.
@@ -243,12 +232,6 @@ void run(Call& s) {
 
 // ---- datatypes, ops, reference values ----------------------------------------------------
 
-enum class Tag { flt, dbl, int_, i32, i64, lng, u8, i8, uns, u64, shrt };
-struct TypeCase {
-  const char* name;
-  MPI_Datatype type;
-  Tag tag;
-};
 const std::vector<TypeCase>& types() {
   static const std::vector<TypeCase> t = {
       {"MPI_FLOAT", MPI_FLOAT, Tag::flt},     {"MPI_DOUBLE", MPI_DOUBLE, Tag::dbl},
@@ -259,100 +242,8 @@ const std::vector<TypeCase>& types() {
   return t;
 }
 
-template <class F>
-void with_type(Tag t, F&& f) {
-  switch (t) {
-    case Tag::flt: f(float{}); break;
-    case Tag::dbl: f(double{}); break;
-    case Tag::int_: f(int{}); break;
-    case Tag::i32: f(int32_t{}); break;
-    case Tag::i64: f(int64_t{}); break;
-    case Tag::lng: f(long{}); break;
-    case Tag::u8: f(uint8_t{}); break;
-    case Tag::i8: f(int8_t{}); break;
-    case Tag::uns: f(unsigned{}); break;
-    case Tag::u64: f(uint64_t{}); break;
-    case Tag::shrt: f(short{}); break;
-  }
-}
-
-enum class Op { sum, prod, min, max };
-struct OpCase {
-  const char* name;
-  MPI_Op op;
-  Op kind;
-};
 const OpCase kOps[] = {{"MPI_SUM", MPI_SUM, Op::sum}, {"MPI_PROD", MPI_PROD, Op::prod},
                        {"MPI_MIN", MPI_MIN, Op::min}, {"MPI_MAX", MPI_MAX, Op::max}};
-
-// Values whose reductions over up to 8 ranks are exact for every type, in any order
-// (products of 8-bit types wrap, the same in every order), with high parts that a 32-bit
-// (or 8-bit) mistake would lose.
-template <class T>
-T gen(int rank, size_t i, Op op, unsigned salt) {
-  constexpr bool is_signed = std::is_signed<T>::value;
-  double unit = 0;
-  if (std::is_floating_point<T>::value) unit = sizeof(T) == 8 ? 8589934592.0 : 1024.0;
-  else if (sizeof(T) == 8) unit = 8589934592.0;
-  else if (sizeof(T) == 4) unit = 1048576.0;
-  const size_t r = static_cast<size_t>(rank);
-  switch (op) {
-    case Op::prod: {
-      const size_t k = (i * 5 + r * 3 + salt) % 3;
-      return static_cast<T>(k == 0 ? 1 : k == 1 ? 2 : (is_signed ? -1 : 1));
-    }
-    case Op::sum: {
-      const long long v = static_cast<long long>((i * 7 + r * 13 + salt) % 21) - (is_signed ? 10 : 0);
-      return static_cast<T>(static_cast<double>(v) + unit * static_cast<double>((i + r) % 5));
-    }
-    case Op::min:
-    case Op::max: {
-      const long long v = static_cast<long long>((i * 37 + r * 101 + salt) % 200) - (is_signed ? 100 : 0);
-      const double hi = static_cast<double>((i * 3 + r * 7 + salt) % 5) - (is_signed ? 2.0 : 0.0);
-      T x = static_cast<T>(static_cast<double>(v) + unit * hi);
-      if constexpr (std::is_integral<T>::value && !is_signed)
-        if ((i + r + salt) % 3 == 0) x = static_cast<T>(x | (T{1} << (8 * sizeof(T) - 1)));
-      return x;
-    }
-  }
-  return T{};
-}
-
-template <class T>
-T apply(Op op, T a, T b) {
-  switch (op) {
-    case Op::sum: return static_cast<T>(a + b);
-    case Op::prod: return static_cast<T>(a * b);
-    case Op::min: return b < a ? b : a;
-    case Op::max: return a < b ? b : a;
-  }
-  return a;
-}
-
-template <class T>
-std::vector<char> bytes_of(const std::vector<T>& v) {
-  std::vector<char> b(v.size() * sizeof(T));
-  std::memcpy(b.data(), v.data(), b.size());
-  return b;
-}
-template <class T>
-std::vector<T> inputs(int r, size_t n, Op op, unsigned salt) {
-  std::vector<T> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = gen<T>(r, i, op, salt);
-  return v;
-}
-template <class T>
-std::vector<T> reduced(int size, size_t n, Op op, unsigned salt) {
-  std::vector<T> v = inputs<T>(0, n, op, salt);
-  for (int r = 1; r < size; ++r)
-    for (size_t i = 0; i < n; ++i) v[i] = apply(op, v[i], gen<T>(r, i, op, salt));
-  return v;
-}
-std::vector<char> pattern(int rank, size_t bytes, unsigned salt) {
-  std::vector<char> b(bytes);
-  for (size_t j = 0; j < bytes; ++j) b[j] = static_cast<char>((rank + 1) * 131 + j * 7 + salt * 13 + (j >> 8));
-  return b;
-}
 
 std::string what(const char* coll, const char* type, const char* op, size_t count) {
   return std::string(coll) + " " + type + (op ? std::string(" ") + op : std::string()) + " count " +
@@ -422,10 +313,10 @@ void allgather(const Comm& c, const TypeCase& t, size_t count, const Variant& v,
   int ts = 0;
   MPI_Type_size(t.type, &ts);
   const size_t block = count * static_cast<size_t>(ts);
-  auto mine = pattern(me, block, salt);
+  auto mine = pattern(me, 0, block, salt);
   std::vector<char> all;
   for (int r = 0; r < p; ++r) {
-    auto b = pattern(r, block, salt);
+    auto b = pattern(r, 0, block, salt);
     all.insert(all.end(), b.begin(), b.end());
   }
   Buf send(v.in_place ? 0 : block), recv(block * p);
@@ -695,7 +586,7 @@ void bcast_between(const Comm& c) {
   const size_t bytes = 4096;
   for (StreamMode sm : {classic, own_stream}) {
     Buf buf(bytes);
-    auto data = pattern(0, bytes, 5);
+    auto data = pattern(0, 0, bytes, 5);
     std::memcpy(buf.get(), me == 0 ? data.data() : garbage(bytes).data(), bytes);
     const std::string L = std::string("MPI_Bcast on ") + c.name + " [" + kStreamNames[sm] + "]";
     if (sm != classic) streamcoll_comm_attach_stream(c.comm, g_stream);

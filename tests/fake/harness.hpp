@@ -1,6 +1,7 @@
 // What the fake-driver route tests (nccl_route.cpp, ht_route.cpp, bc_route.cpp) share:
 // pass/fail counting, the fakes' helpers and streamcoll's C API found with dlsym (the
-// programs are plain MPI + dl, streamcoll preloaded), counters and statistics.
+// programs are plain MPI + dl, streamcoll preloaded), counters and statistics, and the
+// value model: datatypes, ops, per-rank inputs and their reductions computed on the host.
 // Included by one translation unit per program.
 #pragma once
 
@@ -8,9 +9,13 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "fake_api.h"
 #include "streamcoll/streamcoll.h"
@@ -130,6 +135,160 @@ inline bool eventually(F cond, double seconds = 5) {
     usleep(10000);
   }
   return cond();
+}
+
+// ---- datatypes, ops and reference values --------------------------------------------------
+
+// Every C type a test may reduce or move; each test lists the MPI datatypes it covers.
+enum class Tag { i8, u8, sc, uc, i16, shrt, ushrt, int_, uns, lng, ulng, ll, ull, i32, u32,
+                 i64, u64, flt, dbl, byte };
+
+struct TypeCase {
+  const char* name;
+  MPI_Datatype type;
+  Tag tag;
+};
+
+/// Calls f with a value of the C type of `t`.
+template <class F>
+void with_type(Tag t, F&& f) {
+  switch (t) {
+    case Tag::i8: f(int8_t{}); break;
+    case Tag::u8: f(uint8_t{}); break;
+    case Tag::sc: f(static_cast<signed char>(0)); break;
+    case Tag::uc: f(static_cast<unsigned char>(0)); break;
+    case Tag::i16: f(int16_t{}); break;
+    case Tag::shrt: f(short{}); break;
+    case Tag::ushrt: f(static_cast<unsigned short>(0)); break;
+    case Tag::int_: f(int{}); break;
+    case Tag::uns: f(unsigned{}); break;
+    case Tag::lng: f(long{}); break;
+    case Tag::ulng: f(static_cast<unsigned long>(0)); break;
+    case Tag::ll: f(static_cast<long long>(0)); break;
+    case Tag::ull: f(static_cast<unsigned long long>(0)); break;
+    case Tag::i32: f(int32_t{}); break;
+    case Tag::u32: f(uint32_t{}); break;
+    case Tag::i64: f(int64_t{}); break;
+    case Tag::u64: f(uint64_t{}); break;
+    case Tag::flt: f(float{}); break;
+    case Tag::dbl: f(double{}); break;
+    case Tag::byte: f(uint8_t{}); break;
+  }
+}
+
+enum class Op { sum, prod, min, max, band };
+struct OpCase {
+  const char* name;
+  MPI_Op op;
+  Op kind;
+};
+
+/// Rank `rank`'s element i: values whose reductions over up to 8 ranks are exact and in
+/// range for every type, in any order (products of 8-bit types wrap, the same in every
+/// order), with high parts that a 32-bit (or 8-bit) mistake would lose; unsigned values
+/// with the top bit set for min/max (a signed comparison would order them first); full
+/// bit patterns for BAND.
+template <class T>
+T gen(int rank, size_t i, Op op, unsigned salt) {
+  constexpr bool is_signed = std::is_signed<T>::value;
+  double unit = 0;  // the high part's unit
+  if (std::is_floating_point<T>::value) unit = sizeof(T) == 8 ? 8589934592.0 : 1024.0;
+  else if (sizeof(T) == 8) unit = 8589934592.0;
+  else if (sizeof(T) == 4) unit = 1048576.0;
+  const size_t r = static_cast<size_t>(rank);
+  long long v = 0;
+  switch (op) {
+    case Op::prod: {
+      const size_t k = (i * 5 + r * 3 + salt) % 3;
+      v = k == 0 ? 1 : k == 1 ? 2 : (is_signed ? -1 : 1);
+      return static_cast<T>(v);
+    }
+    case Op::sum:
+      v = static_cast<long long>((i * 7 + r * 13 + salt) % 21) - (is_signed ? 10 : 0);
+      return static_cast<T>(static_cast<double>(v) + unit * static_cast<double>((i + r) % 5));
+    case Op::band:
+      if constexpr (std::is_integral<T>::value) {
+        uint64_t h = (i + 1) * 0x9E3779B97F4A7C15ull ^ (r + salt + 1) * 0xBF58476D1CE4E5B9ull;
+        h ^= h >> 29;
+        return static_cast<T>(h | (i % 7 == 0 ? ~uint64_t{0} >> 1 : 0));
+      }
+      [[fallthrough]];
+    case Op::min:
+    case Op::max: {
+      v = static_cast<long long>((i * 37 + r * 101 + salt) % 200) - (is_signed ? 100 : 0);
+      const double hi = static_cast<double>((i * 3 + r * 7 + salt) % 5) - (is_signed ? 2.0 : 0.0);
+      T x = static_cast<T>(static_cast<double>(v) + unit * hi);
+      if constexpr (std::is_integral<T>::value && !is_signed)
+        if ((i + r + salt) % 3 == 0) x = static_cast<T>(x | (T{1} << (8 * sizeof(T) - 1)));
+      return x;
+    }
+  }
+  return T{};
+}
+
+template <class T>
+T apply(Op op, T a, T b) {
+  switch (op) {
+    case Op::sum: return static_cast<T>(a + b);
+    case Op::prod: return static_cast<T>(a * b);
+    case Op::min: return b < a ? b : a;
+    case Op::max: return a < b ? b : a;
+    case Op::band:
+      if constexpr (std::is_integral<T>::value) return static_cast<T>(a & b);
+      return a;
+  }
+  return a;
+}
+
+template <class T>
+std::vector<char> bytes_of(const std::vector<T>& v) {
+  std::vector<char> b(v.size() * sizeof(T));
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+/// Rank r's values at indices [0, n).
+template <class T>
+std::vector<T> inputs(int r, size_t n, Op op, unsigned salt) {
+  std::vector<T> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = gen<T>(r, i, op, salt);
+  return v;
+}
+
+/// The reduction over ranks 0..size-1, in rank order.
+template <class T>
+std::vector<T> reduced(int size, size_t n, Op op, unsigned salt) {
+  std::vector<T> v = inputs<T>(0, n, op, salt);
+  for (int r = 1; r < size; ++r)
+    for (size_t i = 0; i < n; ++i) v[i] = apply(op, v[i], gen<T>(r, i, op, salt));
+  return v;
+}
+
+/// Bytes for the byte movers (bcast, allgather, alltoall): rank's bytes [offset,
+/// offset + bytes) of an endless pattern, for any datatype by its size.
+inline std::vector<char> pattern(int rank, size_t offset, size_t bytes, unsigned salt) {
+  std::vector<char> b(bytes);
+  for (size_t i = 0; i < bytes; ++i) {
+    const size_t j = offset + i;
+    b[i] = static_cast<char>((rank + 1) * 131 + j * 7 + salt * 13 + (j >> 8));
+  }
+  return b;
+}
+
+inline int comm_rank(MPI_Comm c) {
+  int r;
+  MPI_Comm_rank(c, &r);
+  return r;
+}
+inline int comm_size(MPI_Comm c) {
+  int s;
+  MPI_Comm_size(c, &s);
+  return s;
+}
+inline int type_size(MPI_Datatype t) {
+  int s = 0;
+  MPI_Type_size(t, &s);
+  return s;
 }
 
 }  // namespace

@@ -336,15 +336,6 @@ void run(Spec& s) {
 
 // ---- datatypes and reference values ----------------------------------------------------
 
-enum class Tag { i8, u8, sc, uc, int_, uns, lng, ulng, ll, ull, i64, u64, flt, dbl, i32, u32,
-                 shrt, ushrt };
-
-struct TypeCase {
-  const char* name;
-  MPI_Datatype type;
-  Tag tag;
-};
-
 // Every datatype the route reduces (and so also moves); MPI_UNSIGNED_LONG_LONG beyond the
 // brief's list.
 std::vector<TypeCase> nccl_types() {
@@ -358,130 +349,8 @@ std::vector<TypeCase> nccl_types() {
           {"MPI_INT32_T", MPI_INT32_T, Tag::i32},          {"MPI_UINT32_T", MPI_UINT32_T, Tag::u32}};
 }
 
-template <class F>
-void with_type(Tag t, F&& f) {
-  switch (t) {
-    case Tag::i8: f(int8_t{}); break;
-    case Tag::u8: f(uint8_t{}); break;
-    case Tag::sc: f(static_cast<signed char>(0)); break;
-    case Tag::uc: f(static_cast<unsigned char>(0)); break;
-    case Tag::int_: f(int{}); break;
-    case Tag::uns: f(unsigned{}); break;
-    case Tag::lng: f(long{}); break;
-    case Tag::ulng: f(static_cast<unsigned long>(0)); break;
-    case Tag::ll: f(static_cast<long long>(0)); break;
-    case Tag::ull: f(static_cast<unsigned long long>(0)); break;
-    case Tag::i64: f(int64_t{}); break;
-    case Tag::u64: f(uint64_t{}); break;
-    case Tag::flt: f(float{}); break;
-    case Tag::dbl: f(double{}); break;
-    case Tag::i32: f(int32_t{}); break;
-    case Tag::u32: f(uint32_t{}); break;
-    case Tag::shrt: f(short{}); break;
-    case Tag::ushrt: f(static_cast<unsigned short>(0)); break;
-  }
-}
-
-enum class Op { sum, prod, min, max, band };
-struct OpCase {
-  const char* name;
-  MPI_Op op;
-  Op kind;
-};
 const OpCase kOps[] = {{"MPI_SUM", MPI_SUM, Op::sum}, {"MPI_PROD", MPI_PROD, Op::prod},
                        {"MPI_MIN", MPI_MIN, Op::min}, {"MPI_MAX", MPI_MAX, Op::max}};
-
-// Values whose reductions over up to 4 ranks are exact and in range for every type, with
-// high parts that a 32-bit (or 8-bit) mistake would lose.
-template <class T>
-T gen(int rank, size_t i, Op op, unsigned salt) {
-  constexpr bool is_signed = std::is_signed<T>::value;
-  double unit = 0;  // the high part's unit
-  if (std::is_floating_point<T>::value) unit = sizeof(T) == 8 ? 8589934592.0 : 1024.0;
-  else if (sizeof(T) == 8) unit = 8589934592.0;
-  else if (sizeof(T) == 4) unit = 1048576.0;
-  const size_t r = static_cast<size_t>(rank);
-  long long v = 0;
-  switch (op) {
-    case Op::prod: {
-      const size_t k = (i * 5 + r * 3 + salt) % 3;
-      v = k == 0 ? 1 : k == 1 ? 2 : (is_signed ? -1 : 1);
-      return static_cast<T>(v);
-    }
-    case Op::sum:
-      v = static_cast<long long>((i * 7 + r * 13 + salt) % 21) - (is_signed ? 10 : 0);
-      return static_cast<T>(static_cast<double>(v) + unit * static_cast<double>((i + r) % 5));
-    case Op::min:
-    case Op::max:
-    case Op::band: {
-      v = static_cast<long long>((i * 37 + r * 101 + salt) % 200) - (is_signed ? 100 : 0);
-      const double hi = static_cast<double>((i * 3 + r * 7 + salt) % 5) - (is_signed ? 2.0 : 0.0);
-      T x = static_cast<T>(static_cast<double>(v) + unit * hi);
-      // Unsigned values with the top bit set: a signed comparison would order them first.
-      if constexpr (std::is_integral<T>::value && !is_signed)
-        if ((i + r + salt) % 3 == 0) x = static_cast<T>(x | (T{1} << (8 * sizeof(T) - 1)));
-      return x;
-    }
-  }
-  return T{};
-}
-
-template <class T>
-T apply(Op op, T a, T b) {
-  switch (op) {
-    case Op::sum: return static_cast<T>(a + b);
-    case Op::prod: return static_cast<T>(a * b);
-    case Op::min: return b < a ? b : a;
-    case Op::max: return a < b ? b : a;
-    case Op::band:
-      if constexpr (std::is_integral<T>::value) return static_cast<T>(a & b);
-      return a;
-  }
-  return a;
-}
-
-template <class T>
-std::vector<char> bytes_of(const std::vector<T>& v) {
-  std::vector<char> b(v.size() * sizeof(T));
-  std::memcpy(b.data(), v.data(), b.size());
-  return b;
-}
-
-// rank r's values at indices [0, n)
-template <class T>
-std::vector<T> inputs(int r, size_t n, Op op, unsigned salt) {
-  std::vector<T> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = gen<T>(r, i, op, salt);
-  return v;
-}
-template <class T>
-std::vector<T> reduced(int size, size_t n, Op op, unsigned salt) {
-  std::vector<T> v = inputs<T>(0, n, op, salt);
-  for (int r = 1; r < size; ++r)
-    for (size_t i = 0; i < n; ++i) v[i] = apply(op, v[i], gen<T>(r, i, op, salt));
-  return v;
-}
-
-// Bytes for the byte movers (bcast, allgather, alltoall): any datatype, by its size.
-std::vector<char> pattern(int rank, size_t offset, size_t bytes, unsigned salt) {
-  std::vector<char> b(bytes);
-  for (size_t i = 0; i < bytes; ++i) {
-    const size_t j = offset + i;
-    b[i] = static_cast<char>((rank + 1) * 131 + j * 7 + salt * 13 + (j >> 8));
-  }
-  return b;
-}
-
-int comm_rank(MPI_Comm c) {
-  int r;
-  MPI_Comm_rank(c, &r);
-  return r;
-}
-int comm_size(MPI_Comm c) {
-  int s;
-  MPI_Comm_size(c, &s);
-  return s;
-}
 
 // The mode (main): whether NCCL can be set up at all.
 std::string g_mode;
@@ -622,12 +491,6 @@ void reduce_scatter_block(const Ctx& c, const TypeCase& t, const OpCase& op, siz
              : MPI_Reduce_scatter_block(sb, rb, static_cast<int>(count), t.type, op.op, c.comm);
   };
   run(s);
-}
-
-int type_size(MPI_Datatype t) {
-  int s = 0;
-  MPI_Type_size(t, &s);
-  return s;
 }
 
 void bcast(const Ctx& c, const char* tname, MPI_Datatype type, size_t count, int root,
