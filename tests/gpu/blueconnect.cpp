@@ -53,33 +53,13 @@ struct Runner {
            const std::string& where) {
     c.seed = seed++;
     ++calls;
-    const size_t sb = send_bytes(c, nranks), rb = recv_bytes(c, nranks);
-    prepare(c, rank, nranks, b.h_send, b.h_recv);
-    const cudaStream_t stream = mode == StreamMode::legacy ? cudaStreamLegacy : s;
-    if (mode != StreamMode::classic) {  // stream order only
-      GT_CUDA(cudaMemcpyAsync(b.d_send, b.h_send, sb, cudaMemcpyHostToDevice, stream));
-      GT_CUDA(cudaMemcpyAsync(b.d_recv, b.h_recv, rb, cudaMemcpyHostToDevice, stream));
-    } else {
-      GT_CUDA(cudaMemcpy(b.d_send, b.h_send, sb, cudaMemcpyHostToDevice));
-      GT_CUDA(cudaMemcpy(b.d_recv, b.h_recv, rb, cudaMemcpyHostToDevice));
-      GT_CUDA(cudaDeviceSynchronize());
-    }
-    RouteProbe probe(c.stat_name());
-    MPI_Request req = MPI_REQUEST_NULL;
-    int rc = issue(c, b.d_send, b.d_recv, comm, &req);
-    if (rc == MPI_SUCCESS && c.nonblocking) rc = MPI_Wait(&req, MPI_STATUS_IGNORE);
-    const std::string route = probe.route();
-    if (mode != StreamMode::classic) {
-      GT_CUDA(cudaMemcpyAsync(b.h_out, b.d_recv, rb, cudaMemcpyDeviceToHost, stream));
-      GT_CUDA(cudaStreamSynchronize(stream));
-    } else {  // classic: the result is there when the call returns
-      GT_CUDA(cudaMemcpy(b.h_out, b.d_recv, rb, cudaMemcpyDeviceToHost));
-    }
-    const std::string d = c.describe() + " [" + where + ", " + stream_name(mode) + "]";
-    t.check(rc == MPI_SUCCESS, "%s: returned %d", d.c_str(), rc);
-    t.check(route == want_route, "%s: ran on %s, expected %s", d.c_str(), route.c_str(), want_route);
-    if (const auto diff = verify(b, c, rank, nranks))
-      t.check(diff->empty(), "%s: wrong result: %s", d.c_str(), diff->c_str());
+    // The stream the call is ordered on: none (classic), the attached one, or the legacy
+    // default stream attached.
+    const cudaStream_t stream = mode == StreamMode::classic ? nullptr
+                                : mode == StreamMode::legacy ? cudaStreamLegacy
+                                                             : s;
+    run_device_case(t, b, c, comm, stream, rank, nranks, want_route,
+                    where + ", " + stream_name(mode));
   }
 
   void matrix(MPI_Comm comm, StreamMode mode, cudaStream_t s, const std::string& where) {

@@ -715,6 +715,45 @@ inline std::optional<std::string> verify(Buffers& b, const Case& c, int rank, in
   return compare(c, b.h_out, b.want.data(), check);
 }
 
+/// Runs case c once on `comm` with device buffers and checks it in t: the inputs go to the
+/// device in stream order on `stream` (no host synchronisation before the call), or, with
+/// a null stream (classic semantics), synchronously with the device synchronised; the call
+/// (a non-blocking one then MPI_Wait); the receive buffer back into b.h_out, in stream
+/// order or, classic, right after the call returns. Checks: MPI_SUCCESS, that the call ran
+/// on `want_route` (streamcoll's statistics), and the result. Messages name the case and
+/// `where`.
+inline void run_device_case(Tally& t, Buffers& b, const Case& c, MPI_Comm comm,
+                            cudaStream_t stream, int rank, int nranks, const char* want_route,
+                            const std::string& where) {
+  const size_t sb = send_bytes(c, nranks), rb = recv_bytes(c, nranks);
+  prepare(c, rank, nranks, b.h_send, b.h_recv);
+  if (stream) {
+    GT_CUDA(cudaMemcpyAsync(b.d_send, b.h_send, sb, cudaMemcpyHostToDevice, stream));
+    GT_CUDA(cudaMemcpyAsync(b.d_recv, b.h_recv, rb, cudaMemcpyHostToDevice, stream));
+  } else {
+    GT_CUDA(cudaMemcpy(b.d_send, b.h_send, sb, cudaMemcpyHostToDevice));
+    GT_CUDA(cudaMemcpy(b.d_recv, b.h_recv, rb, cudaMemcpyHostToDevice));
+    GT_CUDA(cudaDeviceSynchronize());
+  }
+  RouteProbe probe(c.stat_name());
+  MPI_Request req = MPI_REQUEST_NULL;
+  int rc = issue(c, b.d_send, b.d_recv, comm, &req);
+  if (rc == MPI_SUCCESS && c.nonblocking) rc = MPI_Wait(&req, MPI_STATUS_IGNORE);
+  const std::string route = probe.route();
+  if (stream) {
+    GT_CUDA(cudaMemcpyAsync(b.h_out, b.d_recv, rb, cudaMemcpyDeviceToHost, stream));
+    GT_CUDA(cudaStreamSynchronize(stream));
+  } else {
+    GT_CUDA(cudaMemcpy(b.h_out, b.d_recv, rb, cudaMemcpyDeviceToHost));
+  }
+  const std::string d = c.describe();
+  t.check(rc == MPI_SUCCESS, "%s [%s]: returned %d", d.c_str(), where.c_str(), rc);
+  t.check(route == want_route, "%s [%s]: ran on %s, expected %s", d.c_str(), where.c_str(),
+          route.c_str(), want_route);
+  if (const auto diff = verify(b, c, rank, nranks))
+    t.check(diff->empty(), "%s [%s]: wrong result: %s", d.c_str(), where.c_str(), diff->c_str());
+}
+
 // ---------------------------------------------------------------------------------------
 // Kernels from kernels.fatbin (STREAMCOLL_TEST_KERNELS names the file).
 

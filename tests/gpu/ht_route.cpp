@@ -72,32 +72,7 @@ struct Runner {
   void run(Case c, MPI_Comm comm, cudaStream_t stream, const std::string& where) {
     c.seed = seed++;
     ++calls;
-    const size_t sb = send_bytes(c, nranks), rb = recv_bytes(c, nranks);
-    prepare(c, rank, nranks, b.h_send, b.h_recv);
-    if (stream) {
-      GT_CUDA(cudaMemcpyAsync(b.d_send, b.h_send, sb, cudaMemcpyHostToDevice, stream));
-      GT_CUDA(cudaMemcpyAsync(b.d_recv, b.h_recv, rb, cudaMemcpyHostToDevice, stream));
-    } else {
-      GT_CUDA(cudaMemcpy(b.d_send, b.h_send, sb, cudaMemcpyHostToDevice));
-      GT_CUDA(cudaMemcpy(b.d_recv, b.h_recv, rb, cudaMemcpyHostToDevice));
-      GT_CUDA(cudaDeviceSynchronize());
-    }
-    RouteProbe probe(c.stat_name());
-    MPI_Request req = MPI_REQUEST_NULL;
-    int rc = issue(c, b.d_send, b.d_recv, comm, &req);
-    if (rc == MPI_SUCCESS && c.nonblocking) rc = MPI_Wait(&req, MPI_STATUS_IGNORE);
-    const std::string route = probe.route();
-    if (stream) {
-      GT_CUDA(cudaMemcpyAsync(b.h_out, b.d_recv, rb, cudaMemcpyDeviceToHost, stream));
-      GT_CUDA(cudaStreamSynchronize(stream));
-    } else {
-      GT_CUDA(cudaMemcpy(b.h_out, b.d_recv, rb, cudaMemcpyDeviceToHost));
-    }
-    const std::string d = c.describe();
-    t.check(rc == MPI_SUCCESS, "%s [%s]: returned %d", d.c_str(), where.c_str(), rc);
-    t.check(route == "ht", "%s [%s]: ran on %s, expected ht", d.c_str(), where.c_str(), route.c_str());
-    if (const auto diff = verify(b, c, rank, nranks))
-      t.check(diff->empty(), "%s [%s]: wrong result: %s", d.c_str(), where.c_str(), diff->c_str());
+    run_device_case(t, b, c, comm, stream, rank, nranks, "ht", where);
   }
 
   // Every collective x type x op x size; all four variants (blocking or not, in place or

@@ -35,35 +35,7 @@ struct Runner {
   void run(Case c, MPI_Comm comm, cudaStream_t stream, const char* want_route, const char* where) {
     c.seed = seed++;
     ++calls;
-    const size_t sb = send_bytes(c, nranks), rb = recv_bytes(c, nranks);
-    prepare(c, rank, nranks, b.h_send, b.h_recv);
-    if (stream) {  // stream order only: no host synchronisation before the call
-      GT_CUDA(cudaMemcpyAsync(b.d_send, b.h_send, sb, cudaMemcpyHostToDevice, stream));
-      GT_CUDA(cudaMemcpyAsync(b.d_recv, b.h_recv, rb, cudaMemcpyHostToDevice, stream));
-    } else {  // classic: the input is in place before the call
-      GT_CUDA(cudaMemcpy(b.d_send, b.h_send, sb, cudaMemcpyHostToDevice));
-      GT_CUDA(cudaMemcpy(b.d_recv, b.h_recv, rb, cudaMemcpyHostToDevice));
-      GT_CUDA(cudaDeviceSynchronize());
-    }
-
-    RouteProbe probe(c.stat_name());
-    MPI_Request req = MPI_REQUEST_NULL;
-    int rc = issue(c, b.d_send, b.d_recv, comm, &req);
-    if (rc == MPI_SUCCESS && c.nonblocking) rc = MPI_Wait(&req, MPI_STATUS_IGNORE);
-    const std::string route = probe.route();
-
-    if (stream) {  // after the call in stream order
-      GT_CUDA(cudaMemcpyAsync(b.h_out, b.d_recv, rb, cudaMemcpyDeviceToHost, stream));
-      GT_CUDA(cudaStreamSynchronize(stream));
-    } else {  // classic: the result is there when the call returns
-      GT_CUDA(cudaMemcpy(b.h_out, b.d_recv, rb, cudaMemcpyDeviceToHost));
-    }
-    const std::string d = c.describe();
-    t.check(rc == MPI_SUCCESS, "%s [%s]: returned %d", d.c_str(), where, rc);
-    t.check(route == want_route, "%s [%s]: ran on %s, expected %s", d.c_str(), where,
-            route.c_str(), want_route);
-    if (const auto diff = verify(b, c, rank, nranks))
-      t.check(diff->empty(), "%s [%s]: wrong result: %s", d.c_str(), where, diff->c_str());
+    run_device_case(t, b, c, comm, stream, rank, nranks, want_route, where);
   }
 
   /// Every claimed collective x type x op x size x blocking/non-blocking x in place/not.
