@@ -60,6 +60,7 @@
 #include "core/datatypes.hpp"
 #include "core/engine_request.hpp"
 #include "core/log.hpp"
+#include "core/private_comm.hpp"
 #include "core/progress.hpp"
 #include "core/runtime.hpp"
 #include "core/topology.hpp"
@@ -157,11 +158,7 @@ struct Prepared {
 
 // Per communicator; shared with the operations in flight, so that they outlive
 // MPI_Comm_free of the application's communicator.
-struct BcComm {
-  MPI_Comm p2p = MPI_COMM_NULL;
-  int rank = 0;
-  int size = 1;
-  uint32_t next_tag = 0;  // application thread
+struct BcComm : PrivateComm {
   bool discovery_done = false;
   std::optional<topo::Hierarchy> discovered;
   std::string why_not;    // why there is no discovered hierarchy
@@ -172,11 +169,7 @@ struct BcComm {
   std::map<std::tuple<const Layout*, int, uint64_t, bool, bool>, std::shared_ptr<const Prepared>>
       prepared;
 
-  ~BcComm() {
-    layouts.clear();
-    if (p2p != MPI_COMM_NULL) PMPI_Comm_free(&p2p);
-  }
-  int tag() { return static_cast<int>(next_tag++ & 0x7fff); }
+  ~BcComm() { layouts.clear(); }  // the levels' communicators before the duplicate
 
   std::shared_ptr<const Prepared> prepare(const std::shared_ptr<Layout>& lay, Coll coll,
                                           uint64_t vec, bool from_send, bool ring_only) {
@@ -900,14 +893,7 @@ class BlueConnectRoute final : public Route {
   // Collective over ctx.comm (a blocking call): the private duplicate.
   static bool set_up(CommContext& ctx) {
     auto bc = std::make_shared<BcComm>();
-    bc->rank = ctx.rank;
-    bc->size = ctx.size;
-    if (PMPI_Comm_dup(ctx.comm, &bc->p2p) != MPI_SUCCESS) {
-      bc->p2p = MPI_COMM_NULL;
-      SC_WARN("blueconnect: MPI_Comm_dup failed; the route is off for this communicator");
-      return false;
-    }
-    PMPI_Comm_set_errhandler(bc->p2p, MPI_ERRORS_RETURN);
+    if (!bc->open(ctx, "blueconnect")) return false;
     auto state = std::make_unique<BcState>();
     state->comm = std::move(bc);
     ctx.route_state[static_cast<int>(RouteId::blueconnect)] = std::move(state);

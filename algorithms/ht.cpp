@@ -50,6 +50,7 @@
 #include "core/engine_request.hpp"
 #include "core/errors.hpp"
 #include "core/log.hpp"
+#include "core/private_comm.hpp"
 #include "core/progress.hpp"
 #include "core/requests.hpp"
 #include "core/runtime.hpp"
@@ -64,11 +65,7 @@ using sched::Algo;
 // cache of schedules. Shared by the context and the operations in flight, so that an
 // operation outlives MPI_Comm_free of the application's communicator.
 
-struct HtComm {
-  MPI_Comm p2p = MPI_COMM_NULL;
-  int rank = 0;
-  int size = 1;
-  uint32_t next_tag = 0;       // application thread (calls on a communicator are ordered)
+struct HtComm : PrivateComm {
   uint64_t next_ticket = 0;    // application thread: MPI-collective starts, in call order
   std::atomic<uint64_t> turn{0};  // the ticket allowed to start its MPI collective now
   std::atomic<int> error{MPI_SUCCESS};  // a stream-ordered operation failed: later calls fail
@@ -76,12 +73,6 @@ struct HtComm {
   std::mutex cache_mu;
   std::map<std::tuple<int, int, int, uint64_t, bool>, std::shared_ptr<const sched::Schedule>>
       cache;
-
-  ~HtComm() {
-    if (p2p != MPI_COMM_NULL) PMPI_Comm_free(&p2p);
-  }
-
-  int tag() { return static_cast<int>(next_tag++ & 0x7fff); }  // MPI guarantees 32767
 
   std::shared_ptr<const sched::Schedule> schedule(const sched::Params& p) {
     auto key = std::make_tuple(static_cast<int>(p.coll), static_cast<int>(p.algo), p.root,
@@ -968,14 +959,7 @@ class HtRoute final : public Route {
   // Collective over ctx.comm (a blocking call): the private duplicate.
   static bool set_up(CommContext& ctx) {
     auto hc = std::make_shared<HtComm>();
-    hc->rank = ctx.rank;
-    hc->size = ctx.size;
-    if (PMPI_Comm_dup(ctx.comm, &hc->p2p) != MPI_SUCCESS) {
-      hc->p2p = MPI_COMM_NULL;
-      SC_WARN("ht: MPI_Comm_dup failed; route ht is off for this communicator");
-      return false;
-    }
-    PMPI_Comm_set_errhandler(hc->p2p, MPI_ERRORS_RETURN);
+    if (!hc->open(ctx, "ht")) return false;
     auto state = std::make_unique<HtState>();
     state->comm = std::move(hc);
     ctx.route_state[static_cast<int>(RouteId::ht)] = std::move(state);
