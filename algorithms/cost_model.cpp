@@ -24,6 +24,15 @@ struct Crossing {
   int level = 0;  ///< the outermost level crossed
 };
 
+// Bit i set for every level i >= first with more than one rank: the levels an algorithm
+// over all ranks (ordered by hierarchy position) crosses.
+uint64_t levels_in_use(const Hierarchy& h, int first = 0) {
+  uint64_t mask = 0;
+  for (int i = first; i < h.levels(); ++i)
+    if (h.factors[i] > 1) mask |= uint64_t{1} << i;
+  return mask;
+}
+
 Crossing slowest(const Hierarchy& h, uint64_t mask, bool solo_outer) {
   Crossing c;
   for (int i = 0; i < h.levels(); ++i) {
@@ -265,11 +274,7 @@ Breakdown ring_allreduce(const Hierarchy& h, double bytes, const Machine& m) {
   if (!start(&b, Algorithm::ring, h, bytes)) return b;
   const int p = h.ranks();
   if (p > 1 && bytes > 0) {
-    uint64_t mask = 0;
-    for (int i = 0; i < h.levels(); ++i) {
-      if (h.factors[i] > 1) mask |= uint64_t{1} << i;
-    }
-    const Crossing c = slowest(h, mask, /*solo_outer=*/true);
+    const Crossing c = slowest(h, levels_in_use(h), /*solo_outer=*/true);
     const LinkLevel l{c.alpha, c.beta, 0};
     StageCost rs{"reduce-scatter", "ring", c.level, p, bytes,
                  ring_reduce_scatter(p, bytes, l, c.beta, m.gamma)};
@@ -420,11 +425,7 @@ Breakdown tree_allreduce(Algorithm a, int trees, const Hierarchy& h, double byte
   if (!start(&b, a, h, bytes)) return b;
   const int p = h.ranks();
   if (p > 1 && bytes > 0) {
-    uint64_t mask = 0;
-    for (int i = 0; i < h.levels(); ++i) {
-      if (h.factors[i] > 1) mask |= uint64_t{1} << i;
-    }
-    const Crossing c = slowest(h, mask, /*solo_outer=*/true);
+    const Crossing c = slowest(h, levels_in_use(h), /*solo_outer=*/true);
     const int height = floor_log2(p);
     // Per phase an inner node moves 2 (children) x n/trees bytes through its port.
     const double load = 2.0 * bytes / trees;
@@ -487,11 +488,7 @@ Breakdown nvgroup_allreduce(const Hierarchy& h, double bytes, const Machine& m,
     return b;
   }
   const LinkLevel& l0 = h.links[0];
-  uint64_t outer = 0;
-  for (int i = 1; i < h.levels(); ++i) {
-    if (h.factors[i] > 1) outer |= uint64_t{1} << i;
-  }
-  const Crossing x = slowest(h, outer, /*solo_outer=*/false);
+  const Crossing x = slowest(h, levels_in_use(h, 1), /*solo_outer=*/false);
   const double gf = double(g - 1) / g, qf = double(q - 1) / q;
 
   // The stages of one chunk of c bytes.
