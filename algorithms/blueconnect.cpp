@@ -696,10 +696,11 @@ class BlueConnectRoute final : public Route {
       return false;
     const bool gpu = env.mem == MemKind::device;
     if (!gpu && env.mem != MemKind::host && env.mem != MemKind::pinned) return false;
-    if (a.coll == Coll::allgather && a.sendbuf != MPI_IN_PLACE &&
-        (a.sendtype != a.recvtype || a.sendcount != a.recvcount))
-      return false;
     if (a.nonblocking && !Runtime::get().thread_multiple()) return false;  // no engine
+    // A non-blocking call is routed from an earlier agreement, and this route cannot
+    // adapt to a rank whose buffers are of another kind than agreed: where GPU memory may
+    // exist, it takes blocking calls only.
+    if (a.nonblocking && Runtime::get().job_gpu()) return false;
     const int extent = element_size(a.coll == Coll::allgather ? a.recvtype : a.datatype);
     if (extent <= 0) return false;
     const uint64_t elems = call_bytes(a, ctx.size, 1, 1);
@@ -761,6 +762,13 @@ class BlueConnectRoute final : public Route {
       }
     }
     return true;
+  }
+
+  // This rank's allgather must describe its block with the receive type (ranks may use
+  // different datatypes for one type signature).
+  bool able_here(const CollArgs& a, CommContext&, const CallEnv&) override {
+    return !(a.coll == Coll::allgather && a.sendbuf != MPI_IN_PLACE &&
+             (a.sendtype != a.recvtype || a.sendcount != a.recvcount));
   }
 
   int run(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,

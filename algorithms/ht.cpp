@@ -900,21 +900,33 @@ class HtRoute final : public Route {
     // Every message of a schedule is at most the call's whole vector.
     const uint64_t elems = call_bytes(a, ctx.size, 1, 1);
     if (elems > static_cast<uint64_t>(INT_MAX)) return false;
-#if STREAMCOLL_HAVE_CUDA
-    if (device && (!cuda::driver().usable ||
-                   !DeviceSide::can_hold(rt.settings().ht_wait) || env.device < 0)) {
-      warn_once(no_device_, "ht: this CUDA driver cannot hold a stream on a flag "
-                            "(cuStreamWaitValue32 / cuLaunchKernel); GPU calls go elsewhere");
-      return false;
-    }
-#else
+#if !STREAMCOLL_HAVE_CUDA
     if (device) return false;
 #endif
+    // Whether every rank's driver can hold a stream on a flag is able_here's, agreed.
     if (!ctx.route_state[static_cast<int>(RouteId::ht)]) {
       if (a.nonblocking) return false;  // set-up is collective: at a blocking call only
       if (!set_up(ctx)) return false;
     }
     return true;
+  }
+
+  // GPU buffers need a driver that can hold a stream on a flag. A process with the driver
+  // loaded answers for its GPU whatever this call's buffers are, so that a non-blocking
+  // call on GPU memory later (routed from these agreed answers) can run here too.
+  bool able_here(const CollArgs&, CommContext&, const CallEnv& local) override {
+#if STREAMCOLL_HAVE_CUDA
+    const cuda::Driver& d = cuda::driver();
+    if (local.mem != MemKind::device && !d.usable) return true;
+    if (d.usable && DeviceSide::can_hold(Runtime::get().settings().ht_wait) &&
+        (local.mem != MemKind::device || local.device >= 0))
+      return true;
+    warn_once(no_device_, "ht: this CUDA driver cannot hold a stream on a flag "
+                          "(cuStreamWaitValue32 / cuLaunchKernel); ht is off for GPU calls");
+    return false;
+#else
+    return local.mem != MemKind::device;
+#endif
   }
 
   int run(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,

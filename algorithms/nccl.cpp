@@ -33,6 +33,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -66,6 +67,8 @@ class NcclComm {
   CUcontext cuctx = nullptr;   ///< the device's primary context (retained)
   CUstream classic = nullptr;  ///< blocking stream: ordered after the legacy stream
   CUstream side = nullptr;     ///< non-blocking stream for MPI_I* with an attached stream
+  CUstream copy = nullptr;     ///< non-blocking stream for staged results (made at first use)
+  std::once_flag copy_once;
   int size = 1;
 
   ~NcclComm() {
@@ -76,6 +79,7 @@ class NcclComm {
       for (CUevent e : events_) driver().cuEventDestroy(e);
       if (classic) driver().cuStreamDestroy(classic);
       if (side) driver().cuStreamDestroy(side);
+      if (copy) driver().cuStreamDestroy(copy);
     }
     driver().cuDevicePrimaryCtxRelease(cudev);
   }
@@ -234,9 +238,18 @@ class NcclState final : public RouteState {
 // A non-blocking call in flight. Completion is an event on the stream that ran it.
 class NcclRequest final : public ManagedRequest {
  public:
-  NcclRequest(std::shared_ptr<NcclComm> c, CUevent done, bool stream_mode, CUstream user)
-      : comm_(std::move(c)), done_(done), stream_mode_(stream_mode), user_(user) {}
-  ~NcclRequest() override { comm_->give_event(done_); }
+  NcclRequest(std::shared_ptr<NcclComm> c, CUevent done, bool stream_mode, CUstream user,
+              std::function<int()> after = nullptr)
+      : comm_(std::move(c)), done_(done), stream_mode_(stream_mode), user_(user),
+        after_(std::move(after)) {}
+  ~NcclRequest() override {
+    if (after_) {  // never completed (start_request failed): the operation is in flight
+      ScopedContext scope(comm_->cuctx);
+      comm_->wait(done_, nullptr);
+      after_();
+    }
+    comm_->give_event(done_);
+  }
 
   void on_wait() override {
     if (finished()) return;
@@ -261,8 +274,9 @@ class NcclRequest final : public ManagedRequest {
       error_ = fail(Failure::cuda, cuda::describe("cuEventQuery", r));
       finish();
     } else if (int rc = comm_->poll(); rc != MPI_SUCCESS) {
+      // Aborted: its kernels end (ncclCommAbort ends them); the request completes, with
+      // the error, once the event says the GPU is done with the buffers.
       error_ = rc;
-      finish();
     }
   }
   void on_free() override { on_wait(); }
@@ -284,6 +298,11 @@ class NcclRequest final : public ManagedRequest {
       if (finished_) return;
       finished_ = true;
     }
+    if (after_) {  // the operation is over: the staged results go to the caller's buffers
+      const int rc = after_();
+      if (error_ == MPI_SUCCESS) error_ = rc;
+      after_ = nullptr;
+    }
     complete();
   }
 
@@ -291,6 +310,7 @@ class NcclRequest final : public ManagedRequest {
   CUevent done_;
   bool stream_mode_;
   CUstream user_;
+  std::function<int()> after_;
   int error_ = MPI_SUCCESS;
   std::mutex mu_;
   bool finished_ = false;
@@ -462,15 +482,19 @@ ncclResult_t enqueue(const CollArgs& a, const CommContext& ctx, const NcclComm& 
       auto op = *nccl::reduction_op(find_op(a.op)->kind);
       if (sbuf != MPI_IN_PLACE)
         return L.ncclReduceScatter(sbuf, rbuf, a.count, type, op, c.comm, s);
-      // MPI in place: input is all of recvbuf, the result goes to its start. NCCL's in
-      // place leaves it at rank * count; move it down (the ranges overlap only at rank 0,
-      // which needs no move).
+      // MPI in place: input is all of recvbuf, the result goes to its start, and the rest
+      // of recvbuf stays as it was (MPI writes nothing there). NCCL's in place would leave
+      // the result over this rank's input block, so reduce into a stream-ordered scratch
+      // block and copy it down (rank 0's block is the start: no scratch).
       const size_t block = static_cast<size_t>(a.count) * ts;
-      char* mine = rbuf + me * block;
-      ncclResult_t r = L.ncclReduceScatter(rbuf, mine, a.count, type, op, c.comm, s);
-      if (r == ncclSuccess && me != 0)
-        *cu = driver().cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(rbuf),
-                                         reinterpret_cast<CUdeviceptr>(mine), block, s);
+      if (me == 0) return L.ncclReduceScatter(rbuf, rbuf, a.count, type, op, c.comm, s);
+      CUdeviceptr tmp = 0;
+      if ((*cu = driver().cuMemAllocAsync(&tmp, block, s)) != CUDA_SUCCESS) return ncclSuccess;
+      ncclResult_t r = L.ncclReduceScatter(rbuf, reinterpret_cast<void*>(tmp), a.count, type,
+                                           op, c.comm, s);
+      if (r == ncclSuccess)
+        *cu = driver().cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(rbuf), tmp, block, s);
+      if (CUresult f = driver().cuMemFreeAsync(tmp, s); *cu == CUDA_SUCCESS) *cu = f;
       return r;
     }
     case Coll::alltoall: {
@@ -502,6 +526,130 @@ ncclResult_t enqueue(const CollArgs& a, const CommContext& ctx, const NcclComm& 
   }
 }
 
+// A non-blocking call whose buffers on this rank are not on the NCCL communicator's GPU
+// (host memory, another GPU's, or a mix) while the other ranks' are: it was routed from
+// the memory kinds agreed at an earlier blocking call (shim/dispatch.cpp), so this rank
+// takes part through device copies. The inputs go to a scratch buffer on the classic
+// stream before the collective; the results come back (on the copy stream, waited for)
+// when the request completes, so that nothing here waits for other ranks. This rank
+// keeps plain MPI semantics: its buffers are final when MPI_Wait/MPI_Test report it.
+// Only the bytes MPI says the call writes on this rank are written.
+int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<NcclComm>& c) {
+  const TypeInfo* t = call_type(a);
+  const uint64_t ts = static_cast<uint64_t>(t->size);
+  const uint64_t p = static_cast<uint64_t>(ctx.size), me = static_cast<uint64_t>(ctx.rank);
+  const bool in_place = a.sendbuf == MPI_IN_PLACE;
+  auto* user = static_cast<char*>(a.recvbuf);
+  const char* in = static_cast<const char*>(in_place ? a.recvbuf : a.sendbuf);
+  struct Range {
+    uint64_t off, bytes;
+  };
+  uint64_t scratch = 0, in_off = 0, in_bytes = 0;
+  if (in_place && a.coll == Coll::allgather) in += me * a.recvcount * ts;
+  std::vector<Range> out;  // scratch ranges copied back to the same offsets of recvbuf
+  switch (a.coll) {
+    case Coll::allreduce:
+      scratch = in_bytes = a.count * ts;
+      out.push_back({0, scratch});
+      break;
+    case Coll::reduce:
+      scratch = in_bytes = a.count * ts;
+      if (static_cast<int>(me) == a.root) out.push_back({0, scratch});
+      break;
+    case Coll::bcast:
+      scratch = a.count * ts;
+      in = user;
+      if (static_cast<int>(me) == a.root) in_bytes = scratch;
+      else out.push_back({0, scratch});
+      break;
+    case Coll::allgather: {
+      const uint64_t block = a.recvcount * ts;
+      scratch = p * block;
+      in_off = me * block;
+      in_bytes = block;
+      if (in_place) {  // this rank's block is the input: leave it alone
+        if (me > 0) out.push_back({0, me * block});
+        if (me + 1 < p) out.push_back({(me + 1) * block, (p - me - 1) * block});
+      } else {
+        out.push_back({0, scratch});
+      }
+      break;
+    }
+    case Coll::reduce_scatter_block:
+      scratch = in_bytes = p * a.count * ts;
+      out.push_back({0, a.count * ts});
+      break;
+    case Coll::alltoall:
+      scratch = in_bytes = p * a.recvcount * ts;
+      out.push_back({0, scratch});
+      break;
+    default:
+      return fail(Failure::nccl, call_name(a.coll, true) + ": no staged form");
+  }
+  const cuda::Driver& d = driver();
+  ScopedContext scope(c->cuctx);
+  CUresult made = CUDA_SUCCESS;
+  std::call_once(c->copy_once, [&] { made = d.cuStreamCreate(&c->copy, CU_STREAM_NON_BLOCKING); });
+  if (!c->copy)
+    return fail(Failure::cuda, cuda::describe("cuStreamCreate (staging)", made ? made : CUDA_ERROR_INVALID_HANDLE));
+  CUstream s = c->classic;
+  CUdeviceptr buf = 0;
+  if (CUresult r = d.cuMemAllocAsync(&buf, scratch, s); r != CUDA_SUCCESS)
+    return fail(Failure::cuda, cuda::describe("cuMemAllocAsync (staging)", r));
+  auto release = [c, buf] { driver().cuMemFreeAsync(buf, c->copy); };
+  if (in_bytes) {
+    if (CUresult r = d.cuMemcpyAsync(buf + in_off, reinterpret_cast<CUdeviceptr>(in), in_bytes, s);
+        r != CUDA_SUCCESS) {
+      d.cuMemFreeAsync(buf, s);
+      return fail(Failure::cuda, cuda::describe("cuMemcpyAsync (staging in)", r));
+    }
+  }
+  CollArgs staged = a;
+  staged.sendbuf = MPI_IN_PLACE;
+  staged.recvbuf = reinterpret_cast<void*>(buf);
+  CUresult cu = CUDA_SUCCESS;
+  ncclResult_t nr;
+  {
+    auto use = c->use();
+    if (c->aborted()) {
+      d.cuMemFreeAsync(buf, s);
+      return c->poll();
+    }
+    nr = enqueue(staged, ctx, *c, s, &cu);
+  }
+  int rc = MPI_SUCCESS;
+  if (nr != ncclSuccess || cu != CUDA_SUCCESS) {
+    d.cuMemFreeAsync(buf, s);
+    return nr != ncclSuccess
+               ? fail(Failure::nccl, c->lib->describe(call_name(a.coll, true).c_str(), nr, c->comm))
+               : fail(Failure::cuda, cuda::describe(call_name(a.coll, true).c_str(), cu));
+  }
+  CUevent done = c->take_event(&rc);
+  if (!done) return rc;  // the scratch buffer stays allocated: the collective may use it
+  if (CUresult r = d.cuEventRecord(done, s); r != CUDA_SUCCESS) {
+    c->give_event(done);
+    return fail(Failure::cuda, cuda::describe("cuEventRecord", r));
+  }
+  // Runs once the collective is done (or the request is dropped unstarted): results back
+  // on the copy stream, which nothing else uses, so waiting for it waits for no other rank.
+  auto back = [c, buf, user, out = std::move(out), release]() -> int {
+    const cuda::Driver& d = driver();
+    ScopedContext scope(c->cuctx);
+    int rc = MPI_SUCCESS;
+    for (const Range& r : out) {
+      CUresult e = d.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(user + r.off), buf + r.off,
+                                   r.bytes, c->copy);
+      if (e != CUDA_SUCCESS && rc == MPI_SUCCESS)
+        rc = fail(Failure::cuda, cuda::describe("cuMemcpyAsync (staging out)", e));
+    }
+    release();
+    if (CUresult e = d.cuStreamSynchronize(c->copy); e != CUDA_SUCCESS && rc == MPI_SUCCESS)
+      rc = fail(Failure::cuda, cuda::describe("cuStreamSynchronize (staging out)", e));
+    return rc;
+  };
+  return start_request(new NcclRequest(c, done, false, nullptr, std::move(back)), a.request);
+}
+
 class NcclRoute final : public Route {
  public:
   RouteId id() const override { return RouteId::nccl; }
@@ -523,17 +671,32 @@ class NcclRoute final : public Route {
     return st.status == NcclState::ready;
   }
 
+  // This rank's GPU buffers must be on the GPU of the communicator's NCCL communicator
+  // (set up at its first call, on that call's GPU). Managed memory is reachable from any.
+  bool able_here(const CollArgs&, CommContext& ctx, const CallEnv& local) override {
+    if (local.mem != MemKind::device) return true;
+    auto& slot = ctx.route_state[static_cast<int>(RouteId::nccl)];
+    if (!slot) return true;
+    const NcclState& st = static_cast<const NcclState&>(*slot);
+    return st.status != NcclState::ready || st.comm->device == local.device;
+  }
+
   int run(const CollArgs& a, CommContext& ctx, const config::RouteChoice&,
           const CallEnv& env) override {
     std::shared_ptr<NcclComm> c = state_of(ctx).comm;
     if (int rc = c->poll(); rc != MPI_SUCCESS) return rc;
-    // Managed memory is reachable from any GPU; device memory only from its own.
-    if (int dev = env.mem == MemKind::device ? env.device : c->device;
-        dev != c->device)
+    // Managed memory is reachable from any GPU; device memory only from its own. A
+    // blocking call never gets here otherwise (the ranks agreed on able_here); a
+    // non-blocking one, routed from an earlier agreement, stages this rank's buffers.
+    const bool reachable = env.mem == MemKind::managed ||
+                           (env.mem == MemKind::device && env.device == c->device);
+    if (!reachable) {
+      if (a.nonblocking) return run_staged(a, ctx, c);
       return fail(Failure::wrong_device,
                   call_name(a.coll, a.nonblocking) + ": buffer on device " +
-                      std::to_string(dev) + ", but this communicator's NCCL communicator is on "
-                      "device " + std::to_string(c->device));
+                      std::to_string(env.device) + ", but this communicator's NCCL "
+                      "communicator is on device " + std::to_string(c->device));
+    }
     const cuda::Driver& d = driver();
     ScopedContext scope(c->cuctx);
     auto user = static_cast<CUstream>(env.stream);

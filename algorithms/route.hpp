@@ -17,6 +17,7 @@ struct CallEnv {
   bool has_stream = false;      ///< the communicator carries a stream (streamext) and the
                                 ///< buffers are in GPU memory: stream semantics apply
   void* stream = nullptr;       ///< that stream (a CUstream / cudaStream_t; 0 is valid)
+  uint32_t unable = 0;          ///< agreed env: bit per RouteId, some rank cannot run it
 };
 
 class Route {
@@ -24,17 +25,34 @@ class Route {
   virtual ~Route() = default;
   virtual RouteId id() const = 0;
 
+  /// Whether this rank, with its own buffers (`local`), could take part in this route:
+  /// a local check (driver capabilities, the buffer's GPU against the communicator's),
+  /// never collective, never blocking. The dispatcher agrees on the answers of all ranks
+  /// before it asks accepts(); a route that can adapt to any buffer answers true.
+  virtual bool able_here(const CollArgs& a, CommContext& ctx, const CallEnv& local) {
+    (void)a, (void)ctx, (void)local;
+    return true;
+  }
+
   /// Whether this route can carry `a` on `ctx` with parameters `choice`. The answer must
   /// be the same on every rank of the communicator: decide only from values equal on
-  /// all ranks (collective, counts, datatype, op, communicator layout, memory kind).
+  /// all ranks: the call's arguments that MPI requires to match (collective, counts,
+  /// datatype, op, root), the communicator's agreed state (layout, route state set up
+  /// collectively) and `agreed` (the memory kind and stream mode agreed over the ranks,
+  /// `agreed.unable` the routes some rank cannot run). Never this rank's own buffers.
   /// A route may set up its per-communicator state here (ctx.route_state), collectively,
   /// but only when `a` is a blocking call: starting a non-blocking call stays local.
   virtual bool accepts(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,
-                       const CallEnv& env) = 0;
+                       const CallEnv& agreed) = 0;
 
-  /// Carries out the call. Returns an MPI error code; the dispatcher passes a failure to
-  /// the communicator's error handler. Non-blocking calls set *a.request. With
-  /// env.has_stream the call is ordered on env.stream and must not block the host.
+  /// Carries out the call with this rank's own buffers (`env`: their memory kind and
+  /// GPU, and the stream attached on this rank). For a blocking call the kinds equal the
+  /// agreed ones; a non-blocking call is routed from the kinds agreed at the last blocking
+  /// call of its collective on the communicator, so a rank whose buffers differ adapts
+  /// here (stages them), without blocking on other ranks. Returns an MPI error code; the
+  /// dispatcher passes a failure to the communicator's error handler. Non-blocking calls
+  /// set *a.request. With env.has_stream the call is ordered on env.stream and must not
+  /// block the host.
   virtual int run(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,
                   const CallEnv& env) = 0;
 };

@@ -109,6 +109,8 @@ class TuningTable {
   bool may_leave_pmpi(Coll c, MemKind m) const {
     return routed_[static_cast<int>(c)] >> static_cast<int>(m) & 1u;
   }
+  /// may_leave_pmpi for some memory kind.
+  bool may_leave_pmpi_any(Coll c) const { return routed_[static_cast<int>(c)] != 0; }
   /// may_leave_pmpi for host or pinned memory.
   bool routes_host(Coll c) const {
     return may_leave_pmpi(c, MemKind::host) || may_leave_pmpi(c, MemKind::pinned);

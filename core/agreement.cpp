@@ -1,5 +1,7 @@
 #include "core/agreement.hpp"
 
+#include <algorithm>
+#include <cstdint>
 #include <list>
 #include <mutex>
 #include <string>
@@ -31,7 +33,7 @@ void verify(MPI_Comm comm, const std::string& call, int rank, const int in[2], c
   if (out[0] == -out[1]) return;
   log_error(
       "STREAMCOLL_CHECK: ranks disagree on %s: rank %d chose %s; the ranks' choices range "
-      "from %s to %s. All ranks must pass buffers of the same kind. Aborting.",
+      "from %s to %s. Aborting.",
       call.c_str(), rank, describe(in[0]).c_str(), describe(-out[1]).c_str(),
       describe(out[0]).c_str());
   PMPI_Abort(comm, MPI_ERR_OTHER);
@@ -79,6 +81,77 @@ void check_agreement(MPI_Comm comm, Coll coll, bool nonblocking, RouteId route, 
       g_pending.pop_back();
   }
   settle(MPI_COMM_NULL, false);
+}
+
+AgreedFacts agree_call(MPI_Comm comm, int size, const LocalFacts& mine) {
+  // Each int is OR-ed over the ranks: "some rank has ...".
+  enum { k_host, k_pinned, k_device, k_managed, k_mixed, k_inelig, k_stream, k_nostream,
+         k_unable, k_n };
+  int in[k_n] = {}, out[k_n] = {};
+  switch (mine.mem) {
+    case MemKind::host: in[k_host] = 1; break;
+    case MemKind::pinned: in[k_pinned] = 1; break;
+    case MemKind::device: in[k_device] = 1; break;
+    case MemKind::managed: in[k_managed] = 1; break;
+    case MemKind::mixed: in[k_mixed] = 1; break;
+  }
+  in[k_inelig] = mine.ineligible;
+  in[k_stream] = mine.stream;
+  in[k_nostream] = !mine.stream;
+  in[k_unable] = static_cast<int>(mine.unable);
+  AgreedFacts f;
+  f.valid = true;
+  if (size == 1) {
+    std::copy(in, in + k_n, out);
+  } else if (PMPI_Allreduce(in, out, k_n, MPI_INT, MPI_BOR, comm) != MPI_SUCCESS) {
+    f.why = "the agreement failed";
+    return f;
+  }
+  f.unable = static_cast<uint32_t>(out[k_unable]);
+  f.stream = out[k_stream] && !out[k_nostream];
+  const int kinds = out[k_host] + out[k_pinned] + out[k_device] + out[k_managed];
+  if (out[k_mixed] || kinds > 1) {
+    // Host and pinned memory are both host memory to every route.
+    f.mem = (!out[k_mixed] && !out[k_device] && !out[k_managed]) ? MemKind::host
+                                                                    : MemKind::mixed;
+  } else {
+    f.mem = out[k_device] ? MemKind::device : out[k_managed] ? MemKind::managed
+          : out[k_pinned] ? MemKind::pinned : MemKind::host;
+  }
+  if (out[k_inelig]) {
+    f.why = "a rank's arguments suit only pmpi (binding, datatype or memory kinds)";
+  } else if (f.mem == MemKind::mixed) {
+    f.why = "ranks pass buffers of different memory kinds";
+  } else if (out[k_stream] && out[k_nostream]) {
+    f.why = "the stream attribute is set on some ranks of the communicator only";
+  } else {
+    f.routable = true;
+  }
+  return f;
+}
+
+void check_inputs(MPI_Comm comm, Coll coll, uint64_t bytes, int root, bool candidate, int rank) {
+  settle(comm, true);  // earlier checks on this communicator first, in call order
+  const int64_t v[4] = {static_cast<int64_t>(coll), static_cast<int64_t>(bytes & INT64_MAX),
+                        root, candidate ? 1 : 0};
+  int64_t in[8], out[8];
+  for (int i = 0; i < 4; ++i) {
+    in[i] = v[i];
+    in[4 + i] = -v[i];
+  }
+  if (PMPI_Allreduce(in, out, 8, MPI_INT64_T, MPI_MAX, comm) != MPI_SUCCESS) return;
+  static const char* const what[4] = {"the collective", "the size in bytes", "the root",
+                                      "whether streamcoll may route it"};
+  for (int i = 0; i < 4; ++i) {
+    if (out[i] == -out[4 + i]) continue;
+    log_error(
+        "STREAMCOLL_CHECK: ranks disagree on %s of %s: rank %d has %lld; the ranks' values "
+        "range from %lld to %lld. Every rank must make the same collective call (and call "
+        "streamcoll_comm_set_route alike). Aborting.",
+        what[i], call_name(coll, false).c_str(), rank, static_cast<long long>(v[i]),
+        static_cast<long long>(-out[4 + i]), static_cast<long long>(out[i]));
+    PMPI_Abort(comm, MPI_ERR_OTHER);
+  }
 }
 
 void finish_agreement_checks() { settle(MPI_COMM_NULL, true); }

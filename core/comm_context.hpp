@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "config/tuning_table.hpp"
+#include "core/agreement.hpp"
 #include "core/types.hpp"
 
 namespace streamcoll {
@@ -34,6 +35,14 @@ struct CommContext {
   int nodes = 1;                   ///< nodes the communicator spans
   int ppn = 1;                     ///< largest number of its ranks on one node
   bool uniform = true;             ///< every node holds `ppn` ranks
+
+  /// Per collective: the facts agreed at the last blocking call of that collective on
+  /// this communicator that could leave pmpi. Non-blocking calls are routed from them
+  /// (or, before the first of their collective, from the last agreement of any)
+  /// (they cannot agree themselves: starting one must stay local). Written only at
+  /// blocking calls, which MPI orders on every rank alike, so equal on every rank.
+  AgreedFacts agreed[kNumColls];
+  AgreedFacts agreed_last;  ///< the last of those, any collective: for a collective with none
 
   /// Per route, created by the route at its first call on the communicator.
   std::unique_ptr<RouteState> route_state[kNumRoutes];

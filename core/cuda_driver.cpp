@@ -1,7 +1,12 @@
 #include "core/cuda_driver.hpp"
 
 #include <dlfcn.h>
+#include <sys/stat.h>
 
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <string_view>
 #include <type_traits>
 
 namespace streamcoll::cuda {
@@ -9,6 +14,19 @@ namespace {
 
 #define STREAMCOLL_STR2(x) #x
 #define STREAMCOLL_STR(x) STREAMCOLL_STR2(x)
+
+// Whether the process has libcuda.so.1 mapped already (the application, its CUDA runtime
+// or a library it uses opened it). Costs one lookup in the loader's list of objects.
+bool driver_loaded() {
+#if STREAMCOLL_HAVE_CUDA
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  if (!h) return false;
+  dlclose(h);  // drops the reference just taken; the application's keeps it mapped
+  return true;
+#else
+  return false;
+#endif
+}
 
 Driver load() {
   Driver d;
@@ -57,11 +75,50 @@ Driver load() {
   return d;
 }
 
+std::atomic<const Driver*> g_loaded{nullptr};
+std::mutex g_load_mu;
+
+const Driver& not_loaded() {
+  static const Driver d = [] {
+    Driver x;
+#if STREAMCOLL_HAVE_CUDA
+    x.reason = "the application has not loaded the CUDA driver (libcuda.so.1)";
+#else
+    x.reason = "built without the CUDA headers";
+#endif
+    return x;
+  }();
+  return d;
+}
+
 }  // namespace
 
 const Driver& driver() {
+  if (const Driver* d = g_loaded.load(std::memory_order_acquire)) return *d;
+  // Not before the application: a process that never touches CUDA pays no cuInit.
+  if (!driver_loaded()) return not_loaded();
+  std::lock_guard<std::mutex> lock(g_load_mu);
+  if (const Driver* d = g_loaded.load(std::memory_order_acquire)) return *d;
   static const Driver d = load();
+  g_loaded.store(&d, std::memory_order_release);
   return d;
+}
+
+bool driver_present() {
+  if (driver_loaded()) return true;
+  struct stat st;
+  if (stat("/proc/driver/nvidia/version", &st) == 0) return true;  // the kernel module
+  // A driver library the loader would find first (a container's, or a test's).
+  if (const char* path = std::getenv("LD_LIBRARY_PATH")) {
+    std::string_view rest = path;
+    while (!rest.empty()) {
+      const size_t colon = rest.find(':');
+      std::string dir(rest.substr(0, colon));
+      rest = colon == std::string_view::npos ? std::string_view() : rest.substr(colon + 1);
+      if (!dir.empty() && stat((dir + "/libcuda.so.1").c_str(), &st) == 0) return true;
+    }
+  }
+  return false;
 }
 
 MemKind classify(const void* p, int* device) {

@@ -46,9 +46,18 @@ struct Driver {
 #endif
 };
 
-/// Loads the driver on first call. Honors nothing from the environment except what the
-/// CUDA driver itself reads (CUDA_VISIBLE_DEVICES).
+/// The driver, loaded (dlopen, cuInit) at the first call made once the application has
+/// loaded libcuda.so.1 itself; until then a Driver with usable == false, asked again at
+/// each call (one RTLD_NOLOAD lookup), so that a process that never uses CUDA pays no
+/// cuInit and no driver memory. Honors nothing from the environment except what the
+/// CUDA driver itself reads (CUDA_VISIBLE_DEVICES). Thread-safe.
 const Driver& driver();
+
+/// Whether this node has a CUDA driver the process could load: libcuda.so.1 loaded
+/// already, the NVIDIA kernel module (/proc/driver/nvidia), or libcuda.so.1 in a
+/// directory of LD_LIBRARY_PATH. Loads nothing. Asked once, at MPI_Init, and agreed
+/// over MPI_COMM_WORLD (a job with no driver anywhere never routes GPU memory).
+bool driver_present();
 
 /// Where `p` lives. Host when the driver is not usable, for nullptr, and for pointers the
 /// driver does not know. With `device`, also the ordinal of the GPU that holds device

@@ -15,6 +15,7 @@
 #include "core/log.hpp"
 #include "core/progress.hpp"
 #include "streamext/stream_attr.hpp"
+#include "streamcoll/streamcoll.h"
 
 namespace streamcoll {
 namespace {
@@ -43,37 +44,56 @@ bool Runtime::start() {
   PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
   set_log_rank(rank);
   for (const auto& p : settings_.problems) SC_WARN("%s", p.c_str());
-  if (settings_.disable) {
-    SC_INFO("STREAMCOLL_DISABLE is set: every call passes through");
+  load_table();
+  PMPI_Query_thread(&thread_level_);
+  driver_present_ = cuda::driver_present();
+
+  // The job-wide facts every routing decision builds on, agreed over MPI_COMM_WORLD at
+  // MPI_Init (a point every rank reaches): the settings that steer routing, whether any
+  // node has a CUDA driver, the thread level. Started behind MPI_Init's back (another
+  // tool initialised MPI), streamcoll cannot agree, and routes nothing.
+  const bool at_init = application_thread_level() >= 0;
+  bool agreed = false;
+  if (at_init) {
+    const uint64_t fp = fingerprint();
+    const int hi = static_cast<int>(fp >> 33), lo = static_cast<int>(fp & 0x7fffffff);
+    int in[6] = {hi, -hi, lo, -lo, driver_present_ ? 1 : 0,
+                 thread_level_ == MPI_THREAD_MULTIPLE ? 0 : 1};
+    int out[6] = {};
+    if (PMPI_Allreduce(in, out, 6, MPI_INT, MPI_MAX, MPI_COMM_WORLD) == MPI_SUCCESS) {
+      agreed = out[0] == -out[1] && out[2] == -out[3];
+      if (!agreed)
+        log_error("the ranks of this job run with different streamcoll settings (STREAMCOLL_"
+                  "DISABLE, _ROUTE, _TUNING_FILE, _CHECK, _STATS, _HIERARCHY, _HT_WAIT, "
+                  "_NODE_GROUPS, or a different library); every call passes through");
+      job_gpu_ = out[4] != 0;
+      if (out[5] && thread_level_ == MPI_THREAD_MULTIPLE)
+        thread_level_ = MPI_THREAD_SERIALIZED;  // routes that need MULTIPLE: off everywhere
+    }
+  } else {
+    SC_INFO("MPI was initialised without streamcoll's MPI_Init: nothing is routed");
+  }
+  if (settings_.disable || !agreed) {
+    if (settings_.disable) SC_INFO("STREAMCOLL_DISABLE is set: every call passes through");
     state_.store(disabled, std::memory_order_release);
     return false;
   }
 
-  load_table();
-  PMPI_Query_thread(&thread_level_);
   SC_INFO("MPI thread level %d (the application was told %d)%s", thread_level_,
           application_thread_level(),
           thread_level_ == MPI_THREAD_MULTIPLE ? "" : ": route ht is off");
+  SC_INFO("%s", job_gpu_ ? "a CUDA driver is present on some node: GPU memory may be routed"
+                         : "no CUDA driver on any node: only the table's host rules route");
   progress::set_binding(settings_.progress_bind);
-  const cuda::Driver& drv = cuda::driver();
-  cuda_usable_ = drv.usable;
-  if (drv.usable)
-    SC_INFO("CUDA driver %d, %d device(s)", drv.version, drv.device_count);
-  else
-    SC_INFO("GPU routes off: %s", drv.reason.c_str());
   all_types();  // build the datatype table while MPI is surely initialised
-  // An MPI that is not CUDA-aware gets GPU buffers staged through host memory; then
-  // every collective with buffers must be looked at, whatever the table says.
-  const bool staging = drv.usable && host_staging::start(settings_.mpi_cuda_aware);
+  // An MPI that is not CUDA-aware gets GPU buffers staged through host memory; then,
+  // where a driver is present, every collective with buffers must be looked at.
+  const bool staging = driver_present_ && host_staging::start(settings_.mpi_cuda_aware);
 
   uint32_t full_path = 0;
   for (int c = 0; c < kNumColls; ++c) {
-    bool full = settings_.check || table_.routes_host(static_cast<Coll>(c)) ||
+    bool full = settings_.check || candidate(static_cast<Coll>(c)) ||
                 (staging && static_cast<Coll>(c) != Coll::barrier);
-    if (cuda_usable_) {
-      for (MemKind m : {MemKind::device, MemKind::managed})
-        full = full || table_.may_leave_pmpi(static_cast<Coll>(c), m);
-    }
     if (full) full_path |= 1u << c;
   }
   full_path_.store(full_path);
@@ -86,6 +106,38 @@ bool Runtime::start() {
   SC_INFO("started (%zu tuning rules%s%s)", table_.rules().size(),
           settings_.stats ? ", statistics on" : "", settings_.check ? ", checks on" : "");
   return true;
+}
+
+uint64_t Runtime::fingerprint() const {
+  // FNV-1a over everything that steers a routing decision.
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](const void* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      h ^= static_cast<const unsigned char*>(p)[i];
+      h *= 1099511628211ull;
+    }
+  };
+  auto mix_s = [&](const std::string& s) { mix(s.data(), s.size()); mix("\0", 1); };
+  auto mix_v = [&](uint64_t v) { mix(&v, sizeof v); };
+  mix_s(STREAMCOLL_VERSION);
+  mix_v(settings_.disable);
+  mix_v(settings_.check);
+  mix_v(settings_.stats);
+  mix_v(static_cast<uint64_t>(settings_.ht_wait));
+  for (int f : settings_.hierarchy) mix_v(static_cast<uint64_t>(f));
+  mix_s(settings_.node_groups);
+  for (const config::Rule& r : table_.rules()) {
+    for (uint64_t v : {uint64_t{r.colls}, r.bytes.lo, r.bytes.hi, r.ranks.lo, r.ranks.hi,
+                       r.nodes.lo, r.nodes.hi, r.ppn.lo, r.ppn.hi, uint64_t{r.mems},
+                       static_cast<uint64_t>(r.stream + 1),
+                       static_cast<uint64_t>(r.choice.route)})
+      mix_v(v);
+    for (const auto& [k, v] : r.choice.params) {
+      mix_s(k);
+      mix_s(v);
+    }
+  }
+  return h;
 }
 
 void Runtime::load_table() {
@@ -123,7 +175,7 @@ void Runtime::load_table() {
 
 void Runtime::enable_stream_attribute() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (state_.load() != running || !cuda_usable_) return;
+  if (state_.load() != running || !driver_present_) return;
   full_path_.store((1u << kNumColls) - 1);
   g_passthrough.store(0);
 }
@@ -131,7 +183,6 @@ void Runtime::enable_stream_attribute() {
 void Runtime::add_forced_routes(uint32_t colls) {
   std::lock_guard<std::mutex> lock(mu_);
   if (state_.load() != running) return;
-  forced_colls_.fetch_or(colls);
   full_path_.fetch_or(colls);
   g_passthrough.fetch_and(~colls);
 }

@@ -55,22 +55,31 @@ class Runtime {
   Stats& stats() { return stats_; }
   bool stats_on() const { return settings_.stats; }
   bool check_on() const { return settings_.check; }
-  bool cuda_usable() const { return cuda_usable_; }
+  /// Some node of the job has a CUDA driver (agreed at MPI_Init): GPU memory may exist,
+  /// and the table's GPU rules apply.
+  bool job_gpu() const { return job_gpu_; }
 
-  /// Whether a call of `c` must be looked at beyond the pass-through fast path: buffers
-  /// may be on a GPU, the table may route host memory, or STREAMCOLL_CHECK is on.
+  /// Whether a call of `c` may leave pmpi on any communicator whose routes are not
+  /// forced: the table routes some memory kind of it (GPU kinds only in a job with a
+  /// CUDA driver). Equal on every rank: built from facts agreed at MPI_Init only.
+  bool candidate(Coll c) const {
+    return table_.routes_host(c) ||
+           (job_gpu_ && (table_.may_leave_pmpi(c, MemKind::device) ||
+                         table_.may_leave_pmpi(c, MemKind::managed)));
+  }
+
+  /// Whether a call of `c` must be looked at beyond the pass-through fast path: it is a
+  /// candidate(), STREAMCOLL_CHECK is on, or this process needs to look for local reasons
+  /// (GPU buffers to stage for an MPI that is not CUDA-aware, a stream attribute, routes
+  /// forced on one of its communicators). Local facts may differ between ranks: the
+  /// full path does nothing collective for a call that is not a candidate.
   bool full_path(Coll c) const {
     return full_path_.load(std::memory_order_relaxed) >> static_cast<int>(c) & 1u;
   }
 
-  /// Whether a call of `c` on memory `m` may go to a route other than pmpi: the table
-  /// says so, or some communicator has forced routes for `c` (streamcoll_comm_set_route).
-  bool may_route(Coll c, MemKind m) const {
-    return table_.may_leave_pmpi(c, m) ||
-           (forced_colls_.load(std::memory_order_relaxed) >> static_cast<int>(c) & 1u);
-  }
-  /// Some communicator now forces routes for the collectives in `colls` (bit per Coll):
-  /// those calls take the full path from now on.
+  /// Some communicator of this process now forces routes for the collectives in `colls`
+  /// (bit per Coll): those calls take the full path from now on (only that
+  /// communicator's calls may leave pmpi for it: decide() asks it, not this).
   void add_forced_routes(uint32_t colls);
 
   /// The thread level MPI provides (what streamcoll asked for at MPI_Init), and whether
@@ -92,9 +101,10 @@ class Runtime {
   config::Settings settings_;
   config::TuningTable table_;
   Stats stats_;
-  bool cuda_usable_ = false;
+  uint64_t fingerprint() const;  ///< of the settings that steer routing
+  bool driver_present_ = false;  ///< this node has a CUDA driver (cuda::driver_present)
+  bool job_gpu_ = false;         ///< some node of the job has one (agreed at MPI_Init)
   std::atomic<uint32_t> full_path_{0};
-  std::atomic<uint32_t> forced_colls_{0};
   int thread_level_ = MPI_THREAD_SINGLE;
   int self_keyval_ = MPI_KEYVAL_INVALID;
 };

@@ -1,7 +1,45 @@
 // How a collective call is routed. Read this file first.
 //
+// THE RULE. Every rank of a communicator must take the same route for a call and run the
+// same set-up collectives, or a legal program hangs or computes garbage. So a routing
+// decision uses only facts that are equal on every rank, and each rank adapts to its own
+// buffers inside the chosen route. The facts, and why each is equal everywhere:
+//   - the collective, blocking or not, its byte size, datatype (reductions), op and
+//     root: MPI requires every rank to make the same call with matching arguments
+//     (a gather-like call's datatypes may differ between ranks: only its type signature,
+//     hence its size, must match);
+//   - the tuning table, STREAMCOLL_ROUTE and the other steering settings, and whether any
+//     node of the job has a CUDA driver: agreed over MPI_COMM_WORLD at MPI_Init
+//     (core/runtime.cpp); ranks that differ get no routing at all;
+//   - the communicator: its size, and its node layout found collectively when its
+//     context is created (core/comm_context), at a blocking call that every rank
+//     treats alike;
+//   - routes forced on the communicator: streamcoll_comm_set_route is collective over it
+//     (same spec on every rank), and affects that communicator only;
+//   - the facts agreed per call (core/agreement: agree_call): at a blocking call that may
+//     leave pmpi, the ranks exchange, in one small allreduce, what only each of them can
+//     see: the memory kind of its buffers (MPI lets a rank pass host memory where another
+//     passes device memory, and makes MPI_Reduce's receive buffer significant at the root
+//     only), whether its arguments suit a route at all (language binding, how it
+//     describes a type signature), whether the communicator carries a stream attribute
+//     on it, and which routes it cannot run (Route::able_here: a driver that cannot hold
+//     a stream, a buffer on another GPU than the communicator's NCCL one). Ranks that
+//     pass different memory kinds go to pmpi together.
+//   - a non-blocking call cannot agree (starting one must not wait for other ranks): it is
+//     routed from the facts agreed at the last blocking call of the same collective on
+//     the communicator (before one, of any collective; equal everywhere: MPI orders
+//     blocking calls alike on every rank), or goes to pmpi before there was one. A rank whose buffers differ from those facts
+//     adapts inside the route (nccl stages host memory through the GPU, ht runs its host
+//     path, pmpi takes any memory).
+// Never used for a decision: this rank's memory kind, GPU, stream, environment or timing.
+// The fast path (shim/dispatch.hpp: pass_through) and the full path below may differ
+// between ranks (a process with GPU buffers to stage looks closer), so the full path
+// does nothing collective for a call that is not a candidate (step 1).
+// STREAMCOLL_CHECK=1 verifies the invariant inputs and the chosen rule with an extra
+// allreduce, before any set-up collective runs, and aborts with a message on a divergence.
+//
 //   MPI_Allreduce(...)                       shim/collectives.cpp
-//      pass_through(): no GPU, no host routes, no statistics -> PMPI_ call
+//      pass_through(): nothing can route it here -> PMPI_ call
 //   -> dispatch(CollArgs)
 //      decide():  MPI_COMM_NULL                               -> MPI_ERR_COMM
 //                 non-blocking call without a request         -> MPI_ERR_REQUEST
@@ -9,21 +47,20 @@
 //                 negative recvcounts[i] (v-variants)         -> MPI_ERR_COUNT
 //                 null data buffer with a predefined type     -> MPI_ERR_BUFFER
 //                 memory kind of the significant buffers (CUDA driver)
-//                 GPU buffers: the communicator's stream, if any  streamext/
-//                 derived type, user op, mixed memory kinds,
-//                 Fortran binding (core/eligibility)          -> pmpi
-//                 communicator context (node layout)          core/comm_context
-//                 tuning table: first matching rule           config/tuning_table
-//                 route absent in this build, or declines     -> the next matching rule
+//                 the communicator's stream, if any          streamext/
+//        step 1   candidate? (rank-invariant: table, forced routes, arguments)  -> pmpi
+//        step 2   blocking: agree_call (context created the first time, collectively)
+//                 non-blocking: the last blocking call's agreement, or pmpi
+//                 agreed facts not routable (mixed kinds, a rank's arguments) -> pmpi
+//        step 3   tuning table with the agreed facts: first matching rule
+//                                                             config/tuning_table
+//                 route absent, unable on some rank, or declines -> the next rule
 //                 (a forced route: STREAMCOLL_ROUTE, streamcoll_comm_set_route)  -> pmpi
 //                 no rule left                                -> pmpi
-//                 (pmpi with a stream: the stream is synchronised first, so the
-//                 call is still correct, only not asynchronous)
-//                 (pmpi on GPU buffers with an MPI that is not CUDA-aware: the
-//                 buffers are staged through host memory  core/host_staging)
-//      STREAMCOLL_CHECK: one extra allreduce verifies every rank chose the same
-//      route and memory kind                                 core/agreement
-//      route.run(args)                                        algorithms/
+//      route.run(args, this rank's buffers)                   algorithms/
+//        (pmpi with a stream: the stream is synchronised first, so the call is still
+//        correct, only not asynchronous; pmpi on GPU buffers with an MPI that is not
+//        CUDA-aware: the buffers are staged through host memory  core/host_staging)
 //      statistics (STREAMCOLL_STATS)                          core/stats
 #include "shim/dispatch.hpp"
 
@@ -80,6 +117,25 @@ MemKind combine(const BufferUse* bufs, int n, int* device) {
     else if (k != kind) return MemKind::mixed;
   }
   return kind;
+}
+
+// Whether `v` leaves the call to the agreement (step 2 of decide()): the verdicts that
+// every rank reaches alike (MPI makes the arguments behind them match on all ranks) end
+// the decision at once; those that only this rank's own arguments can cause do not.
+bool invariant_verdict(Verdict v, Coll c) {
+  const bool same_datatype = takes_op(c);  // reductions: one datatype on every rank
+  switch (v) {
+    case Verdict::eligible:
+    case Verdict::mixed_memory:  // memory kinds are each rank's own
+    case Verdict::fortran:       // so is the language binding
+      return true;
+    case Verdict::derived_type:
+    case Verdict::type_mismatch:
+      // bcast and the gather family require equal type signatures, not equal datatypes
+      return !same_datatype;
+    default:  // invalid arguments, inter-communicator, no data, user op, op not defined
+      return false;
+  }
 }
 
 Decision decide(const CollArgs& a, Runtime& rt) {
@@ -149,50 +205,106 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   d.env.mem = f.mem = combine(bufs, significant_buffers(a, rank, size, sts, rts, bufs),
                                   &d.env.device);
   if (!rt.full_path(a.coll)) return d;  // only statistics asked for the facts above
-  if (d.env.mem == MemKind::device || d.env.mem == MemKind::managed)
-    d.env.has_stream = streamext::attached(a.comm, &d.env.stream);
+  void* stream = nullptr;
+  const bool attached = streamext::attached(a.comm, &stream);
+  if (attached && (d.env.mem == MemKind::device || d.env.mem == MemKind::managed)) {
+    d.env.has_stream = true;
+    d.env.stream = stream;
+  }
   const Verdict verdict = eligibility(f);
   const bool check = rt.check_on();
-  if (!check &&
-      (verdict != Verdict::eligible || !rt.may_route(a.coll, d.env.mem))) {
+
+  // Step 1, rank-invariant: may this call leave pmpi at all? From the call's arguments
+  // that MPI requires to match, the table (agreed at MPI_Init) and the communicator's
+  // forced routes (streamcoll_comm_set_route is collective). A verdict that only this
+  // rank's arguments can cause (memory kinds, binding, how a gather-like call describes
+  // its type signature) is not used here: it goes into the agreement below.
+  CommContext* ctx = comm_context(a.comm, false);
+  std::shared_ptr<const config::TuningTable> forced = ctx ? ctx->forced_routes() : nullptr;
+  const bool candidate =
+      invariant_verdict(verdict, a.coll) &&
+      (rt.candidate(a.coll) || (forced && forced->may_leave_pmpi_any(a.coll)));
+  if (check && !a.nonblocking) check_inputs(a.comm, a.coll, d.bytes, a.root, candidate, rank);
+  if (!candidate) {
+    if (check) check_agreement(a.comm, a.coll, a.nonblocking, d.route, MemKind::host, rank);
     SC_TRACE("%s %llu B on %s memory -> pmpi (%s)", call_name(a.coll, a.nonblocking).c_str(),
              static_cast<unsigned long long>(d.bytes), std::string(name(d.env.mem)).c_str(),
              verdict == Verdict::eligible ? "no rule routes it" : describe(verdict));
     return d;
   }
 
-  // The communicator's context holds the layout the table matches on. It is created
-  // collectively at the first blocking call that could be routed; until then non-blocking
-  // calls on the communicator pass through (the same on every rank).
-  if (verdict == Verdict::eligible && rt.may_route(a.coll, d.env.mem) &&
-      (d.ctx = comm_context(a.comm, !a.nonblocking)) != nullptr) {
-    config::CallKey key{a.coll,   d.bytes,   size, d.ctx->nodes, d.ctx->ppn,
-                        d.env.mem, d.env.has_stream};
-    const config::Rule* rule = nullptr;
-    if ((d.forced = d.ctx->forced_routes())) rule = d.forced->match(key);  // comm_set_route
-    // A forced route (streamcoll_comm_set_route, STREAMCOLL_ROUTE) that declines goes to
-    // pmpi; a table rule's route that declines hands the call to the next matching rule.
-    const bool by_comm = rule != nullptr;
-    if (!rule) rule = rt.table().match(key);
-    while (rule) {
-      d.choice = &rule->choice;
-      Route* route = find_route(rule->choice.route);
-      if (route && route->accepts(a, *d.ctx, rule->choice, d.env)) {
-        d.route = rule->choice.route;
-        break;
-      }
-      if (rule->choice.route == RouteId::pmpi) break;
-      const bool forced = by_comm || rule->origin == "STREAMCOLL_ROUTE";
-      const config::Rule* next = forced ? nullptr : rt.table().match(key, rule);
-      SC_TRACE("%s: route %s (%s) %s; %s%s", call_name(a.coll, a.nonblocking).c_str(),
-               std::string(name(rule->choice.route)).c_str(), rule->origin.c_str(),
-               route ? "declines this call" : "is not available",
-               next ? "trying " : "using pmpi", next ? next->origin.c_str() : "");
-      rule = next;
-      if (!rule) d.choice = nullptr;
-    }
+  // Step 2, agreement. A blocking call is a point every rank of the communicator reaches
+  // and decides alike (step 1): the context is created there (collectively, the first
+  // time) and the ranks agree on what each of them sees. A non-blocking call must start
+  // without waiting for the others: it uses the facts agreed at the last blocking call of
+  // its collective on the communicator, and goes to pmpi before there was one.
+  LocalFacts mine;
+  mine.mem = d.env.mem;
+  mine.ineligible = verdict != Verdict::eligible;
+  mine.stream = attached;
+  AgreedFacts agreed;
+  if (!a.nonblocking) {
+    if (!ctx) ctx = comm_context(a.comm, true);
+    if (!ctx) return d;  // the MPI failed to set one up (on every rank)
+    for (int r = 0; r < kNumRoutes; ++r)
+      if (Route* route = find_route(static_cast<RouteId>(r)); route && !mine.ineligible &&
+                                                             !route->able_here(a, *ctx, d.env))
+        mine.unable |= 1u << r;
+    agreed = agree_call(a.comm, size, mine);
+    ctx->agreed[static_cast<int>(a.coll)] = agreed;
+    ctx->agreed_last = agreed;
+  } else if (ctx) {
+    agreed = ctx->agreed[static_cast<int>(a.coll)];
+    if (!agreed.valid) agreed = ctx->agreed_last;
   }
-  if (check) check_agreement(a.comm, a.coll, a.nonblocking, d.route, d.env.mem, rank);
+  d.ctx = ctx;
+  if (!agreed.valid || !agreed.routable) {
+    if (check) check_agreement(a.comm, a.coll, a.nonblocking, d.route, MemKind::host, rank);
+    SC_TRACE("%s %llu B on %s memory -> pmpi (%s)", call_name(a.coll, a.nonblocking).c_str(),
+             static_cast<unsigned long long>(d.bytes), std::string(name(d.env.mem)).c_str(),
+             agreed.valid ? agreed.why : "no blocking call has agreed on its facts yet");
+    return d;
+  }
+
+  // Step 3, the route: the table and the forced routes matched with the agreed facts;
+  // routes decide whether they accept from the agreed facts too (Route::accepts).
+  CallEnv env = d.env;  // what the route decides from: agreed, with this rank's GPU
+  env.mem = agreed.mem;
+  env.has_stream = agreed.stream &&
+                   (agreed.mem == MemKind::device || agreed.mem == MemKind::managed);
+  env.unable = agreed.unable;
+  config::CallKey key{a.coll, d.bytes, size, ctx->nodes, ctx->ppn, env.mem, env.has_stream};
+  const config::Rule* rule = nullptr;
+  if ((d.forced = forced)) rule = d.forced->match(key);  // comm_set_route
+  // A forced route (streamcoll_comm_set_route, STREAMCOLL_ROUTE) that declines goes to
+  // pmpi; a table rule's route that declines hands the call to the next matching rule.
+  const bool by_comm = rule != nullptr;
+  if (!rule) rule = rt.table().match(key);
+  // STREAMCOLL_CHECK: the rule every rank matched, before its route sets anything up.
+  if (check)
+    check_agreement(a.comm, a.coll, a.nonblocking, rule ? rule->choice.route : RouteId::pmpi,
+                    env.mem, rank);
+  while (rule) {
+    d.choice = &rule->choice;
+    Route* route = find_route(rule->choice.route);
+    if (route && !(env.unable >> static_cast<int>(rule->choice.route) & 1u) &&
+        route->accepts(a, *ctx, rule->choice, env)) {
+      d.route = rule->choice.route;
+      break;
+    }
+    if (rule->choice.route == RouteId::pmpi) break;
+    const bool forced_rule = by_comm || rule->origin == "STREAMCOLL_ROUTE";
+    const config::Rule* next = forced_rule ? nullptr : rt.table().match(key, rule);
+    SC_TRACE("%s: route %s (%s) %s; %s%s", call_name(a.coll, a.nonblocking).c_str(),
+             std::string(name(rule->choice.route)).c_str(), rule->origin.c_str(),
+             !route ? "is not available"
+             : (env.unable >> static_cast<int>(rule->choice.route) & 1u)
+                 ? "cannot run on some rank"
+                 : "declines this call",
+             next ? "trying " : "using pmpi", next ? next->origin.c_str() : "");
+    rule = next;
+    if (!rule) d.choice = nullptr;
+  }
   SC_TRACE("%s %llu B on %s memory%s -> %s", call_name(a.coll, a.nonblocking).c_str(),
            static_cast<unsigned long long>(d.bytes), std::string(name(d.env.mem)).c_str(),
            d.env.has_stream ? " with a stream" : "", std::string(name(d.route)).c_str());

@@ -29,8 +29,9 @@
 //   async-error  FAKE_NCCL_ASYNC_ERROR_AFTER=3, FAKE_CUDA_DEVICES=2: streamcoll's
 //                watchdog aborts the NCCL communicator without any MPI call; later calls
 //                fail (MPI_ERR_OTHER, also MPI_I* and stream-ordered ones) without reaching
-//                NCCL; unsupported calls still work; a buffer on another device fails with
-//                MPI_ERR_BUFFER; a rank whose peer never joins an operation
+//                NCCL; unsupported calls still work; buffers on another device than the
+//                NCCL communicator's go to pmpi, right, on every rank; a rank whose peer
+//                never joins a (non-blocking) operation: its wait fails
 //
 // Every call is checked against values computed here, against streamcoll's statistics
 // (route and memory kind), and against the fakes' counters (stream semantics: a call with
@@ -965,25 +966,29 @@ void async_error() {
   check(nc("ncclCommDestroy") == destroys0, "an aborted NCCL communicator is not destroyed");
 
   // Another communicator has its own NCCL communicator, unaffected; a buffer on another
-  // GPU than its NCCL communicator's fails with MPI_ERR_BUFFER.
+  // GPU than its NCCL communicator's: the ranks agree that nccl cannot run it, and the MPI
+  // carries it, right.
   MPI_Comm_dup(MPI_COMM_WORLD, &comm);
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
   allreduce<int>({comm, "nccl"}, t, kOps[0], 100, Variant{}, 11);
   {
     Buf a(n * sizeof(int), Mem::device1), b(n * sizeof(int), Mem::device1);
     host_write(a.get(), bytes_of(in), true, "input");
-    const unsigned long long before = stat_calls("allreduce", "nccl", "device");
+    const unsigned long long before = stat_calls("allreduce", "pmpi", "device");
     rc = MPI_Allreduce(a.get(), b.get(), static_cast<int>(n), MPI_INT, MPI_SUM, comm);
-    check(rc != MPI_SUCCESS && error_class(rc) == MPI_ERR_BUFFER,
-          "a buffer on device 1, NCCL communicator on device 0: MPI_ERR_BUFFER");
-    check(stat_calls("allreduce", "nccl", "device") == before + 1, "that call was routed to nccl");
+    check(rc == MPI_SUCCESS, "a buffer on device 1, NCCL communicator on device 0: succeeds");
+    check(host_read(b.get(), n * sizeof(int), true, "device 1 result") == bytes_of(ref),
+          "a buffer on device 1: the right sum");
+    check(stat_calls("allreduce", "pmpi", "device") == before + 1, "that call was routed to pmpi");
   }
   allreduce<int>({comm, "nccl"}, t, kOps[3], 100, variant(8, true), 12);
   MPI_Comm_free(&comm);
 
   // A peer that never joins an operation (a dead or hung rank): the others' NCCL
   // operation cannot complete; their watchdog sees the asynchronous error, aborts, and
-  // the blocking call must fail rather than return garbage.
+  // the wait must fail rather than return garbage. (Non-blocking, routed from the
+  // blocking calls' agreement: a blocking call would first wait for the peer in that
+  // agreement, as in any MPI collective.)
   if (g_size < 2) return;
   MPI_Comm_dup(MPI_COMM_WORLD, &comm);
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
@@ -991,14 +996,17 @@ void async_error() {
   allreduce<int>({comm, "nccl"}, t, kOps[0], 100, Variant{}, 22);
   if (g_rank == 0) {
     host_write(recv.get(), garbage(recv.size()), true, "prefill");
-    rc = MPI_Allreduce(send.get(), recv.get(), static_cast<int>(n), MPI_INT, MPI_SUM, comm);
-    auto got = host_read(recv.get(), n * sizeof(int), true, "MPI_Allreduce without its peers");
+    MPI_Request lone = MPI_REQUEST_NULL;
+    rc = MPI_Iallreduce(send.get(), recv.get(), static_cast<int>(n), MPI_INT, MPI_SUM, comm, &lone);
+    check(rc == MPI_SUCCESS, "MPI_Iallreduce without its peers starts");
+    rc = MPI_Wait(&lone, MPI_STATUS_IGNORE);
+    auto got = host_read(recv.get(), n * sizeof(int), true, "MPI_Iallreduce without its peers");
     const bool right = got == bytes_of(ref);
     check(!right, "the operation without its peers did not complete (the fake ran it alone?)");
     // The stream goes idle because the NCCL communicator was aborted meanwhile (by the
     // watchdog, or by the wait's own poll): not a completed operation, an error.
     check(rc != MPI_SUCCESS && error_class(rc) == MPI_ERR_OTHER,
-              "a blocking call whose NCCL communicator is aborted while it waits fails "
+              "a wait whose NCCL communicator is aborted while it waits fails "
               "(got " + std::to_string(rc) + ", result " + (right ? "right" : "garbage") + ")");
   }
   MPI_Barrier(MPI_COMM_WORLD);
