@@ -1,0 +1,533 @@
+// Legal MPI programs whose ranks differ, under streamcoll with the fake CUDA driver and
+// the fake NCCL: every rank must finish, with the values computed here independently.
+// Each hang fails within the watchdog's time (SIGALRM) instead of stalling the suite.
+//
+//   divergent MODE [SEEDS]      (run under tests/mpi/run.sh preload; tests/fake/meson.build)
+//   cases    the patterns that hung or computed wrong sums before the routing decision was
+//            made from rank-invariant facts (shim/dispatch.cpp):
+//            - MPI_Reduce of device data into a host receive buffer at the root (the
+//              root's buffers are device+host, the others' device only), every root;
+//            - each collective with some ranks on host memory and the others on device
+//              memory (then pinned and managed), blocking;
+//            - non-blocking calls after a blocking all-device call agreed on NCCL, with
+//              one rank passing host memory (it stages through the GPU), completed by
+//              MPI_Wait, MPI_Waitall and MPI_Test loops;
+//            - streamcoll_comm_set_route on a sub-communicator of some ranks, then calls
+//              on MPI_COMM_WORLD's duplicate and on another sub-communicator;
+//            - with FAKE_CUDA_DEVICES=2: one rank's buffer on the second GPU after the
+//              NCCL communicator was set up on the first (blocking and non-blocking).
+//   random   SEEDS seeded programs (default 2): each a sequence of 40 collectives with
+//            sizes, roots, in-place use and blocking or not drawn alike on every rank,
+//            and each rank's memory kind per buffer (host, device, pinned, managed)
+//            drawn per rank; non-blocking calls completed in batches by a completion
+//            call drawn per rank (Wait in order or reverse, Waitall, Waitany, Waitsome,
+//            Test/Testall loops). Reproduce one with DIVERGENT_SEED_BASE.
+// Prints "N passed, N failed" on rank 0; exits nonzero on failure.
+#include <dlfcn.h>
+#include <mpi.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "harness.hpp"
+
+namespace {
+
+enum class Mem { host, device, pinned, managed, device1 };
+const char* mem_name(Mem m) {
+  switch (m) {
+    case Mem::host: return "host";
+    case Mem::device: return "device";
+    case Mem::pinned: return "pinned";
+    case Mem::managed: return "managed";
+    case Mem::device1: return "device1";
+  }
+  return "?";
+}
+
+// A buffer of `bytes` in memory kind `m`, filled with a sentinel byte.
+class Buf {
+ public:
+  Buf(size_t bytes, Mem m) : bytes_(bytes ? bytes : 1), mem_(m) {
+    switch (m) {
+      case Mem::host: p_ = std::malloc(bytes_); break;
+      case Mem::device: p_ = api.malloc(bytes_); break;
+      case Mem::pinned: p_ = api.malloc_pinned(bytes_); break;
+      case Mem::managed: p_ = api.malloc_managed(bytes_); break;
+      case Mem::device1: p_ = api.malloc_device(1, bytes_); break;
+    }
+    if (!p_) {
+      std::fprintf(stderr, "[rank %d] out of (fake) memory\n", g_rank);
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    std::memset(p_, kSentinel, bytes_);
+  }
+  ~Buf() {
+    if (mem_ == Mem::host) std::free(p_);
+    else api.free(p_);
+  }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  template <class T>
+  T* as() const { return static_cast<T*>(p_); }
+  void* get() const { return p_; }
+  void put(const void* src, size_t n) {
+    if (mem_ != Mem::host) check(api.host_access(p_, n, 1) == 0, "host write without a race");
+    std::memcpy(p_, src, n);
+  }
+  std::vector<char> read() const {
+    if (mem_ != Mem::host) check(api.host_access(p_, bytes_, 0) == 0, "result complete for the host");
+    const char* c = static_cast<const char*>(p_);
+    return std::vector<char>(c, c + bytes_);
+  }
+  static constexpr char kSentinel = 0x5a;
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_;
+  Mem mem_;
+};
+
+// Rank r's int input element i for a call salted `salt`.
+int in_val(int r, size_t i, unsigned salt) { return static_cast<int>((r + 1) * 1000 + i * 7 + salt * 3) % 100003; }
+
+enum class Kind { allreduce, reduce, bcast, allgather, rsb, alltoall };
+const char* kind_name(Kind k) {
+  static const char* n[] = {"allreduce", "reduce", "bcast", "allgather", "reduce_scatter_block",
+                            "alltoall"};
+  return n[static_cast<int>(k)];
+}
+
+// One collective on MPI_INT with MPI_SUM: its buffers on this rank, started by start()
+// (blocking, or non-blocking with *req), verified by verify() against values computed
+// here. `n` is the count per rank (per block for the gather family and rsb).
+struct Call {
+  Kind kind;
+  size_t n;
+  int root;
+  bool in_place;
+  unsigned salt;
+  MPI_Comm comm;
+  int rank, size;
+  Buf* send = nullptr;
+  Buf* recv = nullptr;
+
+  size_t send_elems() const {
+    switch (kind) {
+      case Kind::allreduce: case Kind::reduce: case Kind::bcast: case Kind::allgather: return n;
+      case Kind::rsb: case Kind::alltoall: return n * size;
+    }
+    return n;
+  }
+  size_t recv_elems() const {
+    switch (kind) {
+      case Kind::allreduce: case Kind::reduce: case Kind::bcast: case Kind::rsb: return n;
+      case Kind::allgather: case Kind::alltoall: return n * size;
+    }
+    return n;
+  }
+  // In place, the input is in the receive buffer (rsb: the whole vector; allgather: this
+  // rank's block; reduce: the root only).
+  bool uses_in_place() const {
+    if (!in_place) return false;
+    if (kind == Kind::reduce) return rank == root;
+    return kind != Kind::bcast;
+  }
+  size_t recv_alloc() const { return kind == Kind::rsb && uses_in_place() ? n * size : recv_elems(); }
+
+  void prepare(Mem send_mem, Mem recv_mem) {
+    if (kind != Kind::bcast && !uses_in_place()) send = new Buf(send_elems() * sizeof(int), send_mem);
+    recv = new Buf(recv_alloc() * sizeof(int), recv_mem);
+    std::vector<int> v;
+    if (kind == Kind::bcast) {
+      if (rank == root) {
+        v.resize(n);
+        for (size_t i = 0; i < n; ++i) v[i] = in_val(root, i, salt);
+        recv->put(v.data(), v.size() * sizeof(int));
+      }
+      return;
+    }
+    v.resize(send_elems());
+    for (size_t i = 0; i < v.size(); ++i) v[i] = in_val(rank, i, salt);
+    if (!uses_in_place()) {
+      send->put(v.data(), v.size() * sizeof(int));
+    } else if (kind == Kind::allgather) {
+      std::vector<char> all(recv_alloc() * sizeof(int), Buf::kSentinel);
+      std::memcpy(all.data() + rank * n * sizeof(int), v.data(), n * sizeof(int));
+      recv->put(all.data(), all.size());
+    } else {
+      recv->put(v.data(), v.size() * sizeof(int));
+    }
+  }
+
+  int start(MPI_Request* req) {
+    const void* s = uses_in_place() ? MPI_IN_PLACE : (send ? send->get() : nullptr);
+    void* r = recv->get();
+    const int c = static_cast<int>(n);
+    switch (kind) {
+      case Kind::allreduce:
+        return req ? MPI_Iallreduce(s, r, c, MPI_INT, MPI_SUM, comm, req)
+                   : MPI_Allreduce(s, r, c, MPI_INT, MPI_SUM, comm);
+      case Kind::reduce:
+        return req ? MPI_Ireduce(s, r, c, MPI_INT, MPI_SUM, root, comm, req)
+                   : MPI_Reduce(s, r, c, MPI_INT, MPI_SUM, root, comm);
+      case Kind::bcast:
+        return req ? MPI_Ibcast(r, c, MPI_INT, root, comm, req) : MPI_Bcast(r, c, MPI_INT, root, comm);
+      case Kind::allgather:
+        return req ? MPI_Iallgather(s, c, MPI_INT, r, c, MPI_INT, comm, req)
+                   : MPI_Allgather(s, c, MPI_INT, r, c, MPI_INT, comm);
+      case Kind::rsb:
+        return req ? MPI_Ireduce_scatter_block(s, r, c, MPI_INT, MPI_SUM, comm, req)
+                   : MPI_Reduce_scatter_block(s, r, c, MPI_INT, MPI_SUM, comm);
+      case Kind::alltoall:
+        return req ? MPI_Ialltoall(s, c, MPI_INT, r, c, MPI_INT, comm, req)
+                   : MPI_Alltoall(s, c, MPI_INT, r, c, MPI_INT, comm);
+    }
+    return MPI_ERR_OTHER;
+  }
+
+  // Expected receive buffer contents (as ints; kSentinel bytes where MPI writes nothing).
+  std::vector<int> expected() const {
+    int sentinel;
+    std::memset(&sentinel, Buf::kSentinel, sizeof sentinel);
+    std::vector<int> e(recv_alloc(), sentinel);
+    auto sum = [&](size_t i) {
+      long long t = 0;
+      for (int r = 0; r < size; ++r) t += in_val(r, i, salt);
+      return static_cast<int>(t);
+    };
+    switch (kind) {
+      case Kind::allreduce:
+        for (size_t i = 0; i < n; ++i) e[i] = sum(i);
+        break;
+      case Kind::reduce:
+        if (rank == root)
+          for (size_t i = 0; i < n; ++i) e[i] = sum(i);
+        else if (uses_in_place())
+          break;
+        break;
+      case Kind::bcast:
+        for (size_t i = 0; i < n; ++i) e[i] = in_val(root, i, salt);
+        break;
+      case Kind::allgather:
+        for (int r = 0; r < size; ++r)
+          for (size_t i = 0; i < n; ++i) e[r * n + i] = in_val(r, i, salt);
+        break;
+      case Kind::rsb:
+        for (size_t i = 0; i < n; ++i) e[i] = sum(rank * n + i);
+        // in place: the rest of the vector stays as the caller left it (its input)
+        if (uses_in_place())
+          for (size_t i = n; i < n * size; ++i) e[i] = in_val(rank, i, salt);
+        break;
+      case Kind::alltoall:
+        for (int r = 0; r < size; ++r)
+          for (size_t i = 0; i < n; ++i) e[r * n + i] = in_val(r, rank * n + i, salt);
+        break;
+    }
+    return e;
+  }
+
+  void verify(const std::string& label) {
+    std::vector<char> got = recv->read();
+    std::vector<int> want = expected();
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      int g;
+      std::memcpy(&g, got.data() + i * sizeof(int), sizeof g);
+      if (g != want[i] && bad++ == 0) first = i;
+    }
+    check(bad == 0, label + ": " + std::to_string(bad) + " wrong elements (first at " +
+                        std::to_string(first) + ")");
+    delete send;
+    delete recv;
+    send = recv = nullptr;
+  }
+};
+
+std::string label_of(const Call& c, Mem sm, Mem rm, const char* how) {
+  return std::string(kind_name(c.kind)) + " n=" + std::to_string(c.n) + " root=" +
+         std::to_string(c.root) + (c.in_place ? " in place" : "") + " " + how + " send=" +
+         mem_name(sm) + " recv=" + mem_name(rm);
+}
+
+void run_blocking(Call c, Mem sm, Mem rm) {
+  c.prepare(sm, rm);
+  const int rc = c.start(nullptr);
+  check(rc == MPI_SUCCESS, label_of(c, sm, rm, "blocking") + ": returns MPI_SUCCESS");
+  c.verify(label_of(c, sm, rm, "blocking"));
+}
+
+Call make(Kind k, size_t n, int root, bool in_place, unsigned salt, MPI_Comm comm) {
+  Call c{k, n, root, in_place, salt, comm, comm_rank(comm), comm_size(comm)};
+  return c;
+}
+
+// ---- cases ------------------------------------------------------------------------------
+
+void reduce_to_host_root(MPI_Comm comm) {
+  const int size = comm_size(comm), rank = comm_rank(comm);
+  for (int root = 0; root < size; ++root)
+    for (size_t n : {1, 1000}) {
+      // Non-root ranks pass a device receive buffer (not significant), the root a host one.
+      Call c = make(Kind::reduce, n, root, false, 11 + root, comm);
+      run_blocking(c, Mem::device, rank == root ? Mem::host : Mem::device);
+      // And the same in place at the root, with a host buffer there.
+      Call d = make(Kind::reduce, n, root, true, 17 + root, comm);
+      run_blocking(d, Mem::device, rank == root ? Mem::host : Mem::device);
+    }
+}
+
+const Kind kKinds[] = {Kind::allreduce, Kind::reduce, Kind::bcast, Kind::allgather, Kind::rsb,
+                       Kind::alltoall};
+
+void mixed_kinds_blocking(MPI_Comm comm) {
+  const int rank = comm_rank(comm), size = comm_size(comm);
+  unsigned salt = 100;
+  for (Kind k : kKinds)
+    for (Mem other : {Mem::host, Mem::pinned, Mem::managed})
+      for (int odd = 0; odd < 2; ++odd) {
+        // Ranks of one parity on device memory, the others on `other`.
+        const Mem m = (rank % 2 == odd) ? Mem::device : other;
+        for (bool ip : {false, true}) {
+          Call c = make(k, 333, size - 1, ip, ++salt, comm);
+          run_blocking(c, m, m);
+        }
+      }
+  // All on device: the route, for comparison, then one rank on host again.
+  Call all = make(Kind::allreduce, 4096, 0, false, ++salt, comm);
+  run_blocking(all, Mem::device, Mem::device);
+  Call one = make(Kind::allreduce, 4096, 0, false, ++salt, comm);
+  run_blocking(one, rank == size - 1 ? Mem::host : Mem::device, rank == size - 1 ? Mem::host : Mem::device);
+}
+
+// Completes `reqs` with the completion call `how` (0..6).
+void complete(std::vector<MPI_Request>& reqs, int how) {
+  const int n = static_cast<int>(reqs.size());
+  switch (how) {
+    case 0:
+      for (auto& r : reqs) check(MPI_Wait(&r, MPI_STATUS_IGNORE) == MPI_SUCCESS, "MPI_Wait");
+      break;
+    case 1:
+      for (int i = n - 1; i >= 0; --i)
+        check(MPI_Wait(&reqs[i], MPI_STATUS_IGNORE) == MPI_SUCCESS, "MPI_Wait (reverse)");
+      break;
+    case 2:
+      check(MPI_Waitall(n, reqs.data(), MPI_STATUSES_IGNORE) == MPI_SUCCESS, "MPI_Waitall");
+      break;
+    case 3:
+      for (int k = 0; k < n; ++k) {
+        int idx = -1;
+        check(MPI_Waitany(n, reqs.data(), &idx, MPI_STATUS_IGNORE) == MPI_SUCCESS, "MPI_Waitany");
+      }
+      break;
+    case 4: {
+      int left = n;
+      std::vector<int> idx(n);
+      while (left > 0) {
+        int out = 0;
+        check(MPI_Waitsome(n, reqs.data(), &out, idx.data(), MPI_STATUSES_IGNORE) == MPI_SUCCESS,
+              "MPI_Waitsome");
+        if (out == MPI_UNDEFINED) break;
+        left -= out;
+      }
+      break;
+    }
+    case 5:
+      for (auto& r : reqs) {
+        int flag = 0;
+        while (!flag) check(MPI_Test(&r, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS, "MPI_Test");
+      }
+      break;
+    default: {
+      int flag = 0;
+      while (!flag)
+        check(MPI_Testall(n, reqs.data(), &flag, MPI_STATUSES_IGNORE) == MPI_SUCCESS, "MPI_Testall");
+    }
+  }
+  for (auto& r : reqs) check(r == MPI_REQUEST_NULL, "request freed by its completion");
+}
+
+void nonblocking_after_agreement(MPI_Comm comm) {
+  const int rank = comm_rank(comm), size = comm_size(comm);
+  unsigned salt = 300;
+  for (Kind k : kKinds) {
+    // A blocking all-device call of this collective: the ranks agree (NCCL when present).
+    Call warm = make(k, 64, 0, false, ++salt, comm);
+    run_blocking(warm, Mem::device, Mem::device);
+    for (int how = 0; how < 7; ++how) {
+      // Then three non-blocking ones; the last rank passes host memory to the middle one.
+      std::vector<Call> calls;
+      std::vector<MPI_Request> reqs(3, MPI_REQUEST_NULL);
+      std::vector<Mem> mems;
+      for (int j = 0; j < 3; ++j) {
+        const Mem m = (j == 1 && rank == size - 1) ? (how % 2 ? Mem::pinned : Mem::host) : Mem::device;
+        calls.push_back(make(k, 100 + j * 37, j % size, j == 2, ++salt, comm));
+        calls.back().prepare(m, m);
+        mems.push_back(m);
+      }
+      for (int j = 0; j < 3; ++j)
+        check(calls[j].start(&reqs[j]) == MPI_SUCCESS, std::string(kind_name(k)) + " non-blocking start");
+      complete(reqs, how);
+      for (int j = 0; j < 3; ++j)
+        calls[j].verify(label_of(calls[j], mems[j], mems[j], "non-blocking") + " completion " +
+                        std::to_string(how));
+    }
+  }
+}
+
+void set_route_on_subcomm(MPI_Comm comm) {
+  const int rank = comm_rank(comm), size = comm_size(comm);
+  // The lower half of the ranks forces routes on their own communicator.
+  MPI_Comm half;
+  MPI_Comm_split(comm, rank < (size + 1) / 2 ? 0 : 1, rank, &half);
+  if (rank < (size + 1) / 2) {
+    check(api.set_route(half, "allreduce:pmpi,bcast:pmpi,allgather:pmpi") == MPI_SUCCESS,
+          "set_route on the lower half");
+  }
+  unsigned salt = 500;
+  for (MPI_Comm c : {comm, half}) {
+    for (Kind k : {Kind::allreduce, Kind::bcast, Kind::allgather}) {
+      Call b = make(k, 1000, 0, false, ++salt, c);
+      run_blocking(b, Mem::device, Mem::device);
+      Call nb = make(k, 1000, 0, false, ++salt, c);
+      nb.prepare(Mem::device, Mem::device);
+      MPI_Request r = MPI_REQUEST_NULL;
+      check(nb.start(&r) == MPI_SUCCESS, "non-blocking start");
+      MPI_Wait(&r, MPI_STATUS_IGNORE);
+      nb.verify(label_of(nb, Mem::device, Mem::device, "non-blocking after set_route"));
+    }
+  }
+  MPI_Comm_free(&half);
+}
+
+void other_gpu(MPI_Comm comm) {
+  const int rank = comm_rank(comm), size = comm_size(comm);
+  unsigned salt = 700;
+  Call warm = make(Kind::allreduce, 256, 0, false, ++salt, comm);
+  run_blocking(warm, Mem::device, Mem::device);
+  const Mem m = rank == size - 1 ? Mem::device1 : Mem::device;
+  Call b = make(Kind::allreduce, 256, 0, false, ++salt, comm);
+  run_blocking(b, m, m);
+  Call nb = make(Kind::allreduce, 256, 0, false, ++salt, comm);
+  nb.prepare(m, m);
+  MPI_Request r = MPI_REQUEST_NULL;
+  check(nb.start(&r) == MPI_SUCCESS, "non-blocking start, other GPU");
+  MPI_Wait(&r, MPI_STATUS_IGNORE);
+  nb.verify(label_of(nb, m, m, "non-blocking"));
+}
+
+// ---- random programs --------------------------------------------------------------------
+
+void random_program(MPI_Comm world, unsigned seed) {
+  const int rank = comm_rank(world), size = comm_size(world);
+  std::mt19937 shared(seed);                       // equal on every rank
+  std::mt19937 mine(seed * 7919u + rank * 104729u);  // this rank's own choices
+  MPI_Comm comm;
+  MPI_Comm_dup(world, &comm);
+  const Mem kinds[] = {Mem::host, Mem::device, Mem::pinned, Mem::managed};
+  std::vector<Call> batch;
+  std::vector<MPI_Request> reqs;
+  std::vector<std::string> labels;
+  auto flush = [&] {
+    if (batch.empty()) return;
+    complete(reqs, static_cast<int>(mine() % 7));
+    for (size_t j = 0; j < batch.size(); ++j) batch[j].verify(labels[j]);
+    batch.clear();
+    reqs.clear();
+    labels.clear();
+  };
+  for (int step = 0; step < 40; ++step) {
+    const Kind k = kKinds[shared() % 6];
+    const size_t n = std::vector<size_t>{1, 7, 64, 1000, 4099}[shared() % 5];
+    const int root = static_cast<int>(shared() % size);
+    const bool ip = shared() % 4 == 0;
+    const bool nb = shared() % 2 == 0;
+    // Mostly device memory (where routes act), sometimes another kind, per rank and buffer.
+    const Mem sm = mine() % 3 ? Mem::device : kinds[mine() % 4];
+    const Mem rm = mine() % 4 ? sm : kinds[mine() % 4];
+    Call c = make(k, n, root, ip, seed * 1000 + step, comm);
+    const std::string label = "seed " + std::to_string(seed) + " step " + std::to_string(step) +
+                              ": " + label_of(c, sm, rm, nb ? "non-blocking" : "blocking");
+    if (!nb) {
+      flush();
+      c.prepare(sm, rm);
+      check(c.start(nullptr) == MPI_SUCCESS, label + ": returns MPI_SUCCESS");
+      c.verify(label);
+      continue;
+    }
+    c.prepare(sm, rm);
+    batch.push_back(c);
+    reqs.push_back(MPI_REQUEST_NULL);
+    labels.push_back(label);
+    check(batch.back().start(&reqs.back()) == MPI_SUCCESS, label + ": start");
+    if (shared() % 3 == 0) flush();
+  }
+  flush();
+  MPI_Comm_free(&comm);
+}
+
+void on_alarm(int) {
+  static const char msg[] = "divergent: watchdog expired: a call hung\n";
+  (void)!write(2, msg, sizeof msg - 1);
+  _exit(3);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+  const std::string mode = argc > 1 ? argv[1] : "";
+  const bool need_nccl = std::getenv("STREAMCOLL_NCCL_LIB") != nullptr &&
+                         access(std::getenv("STREAMCOLL_NCCL_LIB"), R_OK) == 0;
+  int ok = (mode == "cases" || mode == "random") && load_api(need_nccl) ? 1 : 0, all_ok = 0;
+  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!all_ok) {
+    if (g_rank == 0) std::fprintf(stderr, "divergent: unknown mode '%s' or the fakes not loaded\n", mode.c_str());
+    MPI_Finalize();
+    return 1;
+  }
+  signal(SIGALRM, on_alarm);
+  alarm(static_cast<unsigned>(std::getenv("DIVERGENT_TIMEOUT") ? std::atoi(std::getenv("DIVERGENT_TIMEOUT")) : 240));
+  check(api.runtime_init() == 0, "runtime init");
+  const unsigned long long races0 = cu("races");
+  MPI_Comm comm;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  if (mode == "cases") {
+    reduce_to_host_root(comm);
+    mixed_kinds_blocking(comm);
+    nonblocking_after_agreement(comm);
+    set_route_on_subcomm(comm);
+    if (std::getenv("FAKE_CUDA_DEVICES") && std::atoi(std::getenv("FAKE_CUDA_DEVICES")) >= 2)
+      other_gpu(comm);
+    if (need_nccl && g_size > 1)
+      check(stat_calls("allreduce", "nccl", "device") != ~0ull &&
+                stat_calls("allreduce", "nccl", nullptr) > 0,
+            "all-device calls took route nccl");
+  } else {
+    const int seeds = argc > 2 ? std::atoi(argv[2]) : 2;
+    const unsigned base = std::getenv("DIVERGENT_SEED_BASE")
+                              ? static_cast<unsigned>(std::atoi(std::getenv("DIVERGENT_SEED_BASE")))
+                              : 1u;
+    for (int s = 0; s < seeds; ++s) random_program(comm, base + s);
+  }
+  check(cu("races") == races0, "the fake driver saw no race");
+  if (need_nccl) check(nc("mismatches") == 0, "every rank ran the same NCCL operations");
+  MPI_Comm_free(&comm);
+  api.runtime_fini();
+  alarm(0);
+  int counts[2] = {g_pass, g_fail}, total[2] = {0, 0};
+  MPI_Reduce(counts, total, 2, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
+  MPI_Finalize();
+  if (g_rank == 0) std::printf("divergent (%s, %d ranks): %d passed, %d failed\n", mode.c_str(), g_size, total[0], total[1]);
+  return total[1] == 0 && g_fail == 0 ? 0 : 1;
+}
