@@ -10,8 +10,10 @@
 
 namespace streamcoll {
 
-/// The engine's "done" for a request, so that MPI_Wait sleeps (after a short spin)
-/// instead of polling inside the MPI: on a full node the progress thread needs that core.
+/// The engine's "done" for a request, for an owner's blocking on_wait() (e.g. from
+/// on_free()): it sleeps after a short spin, since on a full node the progress thread
+/// needs that core. The wait/test wrappers do not block here: they poll the generalized
+/// request itself, keeping MPI progressing (core/requests.hpp).
 class Completion {
  public:
   /// Engine side, before MPI_Grequest_complete (after which the request may be freed).
@@ -41,6 +43,7 @@ class Completion {
 class HostRequest final : public ManagedRequest {
  public:
   void on_wait() override { done_.wait(); }
+  /// Nothing to advance: the engine completes it; the wrappers' polling sees that.
   void on_test() override {}
   int error() const override { return err_.load(std::memory_order_acquire); }
   void finish(int rc) {

@@ -1,5 +1,8 @@
 #include "core/requests.hpp"
 
+#include <sched.h>
+#include <time.h>
+
 #include <mutex>
 #include <unordered_map>
 
@@ -36,6 +39,63 @@ OwnedRequest* take(MPI_Request req) {
   table().erase(it);
   g_owned.fetch_sub(1, std::memory_order_release);
   return op;
+}
+
+std::vector<Owned> find(int n, const MPI_Request* reqs) {
+  std::vector<Owned> out;
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (table().empty()) return out;
+  for (int i = 0; i < n; ++i) {
+    if (reqs[i] == MPI_REQUEST_NULL) continue;
+    auto it = table().find(reqs[i]);
+    if (it != table().end()) out.push_back(Owned{i, it->second, false});
+  }
+  return out;
+}
+
+void Backoff::pause() {
+  // Spin first: an operation about to end ends soonest so. Then yield at every round:
+  // the progress engine's thread (route ht) may share this core. After some thousands of
+  // yields (milliseconds), sleep a little too: sched_yield alone may not let a thread
+  // of lower priority run.
+  constexpr unsigned kSpins = 64, kYields = 8192;
+  if (n_ < kSpins + kYields) ++n_;
+  if (n_ <= kSpins) return;
+  sched_yield();
+  if (n_ >= kSpins + kYields) {
+    const timespec ts{0, 20 * 1000};  // 20 us
+    nanosleep(&ts, nullptr);
+  }
+}
+
+void progress() {
+  int flag = 0;
+  PMPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_SELF, &flag, MPI_STATUS_IGNORE);
+}
+
+int poll(std::vector<Owned>& owned) {
+  int complete = 0;
+  for (Owned& o : owned) {
+    if (!o.done) {
+      o.op->on_test();
+      o.done = o.op->completed();
+    }
+    complete += o.done ? 1 : 0;
+  }
+  if (complete < static_cast<int>(owned.size())) progress();
+  return complete;
+}
+
+void complete_all(std::vector<Owned>& owned) {
+  for (Backoff b; poll(owned) < static_cast<int>(owned.size());) b.pause();
+}
+
+void complete_one(OwnedRequest* op) {
+  for (Backoff b;; b.pause()) {
+    op->on_test();
+    if (op->completed()) return;
+    progress();
+  }
 }
 
 }  // namespace streamcoll::requests

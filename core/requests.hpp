@@ -1,34 +1,64 @@
 // Requests that streamcoll owns. A route that completes a non-blocking collective itself
 // hands the application a real MPI_Request: a generalized request (MPI_Grequest_start)
-// that it adopts here. The wait/test wrappers then give each owned request a chance to
-// act (make a stream wait, or advance) before the real PMPI_ call, so that owned and
-// ordinary requests mix freely in one array.
+// that it adopts here, so that owned and ordinary requests mix freely in one array of
+// MPI_Wait*/MPI_Test*.
 //
-// Contract for an OwnedRequest: it calls MPI_Grequest_complete on its request when the
-// operation is done, from any thread; on_wait() returns only once that has happened
-// (or it has arranged for it to happen without the caller's help); it stays alive until
-// the generalized request's free_fn runs (it owns itself from there).
-// Thread-safe: adopt/take/peek may be called concurrently from any thread.
+// MPI's progress rule. A wait may have to drive MPI's progress for other requests to
+// complete: ordinary requests of the same array, or requests elsewhere in the process
+// that a peer needs to progress before it can join the collective the wait is waiting
+// for (rank 0: MPI_Iallreduce, MPI_Irecv, MPI_Waitall; rank 1: a rendezvous MPI_Send to
+// rank 0, then MPI_Iallreduce). So the wait/test wrappers (shim/requests.cpp, and the
+// Fortran bindings in shim/fortran.cpp) never block inside streamcoll: they poll, giving
+// each owned request on_test() and driving MPI's progress (PMPI_Iprobe, or a PMPI_ test
+// form on the ordinary requests), until the PMPI_ wait form can return at once or has
+// only ordinary requests left to wait for; then they call that wait form itself, so that
+// statuses, indices, errors (MPI_ERR_IN_STATUS), MPI_UNDEFINED and null or inactive
+// requests are exactly the MPI's.
+//
+// Contract for an OwnedRequest:
+//  - it calls MPI_Grequest_complete on its request when the operation is done, from any
+//    thread, and says so in completed(); it stays alive until the generalized request's
+//    free function runs, and that free function forgets the handle (requests::take)
+//    before MPI may reuse it (ManagedRequest does all three);
+//  - on_test() never blocks (no host wait for the GPU, for the progress engine or for
+//    MPI) and, called repeatedly, completes the request eventually: it is all the wait
+//    wrappers give it. A stream-ordered request completes in its first on_test() by
+//    making the stream wait (the host does not wait for the GPU);
+//  - on_wait() may block until the operation is done; no wait or test wrapper calls it
+//    (blocking there could starve MPI's progress, see above). It remains for owners'
+//    own use (e.g. from on_free);
+//  - on_free() (MPI_Request_free) runs once the request is complete (the wrapper has
+//    polled it as a wait would), just before the MPI frees the handle.
+// Thread-safe: adopt/take/peek/find may be called concurrently from any thread.
 #pragma once
 
 #include <mpi.h>
 
 #include <atomic>
+#include <vector>
 
 namespace streamcoll {
 
 class OwnedRequest {
  public:
   virtual ~OwnedRequest() = default;
-  /// MPI_Wait* on this request: complete it (e.g. enqueue the wait on a stream, or block
-  /// until the progress engine is done), so that the PMPI_ wait that follows returns.
+  /// Completes the operation, blocking the calling thread if need be. Not called by the
+  /// wait/test wrappers (see the contract above).
   virtual void on_wait() = 0;
-  /// MPI_Test* on this request: advance without blocking.
+  /// MPI_Wait*/MPI_Test*/MPI_Request_get_status on this request: advance without ever
+  /// blocking; repeated calls complete it eventually (e.g. query an event, or make the
+  /// attached stream wait and complete at once).
   virtual void on_test() = 0;
-  /// MPI_Request_free: the handle is given up; the operation must still complete.
+  /// MPI_Request_free: the handle is given up, after the request was polled to
+  /// completion; release what must go with the handle.
   virtual void on_free() {}
   /// The error code MPI_Wait/MPI_Test report for this request once it is complete.
   virtual int error() const { return MPI_SUCCESS; }
+  /// Whether the owner has completed the request (called MPI_Grequest_complete, or is
+  /// calling it on another thread). Never blocks. The wrappers poll this rather than ask
+  /// the MPI (MPI_Request_get_status runs the query function early, and an error it
+  /// returns makes Open MPI 4.1's MPI_Waitall spin forever under MPI_THREAD_MULTIPLE).
+  virtual bool completed() const = 0;
 };
 
 /// An OwnedRequest whose generalized request streamcoll starts (requests::start) and
@@ -39,6 +69,7 @@ class ManagedRequest : public OwnedRequest {
   /// Marks the request complete (MPI_Grequest_complete); later calls do nothing.
   /// Thread-safe.
   void complete();
+  bool completed() const override { return completed_.load(std::memory_order_acquire); }
   MPI_Request handle() const { return handle_; }
 
  private:
@@ -61,8 +92,40 @@ inline bool any_owned() { return g_owned.load(std::memory_order_acquire) != 0; }
 void adopt(MPI_Request req, OwnedRequest* op);
 /// The owner of `req`, or nullptr; the entry stays.
 OwnedRequest* peek(MPI_Request req);
-/// Forgets `req` (after MPI has freed it); returns its owner or nullptr.
+/// Forgets `req` (from its free function, before MPI may reuse the handle); returns its
+/// owner or nullptr.
 OwnedRequest* take(MPI_Request req);
+
+/// An owned request of an array: its position, its owner, and whether it has been seen
+/// complete.
+struct Owned {
+  int index;
+  OwnedRequest* op;
+  bool done;
+};
+/// The owned requests among reqs[0, n), in array order (one lookup under one lock).
+std::vector<Owned> find(int n, const MPI_Request* reqs);
+
+/// Polite polling: spins a little, then yields the core at each pause (a progress thread
+/// or the GPU driver's threads may need it), and sleeps a few microseconds once a wait
+/// has gone on for long.
+class Backoff {
+ public:
+  void pause();
+
+ private:
+  unsigned n_ = 0;
+};
+
+/// Drives MPI's progress once, with no other effect (PMPI_Iprobe on MPI_COMM_SELF).
+void progress();
+/// One round of polling, never blocking: on_test() to each owned request not yet seen
+/// complete, then progress(). Returns the number of requests of `owned` complete.
+int poll(std::vector<Owned>& owned);
+/// Polls (backing off) until every request of `owned` is complete.
+void complete_all(std::vector<Owned>& owned);
+/// The same for one owned request.
+void complete_one(OwnedRequest* op);
 
 }  // namespace requests
 }  // namespace streamcoll

@@ -1,7 +1,23 @@
-// The wait/test family. When streamcoll owns no request (always, until a route hands
-// out its own), each wrapper is one atomic load and the PMPI_ call. Otherwise the owned
-// requests in the array get their on_wait()/on_test() first (core/requests.hpp), then
-// the real call does the rest for owned and ordinary requests alike.
+// The wait/test family, MPI_Request_get_status and MPI_Request_free. When streamcoll
+// owns no request (always, until a route hands out its own), each wrapper is one atomic
+// load and the PMPI_ call. Otherwise (core/requests.hpp: the contract and why):
+//  - test forms and MPI_Request_get_status: on_test() to each owned request of the
+//    array, then the PMPI_ call;
+//  - wait forms never block inside streamcoll. They poll (on_test() and the owner's
+//    completed(), then PMPI_Iprobe or a PMPI_ test form on the ordinary requests: calls
+//    that drive MPI's progress) until the PMPI_ wait form can return at once, and then
+//    call that wait form, so that what it returns is the MPI's own answer:
+//      MPI_Wait, MPI_Waitall: until every owned request is complete (the wait form may
+//        then still wait for ordinary requests, inside the MPI, which progresses);
+//      MPI_Waitany, MPI_Waitsome: until an owned request is complete (then the wait
+//        form), or until PMPI_Testany/PMPI_Testsome on a copy of the array holding the
+//        ordinary requests alone finds some complete: with every owned request incomplete
+//        that is the wait form's answer, returned as is (the copy's handles written back);
+//  - MPI_Request_free: the owned request is polled to completion as for MPI_Wait (the
+//    operation must complete; polling keeps MPI progressing meanwhile, so this blocks
+//    but cannot deadlock on a peer that needs this process's progress), then on_free(),
+//    then PMPI_Request_free.
+// The Fortran bindings of the same calls (shim/fortran.cpp) use the same polling.
 #include <mpi.h>
 
 #include <vector>
@@ -13,133 +29,145 @@ namespace req = streamcoll::requests;
 
 namespace {
 
-// Handles before the call, so that owners can be forgotten once MPI has freed them.
-std::vector<MPI_Request> snapshot(int n, const MPI_Request* reqs) {
-  return std::vector<MPI_Request>(reqs, reqs + (n > 0 ? n : 0));
+// `requests` with the owned ones replaced by MPI_REQUEST_NULL.
+std::vector<MPI_Request> ordinary_only(int n, const MPI_Request* requests,
+                                       const std::vector<req::Owned>& owned) {
+  std::vector<MPI_Request> v(requests, requests + n);
+  for (const req::Owned& o : owned) v[o.index] = MPI_REQUEST_NULL;
+  return v;
 }
 
-void forget_if_freed(MPI_Request before, MPI_Request after) {
-  if (before != MPI_REQUEST_NULL && after == MPI_REQUEST_NULL) req::take(before);
-}
-
-void forget_freed(const std::vector<MPI_Request>& before, const MPI_Request* after) {
-  for (size_t i = 0; i < before.size(); ++i) forget_if_freed(before[i], after[i]);
-}
-
-// Owned requests of the array, given a chance to act. `wait`: on_wait, else on_test.
-// Returns true if the array holds at least one owned request.
-bool prod(int n, const MPI_Request* reqs, bool wait) {
-  bool any = false;
-  for (int i = 0; i < n; ++i)
-    if (streamcoll::OwnedRequest* op = req::peek(reqs[i])) {
-      any = true;
-      wait ? op->on_wait() : op->on_test();
+// Copies the ordinary requests' handles back (a test form may have freed some).
+void write_back(const std::vector<MPI_Request>& ordinary, const std::vector<req::Owned>& owned,
+                MPI_Request* requests) {
+  size_t k = 0;  // owned is in array order
+  for (size_t i = 0; i < ordinary.size(); ++i) {
+    if (k < owned.size() && owned[k].index == static_cast<int>(i)) {
+      ++k;
+      continue;
     }
-  return any;
+    requests[i] = ordinary[i];
+  }
+}
+
+void test_owned(int n, const MPI_Request* requests) {
+  for (const req::Owned& o : req::find(n, requests)) o.op->on_test();
 }
 
 }  // namespace
 
 SC_EXPORT int MPI_Wait(MPI_Request* request, MPI_Status* status) {
   if (!req::any_owned() || request == nullptr) return PMPI_Wait(request, status);
-  MPI_Request before = *request;
-  prod(1, request, true);
-  int rc = PMPI_Wait(request, status);
-  forget_if_freed(before, *request);
-  return rc;
+  if (streamcoll::OwnedRequest* op = req::peek(*request)) req::complete_one(op);
+  return PMPI_Wait(request, status);
 }
 
 SC_EXPORT int MPI_Test(MPI_Request* request, int* flag, MPI_Status* status) {
   if (!req::any_owned() || request == nullptr) return PMPI_Test(request, flag, status);
-  MPI_Request before = *request;
-  prod(1, request, false);
-  int rc = PMPI_Test(request, flag, status);
-  forget_if_freed(before, *request);
-  return rc;
+  if (streamcoll::OwnedRequest* op = req::peek(*request)) op->on_test();
+  return PMPI_Test(request, flag, status);
+}
+
+SC_EXPORT int MPI_Request_get_status(MPI_Request request, int* flag, MPI_Status* status) {
+  if (!req::any_owned()) return PMPI_Request_get_status(request, flag, status);
+  if (streamcoll::OwnedRequest* op = req::peek(request)) op->on_test();
+  return PMPI_Request_get_status(request, flag, status);
 }
 
 SC_EXPORT int MPI_Waitall(int count, MPI_Request requests[], MPI_Status statuses[]) {
   if (!req::any_owned() || requests == nullptr || count <= 0)
     return PMPI_Waitall(count, requests, statuses);
-  auto before = snapshot(count, requests);
-  prod(count, requests, true);
-  int rc = PMPI_Waitall(count, requests, statuses);
-  forget_freed(before, requests);
-  return rc;
+  std::vector<req::Owned> owned = req::find(count, requests);
+  if (!owned.empty()) req::complete_all(owned);
+  return PMPI_Waitall(count, requests, statuses);
 }
 
 SC_EXPORT int MPI_Testall(int count, MPI_Request requests[], int* flag, MPI_Status statuses[]) {
   if (!req::any_owned() || requests == nullptr || count <= 0)
     return PMPI_Testall(count, requests, flag, statuses);
-  auto before = snapshot(count, requests);
-  prod(count, requests, false);
-  int rc = PMPI_Testall(count, requests, flag, statuses);
-  forget_freed(before, requests);
-  return rc;
+  test_owned(count, requests);
+  return PMPI_Testall(count, requests, flag, statuses);
 }
 
-// Waitany/Waitsome must not block on one owned request while another request could
-// finish first, so with owned requests in the array they poll: test, give owners a turn,
-// test again.
 SC_EXPORT int MPI_Waitany(int count, MPI_Request requests[], int* index, MPI_Status* status) {
   if (!req::any_owned() || requests == nullptr || count <= 0 || index == nullptr)
     return PMPI_Waitany(count, requests, index, status);
-  auto before = snapshot(count, requests);
-  if (!prod(count, requests, false)) return PMPI_Waitany(count, requests, index, status);
-  int flag = 0, rc;
-  for (;;) {
-    rc = PMPI_Testany(count, requests, index, &flag, status);
-    if (rc != MPI_SUCCESS || flag) break;
-    prod(count, requests, false);
+  std::vector<req::Owned> owned = req::find(count, requests);
+  if (owned.empty()) return PMPI_Waitany(count, requests, index, status);
+  std::vector<MPI_Request> ordinary = ordinary_only(count, requests, owned);
+  // The status only changes with the answer (a test form that finds no active request
+  // empties it).
+  MPI_Status scratch;
+  MPI_Status* st = MPI_STATUS_IGNORE;
+  if (status != MPI_STATUS_IGNORE) {
+    scratch = *status;
+    st = &scratch;
   }
-  forget_freed(before, requests);
-  return rc;
+  bool ordinary_active = true;
+  for (req::Backoff b;; b.pause()) {
+    if (req::poll(owned) > 0) return PMPI_Waitany(count, requests, index, status);
+    if (!ordinary_active) continue;
+    int flag = 0;
+    const int rc = PMPI_Testany(count, ordinary.data(), index, &flag, st);
+    if (rc != MPI_SUCCESS || (flag && *index != MPI_UNDEFINED)) {
+      write_back(ordinary, owned, requests);
+      if (status != MPI_STATUS_IGNORE) *status = scratch;
+      return rc;
+    }
+    if (flag) ordinary_active = false;  // no ordinary request is active
+  }
 }
 
 SC_EXPORT int MPI_Testany(int count, MPI_Request requests[], int* index, int* flag,
                           MPI_Status* status) {
   if (!req::any_owned() || requests == nullptr || count <= 0)
     return PMPI_Testany(count, requests, index, flag, status);
-  auto before = snapshot(count, requests);
-  prod(count, requests, false);
-  int rc = PMPI_Testany(count, requests, index, flag, status);
-  forget_freed(before, requests);
-  return rc;
+  test_owned(count, requests);
+  return PMPI_Testany(count, requests, index, flag, status);
 }
 
 SC_EXPORT int MPI_Waitsome(int incount, MPI_Request requests[], int* outcount, int indices[],
                            MPI_Status statuses[]) {
   if (!req::any_owned() || requests == nullptr || incount <= 0 || outcount == nullptr)
     return PMPI_Waitsome(incount, requests, outcount, indices, statuses);
-  auto before = snapshot(incount, requests);
-  if (!prod(incount, requests, false))
-    return PMPI_Waitsome(incount, requests, outcount, indices, statuses);
-  int rc;
-  for (;;) {
-    rc = PMPI_Testsome(incount, requests, outcount, indices, statuses);
-    if (rc != MPI_SUCCESS || *outcount != 0) break;  // MPI_UNDEFINED or some done
-    prod(incount, requests, false);
+  std::vector<req::Owned> owned = req::find(incount, requests);
+  if (owned.empty()) return PMPI_Waitsome(incount, requests, outcount, indices, statuses);
+  std::vector<MPI_Request> ordinary = ordinary_only(incount, requests, owned);
+  // Statuses even when ignored: the MPI may then skip generalized requests' query
+  // functions in a test form (Open MPI does), and with them their errors.
+  std::vector<MPI_Status> scratch;
+  MPI_Status* st = statuses;
+  if (statuses == MPI_STATUSES_IGNORE) {
+    scratch.resize(static_cast<size_t>(incount));
+    st = scratch.data();
   }
-  forget_freed(before, requests);
-  return rc;
+  bool ordinary_active = true;
+  for (req::Backoff b;; b.pause()) {
+    if (req::poll(owned) > 0)
+      return PMPI_Waitsome(incount, requests, outcount, indices, statuses);
+    if (!ordinary_active) continue;
+    const int rc = PMPI_Testsome(incount, ordinary.data(), outcount, indices, st);
+    if (rc != MPI_SUCCESS || (*outcount != MPI_UNDEFINED && *outcount > 0)) {
+      write_back(ordinary, owned, requests);
+      return rc;
+    }
+    if (*outcount == MPI_UNDEFINED) ordinary_active = false;  // none active
+  }
 }
 
 SC_EXPORT int MPI_Testsome(int incount, MPI_Request requests[], int* outcount, int indices[],
                            MPI_Status statuses[]) {
   if (!req::any_owned() || requests == nullptr || incount <= 0)
     return PMPI_Testsome(incount, requests, outcount, indices, statuses);
-  auto before = snapshot(incount, requests);
-  prod(incount, requests, false);
-  int rc = PMPI_Testsome(incount, requests, outcount, indices, statuses);
-  forget_freed(before, requests);
-  return rc;
+  test_owned(incount, requests);
+  return PMPI_Testsome(incount, requests, outcount, indices, statuses);
 }
 
 SC_EXPORT int MPI_Request_free(MPI_Request* request) {
   if (!req::any_owned() || request == nullptr) return PMPI_Request_free(request);
-  MPI_Request before = *request;
-  if (streamcoll::OwnedRequest* op = req::peek(before)) op->on_free();
-  int rc = PMPI_Request_free(request);
-  forget_if_freed(before, *request);
-  return rc;
+  if (streamcoll::OwnedRequest* op = req::peek(*request)) {
+    req::complete_one(op);
+    op->on_free();
+  }
+  return PMPI_Request_free(request);
 }
