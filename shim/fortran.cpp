@@ -5,6 +5,13 @@
 // Fortran binding with the caller's original arguments: the pmpi route runs that, so
 // Fortran handles, MPI_IN_PLACE/MPI_BOTTOM and ierr behave exactly as without streamcoll.
 // Routes other than pmpi take C calls only for now (Verdict::fortran).
+// The wait/test family, MPI_REQUEST_GET_STATUS and MPI_REQUEST_FREE are bound too, so
+// that streamcoll's own requests (core/requests.hpp) get their turn when Fortran waits
+// for them: with no owned request alive, the real binding unchanged; otherwise the same
+// polling as the C wrappers (shim/requests.cpp) on the requests converted with
+// MPI_Request_f2c, and then the real binding with the caller's arguments, which turns
+// statuses (MPI_STATUS_IGNORE, MPI_STATUSES_IGNORE), LOGICAL flags, 1-based indices and
+// ierr into Fortran exactly as without streamcoll.
 // Not covered: the mpi_f08 bindings.
 #include <dlfcn.h>
 #include <mpi.h>
@@ -13,9 +20,11 @@
 #include <cctype>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "config/env.hpp"
 #include "core/log.hpp"
+#include "core/requests.hpp"
 #include "core/runtime.hpp"
 #include "shim/dispatch.hpp"
 #include "shim/export.hpp"
@@ -300,6 +309,153 @@ void ibarrier(F* comm, F* req, F* ierr) {
   run(a, call, ierr, &scratch);
 }
 
+// ---- completion: the wait/test family, MPI_REQUEST_GET_STATUS, MPI_REQUEST_FREE ----------
+
+namespace req = streamcoll::requests;
+
+std::vector<MPI_Request> c_requests(F n, const F* f) {
+  std::vector<MPI_Request> c(static_cast<size_t>(n));
+  for (F i = 0; i < n; ++i) c[static_cast<size_t>(i)] = PMPI_Request_f2c(f[i]);
+  return c;
+}
+
+// The owned requests among f[0, n), and the C handles they were found in.
+struct FOwned {
+  std::vector<MPI_Request> c;
+  std::vector<req::Owned> owned;
+};
+bool find_owned(F n, const F* f, FOwned* out) {
+  if (!req::any_owned() || f == nullptr || n <= 0) return false;
+  out->c = c_requests(n, f);
+  out->owned = req::find(static_cast<int>(n), out->c.data());
+  return !out->owned.empty();
+}
+
+// f with the owned requests replaced by the Fortran MPI_REQUEST_NULL.
+std::vector<F> f_ordinary(F n, const F* f, const std::vector<req::Owned>& owned) {
+  std::vector<F> v(f, f + n);
+  for (const req::Owned& o : owned) v[static_cast<size_t>(o.index)] = PMPI_Request_c2f(MPI_REQUEST_NULL);
+  return v;
+}
+void f_write_back(const std::vector<F>& ordinary, const std::vector<req::Owned>& owned, F* f) {
+  size_t k = 0;
+  for (size_t i = 0; i < ordinary.size(); ++i) {
+    if (k < owned.size() && owned[k].index == static_cast<int>(i)) {
+      ++k;
+      continue;
+    }
+    f[i] = ordinary[i];
+  }
+}
+
+void one_owned(F* request, bool wait) {
+  if (!req::any_owned()) return;
+  MPI_Request c = PMPI_Request_f2c(*request);
+  if (streamcoll::OwnedRequest* op = req::peek(c)) {
+    if (wait)
+      req::complete_one(op);
+    else
+      op->on_test();
+  }
+}
+
+void req_wait(F* request, F* status, F* ierr) {
+  static const auto fn = real<void (*)(F*, F*, F*)>("pmpi_wait");
+  one_owned(request, true);
+  fn(request, status, ierr);
+}
+void req_test(F* request, F* flag, F* status, F* ierr) {
+  static const auto fn = real<void (*)(F*, F*, F*, F*)>("pmpi_test");
+  one_owned(request, false);
+  fn(request, flag, status, ierr);
+}
+void req_get_status(F* request, F* flag, F* status, F* ierr) {
+  static const auto fn = real<void (*)(F*, F*, F*, F*)>("pmpi_request_get_status");
+  one_owned(request, false);
+  fn(request, flag, status, ierr);
+}
+void req_free(F* request, F* ierr) {
+  static const auto fn = real<void (*)(F*, F*)>("pmpi_request_free");
+  if (req::any_owned()) {
+    MPI_Request c = PMPI_Request_f2c(*request);
+    if (streamcoll::OwnedRequest* op = req::peek(c)) {
+      req::complete_one(op);  // as for MPI_Request_free in C (shim/requests.cpp)
+      op->on_free();
+    }
+  }
+  fn(request, ierr);
+}
+void req_waitall(F* count, F* requests, F* statuses, F* ierr) {
+  static const auto fn = real<void (*)(F*, F*, F*, F*)>("pmpi_waitall");
+  FOwned o;
+  if (find_owned(*count, requests, &o)) req::complete_all(o.owned);
+  fn(count, requests, statuses, ierr);
+}
+void req_testall(F* count, F* requests, F* flag, F* statuses, F* ierr) {
+  static const auto fn = real<void (*)(F*, F*, F*, F*, F*)>("pmpi_testall");
+  FOwned o;
+  if (find_owned(*count, requests, &o))
+    for (const req::Owned& x : o.owned) x.op->on_test();
+  fn(count, requests, flag, statuses, ierr);
+}
+void req_testany(F* count, F* requests, F* index, F* flag, F* status, F* ierr) {
+  static const auto fn = real<void (*)(F*, F*, F*, F*, F*, F*)>("pmpi_testany");
+  FOwned o;
+  if (find_owned(*count, requests, &o))
+    for (const req::Owned& x : o.owned) x.op->on_test();
+  fn(count, requests, index, flag, status, ierr);
+}
+void req_testsome(F* incount, F* requests, F* outcount, F* indices, F* statuses, F* ierr) {
+  static const auto fn = real<void (*)(F*, F*, F*, F*, F*, F*)>("pmpi_testsome");
+  FOwned o;
+  if (find_owned(*incount, requests, &o))
+    for (const req::Owned& x : o.owned) x.op->on_test();
+  fn(incount, requests, outcount, indices, statuses, ierr);
+}
+// As MPI_Waitany in C: poll until an owned request is complete (then the wait form), or
+// until the test form on the ordinary requests alone finds one complete (its answer).
+void req_waitany(F* count, F* requests, F* index, F* status, F* ierr) {
+  static const auto wait = real<void (*)(F*, F*, F*, F*, F*)>("pmpi_waitany");
+  static const auto test = real<void (*)(F*, F*, F*, F*, F*, F*)>("pmpi_testany");
+  FOwned o;
+  if (!find_owned(*count, requests, &o)) return wait(count, requests, index, status, ierr);
+  std::vector<F> ordinary = f_ordinary(*count, requests, o.owned);
+  bool ordinary_active = true;
+  for (req::Backoff b;; b.pause()) {
+    if (req::poll(o.owned) > 0) return wait(count, requests, index, status, ierr);
+    if (!ordinary_active) continue;
+    F flag = 0;  // a LOGICAL: .false. is 0 for every compiler; .true. is not 0
+    test(count, ordinary.data(), index, &flag, status, ierr);
+    if (*ierr != MPI_SUCCESS || (flag != 0 && *index != MPI_UNDEFINED)) {
+      f_write_back(ordinary, o.owned, requests);
+      return;
+    }
+    if (flag != 0) ordinary_active = false;  // no ordinary request is active
+  }
+}
+// As MPI_Waitsome in C. (The MPI's Fortran binding of MPI_TESTSOME passes C statuses
+// even for MPI_STATUSES_IGNORE, so generalized requests' errors are seen as in a wait.)
+void req_waitsome(F* incount, F* requests, F* outcount, F* indices, F* statuses, F* ierr) {
+  static const auto wait = real<void (*)(F*, F*, F*, F*, F*, F*)>("pmpi_waitsome");
+  static const auto test = real<void (*)(F*, F*, F*, F*, F*, F*)>("pmpi_testsome");
+  FOwned o;
+  if (!find_owned(*incount, requests, &o))
+    return wait(incount, requests, outcount, indices, statuses, ierr);
+  std::vector<F> ordinary = f_ordinary(*incount, requests, o.owned);
+  bool ordinary_active = true;
+  for (req::Backoff b;; b.pause()) {
+    if (req::poll(o.owned) > 0)
+      return wait(incount, requests, outcount, indices, statuses, ierr);
+    if (!ordinary_active) continue;
+    test(incount, ordinary.data(), outcount, indices, statuses, ierr);
+    if (*ierr != MPI_SUCCESS || (*outcount != MPI_UNDEFINED && *outcount > 0)) {
+      f_write_back(ordinary, o.owned, requests);
+      return;
+    }
+    if (*outcount == MPI_UNDEFINED) ordinary_active = false;
+  }
+}
+
 }  // namespace
 
 // Exports `impl` as name_, name__, name and NAME (the manglings Fortran compilers use).
@@ -346,3 +502,17 @@ SC_FORTRAN(mpi_alltoall, MPI_ALLTOALL, alltoall, PG, AG)
 SC_FORTRAN(mpi_ialltoall, MPI_IALLTOALL, ialltoall, PGI, AGI)
 SC_FORTRAN(mpi_barrier, MPI_BARRIER, barrier, (F* a, F* b), (a, b))
 SC_FORTRAN(mpi_ibarrier, MPI_IBARRIER, ibarrier, (F* a, F* b, F* c), (a, b, c))
+SC_FORTRAN(mpi_wait, MPI_WAIT, req_wait, (F* a, F* b, F* c), (a, b, c))
+SC_FORTRAN(mpi_test, MPI_TEST, req_test, (F* a, F* b, F* c, F* d), (a, b, c, d))
+SC_FORTRAN(mpi_request_get_status, MPI_REQUEST_GET_STATUS, req_get_status,
+           (F* a, F* b, F* c, F* d), (a, b, c, d))
+SC_FORTRAN(mpi_request_free, MPI_REQUEST_FREE, req_free, (F* a, F* b), (a, b))
+SC_FORTRAN(mpi_waitall, MPI_WAITALL, req_waitall, (F* a, F* b, F* c, F* d), (a, b, c, d))
+SC_FORTRAN(mpi_testall, MPI_TESTALL, req_testall, (F* a, F* b, F* c, F* d, F* e), (a, b, c, d, e))
+SC_FORTRAN(mpi_waitany, MPI_WAITANY, req_waitany, (F* a, F* b, F* c, F* d, F* e), (a, b, c, d, e))
+SC_FORTRAN(mpi_testany, MPI_TESTANY, req_testany, (F* a, F* b, F* c, F* d, F* e, F* f),
+           (a, b, c, d, e, f))
+SC_FORTRAN(mpi_waitsome, MPI_WAITSOME, req_waitsome, (F* a, F* b, F* c, F* d, F* e, F* f),
+           (a, b, c, d, e, f))
+SC_FORTRAN(mpi_testsome, MPI_TESTSOME, req_testsome, (F* a, F* b, F* c, F* d, F* e, F* f),
+           (a, b, c, d, e, f))
