@@ -65,7 +65,13 @@ using sched::Algo;
 // cache of schedules. Shared by the context and the operations in flight, so that an
 // operation outlives MPI_Comm_free of the application's communicator.
 
+// The side streams of communicator `id` (one per GPU it used) are destroyed: it is gone.
+void drop_side_streams(uint64_t id);
+std::atomic<uint64_t> g_next_comm_id{0};
+
 struct HtComm : PrivateComm {
+  const uint64_t id = g_next_comm_id.fetch_add(1);  // names its side streams
+  ~HtComm() { drop_side_streams(id); }
   uint64_t next_ticket = 0;    // application thread: MPI-collective starts, in call order
   std::atomic<uint64_t> turn{0};  // the ticket allowed to start its MPI collective now
   std::atomic<int> error{MPI_SUCCESS};  // a stream-ordered operation failed: later calls fail
@@ -368,14 +374,18 @@ class PinnedPool {
   std::vector<std::pair<uint32_t*, CUdeviceptr>> free_flags_;
 };
 
-// Per GPU: its primary context, a side stream for MPI_I*, the spin kernel, event pool.
+// Per GPU: its primary context, a side stream for MPI_I* per communicator, the spin
+// kernel, event pool.
 struct Device {
   std::mutex mu;
   bool ready = false;
   bool failed = false;
   CUdevice dev = 0;
   CUcontext ctx = nullptr;
-  CUstream side = nullptr;
+  // One side stream per communicator (HtComm::id): operations of different communicators,
+  // which ranks may start in different orders (legal MPI), are never queued one behind
+  // the other, which would deadlock two ranks that started them in opposite orders.
+  std::map<uint64_t, CUstream> sides;
   CUmodule module = nullptr;
   CUfunction wait_kernel = nullptr;
   std::vector<CUevent> events;  // free events (disable-timing)
@@ -404,13 +414,35 @@ class DeviceSide {
       SC_WARN("ht: GPU %d has no usable context; its calls go elsewhere", ordinal);
       return nullptr;
     }
-    cuda::ScopedContext scope(g.ctx);
-    if (d.cuStreamCreate(&g.side, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
-      g.failed = true;
-      return nullptr;
-    }
     g.ready = true;
     return &g;
+  }
+
+  // Communicator `comm_id`'s side stream on GPU g, created at its first MPI_I* there.
+  CUstream side(Device& g, uint64_t comm_id) {
+    std::lock_guard<std::mutex> lock(g.mu);
+    if (auto it = g.sides.find(comm_id); it != g.sides.end()) return it->second;
+    cuda::ScopedContext scope(g.ctx);
+    CUstream s = nullptr;
+    if (cuda::driver().cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return nullptr;
+    g.sides.emplace(comm_id, s);
+    return s;
+  }
+
+  // Communicator `comm_id` is gone (its last operation has finished): its side streams
+  // go too (work still queued on them finishes first, as cuStreamDestroy promises).
+  void drop(uint64_t comm_id) {
+    const cuda::Driver& d = cuda::driver();
+    if (!d.usable) return;
+    for (Device& g : gpus_) {
+      std::lock_guard<std::mutex> lock(g.mu);
+      if (!g.ready) continue;
+      auto it = g.sides.find(comm_id);
+      if (it == g.sides.end()) continue;
+      cuda::ScopedContext scope(g.ctx);
+      d.cuStreamDestroy(it->second);
+      g.sides.erase(it);
+    }
   }
 
   CUevent event(Device& g) {
@@ -473,10 +505,11 @@ class DeviceSide {
       if (!g.ready) continue;
       {
         cuda::ScopedContext scope(g.ctx);
-        d.cuStreamSynchronize(g.side);
+        for (auto& [id, side] : g.sides) d.cuStreamSynchronize(side);
         for (CUevent e : g.events) d.cuEventDestroy(e);
         g.events.clear();
-        d.cuStreamDestroy(g.side);
+        for (auto& [id, side] : g.sides) d.cuStreamDestroy(side);
+        g.sides.clear();
         if (g.module) d.cuModuleUnload(g.module);
       }
       g.module = nullptr;
@@ -816,7 +849,10 @@ int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, Algo 
   CUstream work = app;
   CUevent start = nullptr;
   if (a.nonblocking) {
-    work = gpu.side;
+    work = ds.side(gpu, hc->id);
+    if (!work)
+      return stand_in(a, hc, algo, extent, c.staging_bytes,
+                      fail(Failure::cuda, "ht: cuStreamCreate (side stream) failed"));
     start = ds.event(gpu);
     if (!start) return fail(Failure::cuda, "ht: cuEventCreate failed");
     CUresult r = d.cuEventRecord(start, app);
@@ -868,6 +904,10 @@ int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, Algo 
   return MPI_SUCCESS;
 }
 
+void drop_side_streams(uint64_t id) { DeviceSide::get().drop(id); }
+
+#else
+void drop_side_streams(uint64_t) {}
 #endif  // STREAMCOLL_HAVE_CUDA
 
 // ---------------------------------------------------------------------------------------
