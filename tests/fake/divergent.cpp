@@ -14,6 +14,8 @@
 //              MPI_Wait, MPI_Waitall and MPI_Test loops;
 //            - streamcoll_comm_set_route on a sub-communicator of some ranks, then calls
 //              on MPI_COMM_WORLD's duplicate and on another sub-communicator;
+//            - non-blocking calls on two communicators started in opposite orders on even
+//              and odd ranks;
 //            - with FAKE_CUDA_DEVICES=2: one rank's buffer on the second GPU after the
 //              NCCL communicator was set up on the first (blocking and non-blocking).
 //   random   SEEDS seeded programs (default 2): each a sequence of 40 collectives with
@@ -424,6 +426,41 @@ void other_gpu(MPI_Comm comm) {
   nb.verify(label_of(nb, m, m, "non-blocking"));
 }
 
+// Non-blocking calls on two communicators, started in opposite orders on even and odd
+// ranks (legal MPI), completed together: nothing shared between communicators (a stream,
+// a queue) may order them.
+void opposite_orders(MPI_Comm comm) {
+  const int rank = comm_rank(comm);
+  MPI_Comm c1, c2;
+  MPI_Comm_dup(comm, &c1);
+  MPI_Comm_dup(comm, &c2);
+  unsigned salt = 900;
+  for (MPI_Comm c : {c1, c2}) {  // agree on each (the route its MPI_I* calls take)
+    Call warm = make(Kind::allreduce, 512, 0, false, ++salt, c);
+    run_blocking(warm, Mem::device, Mem::device);
+  }
+  for (int round = 0; round < 4; ++round) {
+    Call a = make(Kind::allreduce, 512, 0, false, ++salt, c1);
+    Call b = make(Kind::allreduce, 512, 0, false, ++salt, c2);
+    a.prepare(Mem::device, Mem::device);
+    b.prepare(Mem::device, Mem::device);
+    MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    if (rank % 2 == 0) {
+      check(a.start(&reqs[0]) == MPI_SUCCESS, "start on the first communicator");
+      check(b.start(&reqs[1]) == MPI_SUCCESS, "start on the second communicator");
+    } else {
+      check(b.start(&reqs[1]) == MPI_SUCCESS, "start on the second communicator");
+      check(a.start(&reqs[0]) == MPI_SUCCESS, "start on the first communicator");
+    }
+    std::vector<MPI_Request> v(reqs, reqs + 2);
+    complete(v, round % 2 ? 2 : 6);
+    a.verify(label_of(a, Mem::device, Mem::device, "opposite orders, first communicator"));
+    b.verify(label_of(b, Mem::device, Mem::device, "opposite orders, second communicator"));
+  }
+  MPI_Comm_free(&c1);
+  MPI_Comm_free(&c2);
+}
+
 // ---- random programs --------------------------------------------------------------------
 
 void random_program(MPI_Comm world, unsigned seed) {
@@ -507,6 +544,7 @@ int main(int argc, char** argv) {
     mixed_kinds_blocking(comm);
     nonblocking_after_agreement(comm);
     set_route_on_subcomm(comm);
+    opposite_orders(comm);
     if (std::getenv("FAKE_CUDA_DEVICES") && std::atoi(std::getenv("FAKE_CUDA_DEVICES")) >= 2)
       other_gpu(comm);
     if (need_nccl && g_size > 1)
