@@ -1,7 +1,8 @@
 /* streamcoll stream extension: order a communicator's GPU collectives on a CUDA stream.
  *
- * Attach a CUDA stream to a communicator, and from then on every collective on that
- * communicator whose buffers are in GPU memory is *stream-ordered* (Aluminum: Dryden et
+ * Attach a CUDA stream to a communicator, and from then on the collectives streamcoll
+ * intercepts on that communicator, when their buffers are in GPU memory, are
+ * *stream-ordered* (Aluminum: Dryden et
  * al., "Aluminum: An Asynchronous, GPU-Aware Communication Library Optimized for Large-
  * Scale Training of Deep Neural Networks on HPC Systems", MLHPC 2018, sections IV-B and
  * V-A):
@@ -18,6 +19,15 @@
  *     complete the request at once: later work on the stream sees the result, the host
  *     is not held. MPI_Request_free does the same.
  *
+ * Covered: MPI_Allreduce, MPI_Reduce, MPI_Bcast, MPI_Allgather, MPI_Allgatherv,
+ * MPI_Reduce_scatter_block, MPI_Reduce_scatter, MPI_Alltoall, MPI_Barrier and their
+ * MPI_I* forms, made from C (made through the Fortran bindings they are correct but not
+ * asynchronous: the stream is synchronised and the MPI runs them). Not
+ * covered, and NOT ordered on the stream: MPI_Gather(v), MPI_Scatter(v), MPI_Alltoallv/w,
+ * MPI_Scan, MPI_Exscan, the neighborhood and persistent collectives, and point-to-point:
+ * streamcoll passes them to the MPI untouched, so synchronise the stream before them, as
+ * without streamcoll.
+ *
  * Without an attached stream, GPU collectives keep classic CUDA-aware MPI semantics:
  * the caller makes the input ready (e.g. cudaStreamSynchronize) before the call, and the
  * call returns when the result is in the receive buffer and visible to later CUDA work on
@@ -33,8 +43,9 @@
  * the same stream); MPI_Comm_split, MPI_Comm_create and friends do not. MPI_Comm_free,
  * or detaching, releases what streamcoll holds for the communicator. The stream must
  * belong to the GPU the communicator's buffers are on, and outlive the attachment.
- * Every rank of the communicator should attach (its own) stream at the same point:
- * routing is decided per call from values that must agree across ranks.
+ * Every rank of the communicator should attach (its own) stream at the same point. A
+ * blocking call on a communicator where only some ranks attached one is still correct
+ * (the ranks agree on it and take the MPI's route together), but not stream-ordered.
  *
  * Finding streamcoll. These helpers are header-only and look streamcoll up at run time
  * (dlsym), so a program built with them runs with or without streamcoll, preloaded or
