@@ -15,15 +15,22 @@
 // collective, and starting a non-blocking call must stay local.
 //
 // Streams per call:
-//   classic blocking        NCCL on an internal stream that is ordered after the legacy
-//                           default stream; the host waits for it (polling NCCL's
-//                           asynchronous errors).
+//   classic blocking        NCCL on an internal (non-blocking) stream made to wait for an
+//                           event recorded on the legacy default stream, so it runs after
+//                           the application's legacy and blocking streams' earlier work,
+//                           as a legacy-stream copy would; the host waits for it (polling
+//                           NCCL's asynchronous errors).
 //   classic non-blocking    the same stream; MPI_Test queries an event, MPI_Wait waits.
 //   attached S, blocking    NCCL on S; returns at once.
 //   attached S, MPI_I*      an internal stream waits for S, runs NCCL, records an event;
 //                           MPI_Wait/MPI_Test make S wait for that event (host never).
 // NCCL serialises the operations of one NCCL communicator in issue order, whatever
-// stream each is on.
+// stream each is on. Operations of different communicators are never ordered by a stream
+// of ours (each NCCL communicator has its own, none a blocking stream): ranks may start
+// them in different orders (legal MPI). What NCCL itself requires there (its
+// documentation, "Using multiple NCCL communicators concurrently": operations on
+// different communicators may deadlock unless launched in one order everywhere or able to
+// run concurrently on the GPU) is not yet enforced: see README, Safety rules.
 #include <nccl.h>
 #include <sched.h>
 #include <unistd.h>
@@ -65,7 +72,10 @@ class NcclComm {
   int device = -1;
   CUdevice cudev = 0;
   CUcontext cuctx = nullptr;   ///< the device's primary context (retained)
-  CUstream classic = nullptr;  ///< blocking stream: ordered after the legacy stream
+  /// classic calls: a non-blocking stream, ordered explicitly after the legacy stream at
+  /// each call (a blocking stream would also make the application's legacy-stream work,
+  /// and through it other communicators' operations, wait for ours)
+  CUstream classic = nullptr;
   CUstream side = nullptr;     ///< non-blocking stream for MPI_I* with an attached stream
   CUstream copy = nullptr;     ///< non-blocking stream for staged results (made at first use)
   std::once_flag copy_once;
@@ -355,7 +365,7 @@ bool open_device(NcclComm& c, int buffer_device, nccl::GpuId* id, std::string* w
     return *why = cuda::describe("cuDevicePrimaryCtxRetain", r), false;
   }
   ScopedContext scope(c.cuctx);
-  if ((r = d.cuStreamCreate(&c.classic, CU_STREAM_DEFAULT)) != CUDA_SUCCESS ||
+  if ((r = d.cuStreamCreate(&c.classic, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS ||
       (r = d.cuStreamCreate(&c.side, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS)
     return *why = cuda::describe("cuStreamCreate", r), false;
   id->host = host_hash();
@@ -713,6 +723,18 @@ class NcclRoute final : public Route {
       s = c->side;
     } else if (env.has_stream) {
       s = user;
+    } else {
+      // Classic: ordered after the legacy stream and every blocking stream of the
+      // application, as a copy on the legacy stream would be: an event recorded on the
+      // legacy stream is after every blocking stream's earlier work. Our stream is not a
+      // blocking stream, so nothing of another communicator's is in that event's past.
+      CUevent legacy = c->take_event(&rc);
+      if (!legacy) return rc;
+      CUresult r = d.cuEventRecord(legacy, CU_STREAM_LEGACY);
+      if (r == CUDA_SUCCESS) r = d.cuStreamWaitEvent(s, legacy, 0);
+      c->give_event(legacy);
+      if (r != CUDA_SUCCESS)
+        return fail(Failure::cuda, cuda::describe("cuStreamWaitEvent (legacy stream)", r));
     }
 
     CUresult cu;

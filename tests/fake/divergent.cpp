@@ -16,6 +16,8 @@
 //              on MPI_COMM_WORLD's duplicate and on another sub-communicator;
 //            - non-blocking calls on two communicators started in opposite orders on even
 //              and odd ranks;
+//            - classic calls whose input a copy on a blocking stream of the program's
+//              wrote, unsynchronised (ordered as a legacy-stream copy would be);
 //            - with FAKE_CUDA_DEVICES=2: one rank's buffer on the second GPU after the
 //              NCCL communicator was set up on the first (blocking and non-blocking).
 //   random   SEEDS seeded programs (default 2): each a sequence of 40 collectives with
@@ -461,6 +463,30 @@ void opposite_orders(MPI_Comm comm) {
   MPI_Comm_free(&c2);
 }
 
+// Classic calls (no stream attribute) are ordered after the work the program enqueued on
+// the legacy stream and on its own blocking streams, as a legacy-stream copy would be:
+// the input written by a copy on a blocking stream, not synchronised, is what is reduced.
+void classic_ordering(MPI_Comm comm) {
+  const int size = comm_size(comm), rank = comm_rank(comm);
+  CUstream_st* blocking = api.stream_create(0);
+  unsigned salt = 1100;
+  for (int j = 0; j < 3; ++j) {
+    Call c = make(Kind::allreduce, 2048, 0, false, ++salt, comm);
+    c.prepare(Mem::device, Mem::device);
+    std::vector<int> v(c.n);
+    for (size_t i = 0; i < c.n; ++i) v[i] = in_val(rank, i, c.salt);
+    std::vector<int> stale(c.n, -1);
+    c.send->put(stale.data(), stale.size() * sizeof(int));  // what the call must not see
+    check(api.enqueue_copy(blocking, c.send->get(), v.data(), v.size() * sizeof(int)) == 0,
+          "input copied on a blocking stream");
+    check(c.start(nullptr) == MPI_SUCCESS, "classic allreduce after a blocking stream's copy");
+    c.verify(label_of(c, Mem::device, Mem::device, "after a copy on a blocking stream"));
+  }
+  api.stream_sync(blocking);
+  api.stream_destroy(blocking);
+  (void)size;
+}
+
 // ---- random programs --------------------------------------------------------------------
 
 void random_program(MPI_Comm world, unsigned seed) {
@@ -545,6 +571,7 @@ int main(int argc, char** argv) {
     nonblocking_after_agreement(comm);
     set_route_on_subcomm(comm);
     opposite_orders(comm);
+    classic_ordering(comm);
     if (std::getenv("FAKE_CUDA_DEVICES") && std::atoi(std::getenv("FAKE_CUDA_DEVICES")) >= 2)
       other_gpu(comm);
     if (need_nccl && g_size > 1)
