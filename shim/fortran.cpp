@@ -4,7 +4,8 @@
 // statistics, the agreement check and, later, routing) and hands it the MPI's own
 // Fortran binding with the caller's original arguments: the pmpi route runs that, so
 // Fortran handles, MPI_IN_PLACE/MPI_BOTTOM and ierr behave exactly as without streamcoll.
-// Routes other than pmpi take C calls only for now (Verdict::fortran).
+// Blocking calls made here go to pmpi (Verdict::fortran, agreed with the other ranks); a
+// non-blocking one follows the communicator's earlier agreement, as a C call does.
 // The wait/test family, MPI_REQUEST_GET_STATUS and MPI_REQUEST_FREE are bound too, so
 // that streamcoll's own requests (core/requests.hpp) get their turn when Fortran waits
 // for them: with no owned request alive, the real binding unchanged; otherwise the same
@@ -102,10 +103,24 @@ Fn real(const char* base) {
   return reinterpret_cast<Fn>(resolve(base));
 }
 
-void run(CollArgs& a, const FortranCall& call, F* ierr, MPI_Request* scratch) {
+// Dispatches a call made through the Fortran bindings. Blocking calls go to the MPI's own
+// binding (pmpi; the ranks agree on that). A non-blocking one is routed from the
+// communicator's earlier agreement like a C call, so another route may carry it on its C
+// arguments (handles and MPI_IN_PLACE converted above): then its C request becomes the
+// Fortran one. Otherwise the MPI's binding ran and set the Fortran request itself.
+void run(CollArgs& a, const FortranCall& call, F* ierr, MPI_Request* scratch,
+         F* freq = nullptr) {
   a.fortran = &call;
-  if (a.nonblocking) a.request = scratch;  // only screened; the real call sets the Fortran one
+  if (a.nonblocking) {
+    *scratch = MPI_REQUEST_NULL;
+    a.request = scratch;
+  }
   int rc = streamcoll::dispatch(a);
+  if (a.nonblocking && freq && *scratch != MPI_REQUEST_NULL) {
+    *freq = PMPI_Request_c2f(*scratch);
+    *ierr = rc;
+    return;
+  }
   if (rc != MPI_SUCCESS) *ierr = rc;  // raised by streamcoll itself (ierr already set otherwise)
 }
 
@@ -178,7 +193,7 @@ void iallreduce(void* s, void* r, F* n, F* t, F* op, F* comm, F* req, F* ierr) {
   Real call(fn, ierr, s, r, n, t, op, comm, req, ierr);
   CollArgs a = reduction(Coll::allreduce, s, r, *n, *t, *op, *comm, true);
   MPI_Request scratch;
-  run(a, call, ierr, &scratch);
+  run(a, call, ierr, &scratch, req);
 }
 void reduce(void* s, void* r, F* n, F* t, F* op, F* root, F* comm, F* ierr) {
   static const auto fn = real<void (*)(void*, void*, F*, F*, F*, F*, F*, F*)>("pmpi_reduce");
@@ -193,7 +208,7 @@ void ireduce(void* s, void* r, F* n, F* t, F* op, F* root, F* comm, F* req, F* i
   CollArgs a = reduction(Coll::reduce, s, r, *n, *t, *op, *comm, true);
   a.root = *root;
   MPI_Request scratch;
-  run(a, call, ierr, &scratch);
+  run(a, call, ierr, &scratch, req);
 }
 void bcast(void* b, F* n, F* t, F* root, F* comm, F* ierr) {
   static const auto fn = real<void (*)(void*, F*, F*, F*, F*, F*)>("pmpi_bcast");
@@ -208,7 +223,7 @@ void ibcast(void* b, F* n, F* t, F* root, F* comm, F* req, F* ierr) {
   CollArgs a = reduction(Coll::bcast, nullptr, b, *n, *t, PMPI_Op_c2f(MPI_OP_NULL), *comm, true);
   a.root = *root;
   MPI_Request scratch;
-  run(a, call, ierr, &scratch);
+  run(a, call, ierr, &scratch, req);
 }
 void allgather(void* s, F* sc, F* st, void* r, F* rc, F* rt, F* comm, F* ierr) {
   static const auto fn = real<void (*)(void*, F*, F*, void*, F*, F*, F*, F*)>("pmpi_allgather");
@@ -222,7 +237,7 @@ void iallgather(void* s, F* sc, F* st, void* r, F* rc, F* rt, F* comm, F* req, F
   Real call(fn, ierr, s, sc, st, r, rc, rt, comm, req, ierr);
   CollArgs a = gather_like(Coll::allgather, s, *sc, *st, r, *rc, *rt, *comm, true);
   MPI_Request scratch;
-  run(a, call, ierr, &scratch);
+  run(a, call, ierr, &scratch, req);
 }
 void allgatherv(void* s, F* sc, F* st, void* r, F* rcs, F* ds, F* rt, F* comm, F* ierr) {
   static const auto fn =
@@ -242,7 +257,7 @@ void iallgatherv(void* s, F* sc, F* st, void* r, F* rcs, F* ds, F* rt, F* comm, 
   a.recvcounts = rcs;
   a.displs = ds;
   MPI_Request scratch;
-  run(a, call, ierr, &scratch);
+  run(a, call, ierr, &scratch, req);
 }
 void reduce_scatter_block(void* s, void* r, F* n, F* t, F* op, F* comm, F* ierr) {
   static const auto fn =
@@ -257,7 +272,7 @@ void ireduce_scatter_block(void* s, void* r, F* n, F* t, F* op, F* comm, F* req,
   Real call(fn, ierr, s, r, n, t, op, comm, req, ierr);
   CollArgs a = reduction(Coll::reduce_scatter_block, s, r, *n, *t, *op, *comm, true);
   MPI_Request scratch;
-  run(a, call, ierr, &scratch);
+  run(a, call, ierr, &scratch, req);
 }
 void reduce_scatter(void* s, void* r, F* rcs, F* t, F* op, F* comm, F* ierr) {
   static const auto fn =
@@ -274,7 +289,7 @@ void ireduce_scatter(void* s, void* r, F* rcs, F* t, F* op, F* comm, F* req, F* 
   CollArgs a = reduction(Coll::reduce_scatter, s, r, 0, *t, *op, *comm, true);
   a.recvcounts = rcs;
   MPI_Request scratch;
-  run(a, call, ierr, &scratch);
+  run(a, call, ierr, &scratch, req);
 }
 void alltoall(void* s, F* sc, F* st, void* r, F* rc, F* rt, F* comm, F* ierr) {
   static const auto fn = real<void (*)(void*, F*, F*, void*, F*, F*, F*, F*)>("pmpi_alltoall");
@@ -288,7 +303,7 @@ void ialltoall(void* s, F* sc, F* st, void* r, F* rc, F* rt, F* comm, F* req, F*
   Real call(fn, ierr, s, sc, st, r, rc, rt, comm, req, ierr);
   CollArgs a = gather_like(Coll::alltoall, s, *sc, *st, r, *rc, *rt, *comm, true);
   MPI_Request scratch;
-  run(a, call, ierr, &scratch);
+  run(a, call, ierr, &scratch, req);
 }
 void barrier(F* comm, F* ierr) {
   static const auto fn = real<void (*)(F*, F*)>("pmpi_barrier");
@@ -306,7 +321,7 @@ void ibarrier(F* comm, F* req, F* ierr) {
   a.nonblocking = true;
   a.comm = PMPI_Comm_f2c(*comm);
   MPI_Request scratch;
-  run(a, call, ierr, &scratch);
+  run(a, call, ierr, &scratch, req);
 }
 
 // ---- completion: the wait/test family, MPI_REQUEST_GET_STATUS, MPI_REQUEST_FREE ----------

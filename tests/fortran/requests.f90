@@ -9,9 +9,12 @@
 ! complete (and not by MPI_REQUEST_GET_STATUS), 1-based indices, MPI_UNDEFINED once every
 ! request is done, LOGICAL flags, the ring receive's status (MPI_STATUS_IGNORE and
 ! MPI_STATUSES_IGNORE in some calls), the allreduce results and streamcoll's statistics.
+! Last, an MPI_IALLREDUCE made from Fortran, routed to NCCL from the communicator's
+! earlier agreement: its request reaches Fortran as a handle MPI_WAIT completes.
 ! Runs under the fakes (tests/fake) with streamcoll preloaded. Rank 0 prints "N passed,
 ! N failed".
 program fortran_requests
+  use, intrinsic :: iso_c_binding, only : c_ptr, c_f_pointer, c_int32_t
   implicit none
   include 'mpif.h'
   interface
@@ -32,6 +35,11 @@ program fortran_requests
     end subroutine
     subroutine sc_req_finish() bind(C, name="sc_req_finish")
     end subroutine
+    subroutine sc_req_buffers(slot, salt, send, recv) bind(C, name="sc_req_buffers")
+      import :: c_ptr
+      integer :: slot, salt
+      type(c_ptr) :: send, recv
+    end subroutine
   end interface
 
   character(len=24), parameter :: names(10) = [character(len=24) :: "mpi_wait", "mpi_waitall", &
@@ -44,6 +52,9 @@ program fortran_requests
   integer :: ring_status(MPI_STATUS_SIZE)
   logical :: flag, seen(3), have_ring_status
   character(len=40) :: what
+  integer :: freq, routed_before, routed_after
+  type(c_ptr) :: send_ptr, recv_ptr
+  integer(c_int32_t), pointer :: fsend(:), frecv(:)
 
   call mpi_init(ierr)
   call mpi_comm_rank(MPI_COMM_WORLD, rank, ierr)
@@ -190,6 +201,24 @@ program fortran_requests
     call mpi_barrier(MPI_COMM_WORLD, ierr)
     call sc_req_watch(0)
   end do
+
+  ! MPI_IALLREDUCE made from Fortran on device memory: routed like a C call from the
+  ! communicator's agreement (nccl), its request handed back as a Fortran handle.
+  what = "mpi_iallreduce"
+  call sc_req_watch(20)
+  call sc_req_routed(routed_before)
+  call sc_req_buffers(1, 77, send_ptr, recv_ptr)
+  call c_f_pointer(send_ptr, fsend, [1000])
+  call c_f_pointer(recv_ptr, frecv, [1000])
+  call mpi_iallreduce(fsend, frecv, 1000, MPI_INTEGER, MPI_SUM, comm, freq, ierr)
+  call check("mpi_iallreduce starts", ierr == MPI_SUCCESS .and. freq /= MPI_REQUEST_NULL)
+  call mpi_wait(freq, MPI_STATUS_IGNORE, ierr)
+  call check("mpi_wait on it", ierr == MPI_SUCCESS .and. freq == MPI_REQUEST_NULL)
+  call sc_req_check(1, ok)
+  call check("mpi_iallreduce result", ok == 1)
+  call sc_req_routed(routed_after)
+  call check("mpi_iallreduce went to route nccl", routed_after == routed_before + 1)
+  call sc_req_watch(0)
 
   call sc_req_finish()
   call mpi_reduce([passed, failed], totals, 2, MPI_INTEGER, MPI_SUM, 0, MPI_COMM_WORLD, ierr)

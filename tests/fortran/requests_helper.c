@@ -120,6 +120,19 @@ void sc_req_check(const MPI_Fint *slot, MPI_Fint *ok) {
   *ok = good;
 }
 
+/* For a Fortran MPI_IALLREDUCE: slot *slot's buffers in fake device memory, the input
+ * filled as sc_req_start fills it (MPI_INTEGER is int32_t here); check with sc_req_check. */
+void sc_req_buffers(const MPI_Fint *slot, const MPI_Fint *salt, void **send, void **recv) {
+  const size_t bytes = kCount * sizeof(int32_t);
+  g_slots[*slot].send = (int32_t *)dev_malloc(bytes);
+  g_slots[*slot].recv = (int32_t *)dev_malloc(bytes);
+  g_slots[*slot].salt = *salt;
+  for (int i = 0; i < kCount; ++i) g_slots[*slot].send[i] = value(g_rank, i, *salt);
+  memset(g_slots[*slot].recv, 0xA5, bytes);
+  *send = g_slots[*slot].send;
+  *recv = g_slots[*slot].recv;
+}
+
 /* MPI_Iallreduce calls streamcoll sent to route nccl, on device memory. */
 void sc_req_routed(MPI_Fint *calls) {
   streamcoll_stat_t s;
