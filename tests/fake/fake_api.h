@@ -70,10 +70,12 @@ typedef int (*fake_cuda_deferred_fn)(void);
 /* Counters, by name: an entry point without its version suffix ("cuStreamSynchronize",
  * calls made through the CUDA API, i.e. by streamcoll), or "live_streams",
  * "live_events", "ctx_refs", "live_allocs", "live_async_allocs", "live_host_allocs",
- * "races", "executed",
+ * "races", "executed" (pieces of stream work run),
  * "not_ready", "errors"; host waits (fake_cuda.cpp): "pending_waits", "memop_waits",
  * "kernel_waits", "memop_waits_passed", "kernel_waits_passed", "held_queries",
- * "blocked_syncs", "live_modules", "not_supported". Unknown names give 0. */
+ * "blocked_syncs", "live_modules", "not_supported"; work run beside the host
+ * (fake_cuda_enqueue_async): "async_launched", "async_pending" (gauge),
+ * "async_held_queries", "async_blocked_syncs". Unknown names give 0. */
 typedef unsigned long long (*fake_cuda_counter_fn)(const char *name);
 /* cuStreamSynchronize calls made through the CUDA API (the program's own are not). */
 typedef unsigned long long (*fake_cuda_sync_count_fn)(void);
@@ -87,6 +89,26 @@ typedef int (*fake_cuda_enqueue_fn)(struct CUstream_st *stream, int check_ctx,
                                     void (*fn)(void *), void *arg,
                                     const fake_cuda_range *ranges, int nranges,
                                     const char *what);
+/* Work that runs beside the host once launched, as a GPU kernel does (the fake NCCL's
+ * operations, run by a thread of their own). It is three pieces of stream work:
+ *  1. when the stream reaches it, launch(arg) runs, on whichever thread runs the stream's
+ *     work and holding the fake's lock: it must hand the work over and return, never
+ *     block or call the fake;
+ *  2. the stream then stays at it, "stuck" as behind a host wait, until done(arg) returns
+ *     nonzero (polled holding the lock, by any thread calling into the fake: an acquire
+ *     load, nothing more): cuEventQuery/cuStreamQuery answer CUDA_ERROR_NOT_READY without
+ *     blocking (and yield the CPU), synchronising calls poll letting go of the lock;
+ *  3. then the work is complete: `ranges` (what it read and wrote, for the happens-before
+ *     check) belong to this last piece, and finish(arg) runs (it owns arg; after done()
+ *     said nonzero the other thread must not touch arg any more).
+ * Not a host wait: counted under "async_launched", "async_pending" (gauge),
+ * "async_held_queries", "async_blocked_syncs", not under "pending_waits",
+ * "held_queries", "blocked_syncs". Returns a CUresult. */
+typedef int (*fake_cuda_enqueue_async_fn)(struct CUstream_st *stream, int check_ctx,
+                                          void (*launch)(void *), int (*done)(void *),
+                                          void (*finish)(void *), void *arg,
+                                          const fake_cuda_range *ranges, int nranges,
+                                          const char *what);
 /* Events outside the counters: create, record, make a stream wait, wait on the host,
  * destroy. */
 typedef struct CUevent_st *(*fake_cuda_event_new_fn)(void);

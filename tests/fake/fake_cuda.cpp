@@ -61,8 +61,21 @@
 //    stream accesses to it the host had not seen complete by then are races.
 //    Counters: "pending_waits" (gauge), "memop_waits", "kernel_waits",
 //    "memop_waits_passed", "kernel_waits_passed", "held_queries" (queries that found a
-//    stream stuck), "blocked_syncs" (polls of a stuck synchronising call),
-//    "live_modules" (gauge).
+//    stream stuck behind a host wait), "blocked_syncs" (polls of a synchronising call
+//    stuck behind one), "live_modules" (gauge).
+//  - Work run beside the host (fake_cuda_enqueue_async; the fake NCCL's operations, which
+//    a thread per NCCL communicator runs as a GPU runs a kernel once it is launched): a
+//    launch closure that hands the work over and never blocks, then a wait, stuck like a
+//    host wait, until a probe the fake polls says the work is done (queries answer
+//    CUDA_ERROR_NOT_READY and never block; synchronising calls poll without the lock),
+//    then a closure that ends it and carries the work's memory ranges, so that the
+//    happens-before check places its reads and writes where they complete. With
+//    deferral the launch too waits until something waits for the stream. A query that
+//    finds a stream held by async work yields the CPU after letting go of the lock (a
+//    caller polling in a tight loop would otherwise starve the threads running the work,
+//    which on a GPU would not need the CPU). Counted apart from host waits:
+//    "async_launched", "async_pending" (gauge), "async_held_queries",
+//    "async_blocked_syncs".
 //  - Failures on demand: FAKE_CUDA_FAIL=cuMemHostAlloc:N (or cuMemcpyAsync:N) makes the
 //    N-th call of that entry point fail (CUDA_ERROR_OUT_OF_MEMORY, ILLEGAL_ADDRESS), on
 //    the local rank FAKE_CUDA_FAIL_RANK only when that is set; "injected_failures".
@@ -75,7 +88,8 @@
 //    contexts, allocations) for leak checks.
 // All of it is single-process: one recursive lock serialises every call; deferred work
 // runs on the thread that waits for it, holding the lock (a synchronising call lets go of
-// it between polls while a host wait holds its stream).
+// it between polls while a host wait or async work holds its stream). Async work itself
+// runs on its own thread, without the lock, and calls nothing here.
 #include <cuda.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -131,11 +145,15 @@ struct RangeUse {
 
 // A wait on a 32-bit word that the host writes (cuStreamWaitValue32, or the
 // streamcoll_wait_geq kernel): the stream stops here until the condition holds.
+// Or, for work run beside the host (fake_cuda_enqueue_async), the end of that work:
+// probe(arg) says whether it is done.
 struct HostWait {
   uintptr_t addr = 0;
   uint32_t value = 0;
   unsigned mode = CU_STREAM_WAIT_VALUE_GEQ;
   bool kernel = false;
+  int (*probe)(void*) = nullptr;  // set: the end of async work, not a host wait
+  void* probe_arg = nullptr;
 };
 
 struct Item {
@@ -316,6 +334,7 @@ const Alloc* find_alloc(const void* p, size_t n, uintptr_t* base = nullptr);
 // The host wait's condition, on the word as it is now (an acquire load: the host's
 // release store and everything before it are visible once it is seen).
 bool wait_holds(const HostWait& w) {
+  if (w.probe) return w.probe(w.probe_arg) != 0;
   const uint32_t v = __atomic_load_n(reinterpret_cast<const uint32_t*>(w.addr), __ATOMIC_ACQUIRE);
   switch (w.mode & ~static_cast<unsigned>(CU_STREAM_WAIT_VALUE_FLUSH)) {
     case CU_STREAM_WAIT_VALUE_GEQ: return static_cast<int32_t>(v - w.value) >= 0;
@@ -336,7 +355,13 @@ bool try_front(CUstream_st* s) {
       s->running = false;
       return false;
     }
-  if (front.is_wait) {
+  if (front.is_wait && front.wait.probe) {
+    if (!wait_holds(front.wait)) {
+      s->running = false;
+      return false;
+    }
+    count("async_pending", -1);  // async work done: no flag, no release
+  } else if (front.is_wait) {
     if (!wait_holds(front.wait)) {
       s->running = false;
       return false;
@@ -471,26 +496,45 @@ void check_release(CUstream_st* s, const Item& it) {
   }
 }
 
-// The host wait a stuck stream is held by (following dependencies), for messages.
-std::string stuck_at(CUstream_st* s, int depth = 0) {
-  if (s->pending.empty() || depth > 8) return "?";
+// The wait a stuck stream is held by (following dependencies): a host wait or the end of
+// async work; nullptr if none is found. *at: its stream.
+const Item* holder(CUstream_st* s, CUstream_st** at = nullptr, int depth = 0) {
+  if (s->pending.empty() || depth > 8) return nullptr;
   const Item& f = s->pending.front();
   for (const Dep& d : f.deps)
-    if (d.stream->completed < d.pos) return stuck_at(d.stream, depth + 1);
-  if (!f.is_wait) return "?";
-  char buf[256];
-  snprintf(buf, sizeof buf, "stream %d #%llu: %s on %p, value %u, mode %u; the word holds %u",
-           s->id, static_cast<unsigned long long>(f.idx), f.what.c_str(),
-           reinterpret_cast<void*>(f.wait.addr), f.wait.value, f.wait.mode,
-           __atomic_load_n(reinterpret_cast<const uint32_t*>(f.wait.addr), __ATOMIC_ACQUIRE));
+    if (d.stream->completed < d.pos) return holder(d.stream, at, depth + 1);
+  if (!f.is_wait) return nullptr;
+  if (at) *at = s;
+  return &f;
+}
+
+bool held_by_async(CUstream_st* s) {
+  const Item* h = holder(s);
+  return h && h->wait.probe;
+}
+
+// What holds a stuck stream, for messages.
+std::string stuck_at(CUstream_st* s) {
+  CUstream_st* at = nullptr;
+  const Item* h = holder(s, &at);
+  if (!h) return "?";
+  char buf[512];
+  if (h->wait.probe)
+    snprintf(buf, sizeof buf, "stream %d #%llu: %s, launched and not done", at->id,
+             static_cast<unsigned long long>(h->idx), h->what.c_str());
+  else
+    snprintf(buf, sizeof buf, "stream %d #%llu: %s on %p, value %u, mode %u; the word holds %u",
+             at->id, static_cast<unsigned long long>(h->idx), h->what.c_str(),
+             reinterpret_cast<void*>(h->wait.addr), h->wait.value, h->wait.mode,
+             __atomic_load_n(reinterpret_cast<const uint32_t*>(h->wait.addr), __ATOMIC_ACQUIRE));
   return buf;
 }
 
 using Lock = std::unique_lock<std::recursive_mutex>;
 
 // Runs s up to pos, as a synchronising call does: while the stream is held by a host
-// wait, the lock is let go (so that other threads' calls, e.g. a progress thread's
-// cuEventQuery, go on) and the thread sleeps, polling.
+// wait or by async work not done yet, the lock is let go (so that other threads' calls,
+// e.g. a progress thread's cuEventQuery, go on) and the thread sleeps, polling.
 void run_blocking(Lock& lock, CUstream_st* s, uint64_t pos, const char* api) {
   const auto t0 = std::chrono::steady_clock::now();
   bool warned = false;
@@ -500,7 +544,7 @@ void run_blocking(Lock& lock, CUstream_st* s, uint64_t pos, const char* api) {
                       "call, which holds the lock (%s)\n", api, stuck_at(s).c_str());
       abort();
     }
-    count("blocked_syncs");
+    count(held_by_async(s) ? "async_blocked_syncs" : "blocked_syncs");
     lock.unlock();
     std::this_thread::sleep_for(std::chrono::microseconds(20));
     lock.lock();
@@ -509,8 +553,10 @@ void run_blocking(Lock& lock, CUstream_st* s, uint64_t pos, const char* api) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!warned && g_wait_warn_s > 0 && waited > g_wait_warn_s) {
       warned = true;
-      fprintf(stderr, "fake_cuda: %s has waited %.0f s for a host flag that nobody writes: %s\n",
-              api, waited, stuck_at(s).c_str());
+      fprintf(stderr, "fake_cuda: %s has waited %.0f s for %s: %s\n", api, waited,
+              held_by_async(s) ? "async work (a fake NCCL operation) to end"
+                               : "a host flag that nobody writes",
+              stuck_at(s).c_str());
     }
   }
 }
@@ -550,7 +596,7 @@ void enqueue(CUstream_st* s, std::vector<Dep> deps, const VC* extra_vc, std::fun
   if (wait) {
     it.is_wait = true;
     it.wait = *wait;
-    count("pending_waits");
+    count(wait->probe ? "async_pending" : "pending_waits");
   }
   s->pending.push_back(std::move(it));
   // Without deferral work runs at once, unless it is behind a host wait that does not
@@ -627,16 +673,34 @@ void wait_event(CUstream_st* s, CUevent_st* e) {
   enqueue(s, {{e->stream, e->pos}}, &e->vc, nullptr, {}, "stream wait");
 }
 
+// A query's answer when s cannot reach its position: held by a host wait or by async
+// work. *async: held by async work (the caller yields the CPU to it after the lock).
+CUresult held_query(CUstream_st* s, bool* async) {
+  *async = held_by_async(s);
+  count(*async ? "async_held_queries" : "held_queries");
+  count("not_ready");
+  return CUDA_ERROR_NOT_READY;
+}
+
 // SUCCESS when the work before e is done; otherwise runs it and says NOT_READY.
-CUresult query_event(CUevent_st* e) {
+CUresult query_event(CUevent_st* e, bool* async) {
   if (!e->recorded) return CUDA_SUCCESS;
   if (e->stream->completed >= e->pos) {
     host_observe(e->vc);
     return CUDA_SUCCESS;
   }
-  if (!run_until(e->stream, e->pos)) count("held_queries");  // held by a host wait
+  if (!run_until(e->stream, e->pos)) return held_query(e->stream, async);
   count("not_ready");
   return CUDA_ERROR_NOT_READY;
+}
+
+// After a query that found a stream held by async work, with the lock let go: the
+// thread yields, so that a caller polling in a tight loop leaves the CPU to the threads
+// running the work (on a GPU they would not compete for it).
+void yield_to_async(Lock& lock, bool async) {
+  if (!async) return;
+  lock.unlock();
+  std::this_thread::yield();
 }
 
 int bus_number(int device) {
@@ -894,7 +958,12 @@ FAKE_EXPORT CUresult cuStreamQuery(CUstream h) {
     host_observe(s->vc);
     return CUDA_SUCCESS;
   }
-  if (!run_until(s, s->enqueued)) count("held_queries");
+  bool async = false;
+  if (!run_until(s, s->enqueued)) {
+    const CUresult r = held_query(s, &async);
+    yield_to_async(lock, async);
+    return r;
+  }
   count("not_ready");
   return CUDA_ERROR_NOT_READY;
 }
@@ -967,7 +1036,10 @@ FAKE_EXPORT CUresult cuEventQuery(CUevent e) {
   LOCK();
   count("cuEventQuery");
   if (!g_events.count(e)) return ret("cuEventQuery", CUDA_ERROR_INVALID_HANDLE);
-  return query_event(e);
+  bool async = false;
+  const CUresult r = query_event(e, &async);
+  yield_to_async(lock, async);
+  return r;
 }
 
 FAKE_EXPORT CUresult cuEventSynchronize(CUevent e) {
@@ -1469,6 +1541,30 @@ FAKE_EXPORT int fake_cuda_enqueue(CUstream h, int check_ctx, void (*fn)(void*), 
   if (!s) return err;
   enqueue(s, {}, nullptr, [fn, arg] { fn(arg); }, ranges_of(ranges, nranges),
           what ? what : "fake work");
+  return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT int fake_cuda_enqueue_async(CUstream h, int check_ctx, void (*launch)(void*),
+                                        int (*done)(void*), void (*finish)(void*), void* arg,
+                                        const fake_cuda_range* ranges, int nranges,
+                                        const char* what) {
+  LOCK();
+  CUresult err = CUDA_SUCCESS;
+  CUstream_st* s = resolve(h, check_ctx != 0, &err);
+  if (!s) return err;
+  if (!launch || !done || !finish) return CUDA_ERROR_INVALID_VALUE;
+  const std::string name = what ? what : "async work";
+  // The three pieces go in together (nothing else can come between: the lock is held).
+  // Without deferral the launch runs here, at once, and the stream stops at the end.
+  enqueue(s, {}, nullptr, [launch, arg] {
+    count("async_launched");
+    launch(arg);
+  }, {}, name + " (launch)");
+  HostWait w;
+  w.probe = done;
+  w.probe_arg = arg;
+  enqueue(s, {}, nullptr, nullptr, {}, name + " (running)", &w);
+  enqueue(s, {}, nullptr, [finish, arg] { finish(arg); }, ranges_of(ranges, nranges), name);
   return CUDA_SUCCESS;
 }
 

@@ -23,11 +23,26 @@
 //  - nothing left: modules, waits, streams, events, allocations.
 // no-memops (FAKE_CUDA_NO_STREAM_MEMOPS=1): cuStreamWaitValue32 is CUDA_ERROR_NOT_SUPPORTED
 // and the attribute says 0; the kernel still works.
+// Both modes, when the fake NCCL is found (libfakenccl.so beside this program, or
+// $FAKE_NCCL_LIB; otherwise said and skipped): its operations run beside the host, as
+// GPU kernels (fake_cuda_enqueue_async). Two threads are the two ranks of one NCCL
+// communicator. Rank 0 issues an allreduce and polls its event for a while: every query
+// answers CUDA_ERROR_NOT_READY at once (none blocks in the operation, which waits for
+// rank 1), the host reading the result meanwhile is a race; then rank 1 issues its
+// allreduce, and both synchronise: the sums are right and no race. An operation only
+// rank 0 issues ends with ncclCommAbort: the synchronising call returns. Nothing left
+// (worker threads joined, "async_pending" back to 0).
 #include <cuda.h>
+#include <dlfcn.h>
+#include <limits.h>
+#include <nccl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <functional>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -349,6 +364,140 @@ bool load_kernel(Waiter* w, CUmodule* mod) {
   return f != nullptr;
 }
 
+// ---- the fake NCCL's operations: async work ------------------------------------------
+
+struct Nccl {
+  decltype(&ncclGetUniqueId) get_unique_id = nullptr;
+  decltype(&ncclCommInitRank) init_rank = nullptr;
+  decltype(&ncclCommDestroy) destroy = nullptr;
+  decltype(&ncclCommAbort) abort = nullptr;
+  decltype(&ncclAllReduce) allreduce = nullptr;
+};
+
+// The fake NCCL beside this program (both are built in tests/fake), or $FAKE_NCCL_LIB.
+bool load_nccl(Nccl* n) {
+  std::string path;
+  if (const char* e = std::getenv("FAKE_NCCL_LIB"); e && *e) {
+    path = e;
+  } else {
+    char exe[PATH_MAX] = {0};
+    const ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len <= 0) return false;
+    path.assign(exe, static_cast<size_t>(len));
+    path = path.substr(0, path.rfind('/') + 1) + "libfakenccl.so";
+  }
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    std::printf("fake NCCL not checked: %s\n", dlerror());
+    return false;
+  }
+  n->get_unique_id = reinterpret_cast<decltype(n->get_unique_id)>(dlsym(h, "ncclGetUniqueId"));
+  n->init_rank = reinterpret_cast<decltype(n->init_rank)>(dlsym(h, "ncclCommInitRank"));
+  n->destroy = reinterpret_cast<decltype(n->destroy)>(dlsym(h, "ncclCommDestroy"));
+  n->abort = reinterpret_cast<decltype(n->abort)>(dlsym(h, "ncclCommAbort"));
+  n->allreduce = reinterpret_cast<decltype(n->allreduce)>(dlsym(h, "ncclAllReduce"));
+  return check(n->get_unique_id && n->init_rank && n->destroy && n->abort && n->allreduce,
+               "the fake NCCL's entry points");
+}
+
+// Runs fn on a thread of its own with device 0's context current (rank 1).
+std::thread rank1(std::function<void()> fn) {
+  return std::thread([fn] {
+    fake_cuda_runtime_init();
+    fn();
+    fake_cuda_runtime_fini();
+  });
+}
+
+void nccl_async(const Nccl& n) {
+  const std::string label = "fake NCCL";
+  constexpr size_t kCount = 1024;
+  ncclUniqueId id;
+  check(n.get_unique_id(&id) == ncclSuccess, label + ": ncclGetUniqueId");
+  ncclComm_t c0 = nullptr, c1 = nullptr;
+  std::thread t = rank1([&] { n.init_rank(&c1, 2, id, 1); });
+  check(n.init_rank(&c0, 2, id, 0) == ncclSuccess, label + ": ncclCommInitRank (rank 0)");
+  t.join();
+  check(c0 && c1, label + ": both ranks have the communicator");
+  if (!c0 || !c1) return;
+  CUstream s0 = nullptr, s1 = nullptr;
+  cuStreamCreate(&s0, CU_STREAM_NON_BLOCKING);
+  cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING);
+  CUevent ev0 = nullptr;
+  cuEventCreate(&ev0, CU_EVENT_DISABLE_TIMING);
+  auto* in0 = static_cast<int*>(fake_cuda_malloc(kCount * 4));
+  auto* out0 = static_cast<int*>(fake_cuda_malloc(kCount * 4));
+  auto* in1 = static_cast<int*>(fake_cuda_malloc(kCount * 4));
+  auto* out1 = static_cast<int*>(fake_cuda_malloc(kCount * 4));
+  for (size_t i = 0; i < kCount; ++i) {
+    in0[i] = static_cast<int>(i);
+    in1[i] = static_cast<int>(3 * i + 1);
+  }
+  std::memset(out0, 0, kCount * 4);
+  std::memset(out1, 0, kCount * 4);
+  const unsigned long long races0 = cnt("races"), held0 = cnt("async_held_queries"),
+                           launched0 = cnt("async_launched");
+
+  // Rank 0's operation, polled while rank 1 has not issued its own: the queries launch it
+  // (with deferral) and then answer NOT_READY, each at once, for as long as rank 1 stays
+  // away (a GPU kernel waiting for a peer: the host is never held).
+  check(n.allreduce(in0, out0, kCount, ncclInt32, ncclSum, c0, s0) == ncclSuccess, label + ": ncclAllReduce (rank 0)");
+  cuEventRecord(ev0, s0);
+  bool all_not_ready = true;
+  double longest = 0;
+  const auto p0 = std::chrono::steady_clock::now();
+  int polls = 0;
+  while (std::chrono::steady_clock::now() - p0 < std::chrono::milliseconds(200)) {
+    const auto q0 = std::chrono::steady_clock::now();
+    all_not_ready = all_not_ready && cuEventQuery(ev0) == CUDA_ERROR_NOT_READY &&
+                    cuStreamQuery(s0) == CUDA_ERROR_NOT_READY;
+    longest = std::max(longest, std::chrono::duration<double>(std::chrono::steady_clock::now() - q0).count());
+    ++polls;
+  }
+  check(all_not_ready, label + ": queries say NOT_READY while the other rank has not joined (" +
+                           std::to_string(polls) + " polls)");
+  check(longest < 0.1, label + ": no query blocked (longest " + std::to_string(longest) + " s)");
+  check(cnt("async_launched") == launched0 + 1, label + ": the operation was launched");
+  check(cnt("async_held_queries") > held0, label + ": counted as held by async work");
+  check(cnt("async_pending") >= 1, label + ": async work pending");
+  check(fake_cuda_host_access(out0, kCount * 4, 0) > 0, label + ": the host reading the result meanwhile is a race");
+  const unsigned long long races1 = cnt("races");
+
+  // Rank 1 joins; both wait on the host.
+  t = rank1([&] {
+    n.allreduce(in1, out1, kCount, ncclInt32, ncclSum, c1, s1);
+    cuStreamSynchronize(s1);
+  });
+  check(cuEventSynchronize(ev0) == CUDA_SUCCESS, label + ": cuEventSynchronize (rank 0)");
+  t.join();
+  bool right = true;
+  for (size_t i = 0; i < kCount; ++i)
+    right = right && out0[i] == static_cast<int>(4 * i + 1) && out1[i] == static_cast<int>(4 * i + 1);
+  check(right, label + ": the sums are right on both ranks");
+  check(fake_cuda_host_access(out0, kCount * 4, 0) == 0 && fake_cuda_host_access(out1, kCount * 4, 0) == 0,
+        label + ": the host has seen both operations complete");
+  check(cnt("races") == races1, label + ": no other race (" + std::to_string(races1 - races0) + " expected one)");
+
+  // An operation rank 1 never joins: ncclCommAbort ends it, the stream goes on.
+  check(n.allreduce(in0, out0, kCount, ncclInt32, ncclSum, c0, s0) == ncclSuccess, label + ": a lone ncclAllReduce");
+  check(cuStreamQuery(s0) == CUDA_ERROR_NOT_READY, label + ": ... not ready");
+  const auto a0 = std::chrono::steady_clock::now();
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    n.abort(c0);
+  });
+  check(cuStreamSynchronize(s0) == CUDA_SUCCESS, label + ": cuStreamSynchronize returns after ncclCommAbort");
+  aborter.join();
+  check(std::chrono::steady_clock::now() - a0 < std::chrono::seconds(10), label + ": ... at once");
+  t = rank1([&] { check(n.destroy(c1) == ncclSuccess, label + ": ncclCommDestroy (rank 1)"); });
+  t.join();
+  check(cnt("async_pending") == 0, label + ": no async work left");
+  cuEventDestroy(ev0);
+  cuStreamDestroy(s0);
+  cuStreamDestroy(s1);
+  for (int* p : {in0, out0, in1, out1}) fake_cuda_free(p);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -414,11 +563,13 @@ int main(int argc, char** argv) {
     ht_pattern(kernel, true, false, "no memops, kernel");
     destroy_while_held(kernel);
   }
+  Nccl nccl;
+  if (load_nccl(&nccl)) nccl_async(nccl);
   check(cuModuleUnload(mod) == CUDA_SUCCESS, "cuModuleUnload");
   check(cuModuleUnload(mod) == CUDA_ERROR_INVALID_HANDLE, "cuModuleUnload twice: invalid handle");
   fake_cuda_runtime_fini();
-  for (const char* gauge : {"live_modules", "pending_waits", "live_streams", "live_events", "live_allocs",
-                            "live_host_allocs", "ctx_refs"})
+  for (const char* gauge : {"live_modules", "pending_waits", "async_pending", "live_streams", "live_events",
+                            "live_allocs", "live_host_allocs", "ctx_refs"})
     check(cnt(gauge) == 0, std::string("nothing left: ") + gauge + " = " + std::to_string(cnt(gauge)));
   std::printf("fake_cuda_selftest (%s, %s): %d passed, %d failed\n", mode.c_str(),
               defer ? "deferred" : "immediate", g_pass, g_fail);

@@ -12,12 +12,27 @@
 // process dies later. The segment is a file in FAKE_NCCL_SEGMENT_DIR instead when that is
 // set, or in $TMPDIR or /tmp when there is no /dev/shm.
 //
-// An operation is a closure on the caller's stream of the fake CUDA, so it runs when the
-// stream gets to it (at once, or later with FAKE_CUDA_DEFER=1). Running it: every rank
-// copies its input into its slot with the operation's signature, barrier, checks that all
-// ranks run the same operation, computes its output from the slots, barrier. Operations of
-// one communicator are ordered in issue order across streams, as NCCL does (each waits
-// for the previous one through an event). Reductions: sum, prod, min, max on int8, uint8,
+// Execution, as on a GPU, where a kernel once launched runs by itself: each communicator
+// has a worker thread (its "GPU", started at its first operation's launch, joined by
+// ncclCommDestroy and ncclCommAbort), and an operation is async work on the caller's
+// stream of the fake CUDA (fake_cuda_enqueue_async), three pieces:
+//  1. launch, when the stream gets to it (at once, or with FAKE_CUDA_DEFER=1 when
+//     something waits for the stream: a query, a synchronize, a stream waiting on an
+//     event after it): hands the operation to the worker and returns, never blocking;
+//  2. a wait until the worker has run it: the stream is "stuck" meanwhile, as behind a
+//     host wait, so cuEventQuery/cuStreamQuery answer CUDA_ERROR_NOT_READY and never
+//     block, and cuStreamSynchronize/cuEventSynchronize poll, letting go of the fake's
+//     lock;
+//  3. the end: the operation's buffers are declared (read, written) on this piece, so the
+//     fake's race check sees the accesses where they complete.
+// A host thread therefore never blocks in another rank's operation: a rank may poll an
+// NCCL operation's event while serving MPI for a rank that joins the operation later.
+// The worker runs an operation so: it copies its input into its slot with the
+// operation's signature, barrier, checks that all ranks run the same operation, computes
+// its output from the slots, barrier; then marks it done (a release store that the
+// wait's acquire load sees). Operations of one communicator run in issue order across
+// streams, as NCCL orders them: each one's launch waits, through an event, for the end
+// of the one issued before it. Reductions: sum, prod, min, max on int8, uint8,
 // int32, uint32, int64, uint64, float32, float64 (float16, bfloat16 and fp8 give
 // ncclInvalidArgument). Send/recv between ncclGroupStart/End become one exchange at
 // ncclGroupEnd. Collectives inside a group run as if outside it.
@@ -35,29 +50,39 @@
 // ncclCommInitRank fails on rank K-1 after the handshake (the others succeed; the segment
 // is gone for the failed rank only, as when a rank fails late in init);
 // FAKE_NCCL_FAIL_INIT=all: it fails on every rank, before the handshake.
-// FAKE_NCCL_TIMEOUT_S (default 120): a barrier waiting longer aborts the process.
+// FAKE_NCCL_TIMEOUT_S (default 120): a worker waiting longer in a barrier (the other
+// ranks never launched the matching operation) aborts the process, with a message.
 //
 // Threads: ncclCommGetAsyncError and ncclCommAbort may come from any thread (streamcoll's
 // watchdog); an abort makes pending and running operations of the communicator end at
-// once (a barrier in progress is left), on every rank. Groups are per thread.
+// once (a barrier in progress is left), on every rank, without their results: it joins
+// the worker, after which nothing touches the buffers, and the operations' stream work
+// completes (also that of operations launched later, which end at once). Groups are per
+// thread. The worker blocks asynchronous signals (they stay with the program's threads)
+// and calls nothing in the fake CUDA.
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <nccl.h>
+#include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fake_api.h"
@@ -106,7 +131,7 @@ static_assert(sizeof(SlotHeader) <= kHeaderBytes, "slot header");
 
 struct Cuda {
   bool ok = false;
-  fake_cuda_enqueue_fn enqueue = nullptr;
+  fake_cuda_enqueue_async_fn enqueue_async = nullptr;
   fake_cuda_event_new_fn event_new = nullptr;
   fake_cuda_event_record_fn event_record = nullptr;
   fake_cuda_stream_wait_fn stream_wait = nullptr;
@@ -126,7 +151,7 @@ const Cuda& cuda() {
       fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(h, name));
       all = all && fn != nullptr;
     };
-    get(c.enqueue, "fake_cuda_enqueue");
+    get(c.enqueue_async, "fake_cuda_enqueue_async");
     get(c.event_new, "fake_cuda_event_new");
     get(c.event_record, "fake_cuda_event_record");
     get(c.stream_wait, "fake_cuda_stream_wait");
@@ -142,8 +167,9 @@ const Cuda& cuda() {
 
 // ---- counters and errors -----------------------------------------------------------------
 
-std::mutex g_mu;  // counters only
-std::map<std::string, unsigned long long> g_counters;
+// Counters only. Never destroyed: a worker may still count while the process exits.
+std::mutex& g_mu = *new std::mutex;
+std::map<std::string, unsigned long long>& g_counters = *new std::map<std::string, unsigned long long>;
 std::atomic<unsigned long long> g_calls{0};
 thread_local std::string t_last_error;
 
@@ -173,17 +199,28 @@ size_t env_size(const char* name, size_t def) {
 
 // ---- the communicator ------------------------------------------------------------------
 
-// What the closures share with the handle (the handle may be destroyed first).
+struct Op;
+
+// What the operations share with the handle (the handle may be destroyed first).
 struct Shared {
   int rank = 0, nranks = 1;
   char* base = nullptr;
   size_t map_bytes = 0, slot_bytes = 0;
-  uint32_t local_sense = 0;
-  uint64_t executed = 0;
+  uint32_t local_sense = 0;  // the init barrier's thread, then the worker's
+  uint64_t executed = 0;     // the worker's
   std::atomic<bool> aborted{false};
   std::atomic<int> async_error{ncclSuccess};
 
+  // The worker (the communicator's "GPU"): runs the launched operations in launch order.
+  // Started at the first launch, stopped and joined by ncclCommDestroy/ncclCommAbort.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Op*> queue;  // launched, not yet taken by the worker
+  std::thread worker;
+  bool stopping = false;  // no more launches: the worker ends once the queue is empty
+
   ~Shared() {
+    if (worker.joinable()) worker.detach();  // not reached: destroy and abort join it
     if (base) munmap(base, map_bytes);
   }
   Control* control() const { return reinterpret_cast<Control*>(base); }
@@ -205,8 +242,13 @@ struct Shared {
     const double start = now_s();
     for (unsigned i = 1; c->sense.load(std::memory_order_acquire) != local_sense; ++i) {
       if (c->aborted.load(std::memory_order_acquire) || aborted.load()) return false;
-      sched_yield();
-      if (i % 4096 == 0 && now_s() - start > timeout) {
+      if (i < 16384) {
+        sched_yield();
+      } else {  // a long wait (a rank that has not launched its operation): let others run
+        const timespec ts{0, 50 * 1000};
+        nanosleep(&ts, nullptr);
+      }
+      if (i % 1024 == 0 && now_s() - start > timeout) {
         fprintf(stderr, "fake NCCL: rank %d of %d waited %.0f s in a barrier; the other ranks "
                 "never ran the matching operation. Aborting.\n", rank, nranks, timeout);
         abort();
@@ -290,9 +332,11 @@ struct P2p {
   size_t bytes;
 };
 
-// One operation, as issued.
+// One operation, as issued. Owned by its stream work (fake_cuda_enqueue_async: freed by
+// finish_op); the worker uses it between launch_op and setting `done`.
 struct Op {
   std::shared_ptr<Shared> sh;
+  std::atomic<int> done{0};  // set by the worker (release) when it has finished with it
   Signature sig{};
   const void* send = nullptr;
   void* recv = nullptr;
@@ -303,8 +347,8 @@ struct Op {
   std::vector<P2p> p2p;
 };
 
-void run_op(void* arg) {
-  std::unique_ptr<Op> o(static_cast<Op*>(arg));
+// Runs o on the worker thread: barriers with the other ranks' workers.
+void run_op(Op* o) {
   Shared& sh = *o->sh;
   if (sh.aborted.load() || sh.control()->aborted.load()) return;  // aborted: kernels end
   const int me = sh.rank, n = sh.nranks;
@@ -394,6 +438,66 @@ void run_op(void* arg) {
   tally("executed");
 }
 
+// The worker: takes launched operations in order and runs them. After `done` is set, the
+// stream work owning the operation may free it at any moment: nothing touches it after.
+void work(Shared* sh) {
+  for (;;) {
+    Op* o = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(sh->mu);
+      sh->cv.wait(lock, [&] { return !sh->queue.empty() || sh->stopping; });
+      if (sh->queue.empty()) return;  // stopping, nothing left
+      o = sh->queue.front();
+      sh->queue.pop_front();
+    }
+    run_op(o);  // returns at once once the communicator is aborted
+    o->done.store(1, std::memory_order_release);
+  }
+}
+
+// The three pieces of an operation's stream work (fake_cuda_enqueue_async), run by the
+// fake CUDA holding its lock: none blocks or calls the fake CUDA.
+// 1. The stream reached the operation: hand it to the worker (started at the first one).
+void launch_op(void* arg) {
+  Op* o = static_cast<Op*>(arg);
+  Shared& sh = *o->sh;
+  std::lock_guard<std::mutex> lock(sh.mu);
+  if (sh.stopping) {  // launched after ncclCommAbort: ends without running
+    o->done.store(1, std::memory_order_release);
+    return;
+  }
+  sh.queue.push_back(o);
+  if (!sh.worker.joinable()) {
+    // The worker takes no asynchronous signals (a test's SIGALRM watchdog, MPI's own):
+    // they stay with the program's threads. It inherits the mask it starts with.
+    sigset_t all, old;
+    sigfillset(&all);
+    for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP}) sigdelset(&all, sig);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    sh.worker = std::thread(work, &sh);
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  }
+  sh.cv.notify_one();
+}
+
+// 2. Polled while the stream waits for the operation.
+int op_done(void* arg) { return static_cast<Op*>(arg)->done.load(std::memory_order_acquire); }
+
+// 3. The operation is over: its memory ranges are declared on this piece.
+void finish_op(void* arg) { delete static_cast<Op*>(arg); }
+
+// Ends the worker: launches from now on end at once; what was launched runs first (after
+// an abort, each returns at once). Called by ncclCommDestroy/ncclCommAbort, never holding
+// the fake CUDA's lock, so no operation's stream work waits for this thread meanwhile.
+void stop_worker(Shared& sh) {
+  {
+    std::lock_guard<std::mutex> lock(sh.mu);
+    sh.stopping = true;
+  }
+  sh.cv.notify_all();
+  if (sh.worker.joinable()) sh.worker.join();
+}
+
 bool overlaps(const void* a, size_t na, const void* b, size_t nb) {
   auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
   return na && nb && x < y + nb && y < x + na;
@@ -421,17 +525,17 @@ ncclResult_t issue(ncclComm_t comm, std::unique_ptr<Op> o, cudaStream_t stream,
   if (comm->last && c.stream_wait(s, comm->last, 1) != 0)
     return fail(ncclUnhandledCudaError, "invalid stream (or no current context for stream 0)");
   const std::string what = std::string("nccl") + kind_name(o->sig.kind);
-  // Counted as issued before it may run (at once, without deferral): an asynchronous error
-  // due after it must be visible to another thread while it runs.
+  // Counted as issued before it may run (launched at once, without deferral): an
+  // asynchronous error due after it must be visible to another thread while it runs.
   ++comm->issued;
   ++g_calls;
-  if (c.enqueue(s, 1, run_op, o.get(), ranges.data(), static_cast<int>(ranges.size()),
-                what.c_str()) != 0) {
+  if (c.enqueue_async(s, 1, launch_op, op_done, finish_op, o.get(), ranges.data(),
+                      static_cast<int>(ranges.size()), what.c_str()) != 0) {
     --comm->issued;
     --g_calls;
     return fail(ncclUnhandledCudaError, "invalid stream (or no current context for stream 0)");
   }
-  o.release();  // run_op owns it
+  o.release();  // the stream work owns it (finish_op)
   if (!comm->last) comm->last = c.event_new();
   c.event_record(comm->last, s, 1);
   return ncclSuccess;
@@ -616,11 +720,13 @@ FAKE_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqu
 FAKE_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   tally("ncclCommDestroy");
   if (!comm) return fail(ncclInvalidArgument, "null comm");
-  // Pending operations finish first (they need the other ranks, which destroy too).
+  // Pending operations finish first (they need the other ranks, which destroy too): the
+  // last one's event is recorded after its end, and each waited for the one before.
   if (comm->last) {
     cuda().event_sync(comm->last);
     cuda().event_delete(comm->last);
   }
+  stop_worker(*comm->sh);  // idle by now
   delete comm;
   return ncclSuccess;
 }
@@ -628,9 +734,12 @@ FAKE_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 FAKE_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
   tally("ncclCommAbort");
   if (!comm) return ncclSuccess;
-  // Pending operations end without running; ranks waiting in a barrier leave it.
+  // Pending operations end without running; ranks waiting in a barrier leave it. Once
+  // the worker is joined nothing touches the operations' buffers any more, and every
+  // operation's stream work can complete (those launched later end at once).
   comm->sh->aborted.store(true);
   comm->sh->control()->aborted.store(1);
+  stop_worker(*comm->sh);
   if (comm->last) cuda().event_delete(comm->last);
   delete comm;
   return ncclSuccess;
