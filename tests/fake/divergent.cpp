@@ -344,16 +344,17 @@ void complete(std::vector<MPI_Request>& reqs, int how) {
       }
       break;
     }
-    case 5:
+    case 5:  // polling loops: one check per loop, not per poll
       for (auto& r : reqs) {
-        int flag = 0;
-        while (!flag) check(MPI_Test(&r, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS, "MPI_Test");
+        int flag = 0, rc = MPI_SUCCESS;
+        while (!flag && rc == MPI_SUCCESS) rc = MPI_Test(&r, &flag, MPI_STATUS_IGNORE);
+        check(rc == MPI_SUCCESS, "MPI_Test");
       }
       break;
     default: {
-      int flag = 0;
-      while (!flag)
-        check(MPI_Testall(n, reqs.data(), &flag, MPI_STATUSES_IGNORE) == MPI_SUCCESS, "MPI_Testall");
+      int flag = 0, rc = MPI_SUCCESS;
+      while (!flag && rc == MPI_SUCCESS) rc = MPI_Testall(n, reqs.data(), &flag, MPI_STATUSES_IGNORE);
+      check(rc == MPI_SUCCESS, "MPI_Testall");
     }
   }
   for (auto& r : reqs) check(r == MPI_REQUEST_NULL, "request freed by its completion");
