@@ -469,19 +469,20 @@ void allgather_ring(Builder& b, int me, int p, uint64_t n, Loc own) {
 
 // ---- reduce_scatter_block --------------------------------------------------------------
 // The input is p blocks of n (send, or recv when in place); rank q gets block q in
-// recv[0..n).
+// recv[0..n). Nothing else of recv is written: in place, blocks 1..p-1 keep their input
+// (MPI writes the result to the first n elements only), so partial sums live in tmp.
 
 // Recursive halving (paper section 4.1): pre-step, then lg p' halving steps among p'
 // virtual ranks. Virtual rank v < r stands for ranks 2v and 2v+1 and owns their two
 // blocks, v >= r owns the block of rank v+r, so each v owns a contiguous "superblock";
-// in the post-step the odd rank sends its even partner its block. The input is combined
-// in recv when in place, else in tmp.
+// in the post-step the odd rank sends its even partner its block. The input (send, or
+// recv in place) is only read; it is combined in tmp.
 // Cost lg p'·α + N(p'-1)/p'·(β+γ) for N = pn, plus (2α + Nβ + Nγ + nβ) when p != p'.
 void rsb_halving(Builder& b, int me, int p, uint64_t n, bool in_place) {
   const int pof2 = floor_pow2(p), rem = p - pof2;
   const uint64_t total = static_cast<uint64_t>(p) * n;
-  const Loc work = in_place ? Loc{Buf::recv} : Loc{Buf::tmp};
-  const Loc in = in_place ? Loc{Buf::tmp} : Loc{Buf::tmp, total};
+  const Loc work{Buf::tmp};
+  const Loc in{Buf::tmp, total};
   Loc own = in_place ? Loc{Buf::recv} : Loc{Buf::send};
   const int v = pre_step(b, me, rem, total, work, &own, in);
   if (v >= 0) {
@@ -497,33 +498,33 @@ void rsb_halving(Builder& b, int me, int p, uint64_t n, bool in_place) {
     }
     b.send(work.at(static_cast<uint64_t>(me - 1) * n), n, me - 1);
   }
-  // Runs after the round's messages, so it may overwrite what was just sent.
+  // Runs after the round's messages and reductions, so it may overwrite what they read
+  // (in place, the input's block 0).
   b.copy(res, work.at(static_cast<uint64_t>(me) * n), n);
 }
 
 // Ring (the reduce-scatter half of allreduce_ring): in step s rank me passes on the
 // partial sum of block me-s-1 and adds its contribution to block me-s-2; it finishes its
-// own block. Not in place the partial sums alternate between two tmp blocks and the last
-// one lands in recv. Cost (p-1)·α + N(p-1)/p·(β+γ) for N = pn.
+// own block. The partial sums alternate between two tmp blocks and the last one lands in
+// recv[0..n). In place, recv[0..n) is also the input's block 0, which every rank reads
+// before its last step except rank 0 (its operand in the last step) and, with p = 2, rank
+// 1 (which sends it in that step): those finish in tmp and copy the result over it.
+// Cost (p-1)·α + N(p-1)/p·(β+γ) for N = pn.
 void rsb_ring(Builder& b, int me, int p, uint64_t n, bool in_place) {
   const int next = mod(me + 1, p), prev = mod(me - 1, p);
   const Loc res{Buf::recv};
   const Loc own = in_place ? res : Loc{Buf::send};
   auto block = [&](int k) { return static_cast<uint64_t>(k) * n; };
+  const bool via_tmp = in_place && (me == 0 || p == 2);
   for (int s = 0; s < p - 1; ++s) {
     b.round();
     const int sb = mod(me - s - 1, p), rb = mod(me - s - 2, p);
-    if (in_place) {
-      b.send(res.at(block(sb)), n, next);
-      b.recv_reduce(res.at(block(rb)), res.at(block(rb)), Loc{Buf::tmp}, n, prev);
-    } else {
-      const Loc from = s == 0 ? own.at(block(sb)) : Loc{Buf::tmp, block((s - 1) % 2)};
-      const Loc into = s == p - 2 ? res : Loc{Buf::tmp, block(s % 2)};
-      b.send(from, n, next);
-      b.recv_reduce(into, own.at(block(rb)), Loc{Buf::tmp}, n, prev);
-    }
+    const Loc from = s == 0 ? own.at(block(sb)) : Loc{Buf::tmp, block((s - 1) % 2)};
+    const Loc into = s == p - 2 && !via_tmp ? res : Loc{Buf::tmp, block(s % 2)};
+    b.send(from, n, next);
+    b.recv_reduce(into, own.at(block(rb)), Loc{Buf::tmp}, n, prev);
   }
-  if (in_place) b.copy(res, res.at(block(me)), n);  // after the last reduction
+  if (via_tmp) b.copy(res, Loc{Buf::tmp, block((p - 2) % 2)}, n);  // after the last round
 }
 
 // ---- hierarchical stages (BlueConnect) ------------------------------------------------

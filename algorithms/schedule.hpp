@@ -98,7 +98,8 @@ struct Schedule {
 /// in_place: the call passed MPI_IN_PLACE (allreduce: data in recv; reduce: at the root,
 /// data in recv, and ignored on other ranks, which read send as MPI has them do;
 /// allgather: this rank's contribution at recv[rank*count]; reduce_scatter_block: the
-/// size*count input in recv, the result left in recv[0..count); bcast: ignored).
+/// size*count input in recv, the result left in recv[0..count) and the rest of recv left
+/// as it was; bcast: ignored). A schedule writes recv only where the call's result goes.
 struct Params {
   Coll coll = Coll::allreduce;
   Algo algo = Algo::rd;

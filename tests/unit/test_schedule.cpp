@@ -344,7 +344,8 @@ std::string simulate(const Params& base, const BuildFn& build_fn = build,
 }
 
 /// The expected receive buffer of `rank` (integer elements), computed by plain loops.
-/// Elements that do not matter (reduce_scatter_block in place beyond count) are absent.
+/// In place, reduce_scatter_block's receive buffer beyond count keeps the rank's input
+/// (MPI writes the result to the first count elements only).
 std::vector<Cell> expected(const Params& p, int rank) {
   const uint64_t n = p.count;
   const int P = p.size;
@@ -371,6 +372,9 @@ std::vector<Cell> expected(const Params& p, int rank) {
       break;
     case Coll::reduce_scatter_block:
       for (uint64_t j = 0; j < n; ++j) out.push_back(sum(static_cast<uint64_t>(rank) * n + j));
+      if (p.in_place && P > 1)
+        for (uint64_t j = n; j < n * static_cast<uint64_t>(P); ++j)
+          out.push_back(IntElems::input(rank, j));
       break;
     default:
       break;
