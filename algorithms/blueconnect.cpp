@@ -7,7 +7,9 @@
 //   allreduce             reduce-scatter stages 0..k, then all-gather stages k..0, on the
 //                         receive buffer (the first stage reads the send buffer)
 //   reduce_scatter_block  the p input blocks permuted into tree order (blueconnect_plan.hpp)
-//                         in scratch, reduce-scatter stages 0..k, the rank's block out
+//                         in scratch (or read where they are when rank order is tree
+//                         order), reduce-scatter stages 0..k in scratch, the rank's block
+//                         out: in place too, recv is written at its first block only
 //   allgather             the rank's block into its tree-order slot, all-gather stages
 //                         k..0, the blocks permuted into rank order
 // Each stage runs on a backend of its own, per level, from the table's backend= (one
@@ -229,16 +231,17 @@ class BcOp {
       case Coll::allreduce:
         work_ = call.recv;
         from_send = call.send != nullptr;
+        input_ = call.send;
         break;
       case Coll::reduce_scatter_block:
+        // The stages combine in scratch: MPI writes the caller's first block only, in place
+        // too (the other blocks of recv keep the input).
         vec = call.count * static_cast<uint64_t>(p);
-        if (lay_->identity_slots && call.send) {
+        work_ = scratch(vec * ext);
+        if (lay_->identity_slots) {
           from_send = true;  // the input is in tree order already: read it where it is
-          work_ = scratch(vec * ext);
-        } else if (lay_->identity_slots) {
-          work_ = call.recv;  // in place: combine in recv, the result moves to its start
+          input_ = call.send ? call.send : call.recv;
         } else {
-          work_ = scratch(vec * ext);
           const char* in = call.send ? call.send : call.recv;
           const uint64_t blk = call.count * ext;
           for (int r = 0; r < p; ++r) {
@@ -352,7 +355,7 @@ class BcOp {
       if (!run_) {
         const auto& s = pt.reduce_scatter ? prep_->rs[static_cast<size_t>(pt.stage)]
                                           : prep_->ag[static_cast<size_t>(pt.stage)];
-        run_ = std::make_unique<sched::ScheduleRun>(s, call_.send, work_, call_.type,
+        run_ = std::make_unique<sched::ScheduleRun>(s, input_, work_, call_.type,
                                                     call_.extent, call_.op, comm_->p2p, tag_);
       }
       int rc = blocking ? run_->run() : run_->step(done);
@@ -394,7 +397,7 @@ class BcOp {
     MPI_Comm sub = lay_->sub[i];
     char* seg = work_ + st.seg_off * ext;
     if (pt.reduce_scatter) {
-      const char* in = (from_send_ && i == 0) ? call_.send + st.seg_off * ext : seg;
+      const char* in = (from_send_ && i == 0) ? input_ + st.seg_off * ext : seg;
       void* out = rs_out_.get();
       return PMPI_Ireduce_scatter(in, out, prep_->counts[i].data(), call_.type, call_.op, sub,
                                   &req_);
@@ -425,6 +428,7 @@ class BcOp {
   int tag_;
   std::shared_ptr<const Prepared> prep_;
   bool from_send_ = false;
+  const char* input_ = nullptr;    // with from_send_: this rank's input, read by stage 0
   char* work_ = nullptr;           // the vector the stages work on
   std::unique_ptr<char[]> scratch_;  // work_ when it is not the receive buffer
   std::unique_ptr<char[]> rs_out_;   // mpi reduce-scatter output
@@ -566,10 +570,12 @@ int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_pt
   };
   char* work = recv;
   bool from_send = false;
-  const bool need_scratch =
-      (a.coll == Coll::allreduce && vec != n) ||
-      (a.coll == Coll::reduce_scatter_block && (!lay.identity_slots || !in_place)) ||
-      (a.coll == Coll::allgather && !lay.identity_slots);
+  const char* input = send;  // with from_send: this rank's input, read by the first stage
+  // reduce_scatter_block always combines in scratch: MPI writes the first block of recv
+  // only, in place too (the other blocks keep the input).
+  const bool need_scratch = (a.coll == Coll::allreduce && vec != n) ||
+                            a.coll == Coll::reduce_scatter_block ||
+                            (a.coll == Coll::allgather && !lay.identity_slots);
   if (need_scratch) {
     if (CUresult r = d.cuMemAllocAsync(&scratch, vec * ext, s); r != CUDA_SUCCESS)
       return fail(Failure::cuda, cuda::describe("blueconnect: cuMemAllocAsync", r));
@@ -583,7 +589,8 @@ int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_pt
       break;
     case Coll::reduce_scatter_block:
       if (lay.identity_slots) {
-        from_send = send != nullptr;
+        from_send = true;  // in tree order already: read where it is
+        input = send ? send : recv;
       } else {
         const char* in = send ? send : recv;
         for (int r = 0; r < p; ++r) copy(work + slot_of(r) * blk, in + static_cast<uint64_t>(r) * blk, blk);
@@ -604,7 +611,7 @@ int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_pt
     const int count = static_cast<int>(st.block_len(st.me));
     if (reduce_scatter) {
       c.coll = Coll::reduce_scatter_block;
-      c.sendbuf = (from_send && st.level == 0 ? send : work) + st.seg_off * ext;
+      c.sendbuf = (from_send && st.level == 0 ? input : work) + st.seg_off * ext;
       c.recvbuf = work + st.block_off(st.me) * ext;
       c.count = count;
       c.datatype = type;
@@ -635,7 +642,7 @@ int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_pt
       fallback.resize(bytes + 1);
       h = fallback.data();
     }
-    const char* src = (reduce_scatter && from_send && st.level == 0 ? send : work) + st.seg_off * ext;
+    const char* src = (reduce_scatter && from_send && st.level == 0 ? input : work) + st.seg_off * ext;
     if (rc == MPI_SUCCESS && bytes) {
       CUresult r = d.cuMemcpyAsync(dptr(h), dptr(src), bytes, s);
       if (r == CUDA_SUCCESS) r = d.cuStreamSynchronize(s);

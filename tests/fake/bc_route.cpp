@@ -99,6 +99,17 @@ std::vector<char> garbage(size_t bytes) {
   return g;
 }
 
+// Receive buffers are kTail bytes longer than the call's result, and the call must leave
+// those bytes (and, in place, the input it does not overwrite with the result) as they were.
+constexpr size_t kTail = 64;
+
+// `front` written over the start of `back`.
+std::vector<char> over(const std::vector<char>& front, std::vector<char> back) {
+  std::copy(front.begin(), front.begin() + static_cast<long>(std::min(front.size(), back.size())),
+            back.begin());
+  return back;
+}
+
 // ---- one call ------------------------------------------------------------------------------
 
 enum StreamMode { classic, own_stream, legacy_stream };
@@ -259,16 +270,17 @@ void allreduce(const Comm& c, const TypeCase& t, const OpCase& op, size_t count,
   const size_t bytes = count * sizeof(T);
   auto in = bytes_of(inputs<T>(me, count, op.kind, salt));
   auto ref = bytes_of(reduced<T>(p, count, op.kind, salt));
-  Buf send(v.in_place ? 0 : bytes, host), recv(bytes, host);
-  std::memcpy(recv.get(), garbage(bytes).data(), bytes);
+  Buf send(v.in_place ? 0 : bytes, host), recv(bytes + kTail, host);
+  const auto g = garbage(bytes + kTail);
+  std::memcpy(recv.get(), g.data(), g.size());
   Call s;
   s.label = what("MPI_Allreduce", t.name, op.name, count);
   s.coll = "allreduce";
   s.c = &c;
   s.v = v;
   s.route = route;
-  if (v.in_place) s.io = {{recv.get(), host, in, ref}};
-  else s.io = {{send.get(), host, in, in}, {recv.get(), host, {}, ref}};
+  if (v.in_place) s.io = {{recv.get(), host, in, over(ref, g)}};
+  else s.io = {{send.get(), host, in, in}, {recv.get(), host, {}, over(ref, g)}};
   const void* sb = v.in_place ? MPI_IN_PLACE : send.get();
   void* rb = recv.get();
   s.issue = [&](MPI_Request* r) {
@@ -287,17 +299,19 @@ void reduce_scatter_block(const Comm& c, const TypeCase& t, const OpCase& op, si
   auto all = reduced<T>(p, total, op.kind, salt);
   auto ref = bytes_of(std::vector<T>(all.begin() + static_cast<long>(me * count),
                                      all.begin() + static_cast<long>((me + 1) * count)));
-  const size_t rbytes = (v.in_place ? total : count) * sizeof(T);
+  const size_t rbytes = (v.in_place ? total : count) * sizeof(T) + kTail;
   Buf send(v.in_place ? 0 : total * sizeof(T)), recv(rbytes);
-  std::memcpy(recv.get(), garbage(rbytes).data(), rbytes);
+  const auto g = garbage(rbytes);
+  std::memcpy(recv.get(), g.data(), rbytes);
   Call s;
   s.label = what("MPI_Reduce_scatter_block", t.name, op.name, count);
   s.coll = "reduce_scatter_block";
   s.c = &c;
   s.v = v;
   s.route = route;
-  if (v.in_place) s.io = {{recv.get(), false, in, ref}};  // the result is the first block
-  else s.io = {{send.get(), false, in, in}, {recv.get(), false, {}, ref}};
+  // In place the result is the first block; the other blocks keep their input.
+  if (v.in_place) s.io = {{recv.get(), false, in, over(ref, over(in, g))}};
+  else s.io = {{send.get(), false, in, in}, {recv.get(), false, {}, over(ref, g)}};
   const void* sb = v.in_place ? MPI_IN_PLACE : send.get();
   void* rb = recv.get();
   s.issue = [&](MPI_Request* r) {
@@ -319,8 +333,9 @@ void allgather(const Comm& c, const TypeCase& t, size_t count, const Variant& v,
     auto b = pattern(r, 0, block, salt);
     all.insert(all.end(), b.begin(), b.end());
   }
-  Buf send(v.in_place ? 0 : block), recv(block * p);
-  std::memcpy(recv.get(), garbage(block * p).data(), block * p);
+  Buf send(v.in_place ? 0 : block), recv(block * p + kTail);
+  const auto g = garbage(block * p + kTail);
+  std::memcpy(recv.get(), g.data(), g.size());
   Call s;
   s.label = what("MPI_Allgather", t.name, nullptr, count);
   s.coll = "allgather";
@@ -330,9 +345,9 @@ void allgather(const Comm& c, const TypeCase& t, size_t count, const Variant& v,
   if (v.in_place) {
     auto in = garbage(block * p);  // the rank's own block in place, the rest anything
     std::memcpy(in.data() + me * block, mine.data(), block);
-    s.io = {{recv.get(), false, in, all}};
+    s.io = {{recv.get(), false, in, over(all, g)}};
   } else {
-    s.io = {{send.get(), false, mine, mine}, {recv.get(), false, {}, all}};
+    s.io = {{send.get(), false, mine, mine}, {recv.get(), false, {}, over(all, g)}};
   }
   const void* sb = v.in_place ? MPI_IN_PLACE : send.get();
   void* rb = recv.get();
