@@ -59,6 +59,7 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -122,6 +123,17 @@ std::vector<char> garbage(size_t bytes) {
   std::vector<char> g(bytes);
   for (size_t i = 0; i < bytes; ++i) g[i] = static_cast<char>(0xA5 ^ (i * 29));
   return g;
+}
+
+// Receive buffers are kTail bytes longer than the call's result, and the call must leave
+// those bytes (and, in place, the input it does not overwrite with the result) as they were.
+constexpr size_t kTail = 64;
+
+// `front` written over the start of `back`.
+std::vector<char> over(const std::vector<char>& front, std::vector<char> back) {
+  std::copy(front.begin(), front.begin() + static_cast<long>(std::min(front.size(), back.size())),
+            back.begin());
+  return back;
 }
 
 // ---- the gate: the test holds a stream with its own host wait --------------------------------
@@ -397,8 +409,9 @@ void allreduce(const Ctx& c, const TypeCase& t, const OpCase& op, size_t count, 
   const size_t bytes = count * sizeof(T);
   auto in = bytes_of(inputs<T>(me, count, op.kind, salt));
   auto ref = bytes_of(reduced<T>(p, count, op.kind, salt));
-  Buf send(v.in_place ? 0 : bytes), recv(bytes);
-  host_write(recv.get(), garbage(bytes), "prefill");
+  Buf send(v.in_place ? 0 : bytes), recv(bytes + kTail);
+  const auto g = garbage(bytes + kTail);
+  host_write(recv.get(), g, "prefill");
   Spec s;
   s.label = what("MPI_Allreduce", t.name, op.name, count) + c.where;
   s.coll = "allreduce";
@@ -406,9 +419,9 @@ void allreduce(const Ctx& c, const TypeCase& t, const OpCase& op, size_t count, 
   s.v = v;
   s.route = c.route;
   if (v.in_place)
-    s.io = {{recv.get(), in, ref}};
+    s.io = {{recv.get(), in, over(ref, g)}};
   else
-    s.io = {{send.get(), in, in}, {recv.get(), {}, ref}};
+    s.io = {{send.get(), in, in}, {recv.get(), {}, over(ref, g)}};
   const void* sb = v.in_place ? MPI_IN_PLACE : send.get();
   void* rb = recv.get();
   s.issue = [&](MPI_Request* r) {
@@ -427,8 +440,8 @@ void reduce(const Ctx& c, const TypeCase& t, const OpCase& op, size_t count, int
   const bool null_recv = !is_root && (salt % 2 == 0);
   auto in = bytes_of(inputs<T>(me, count, op.kind, salt));
   auto ref = bytes_of(reduced<T>(p, count, op.kind, salt));
-  Buf send(in_place ? 0 : bytes), recv(null_recv ? 0 : bytes);
-  const auto g = garbage(bytes);
+  Buf send(in_place ? 0 : bytes), recv(null_recv ? 0 : bytes + kTail);
+  const auto g = garbage(bytes + kTail);
   if (recv.get()) host_write(recv.get(), g, "prefill");
   Spec s;
   s.label = what("MPI_Reduce", t.name, op.name, count, root) + c.where;
@@ -437,10 +450,10 @@ void reduce(const Ctx& c, const TypeCase& t, const OpCase& op, size_t count, int
   s.v = v;
   s.route = c.route;
   if (in_place) {
-    s.io = {{recv.get(), in, ref}};
+    s.io = {{recv.get(), in, over(ref, g)}};
   } else {
     s.io = {{send.get(), in, in}};
-    if (recv.get()) s.io.push_back({recv.get(), {}, is_root ? ref : g});
+    if (recv.get()) s.io.push_back({recv.get(), {}, is_root ? over(ref, g) : g});
   }
   const void* sb = in_place ? MPI_IN_PLACE : send.get();
   void* rb = recv.get();
@@ -460,18 +473,20 @@ void reduce_scatter_block(const Ctx& c, const TypeCase& t, const OpCase& op, siz
   auto all = reduced<T>(p, total, op.kind, salt);
   std::vector<T> mine(all.begin() + static_cast<long>(me * count), all.begin() + static_cast<long>((me + 1) * count));
   auto ref = bytes_of(mine);
-  Buf send(v.in_place ? 0 : total * sizeof(T)), recv((v.in_place ? total : count) * sizeof(T));
-  host_write(recv.get(), garbage(recv.size()), "prefill");
+  Buf send(v.in_place ? 0 : total * sizeof(T)), recv((v.in_place ? total : count) * sizeof(T) + kTail);
+  const auto g = garbage(recv.size());
+  host_write(recv.get(), g, "prefill");
   Spec s;
   s.label = what("MPI_Reduce_scatter_block", t.name, op.name, count) + c.where;
   s.coll = "reduce_scatter_block";
   s.comm = c.comm;
   s.v = v;
   s.route = c.route;
+  // In place only the first block is the result: the other blocks keep their input.
   if (v.in_place)
-    s.io = {{recv.get(), in, ref}};
+    s.io = {{recv.get(), in, over(ref, over(in, g))}};
   else
-    s.io = {{send.get(), in, in}, {recv.get(), {}, ref}};
+    s.io = {{send.get(), in, in}, {recv.get(), {}, over(ref, g)}};
   const void* sb = v.in_place ? MPI_IN_PLACE : send.get();
   void* rb = recv.get();
   s.issue = [&](MPI_Request* r) {
@@ -486,8 +501,9 @@ void bcast(const Ctx& c, const char* tname, MPI_Datatype type, size_t count, int
   const int me = comm_rank(c.comm);
   const size_t bytes = count * static_cast<size_t>(type_size(type));
   auto data = pattern(root, 0, bytes, salt);
-  Buf buf(bytes);
-  host_write(buf.get(), garbage(bytes), "prefill");
+  Buf buf(bytes + kTail);
+  const auto g = garbage(bytes + kTail);
+  host_write(buf.get(), g, "prefill");
   Spec s;
   s.label = what("MPI_Bcast", tname, nullptr, count, root) + c.where;
   s.coll = "bcast";
@@ -495,7 +511,7 @@ void bcast(const Ctx& c, const char* tname, MPI_Datatype type, size_t count, int
   s.v = v;
   s.v.in_place = false;
   s.route = c.route;
-  s.io = {{buf.get(), me == root ? data : std::vector<char>(), data}};
+  s.io = {{buf.get(), me == root ? data : std::vector<char>(), over(data, g)}};
   void* b = buf.get();
   s.issue = [&](MPI_Request* r) {
     return r ? MPI_Ibcast(b, static_cast<int>(count), type, root, c.comm, r)
@@ -513,8 +529,9 @@ void allgather(const Ctx& c, const char* tname, MPI_Datatype type, size_t count,
     auto b = pattern(r, 0, block, salt);
     all.insert(all.end(), b.begin(), b.end());
   }
-  Buf send(v.in_place ? 0 : block), recv(block * p);
-  host_write(recv.get(), garbage(recv.size()), "prefill");
+  Buf send(v.in_place ? 0 : block), recv(block * p + kTail);
+  const auto g = garbage(recv.size());
+  host_write(recv.get(), g, "prefill");
   Spec s;
   s.label = what("MPI_Allgather", tname, nullptr, count) + c.where;
   s.coll = "allgather";
@@ -522,11 +539,11 @@ void allgather(const Ctx& c, const char* tname, MPI_Datatype type, size_t count,
   s.v = v;
   s.route = c.route;
   if (v.in_place) {
-    auto in = garbage(recv.size());
+    auto in = garbage(block * p);
     std::memcpy(in.data() + me * block, mine.data(), block);
-    s.io = {{recv.get(), in, all}};
+    s.io = {{recv.get(), in, over(all, g)}};
   } else {
-    s.io = {{send.get(), mine, mine}, {recv.get(), {}, all}};
+    s.io = {{send.get(), mine, mine}, {recv.get(), {}, over(all, g)}};
   }
   const void* sb = v.in_place ? MPI_IN_PLACE : send.get();
   void* rb = recv.get();

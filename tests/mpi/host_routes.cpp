@@ -8,9 +8,11 @@
 // Every result is checked twice: against values computed here by plain loops over what
 // each rank contributed, and against the real MPI's own answer, computed in this process
 // by calling the PMPI_ entry point (which streamcoll does not intercept) on copies of the
-// same buffers just before the call under test. Receive buffers carry sentinels after the
-// result (and on non-root ranks of MPI_Reduce, in the whole buffer) that must survive; send
-// buffers must come back unchanged.
+// same buffers just before the call under test. Nothing but the result may be written:
+// receive buffers carry sentinels after the result (on non-root ranks of MPI_Reduce, in the
+// whole buffer) that must survive, an in-place MPI_Reduce_scatter_block must leave the
+// blocks after its result as they were, and send buffers must come back unchanged. MPI_Reduce
+// also runs with recvbuf = NULL off the root.
 //
 // Routing. Each algorithm gets its own duplicate of MPI_COMM_WORLD, routed with
 // streamcoll_comm_set_route(dup, "*:ht:algo=ALGO"), so one run covers all four; the odd and
@@ -270,6 +272,7 @@ struct CallInfo {
   long count = -1;
   int root = -1;
   bool in_place = false;
+  std::string note;  // more about the call, e.g. " recvbuf=NULL"
 };
 
 class Tally {
@@ -285,7 +288,7 @@ class Tally {
                          " type=" + (c.type ? c.type->name : "-") + " op=" + name_of(c.op) +
                          " count=" + (c.count >= 0 ? std::to_string(c.count) : "-") +
                          " root=" + (c.root >= 0 ? std::to_string(c.root) : "-") +
-                         " in_place=" + (c.in_place ? "yes" : "no") +
+                         " in_place=" + (c.in_place ? "yes" : "no") + c.note +
                          (c.comm ? " comm_rank=" + std::to_string(c.comm->rank) : "") + ": " +
                          what + "\n";
       std::fputs(line.c_str(), stderr);
@@ -415,7 +418,8 @@ struct Pending {
   Buffer send_copy;         // send as filled: must come back unchanged
   Buffer ref_send, ref_recv;
   size_t check_end = 0;
-  size_t data_end = SIZE_MAX;  // where the sentinels after the result begin
+  size_t data_end = SIZE_MAX;  // where what the call must leave alone begins (sentinels;
+                               // in-place MPI_Reduce_scatter_block: the other input blocks)
   std::vector<int> counts, displs;
   // The call under test (blocking when req is null) and the same call through PMPI_.
   std::function<int(MPI_Request* req)> call;
@@ -461,6 +465,7 @@ struct Case {
   long count;  // elements per rank (per block for allgather, reduce_scatter_block)
   int root;    // reduce and bcast; -1 otherwise
   bool in_place;
+  bool null_recv = false;  // reduce: ranks other than the root pass recvbuf = NULL
 };
 
 // Builds the buffers, the expected result and the two calls of one case on one comm.
@@ -525,13 +530,18 @@ PendingPtr make(const Comm& c, const Case& cs) {
       if (is_root) fill_reduced(t, p->want.data(), n, op, c.size, 0, salt);
       p->check_end = n + kGuard;
       const bool use_ip = is_root && ip;
-      p->call = [q, use_ip, cnt, dt, mop, root, h](MPI_Request* r) {
+      // recvbuf is significant at the root only: off the root it may be NULL.
+      const bool null_recv = cs.null_recv && !is_root;
+      if (null_recv) p->info.note = " recvbuf=NULL";
+      p->call = [q, use_ip, null_recv, cnt, dt, mop, root, h](MPI_Request* r) {
         const void* s = use_ip ? MPI_IN_PLACE : q->send.data();
-        return r ? MPI_Ireduce(s, q->recv.data(), cnt, dt, mop, root, h, r)
-                 : MPI_Reduce(s, q->recv.data(), cnt, dt, mop, root, h);
+        void* d = null_recv ? nullptr : q->recv.data();
+        return r ? MPI_Ireduce(s, d, cnt, dt, mop, root, h, r)
+                 : MPI_Reduce(s, d, cnt, dt, mop, root, h);
       };
-      p->pmpi_call = [use_ip, cnt, dt, mop, root, h](void* s, void* d) {
-        return PMPI_Reduce(use_ip ? MPI_IN_PLACE : s, d, cnt, dt, mop, root, h);
+      p->pmpi_call = [use_ip, null_recv, cnt, dt, mop, root, h](void* s, void* d) {
+        return PMPI_Reduce(use_ip ? MPI_IN_PLACE : s, null_recv ? nullptr : d, cnt, dt, mop, root,
+                           h);
       };
       break;
     }
@@ -574,12 +584,14 @@ PendingPtr make(const Comm& c, const Case& cs) {
       };
       break;
     case Coll::rsb:
-      // In place the input is the whole receive buffer and only its first block is defined
-      // afterwards.
+      // In place the input is the whole receive buffer; the result replaces its first block
+      // and nothing else is written (MPI-4.0 section 6.10.1): the other blocks keep this
+      // rank's input, and the sentinels after them survive.
       if (ip) {
-        p->recv = Buffer(n * sz, t.k.size);
+        p->recv = Buffer(n * sz + kGuard, t.k.size);
+        fill_sentinel(t, p->recv, me, salt);
         fill(t, p->recv.data(), n * sz, op, me, 0, salt);
-        p->check_end = n;
+        p->check_end = n * sz + kGuard;
       } else {
         p->send = Buffer(n * sz, t.k.size);
         fill(t, p->send.data(), n * sz, op, me, 0, salt);
@@ -671,7 +683,8 @@ PendingPtr make(const Comm& c, const Case& cs) {
       break;
     }
   }
-  if (p->check_end >= kGuard && !(cs.coll == Coll::rsb && ip)) p->data_end = p->check_end - kGuard;
+  if (p->check_end >= kGuard) p->data_end = p->check_end - kGuard;
+  if (cs.coll == Coll::rsb && ip) p->data_end = n;  // past the result: input, then sentinels
   if (cs.coll == Coll::reduce && me != root) p->data_end = 0;  // all sentinels off the root
   return p;
 }
@@ -701,7 +714,9 @@ void verify(Pending& p) {
   g_tally.check(bad == p.check_end, p.info, [&] {
     return "index " + std::to_string(bad) + " of " + std::to_string(p.check_end) + ": got " +
            p.k->show(p.recv.data(), bad) + ", expected " + p.k->show(p.want.data(), bad) +
-           (bad >= p.data_end ? " (a sentinel after the result was overwritten)" : "");
+           (bad >= p.data_end ? " (written past the result, where the call must leave the "
+                                "buffer as the caller filled it)"
+                              : "");
   });
   if (p.ref_ok) {
     const size_t diff = p.k->mismatch(p.recv.data(), p.ref_recv.data(), 0, p.check_end);
@@ -820,6 +835,27 @@ void test_large(const Comm& c, long n) {
              nb);
     run_case(c, Case{Coll::allgather, &type_named("MPI_INT"), Op::none, blk, -1, nb == 1}, nb);
   }
+}
+
+// MPI_Reduce with recvbuf = NULL on every rank but the root (MPI-4.0 section 6.9.1: the
+// receive buffer is significant at the root only), blocking and MPI_Ireduce, roots 0 and
+// size - 1, in place at the root or not, counts that do and do not divide by the size.
+void test_reduce_null_recv(const Comm& c) {
+  struct Item {
+    const char* type;
+    Op op;
+  };
+  const Item items[] = {{"MPI_INT", Op::sum}, {"MPI_DOUBLE", Op::max}, {"MPI_UINT8_T", Op::bxor}};
+  const long counts[] = {1, 7, c.size, 1000, 40000};
+  int k = 0;
+  for (long n : counts)
+    for (int root : {0, c.size - 1})
+      for (int nb = 0; nb < 2; ++nb) {
+        const Item& it = items[k % 3];
+        Case cs{Coll::reduce, &type_named(it.type), it.op, n, root, (k++ / 3) % 2 == 1};
+        cs.null_recv = true;
+        run_case(c, cs, nb);
+      }
 }
 
 // Calls that must go to pmpi even on a routed communicator: count 0 (no data), pair types
@@ -1604,6 +1640,8 @@ int main(int argc, char** argv) {
       test_matrix(*c, c == &split ? some : every, counts);
       begin_phase("large " + c->name);
       test_large(*c, 40000);
+      begin_phase("reduce, recvbuf NULL off the root, " + c->name);
+      test_reduce_null_recv(*c);
       begin_phase("pmpi calls " + c->name);
       test_pmpi_calls(*c);
     }
