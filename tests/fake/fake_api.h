@@ -79,6 +79,15 @@ typedef int (*fake_cuda_deferred_fn)(void);
 typedef unsigned long long (*fake_cuda_counter_fn)(const char *name);
 /* cuStreamSynchronize calls made through the CUDA API (the program's own are not). */
 typedef unsigned long long (*fake_cuda_sync_count_fn)(void);
+/* Failure injection at run time: the n-th call of entry point `api` from now (n >= 1)
+ * fails as FAKE_CUDA_FAIL describes (fake_cuda.cpp); n == 0 disarms it. Each armed
+ * failure fires once; counter "injected_failures" counts those that fired. Returns -1
+ * for an entry point that cannot be made to fail. */
+typedef int (*fake_cuda_fail_after_fn)(const char *api, unsigned long long n);
+
+/* cudaDeviceReset(device): every stream, event and allocation of the device's context
+ * is gone (handles invalid, memory freed); contexts stay usable. Nothing may still run. */
+typedef int (*fake_cuda_device_reset_fn)(int device);
 
 /* ---- fake CUDA: for the fake NCCL ---------------------------------------------------- */
 
@@ -129,8 +138,13 @@ typedef int (*fake_cuda_current_device_fn)(void);
 typedef unsigned long long (*fake_nccl_calls_fn)(void);
 /* Counters, by name: an entry point ("ncclCommInitRank", "ncclCommAbort",
  * "ncclCommDestroy", "ncclAllReduce", ...: calls made), or "executed" (operations run),
- * "init_failures", "mismatches" (ranks ran different operations), "errors". */
+ * "init_failures", "mismatches" (ranks ran different operations), "errors",
+ * "injected_failures". */
 typedef unsigned long long (*fake_nccl_counter_fn)(const char *name);
+/* Failure injection at run time, as FAKE_NCCL_FAIL (fake_nccl.cpp): the n-th call of
+ * `api` from now (n >= 1) fails with ncclUnhandledCudaError and issues nothing; 0
+ * disarms. Returns -1 for an entry point that cannot be made to fail. */
+typedef int (*fake_nccl_fail_after_fn)(const char *api, unsigned long long n);
 
 #ifdef __cplusplus
 }

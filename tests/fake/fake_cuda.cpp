@@ -20,10 +20,13 @@
 //    device and IS_MANAGED for it, and, like the real driver, succeeds with zeroed values
 //    for any other pointer; cuPointerGetAttribute fails with CUDA_ERROR_INVALID_VALUE for
 //    other pointers (pageable host memory).
-//  - Streams: an ordered queue of host closures per stream; handle 0, CU_STREAM_LEGACY
-//    and CU_STREAM_PER_THREAD all name the legacy default stream (which needs a current
-//    context, as in the real driver). Streams created without CU_STREAM_NON_BLOCKING are
-//    ordered after the legacy stream, and the legacy stream after them.
+//  - Streams: an ordered queue of host closures per stream; handle 0 and CU_STREAM_LEGACY
+//    name the legacy default stream; CU_STREAM_PER_THREAD names the calling host thread's
+//    own default stream (one per thread and device, made at its first use, a blocking
+//    stream, as the per-thread default stream of the real driver is); both need a
+//    current context, as in the real driver. Streams created without
+//    CU_STREAM_NON_BLOCKING (and the per-thread streams) are ordered after the legacy
+//    stream, and the legacy stream after them.
 //    By default work runs at once, when it is enqueued. With FAKE_CUDA_DEFER=1 it runs
 //    only when something waits for it: cuStreamSynchronize, cuStreamQuery, cuEventQuery
 //    or cuEventSynchronize of an event recorded after it, cuStreamDestroy, or a stream
@@ -76,9 +79,18 @@
 //    which on a GPU would not need the CPU). Counted apart from host waits:
 //    "async_launched", "async_pending" (gauge), "async_held_queries",
 //    "async_blocked_syncs".
-//  - Failures on demand: FAKE_CUDA_FAIL=cuMemHostAlloc:N (or cuMemcpyAsync:N) makes the
-//    N-th call of that entry point fail (CUDA_ERROR_OUT_OF_MEMORY, ILLEGAL_ADDRESS), on
-//    the local rank FAKE_CUDA_FAIL_RANK only when that is set; "injected_failures".
+//  - Failures on demand: FAKE_CUDA_FAIL=<entry point>:N[,<entry point>:N...] makes the
+//    N-th call of each named entry point fail, on the local rank FAKE_CUDA_FAIL_RANK only
+//    when that is set; fake_cuda_fail_after(api, n) arms the n-th call from now at run
+//    time (a test walking every failure point of a route). Allocations and creations
+//    fail with CUDA_ERROR_OUT_OF_MEMORY and do nothing; other calls with
+//    CUDA_ERROR_ILLEGAL_ADDRESS: enqueuing calls enqueue nothing; synchronising calls
+//    (cuStreamSynchronize, cuEventSynchronize) wait first, then fail; queries
+//    (cuStreamQuery, cuEventQuery) fail only once the work is done (a fault reported at
+//    the end of the work: whoever sees it may release the buffers), an armed query that
+//    finds work pending moves the failure to the next call. Entry points that can fail:
+//    kInjectable below. Counted under "injected_failures" (not under "errors", which
+//    counts misuse).
 //  - Contexts: cuStreamCreate, cuEventCreate, cuMemAllocAsync, cuMemHostAlloc and every
 //    use of the legacy stream need a current context (CUDA_ERROR_INVALID_CONTEXT
 //    otherwise); cuCtxPushCurrent needs a retained primary context.
@@ -198,6 +210,7 @@ struct CUfunc_st {
 struct CUevent_st {
   bool recorded = false;
   bool internal = false;
+  int device = 0;  // of the context it was created in (fake_cuda_device_reset)
   CUstream_st* stream = nullptr;
   uint64_t pos = 0;
   VC vc;
@@ -244,20 +257,40 @@ thread_local std::vector<CUcontext> t_ctx_stack;
 thread_local int t_depth = 0;         // fake API calls on this thread's stack (lock depth)
 bool g_no_memops = false;              // FAKE_CUDA_NO_STREAM_MEMOPS=1
 double g_wait_warn_s = 60;             // FAKE_CUDA_WAIT_WARN: say so when a wait is stuck
-std::string g_fail_api;                // FAKE_CUDA_FAIL=<entry point>:<n>: its n-th call fails
-unsigned long long g_fail_nth = 0;
+// FAKE_CUDA_FAIL / fake_cuda_fail_after: entry point -> the number of its call that fails.
+std::map<std::string, unsigned long long> g_fail;
 std::set<CUstream_st*> g_orphans;      // destroyed with work stuck behind a host wait
 std::set<CUmod_st*> g_modules;         // loaded modules
 std::set<CUfunc_st*> g_functions;
 
 void count(const char* name, long long delta = 1) { g_counters[name] += delta; }
 
-// FAKE_CUDA_FAIL: whether this call of `api` (already counted) is the one to fail.
+// The entry points whose calls FAKE_CUDA_FAIL / fake_cuda_fail_after can make fail.
+const char* const kInjectable[] = {
+    "cuMemHostAlloc", "cuMemcpyAsync", "cuMemcpyDtoDAsync", "cuMemAllocAsync", "cuEventCreate",
+    "cuEventRecord", "cuEventQuery", "cuEventSynchronize", "cuStreamCreate", "cuStreamWaitEvent",
+    "cuStreamQuery", "cuStreamSynchronize", "cuStreamWaitValue32", "cuLaunchKernel",
+    "cuModuleLoadData", "cuMemHostGetDevicePointer", "cuDevicePrimaryCtxRetain"};
+bool injectable(const std::string& api) {
+  for (const char* a : kInjectable)
+    if (api == a) return true;
+  return false;
+}
+
+// Whether this call of `api` (already counted) is the one to fail.
 bool injected_failure(const char* api) {
-  if (g_fail_nth == 0 || g_fail_api != api || g_counters[api] != g_fail_nth) return false;
-  fprintf(stderr, "fake_cuda: FAKE_CUDA_FAIL: call %llu of %s fails\n", g_fail_nth, api);
+  if (g_fail.empty()) return false;
+  auto it = g_fail.find(api);
+  if (it == g_fail.end() || g_counters[api] != it->second) return false;
+  fprintf(stderr, "fake_cuda: injected failure: call %llu of %s fails\n", it->second, api);
+  g_fail.erase(it);
   count("injected_failures");
   return true;
+}
+// A query armed to fail that finds the work still pending: the next call fails instead.
+void postpone_failure(const char* api) {
+  auto it = g_fail.find(api);
+  if (it != g_fail.end() && g_counters[api] == it->second) ++it->second;
 }
 
 CUresult ret(const char* api, CUresult r) {
@@ -286,12 +319,24 @@ void init_once() {
   if (!lr) lr = getenv("MPI_LOCALRANKID");
   if (!lr) lr = getenv("PMI_LOCAL_RANK");
   g_local_rank = lr ? atoi(lr) : 0;
-  if (const char* f = getenv("FAKE_CUDA_FAIL")) {  // "<entry point>:<n>"
-    const char* colon = strchr(f, ':');
+  if (const char* f = getenv("FAKE_CUDA_FAIL")) {  // "<entry point>:<n>[,...]"
     const char* rk = getenv("FAKE_CUDA_FAIL_RANK");
-    if (colon && (!rk || atoi(rk) == g_local_rank)) {
-      g_fail_api.assign(f, colon);
-      g_fail_nth = strtoull(colon + 1, nullptr, 10);
+    if (!rk || atoi(rk) == g_local_rank) {
+      std::string list = f;
+      for (size_t at = 0; at < list.size();) {
+        size_t end = list.find(',', at);
+        if (end == std::string::npos) end = list.size();
+        const std::string item = list.substr(at, end - at);
+        const size_t colon = item.find(':');
+        const std::string api = item.substr(0, colon);
+        if (colon == std::string::npos || !injectable(api)) {
+          fprintf(stderr, "fake_cuda: FAKE_CUDA_FAIL: '%s' is not <entry point>:<n> with an "
+                          "entry point that can fail\n", item.c_str());
+          abort();
+        }
+        g_fail[api] = strtoull(item.c_str() + colon + 1, nullptr, 10);
+        at = end + 1;
+      }
     }
   }
   g_ctx.assign(static_cast<size_t>(g_devices), CUctx_st{});
@@ -304,19 +349,33 @@ void init_once() {
 
 CUstream_st* legacy() { return g_streams[0]; }
 
+// A default stream's handle (legacy or per-thread): never created or destroyed by the
+// program.
 bool is_legacy_handle(CUstream h) {
   return h == nullptr || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD;
 }
 
 CUcontext current_ctx() { return t_ctx_stack.empty() ? nullptr : t_ctx_stack.back(); }
 
+CUstream_st* new_stream(unsigned flags, int device, bool internal);
+// This thread's per-thread default stream on `device`, made at its first use.
+thread_local std::map<int, CUstream_st*> t_per_thread;
+CUstream_st* per_thread(int device) {
+  CUstream_st*& s = t_per_thread[device];
+  // blocking; internal: not counted, not destroyable; again after fake_cuda_device_reset
+  if (!s || s->destroyed) s = new_stream(0, device, true);
+  return s;
+}
+
 // The stream object of a handle, or nullptr with *err set.
 CUstream_st* resolve(CUstream h, bool check_ctx, CUresult* err) {
   if (is_legacy_handle(h)) {
-    if (check_ctx && !current_ctx()) {
+    CUcontext ctx = current_ctx();
+    if (check_ctx && !ctx) {
       *err = CUDA_ERROR_INVALID_CONTEXT;
       return nullptr;
     }
+    if (h == CU_STREAM_PER_THREAD) return per_thread(ctx ? ctx->device : 0);
     return legacy();
   }
   if (!g_live_streams.count(h)) {
@@ -871,6 +930,7 @@ FAKE_EXPORT CUresult cuDeviceGetPCIBusId(char* bus, int len, CUdevice dev) {
 FAKE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
   LOCK();
   count("cuDevicePrimaryCtxRetain");
+  if (injected_failure("cuDevicePrimaryCtxRetain")) return CUDA_ERROR_OUT_OF_MEMORY;
   if (!pctx) return ret("cuDevicePrimaryCtxRetain", CUDA_ERROR_INVALID_VALUE);
   if (dev < 0 || dev >= g_devices) return ret("cuDevicePrimaryCtxRetain", CUDA_ERROR_INVALID_DEVICE);
   ++g_ctx[dev].refs;
@@ -931,6 +991,7 @@ FAKE_EXPORT CUresult cuCtxPopCurrent(CUcontext* pctx) {
 FAKE_EXPORT CUresult cuStreamCreate(CUstream* ph, unsigned int flags) {
   LOCK();
   count("cuStreamCreate");
+  if (injected_failure("cuStreamCreate")) return CUDA_ERROR_OUT_OF_MEMORY;
   if (!ph || (flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)))
     return ret("cuStreamCreate", CUDA_ERROR_INVALID_VALUE);
   CUcontext ctx = current_ctx();
@@ -956,8 +1017,10 @@ FAKE_EXPORT CUresult cuStreamQuery(CUstream h) {
   if (!s) return ret("cuStreamQuery", err);
   if (s->completed >= s->enqueued) {
     host_observe(s->vc);
+    if (injected_failure("cuStreamQuery")) return CUDA_ERROR_ILLEGAL_ADDRESS;
     return CUDA_SUCCESS;
   }
+  postpone_failure("cuStreamQuery");
   bool async = false;
   if (!run_until(s, s->enqueued)) {
     const CUresult r = held_query(s, &async);
@@ -984,12 +1047,15 @@ CUresult sync_stream(Lock& lock, CUstream h, bool check_ctx) {
 FAKE_EXPORT CUresult cuStreamSynchronize(CUstream h) {
   LOCK();
   count("cuStreamSynchronize");
-  return ret("cuStreamSynchronize", sync_stream(lock, h, true));
+  const CUresult r = sync_stream(lock, h, true);
+  if (r == CUDA_SUCCESS && injected_failure("cuStreamSynchronize")) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  return ret("cuStreamSynchronize", r);
 }
 
 FAKE_EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent e, unsigned int flags) {
   LOCK();
   count("cuStreamWaitEvent");
+  if (injected_failure("cuStreamWaitEvent")) return CUDA_ERROR_ILLEGAL_ADDRESS;
   CUresult err = CUDA_SUCCESS;
   CUstream_st* s = resolve(h, true, &err);
   if (!s) return ret("cuStreamWaitEvent", err);
@@ -1002,10 +1068,12 @@ FAKE_EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent e, unsigned int flags
 FAKE_EXPORT CUresult cuEventCreate(CUevent* pe, unsigned int flags) {
   LOCK();
   count("cuEventCreate");
+  if (injected_failure("cuEventCreate")) return CUDA_ERROR_OUT_OF_MEMORY;
   if (!pe) return ret("cuEventCreate", CUDA_ERROR_INVALID_VALUE);
   if (!current_ctx()) return ret("cuEventCreate", CUDA_ERROR_INVALID_CONTEXT);
   (void)flags;
   auto* e = new CUevent_st;
+  e->device = current_ctx()->device;
   g_events.insert(e);
   count("live_events");
   *pe = e;
@@ -1025,6 +1093,7 @@ FAKE_EXPORT CUresult cuEventDestroy(CUevent e) {
 FAKE_EXPORT CUresult cuEventRecord(CUevent e, CUstream h) {
   LOCK();
   count("cuEventRecord");
+  if (injected_failure("cuEventRecord")) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (!g_events.count(e)) return ret("cuEventRecord", CUDA_ERROR_INVALID_HANDLE);
   CUresult err = CUDA_SUCCESS;
   CUstream_st* s = resolve(h, true, &err);
@@ -1038,6 +1107,8 @@ FAKE_EXPORT CUresult cuEventQuery(CUevent e) {
   if (!g_events.count(e)) return ret("cuEventQuery", CUDA_ERROR_INVALID_HANDLE);
   bool async = false;
   const CUresult r = query_event(e, &async);
+  if (r == CUDA_SUCCESS && injected_failure("cuEventQuery")) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (r == CUDA_ERROR_NOT_READY) postpone_failure("cuEventQuery");
   yield_to_async(lock, async);
   return r;
 }
@@ -1054,12 +1125,14 @@ FAKE_EXPORT CUresult cuEventSynchronize(CUevent e) {
     run_blocking(lock, s, pos, "cuEventSynchronize");
     host_observe(vc);
   }
+  if (injected_failure("cuEventSynchronize")) return CUDA_ERROR_ILLEGAL_ADDRESS;
   return CUDA_SUCCESS;
 }
 
 FAKE_EXPORT CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream h) {
   LOCK();
   count("cuMemcpyDtoDAsync");
+  if (injected_failure("cuMemcpyDtoDAsync")) return CUDA_ERROR_ILLEGAL_ADDRESS;
   CUresult err = CUDA_SUCCESS;
   CUstream_st* s = resolve(h, true, &err);
   if (!s) return ret("cuMemcpyDtoDAsync", err);
@@ -1079,6 +1152,7 @@ FAKE_EXPORT CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t 
 FAKE_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytes, CUstream h) {
   LOCK();
   count("cuMemAllocAsync");
+  if (injected_failure("cuMemAllocAsync")) return CUDA_ERROR_OUT_OF_MEMORY;
   if (!dptr || bytes == 0) return ret("cuMemAllocAsync", CUDA_ERROR_INVALID_VALUE);
   CUcontext ctx = current_ctx();
   if (!ctx) return ret("cuMemAllocAsync", CUDA_ERROR_INVALID_CONTEXT);
@@ -1161,6 +1235,7 @@ FAKE_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, C
 FAKE_EXPORT CUresult cuMemHostGetDevicePointer(CUdeviceptr* pdptr, void* p, unsigned int flags) {
   LOCK();
   count("cuMemHostGetDevicePointer");
+  if (injected_failure("cuMemHostGetDevicePointer")) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (!pdptr || !p || flags != 0) return ret("cuMemHostGetDevicePointer", CUDA_ERROR_INVALID_VALUE);
   const Alloc* a = find_alloc(p, 1);
   if (!a || !a->pinned || !(a->host_flags & CU_MEMHOSTALLOC_DEVICEMAP)) {
@@ -1256,6 +1331,7 @@ bool ptxas_accepts(const std::string& image) {
 FAKE_EXPORT CUresult cuStreamWaitValue32(CUstream h, CUdeviceptr addr, cuuint32_t value, unsigned int flags) {
   LOCK();
   count("cuStreamWaitValue32");
+  if (injected_failure("cuStreamWaitValue32")) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (g_no_memops) {  // the driver's answer, not a misuse: counted apart from "errors"
     count("not_supported");
     return CUDA_ERROR_NOT_SUPPORTED;
@@ -1311,6 +1387,7 @@ FAKE_EXPORT CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CU
 FAKE_EXPORT CUresult cuModuleLoadData(CUmodule* module, const void* image) {
   LOCK();
   count("cuModuleLoadData");
+  if (injected_failure("cuModuleLoadData")) return CUDA_ERROR_OUT_OF_MEMORY;
   if (!module || !image) return ret("cuModuleLoadData", CUDA_ERROR_INVALID_VALUE);
   if (!current_ctx()) return ret("cuModuleLoadData", CUDA_ERROR_INVALID_CONTEXT);
   const unsigned char* b = static_cast<const unsigned char*>(image);
@@ -1389,6 +1466,7 @@ FAKE_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int 
                                     unsigned int shmem, CUstream h, void** params, void** extra) {
   LOCK();
   count("cuLaunchKernel");
+  if (injected_failure("cuLaunchKernel")) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (!g_functions.count(f)) return ret("cuLaunchKernel", CUDA_ERROR_INVALID_HANDLE);
   if (gx != 1 || gy != 1 || gz != 1 || bx != 1 || by != 1 || bz != 1 || shmem != 0) {
     fprintf(stderr, "fake_cuda: cuLaunchKernel(streamcoll_wait_geq): grid %ux%ux%u block %ux%ux%u "
@@ -1457,6 +1535,41 @@ FAKE_EXPORT void fake_cuda_runtime_fini(void) {
   --g_ctx[0].refs;
   count("ctx_refs", -1);
   if (!t_ctx_stack.empty() && t_ctx_stack.back() == &g_ctx[0]) t_ctx_stack.pop_back();
+}
+
+// cudaDeviceReset: every stream, event and allocation of the device's context is gone at
+// once (handles to them become invalid; memory is freed). As the real call requires,
+// nothing may still run on the device: work still queued is a misuse, reported and
+// counted under "errors". Contexts stay retained and usable (their state is new).
+FAKE_EXPORT int fake_cuda_device_reset(int device) {
+  LOCK();
+  if (device < 0 || device >= g_devices) return CUDA_ERROR_INVALID_DEVICE;
+  for (CUstream_st* st : std::vector<CUstream_st*>(g_live_streams.begin(), g_live_streams.end())) {
+    if (st->legacy || st->device != device) continue;
+    if (st->completed < st->enqueued) {
+      fprintf(stderr, "fake_cuda: fake_cuda_device_reset(%d) while stream %d still has work\n",
+              device, st->id);
+      count("errors");
+      run_until(st, st->enqueued);
+    }
+    st->destroyed = true;
+    g_live_streams.erase(st);
+    if (!st->internal) count("live_streams", -1);
+  }
+  for (auto it = g_events.begin(); it != g_events.end();) {
+    if ((*it)->device == device && !(*it)->internal) {
+      count("live_events", -1);
+      it = g_events.erase(it);  // the handle stays allocated: stale uses find it unknown
+    } else {
+      ++it;
+    }
+  }
+  std::vector<uintptr_t> gone;
+  for (const auto& [base, a] : g_allocs)
+    if (a.device == device) gone.push_back(base);
+  for (uintptr_t b : gone) release(b);
+  count("device_resets");
+  return CUDA_SUCCESS;
 }
 
 FAKE_EXPORT CUstream fake_cuda_stream_create(unsigned flags) {
@@ -1529,6 +1642,14 @@ FAKE_EXPORT unsigned long long fake_cuda_counter(const char* name) {
 
 FAKE_EXPORT unsigned long long fake_cuda_sync_count(void) {
   return fake_cuda_counter("cuStreamSynchronize");
+}
+
+FAKE_EXPORT int fake_cuda_fail_after(const char* api, unsigned long long n) {
+  LOCK();
+  if (!api || !injectable(api)) return -1;
+  if (n == 0) g_fail.erase(api);
+  else g_fail[api] = g_counters[api] + n;
+  return 0;
 }
 
 // ---- fake_api.h: for the fake NCCL ------------------------------------------------------

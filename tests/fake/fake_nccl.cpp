@@ -53,12 +53,20 @@
 // FAKE_NCCL_TIMEOUT_S (default 120): a worker waiting longer in a barrier (the other
 // ranks never launched the matching operation) aborts the process, with a message.
 //
+// FAKE_NCCL_FAIL=<entry point>:N[,...] (FAKE_NCCL_FAIL_RANK: on that local rank only) or
+// fake_nccl_fail_after(api, n) at run time: that call of ncclAllReduce, ncclReduce,
+// ncclBroadcast, ncclAllGather, ncclReduceScatter, ncclSend, ncclRecv or ncclGroupEnd
+// fails with ncclUnhandledCudaError and issues nothing (a group whose ncclGroupEnd fails
+// is dropped), as a rank whose NCCL call fails never joins the operation.
+//
 // Threads: ncclCommGetAsyncError and ncclCommAbort may come from any thread (streamcoll's
-// watchdog); an abort makes pending and running operations of the communicator end at
-// once (a barrier in progress is left), on every rank, without their results: it joins
-// the worker, after which nothing touches the buffers, and the operations' stream work
-// completes (also that of operations launched later, which end at once). Groups are per
-// thread. The worker blocks asynchronous signals (they stay with the program's threads)
+// watchdog); an abort makes this rank's pending and running operations of the
+// communicator end at once (a barrier in progress is left), without their results: it
+// joins the worker, after which nothing touches the buffers, and the operations' stream
+// work completes (also that of operations launched later, which end at once). As with
+// real NCCL over shared memory or NVLink, the other ranks do not notice: their
+// operations keep waiting for this rank (until they abort too, or FAKE_NCCL_TIMEOUT_S).
+// Groups are per thread. The worker blocks asynchronous signals (they stay with the program's threads)
 // and calls nothing in the fake CUDA.
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -101,7 +109,7 @@ struct Control {
   std::atomic<uint32_t> joined;
   std::atomic<uint32_t> arrived;
   std::atomic<uint32_t> sense;
-  std::atomic<uint32_t> aborted;
+  std::atomic<uint32_t> unused;  // (was: a job-wide abort flag; aborts are per rank)
 };
 static_assert(sizeof(Control) <= kControlBytes, "control block");
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "process-shared atomics");
@@ -178,6 +186,58 @@ void tally(const char* name) {
   ++g_counters[name];
 }
 
+// FAKE_NCCL_FAIL / fake_nccl_fail_after: entry point -> the number of its call that fails.
+std::map<std::string, unsigned long long>& g_fail = *new std::map<std::string, unsigned long long>;
+const char* const kInjectable[] = {"ncclAllReduce", "ncclReduce", "ncclBroadcast",
+                                   "ncclAllGather", "ncclReduceScatter", "ncclSend",
+                                   "ncclRecv", "ncclGroupEnd"};
+bool injectable(const std::string& api) {
+  for (const char* a : kInjectable)
+    if (api == a) return true;
+  return false;
+}
+
+void read_fail_env() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* f = getenv("FAKE_NCCL_FAIL");
+    if (!f || !*f) return;
+    const char* rk = getenv("FAKE_NCCL_FAIL_RANK");
+    const char* lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (!lr) lr = getenv("MPI_LOCALRANKID");
+    if (rk && (!lr || atoi(rk) != atoi(lr))) return;
+    std::string list = f;
+    std::lock_guard<std::mutex> lock(g_mu);
+    for (size_t at = 0; at < list.size();) {
+      size_t end = list.find(',', at);
+      if (end == std::string::npos) end = list.size();
+      const std::string item = list.substr(at, end - at);
+      const size_t colon = item.find(':');
+      if (colon == std::string::npos || !injectable(item.substr(0, colon))) {
+        fprintf(stderr, "fake NCCL: FAKE_NCCL_FAIL: '%s' is not <entry point>:<n> with an "
+                        "entry point that can fail\n", item.c_str());
+        abort();
+      }
+      g_fail[item.substr(0, colon)] = strtoull(item.c_str() + colon + 1, nullptr, 10);
+      at = end + 1;
+    }
+  });
+}
+
+// Whether this call of `api` (already tallied) is the one to fail.
+bool injected(const char* api) {
+  read_fail_env();
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_fail.empty()) return false;
+  auto it = g_fail.find(api);
+  if (it == g_fail.end() || g_counters[api] != it->second) return false;
+  g_fail.erase(it);
+  ++g_counters["injected_failures"];
+  fprintf(stderr, "fake NCCL: injected failure: call %llu of %s fails\n",
+          g_counters[api], api);
+  return true;
+}
+
 ncclResult_t fail(ncclResult_t r, const std::string& why) {
   t_last_error = "fake NCCL: " + why;
   tally("errors");
@@ -241,7 +301,7 @@ struct Shared {
     static const double timeout = static_cast<double>(env_size("FAKE_NCCL_TIMEOUT_S", 120));
     const double start = now_s();
     for (unsigned i = 1; c->sense.load(std::memory_order_acquire) != local_sense; ++i) {
-      if (c->aborted.load(std::memory_order_acquire) || aborted.load()) return false;
+      if (aborted.load(std::memory_order_acquire)) return false;
       if (i < 16384) {
         sched_yield();
       } else {  // a long wait (a rank that has not launched its operation): let others run
@@ -350,7 +410,7 @@ struct Op {
 // Runs o on the worker thread: barriers with the other ranks' workers.
 void run_op(Op* o) {
   Shared& sh = *o->sh;
-  if (sh.aborted.load() || sh.control()->aborted.load()) return;  // aborted: kernels end
+  if (sh.aborted.load()) return;  // aborted: this rank's kernels end
   const int me = sh.rank, n = sh.nranks;
   const size_t ts = type_size(o->type);
   o->sig.seq = ++sh.executed;
@@ -585,6 +645,11 @@ ncclResult_t p2p(bool send, void* buf, size_t count, ncclDataType_t t, int peer,
                  cudaStream_t stream) {
   tally(send ? "ncclSend" : "ncclRecv");
   if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
+  if (injected(send ? "ncclSend" : "ncclRecv")) {
+    if (t_group.depth > 0) t_group.error = ncclUnhandledCudaError;
+    return fail(ncclUnhandledCudaError, send ? "injected failure of ncclSend"
+                                             : "injected failure of ncclRecv");
+  }
   if (peer < 0 || peer >= comm->sh->nranks) return fail(ncclInvalidArgument, "peer out of range");
   const size_t ts = type_size(t);
   if (!ts) return fail(ncclInvalidArgument, "bad datatype");
@@ -734,11 +799,10 @@ FAKE_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 FAKE_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
   tally("ncclCommAbort");
   if (!comm) return ncclSuccess;
-  // Pending operations end without running; ranks waiting in a barrier leave it. Once
+  // This rank's pending operations end without running, or leave their barrier. Once
   // the worker is joined nothing touches the operations' buffers any more, and every
   // operation's stream work can complete (those launched later end at once).
   comm->sh->aborted.store(true);
-  comm->sh->control()->aborted.store(1);
   stop_worker(*comm->sh);
   if (comm->last) cuda().event_delete(comm->last);
   delete comm;
@@ -764,6 +828,7 @@ FAKE_EXPORT ncclResult_t ncclAllReduce(const void* send, void* recv, size_t coun
                                        cudaStream_t stream) {
   tally("ncclAllReduce");
   if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
+  if (injected("ncclAllReduce")) return fail(ncclUnhandledCudaError, "injected failure of ncclAllReduce");
   if (ncclResult_t r = check_reduction(t, op); r != ncclSuccess) return r;
   const size_t bytes = count * type_size(t);
   if (ncclResult_t r = check_size(comm, bytes); r != ncclSuccess) return r;
@@ -782,6 +847,7 @@ FAKE_EXPORT ncclResult_t ncclReduce(const void* send, void* recv, size_t count, 
                                     ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
   tally("ncclReduce");
   if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
+  if (injected("ncclReduce")) return fail(ncclUnhandledCudaError, "injected failure of ncclReduce");
   if (ncclResult_t r = check_reduction(t, op); r != ncclSuccess) return r;
   if (root < 0 || root >= comm->sh->nranks) return fail(ncclInvalidArgument, "root out of range");
   const bool is_root = root == comm->sh->rank;
@@ -807,6 +873,7 @@ FAKE_EXPORT ncclResult_t ncclBroadcast(const void* send, void* recv, size_t coun
                                        cudaStream_t stream) {
   tally("ncclBroadcast");
   if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
+  if (injected("ncclBroadcast")) return fail(ncclUnhandledCudaError, "injected failure of ncclBroadcast");
   if (root < 0 || root >= comm->sh->nranks) return fail(ncclInvalidArgument, "root out of range");
   const size_t ts = type_size(t);
   if (!ts) return fail(ncclInvalidArgument, "bad datatype");
@@ -832,6 +899,7 @@ FAKE_EXPORT ncclResult_t ncclAllGather(const void* send, void* recv, size_t coun
                                        ncclDataType_t t, ncclComm_t comm, cudaStream_t stream) {
   tally("ncclAllGather");
   if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
+  if (injected("ncclAllGather")) return fail(ncclUnhandledCudaError, "injected failure of ncclAllGather");
   const size_t ts = type_size(t);
   if (!ts) return fail(ncclInvalidArgument, "bad datatype");
   const size_t bytes = count * ts, n = static_cast<size_t>(comm->sh->nranks);
@@ -854,6 +922,7 @@ FAKE_EXPORT ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t 
                                            cudaStream_t stream) {
   tally("ncclReduceScatter");
   if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
+  if (injected("ncclReduceScatter")) return fail(ncclUnhandledCudaError, "injected failure of ncclReduceScatter");
   if (ncclResult_t r = check_reduction(t, op); r != ncclSuccess) return r;
   const size_t bytes = count * type_size(t), n = static_cast<size_t>(comm->sh->nranks);
   if (ncclResult_t r = check_size(comm, bytes * n); r != ncclSuccess) return r;
@@ -892,6 +961,7 @@ FAKE_EXPORT ncclResult_t ncclGroupEnd() {
   if (--t_group.depth > 0) return ncclSuccess;
   Group g = std::move(t_group);
   t_group = Group{};
+  if (injected("ncclGroupEnd")) return fail(ncclUnhandledCudaError, "injected failure of ncclGroupEnd");
   if (g.error != ncclSuccess) return g.error;
   if (g.p2p.empty()) return ncclSuccess;
   ncclComm_t comm = g.comm;
@@ -917,6 +987,15 @@ FAKE_EXPORT ncclResult_t ncclGroupEnd() {
 // ---- fake_api.h ----------------------------------------------------------------------------
 
 FAKE_EXPORT unsigned long long fake_nccl_calls(void) { return g_calls.load(); }
+
+FAKE_EXPORT int fake_nccl_fail_after(const char* api, unsigned long long n) {
+  if (!api || !injectable(api)) return -1;
+  read_fail_env();
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (n == 0) g_fail.erase(api);
+  else g_fail[api] = g_counters[api] + n;
+  return 0;
+}
 
 FAKE_EXPORT unsigned long long fake_nccl_counter(const char* name) {
   std::lock_guard<std::mutex> lock(g_mu);
