@@ -7,6 +7,17 @@
 // that no message can match an application receive), and `tag` unique among the
 // operations in flight on it (so that concurrent collectives do not match each other's
 // messages). Buffers are host memory.
+//
+// Failures stay collective (taint). A rank whose own input could not be produced (its
+// GPU-to-host copy failed, say) must still take part, or the others wait for it forever;
+// but its data must not end up in anyone's result reported as a success. So a run can
+// start tainted (taint()), and taint travels with the data at no cost to a run that
+// does not fail: a tainted rank sends every message of its schedule empty (0 elements
+// instead of the count, which is never 0 in a built schedule), and a rank that receives a
+// message shorter than the schedule says is tainted from then on. Every rank whose
+// result depends on a tainted rank's data receives, directly or through others, a
+// message sent after the taint, so it ends tainted() and reports an error, while ranks
+// whose results do not depend on it (reduce's non-roots) finish cleanly.
 // Thread-compatible: one ScheduleRun is driven by one thread at a time.
 #pragma once
 
@@ -39,9 +50,17 @@ class ScheduleRun {
   /// Runs the whole schedule, blocking in PMPI_Waitall for each round.
   int run();
 
+  /// This rank's input is unusable: from now on its messages are sent empty. Call it
+  /// before the first step() or run().
+  void taint() { tainted_ = true; }
+  /// Whether this rank's data is unusable: taint() was called, or a message from a
+  /// tainted rank arrived. A result is valid only if the run ends untainted.
+  bool tainted() const { return tainted_; }
+
  private:
   char* base(Buf b) const;
   int post_round();
+  void check_received();  ///< after a round's requests completed: short message -> tainted
   void finish_round();
   void abandon();
 
@@ -56,7 +75,10 @@ class ScheduleRun {
   int tag_;
   size_t round_ = 0;
   bool posted_ = false;
+  bool tainted_ = false;
   std::vector<MPI_Request> reqs_;
+  std::vector<MPI_Status> statuses_;
+  std::vector<int> expect_;  ///< per request: elements a receive expects, -1 for a send
 };
 
 }  // namespace streamcoll::sched
