@@ -37,6 +37,14 @@
 // result back), e.g. nccl/sched: NCCL inside the node, the host across nodes. MPI_I*
 // calls, backend mpi, and sched stages with an attached stream are not carried for GPU
 // buffers (the call goes elsewhere). Route nccl must be usable on every level.
+//
+// Failures stay collective (GPU buffers). A rank whose part of a stage fails still runs
+// every later stage (with whatever its data is), so that no level waits for it: an NCCL
+// stage it cannot enter aborts that level's NCCL communicator and tells the level's peers
+// (route nccl's notices), a host stage whose input copy failed runs its schedule tainted;
+// and a call ends with one small allreduce of the ranks' outcomes over the communicator,
+// so that every rank reports an error when any part failed, never a value built on one.
+// Host buffers have no local failure points (schedules carry a peer's taint anyway).
 #include <mpi.h>
 
 #include <sched.h>
@@ -67,6 +75,7 @@
 #include "core/runtime.hpp"
 #include "core/topology.hpp"
 #if STREAMCOLL_HAVE_NCCL
+#include "algorithms/nccl.hpp"
 #include "algorithms/nccl_map.hpp"
 #endif
 
@@ -557,11 +566,12 @@ int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_pt
   auto dptr = [](const void* x) { return reinterpret_cast<CUdeviceptr>(x); };
   CUdeviceptr scratch = 0;
   int rc = MPI_SUCCESS;
+  bool lost = false;  // no work buffer: this rank takes no data part in any stage
   auto cuda_fail = [&](const char* what, CUresult r) {
     if (rc == MPI_SUCCESS) rc = fail(Failure::cuda, cuda::describe(what, r));
   };
   auto copy = [&](char* dst, const char* src, uint64_t bytes) {
-    if (rc != MPI_SUCCESS || bytes == 0 || dst == src) return;
+    if (lost || bytes == 0 || dst == src) return;
     if (CUresult r = d.cuMemcpyDtoDAsync(dptr(dst), dptr(src), bytes, s); r != CUDA_SUCCESS)
       cuda_fail("blueconnect: cuMemcpyDtoDAsync", r);
   };
@@ -576,10 +586,16 @@ int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_pt
   const bool need_scratch = (a.coll == Coll::allreduce && vec != n) ||
                             a.coll == Coll::reduce_scatter_block ||
                             (a.coll == Coll::allgather && !lay.identity_slots);
+  // Without its work buffer this rank cannot run any stage: it fails every level's
+  // NCCL stages collectively, and its host stages run tainted on host scratch.
   if (need_scratch) {
-    if (CUresult r = d.cuMemAllocAsync(&scratch, vec * ext, s); r != CUDA_SUCCESS)
-      return fail(Failure::cuda, cuda::describe("blueconnect: cuMemAllocAsync", r));
-    work = reinterpret_cast<char*>(scratch);
+    if (CUresult r = d.cuMemAllocAsync(&scratch, vec * ext, s); r != CUDA_SUCCESS) {
+      rc = fail(Failure::cuda, cuda::describe("blueconnect: cuMemAllocAsync", r));
+      lost = true;
+      scratch = 0;
+    } else {
+      work = reinterpret_cast<char*>(scratch);
+    }
   }
   const uint64_t blk = n * ext;
   switch (a.coll) {
@@ -604,7 +620,11 @@ int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_pt
   std::shared_ptr<const Prepared> prep = bc.prepare(lay_ptr, a.coll, vec, from_send, ring_only);
   const auto& stages = prep->plan.stages;
   auto stage = [&](const bc::Stage& st, bool reduce_scatter) {
-    if (rc != MPI_SUCCESS) return;
+    CommContext& sub = *lay.sub_ctx[static_cast<size_t>(st.level)];
+    if (lost) {  // no data to take part with: the level's peers are told
+      nccl_stage::fail_collectively(sub, rc, "blueconnect: a stage could not run on this rank");
+      return;
+    }
     CollArgs c{};
     c.nonblocking = false;
     c.comm = lay.sub[static_cast<size_t>(st.level)];
@@ -623,7 +643,10 @@ int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_pt
       c.sendcount = c.recvcount = count;
       c.sendtype = c.recvtype = type;
     }
-    rc = nccl->run(c, *lay.sub_ctx[static_cast<size_t>(st.level)], kNoParams, stage_env);
+    // Even after a failure of this rank's (its data is then garbage, and the outcome
+    // allreduce below says so everywhere): the level's peers need its part.
+    const int src = nccl->run(c, sub, kNoParams, stage_env);
+    if (rc == MPI_SUCCESS) rc = src;
   };
   // A stage on backend sched (classic calls only): the segment to pinned host memory, the
   // stage's schedule there on the calling thread, the result back. Every rank runs the
@@ -635,29 +658,33 @@ int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_pt
     for (uint64_t& b : local.bounds) b -= st.seg_off;
     const uint64_t out_off = reduce_scatter ? local.block_off(local.me) : 0;
     const uint64_t out_len = reduce_scatter ? local.block_len(local.me) : local.seg_len;
-    std::vector<char> fallback;
+    std::vector<char> fallback;  // pageable: slower copies, same result
     char* h = lay.pinned(bytes);
     if (!h) {
-      if (rc == MPI_SUCCESS) rc = fail(Failure::cuda, "blueconnect: cuMemHostAlloc failed");
       fallback.resize(bytes + 1);
       h = fallback.data();
     }
     const char* src = (reduce_scatter && from_send && st.level == 0 ? input : work) + st.seg_off * ext;
-    if (rc == MPI_SUCCESS && bytes) {
+    bool tainted = rc != MPI_SUCCESS;  // this rank's data is garbage already
+    if (!tainted && bytes) {
       CUresult r = d.cuMemcpyAsync(dptr(h), dptr(src), bytes, s);
       if (r == CUDA_SUCCESS) r = d.cuStreamSynchronize(s);
       if (r != CUDA_SUCCESS) cuda_fail("blueconnect: D2H copy", r);
+      tainted = r != CUDA_SUCCESS;
     }
     auto sch = std::make_shared<const sched::Schedule>(
         reduce_scatter ? sched::build_stage_reduce_scatter(local, false)
                        : sched::build_stage_all_gather(local));
-    const int hrc = sched::ScheduleRun(sch, nullptr, h, type, static_cast<int>(ext), a.op,
-                                       bc.p2p, bc.tag())
-                        .run();
+    sched::ScheduleRun run(sch, nullptr, h, type, static_cast<int>(ext), a.op, bc.p2p, bc.tag());
+    if (tainted) run.taint();
+    const int hrc = run.run();
     if (rc == MPI_SUCCESS) rc = hrc;
+    if (rc == MPI_SUCCESS && run.tainted()) rc = error_code(Failure::peer);
     if (rc == MPI_SUCCESS && out_len) {
       CUresult r = d.cuMemcpyAsync(dptr(work + (st.seg_off + out_off) * ext), dptr(h + out_off * ext),
                                    out_len * ext, s);
+      // The pageable fallback goes with this stage: the copy must be done before.
+      if (r == CUDA_SUCCESS && !fallback.empty()) r = d.cuStreamSynchronize(s);
       if (r != CUDA_SUCCESS) cuda_fail("blueconnect: H2D copy", r);
     }
   };
@@ -684,9 +711,21 @@ int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_pt
   if (scratch)
     if (CUresult r = d.cuMemFreeAsync(scratch, s); r != CUDA_SUCCESS)
       cuda_fail("blueconnect: cuMemFreeAsync", r);
-  if (!env.has_stream)
-    if (CUresult r = d.cuStreamSynchronize(s); r != CUDA_SUCCESS)
-      cuda_fail("blueconnect: cuStreamSynchronize", r);
+  if (!env.has_stream) {
+    // Polling the levels' failure notices: a peer that could not run a stage makes this
+    // rank abort that level, which ends its kernels.
+    if (int wrc = nccl_stage::wait_stream(lay.sub_ctx, s); wrc != MPI_SUCCESS && rc == MPI_SUCCESS)
+      rc = wrc;
+  }
+  // The outcome over the whole communicator: a part that failed anywhere spoils the
+  // result everywhere (stages mix every rank's data).
+  int mine = rc != MPI_SUCCESS ? 1 : 0, any = 0;
+  if (PMPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, bc.p2p) != MPI_SUCCESS) any = 1;
+  if (rc == MPI_SUCCESS && any) {
+    log_error("blueconnect: another rank's part of this collective failed; this rank's result "
+              "is not valid");
+    rc = error_code(Failure::peer);
+  }
   return rc;
 }
 
@@ -772,10 +811,33 @@ class BlueConnectRoute final : public Route {
   }
 
   // This rank's allgather must describe its block with the receive type (ranks may use
-  // different datatypes for one type signature).
-  bool able_here(const CollArgs& a, CommContext&, const CallEnv&) override {
-    return !(a.coll == Coll::allgather && a.sendbuf != MPI_IN_PLACE &&
-             (a.sendtype != a.recvtype || a.sendcount != a.recvcount));
+  // different datatypes for one type signature). GPU buffers: on the GPU of the levels'
+  // NCCL communicators, none of which may be aborted (route nccl's able_here on each).
+  bool able_here(const CollArgs& a, CommContext& ctx, const CallEnv& local) override {
+    if (a.coll == Coll::allgather && a.sendbuf != MPI_IN_PLACE &&
+        (a.sendtype != a.recvtype || a.sendcount != a.recvcount))
+      return false;
+#if STREAMCOLL_HAVE_CUDA && STREAMCOLL_HAVE_NCCL
+    if (local.mem != MemKind::device) return true;
+    auto& slot = ctx.route_state[static_cast<int>(RouteId::blueconnect)];
+    if (!slot) return true;
+    BcComm& bc = *static_cast<BcState&>(*slot).comm;
+    Route* nccl = find_route(RouteId::nccl);
+    std::vector<std::shared_ptr<Layout>> lays;
+    {
+      std::lock_guard<std::mutex> lock(bc.mu);
+      for (auto& [key, lay] : bc.layouts)
+        if (lay && lay->gpu == Layout::ready) lays.push_back(lay);
+    }
+    for (auto& lay : lays) {
+      if (lay->device != local.device) return false;
+      for (CommContext* sub : lay->sub_ctx)
+        if (sub && nccl && !nccl->able_here(a, *sub, local)) return false;
+    }
+#else
+    (void)ctx, (void)local;
+#endif
+    return true;
   }
 
   int run(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,
@@ -790,11 +852,20 @@ class BlueConnectRoute final : public Route {
 
 #if STREAMCOLL_HAVE_CUDA && STREAMCOLL_HAVE_NCCL
     if (env.mem == MemKind::device) {
-      if (env.device != lay->device)
-        return fail(Failure::wrong_device,
-                    call_name(a.coll, a.nonblocking) + ": buffer on device " +
-                        std::to_string(env.device) + ", but this communicator's hierarchical "
-                        "NCCL communicators are on device " + std::to_string(lay->device));
+      if (env.device != lay->device) {
+        // able_here makes every rank avoid this for a blocking call; should it happen
+        // anyway, this rank's peers are told rather than left waiting.
+        const int rc = fail(Failure::wrong_device,
+                            call_name(a.coll, a.nonblocking) + ": buffer on device " +
+                                std::to_string(env.device) + ", but this communicator's "
+                                "hierarchical NCCL communicators are on device " +
+                                std::to_string(lay->device));
+        for (CommContext* sub : lay->sub_ctx)
+          if (sub) nccl_stage::fail_collectively(*sub, rc, "blueconnect: wrong device");
+        int mine = 1, any = 0;
+        PMPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, bc->p2p);
+        return rc;
+      }
       return run_gpu(a, *bc, lay, env, backends, ring_only);
     }
 #endif

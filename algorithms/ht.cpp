@@ -26,6 +26,15 @@
 // The host algorithms are algorithms/schedule.hpp's (recursive doubling, Rabenseifner,
 // ring), run on PMPI_ point-to-point over a private duplicate of the communicator with
 // one tag per operation, or the MPI's own collective (algo=mpi), started in call order.
+//
+// Failures stay collective. A rank whose part fails locally (a pinned allocation, a
+// copy, an event, holding the stream) still takes part in the host collective, so no
+// rank waits for it, with its input marked unusable: the schedule carries that taint to
+// every rank whose result depends on it (algorithms/schedule_exec.hpp), and algo=mpi on
+// GPU memory (as agreed) exchanges a failure flag with the collective, so no rank
+// reports a value built on garbage as a success. A failure leaves nothing behind: the
+// next call starts afresh. Errors of a stream-ordered operation found on the engine,
+// after the call returned, are reported by the next call on the communicator.
 // Cost with p ranks, n bytes, PCIe copy latency α_c and bandwidth β_c:
 //   2(α_c + n·β_c) + host collective (schedule.hpp), against NCCL's ring 2(p-1)α + 2n(p-1)/p·β.
 #include <mpi.h>
@@ -74,7 +83,9 @@ struct HtComm : PrivateComm {
   ~HtComm() { drop_side_streams(id); }
   uint64_t next_ticket = 0;    // application thread: MPI-collective starts, in call order
   std::atomic<uint64_t> turn{0};  // the ticket allowed to start its MPI collective now
-  std::atomic<int> error{MPI_SUCCESS};  // a stream-ordered operation failed: later calls fail
+  /// The communicator context's (CommContext::async_error): where a stream-ordered
+  /// operation's failure found on the engine goes, for the next call to report.
+  std::shared_ptr<std::atomic<int>> async_error;
 
   std::mutex cache_mu;
   std::map<std::tuple<int, int, int, uint64_t, bool>, std::shared_ptr<const sched::Schedule>>
@@ -108,7 +119,22 @@ struct HostCall {
   MPI_Op op = MPI_OP_NULL;
   const void* send = nullptr;  // null: in place
   void* recv = nullptr;
+  bool tainted = false;  // this rank's input is unusable (a local failure before the collective)
+  bool status = false;   // algo=mpi: exchange the taint with the collective (every rank alike)
 };
+
+// The error a rank reports after its host collective: its own failure first, else a
+// peer's that reached it (taint), else success.
+int outcome(int own, int collective, bool tainted) {
+  if (own != MPI_SUCCESS) return own;
+  if (collective != MPI_SUCCESS) return collective;
+  if (tainted) {
+    log_error("ht: another rank's part of this collective failed; this rank's result is "
+              "not valid");
+    return error_code(Failure::peer);
+  }
+  return MPI_SUCCESS;
+}
 
 // Starts the MPI's own non-blocking collective for `h` on `comm`.
 int start_mpi(const HostCall& h, MPI_Comm comm, MPI_Request* req) {
@@ -127,21 +153,33 @@ int start_mpi(const HostCall& h, MPI_Comm comm, MPI_Request* req) {
 }
 
 // The host collective of `h` on the calling thread, blocking: a schedule on hc's private
-// communicator, or the MPI's collective on the application's `comm` (in call order there).
+// communicator, or the MPI's collective on the application's `comm` (in call order there;
+// with h.status followed by the failure flags' allreduce there). Returns the MPI's error,
+// or, for a rank whose result a tainted peer spoiled, Failure::peer (outcome()).
 int run_blocking(const HostCall& h, HtComm& hc, MPI_Comm comm) {
   if (h.algo == Algo::mpi) {
     MPI_Request req = MPI_REQUEST_NULL;
     int rc = start_mpi(h, comm, &req);
-    return rc == MPI_SUCCESS ? PMPI_Wait(&req, MPI_STATUS_IGNORE) : rc;
+    if (rc == MPI_SUCCESS) rc = PMPI_Wait(&req, MPI_STATUS_IGNORE);
+    int any = 0;
+    if (h.status) {
+      int mine = h.tainted ? 1 : 0;
+      if (PMPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm) != MPI_SUCCESS) any = 1;
+    }
+    return outcome(MPI_SUCCESS, rc, any != 0);
   }
   sched::Params p{h.coll, h.algo, hc.rank, hc.size, h.root, h.count, h.send == nullptr};
   sched::ScheduleRun run(hc.schedule(p), h.send, h.recv, h.type, h.extent, h.op, hc.p2p,
                          hc.tag());
-  return run.run();
+  if (h.tainted) run.taint();
+  const int rc = run.run();
+  return outcome(MPI_SUCCESS, rc, run.tainted());
 }
 
 // The host collective of one operation, advanced one non-blocking step at a time: a
 // schedule, or the MPI's collective started in ticket order.
+// With h.status (algo=mpi), the failure flags' MPI_Iallreduce starts with the collective,
+// at the same ticket, so every rank starts the two in the same order.
 class HostPart {
  public:
   HostPart(std::shared_ptr<HtComm> c, const HostCall& h) : comm_(std::move(c)), h_(h) {
@@ -152,11 +190,22 @@ class HostPart {
                       h.send == nullptr};
       run_ = std::make_unique<sched::ScheduleRun>(comm_->schedule(p), h.send, h.recv, h.type,
                                                   h.extent, h.op, comm_->p2p, comm_->tag());
+      if (h.tainted) run_->taint();
     }
   }
   ~HostPart() {
-    if (req_ != MPI_REQUEST_NULL) PMPI_Wait(&req_, MPI_STATUS_IGNORE);
+    for (MPI_Request& r : reqs_)
+      if (r != MPI_REQUEST_NULL) PMPI_Wait(&r, MPI_STATUS_IGNORE);
   }
+
+  /// This rank's input turned out unusable (a failure on the stream before the
+  /// collective): called before the first step().
+  void taint() {
+    h_.tainted = true;
+    if (run_) run_->taint();
+  }
+  /// After *done: whether the result is spoiled (this rank's or a peer's taint).
+  bool tainted() const { return run_ ? run_->tainted() : (h_.tainted || any_ != 0); }
 
   /// Non-blocking; *done when finished. Returns an MPI error code.
   int step(bool* done) {
@@ -164,7 +213,12 @@ class HostPart {
     *done = false;
     if (!started_) {
       if (comm_->turn.load(std::memory_order_acquire) != ticket_) return MPI_SUCCESS;
-      int rc = start_mpi(h_, comm_->p2p, &req_);
+      int rc = start_mpi(h_, comm_->p2p, &reqs_[0]);
+      if (h_.status) {
+        mine_ = h_.tainted ? 1 : 0;
+        const int src = PMPI_Iallreduce(&mine_, &any_, 1, MPI_INT, MPI_MAX, comm_->p2p, &reqs_[1]);
+        if (src != MPI_SUCCESS) any_ = 1;
+      }
       started_ = true;
       comm_->turn.fetch_add(1, std::memory_order_release);
       if (rc != MPI_SUCCESS) {
@@ -173,7 +227,7 @@ class HostPart {
       }
     }
     int flag = 0;
-    int rc = PMPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
+    int rc = PMPI_Testall(2, reqs_, &flag, MPI_STATUSES_IGNORE);
     if (rc != MPI_SUCCESS || flag) *done = true;
     return rc;
   }
@@ -184,7 +238,8 @@ class HostPart {
   std::unique_ptr<sched::ScheduleRun> run_;
   uint64_t ticket_ = 0;
   bool started_ = false;
-  MPI_Request req_ = MPI_REQUEST_NULL;
+  MPI_Request reqs_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // the collective, the flags
+  int mine_ = 0, any_ = 0;
 };
 
 class HostTask final : public progress::Task {
@@ -195,6 +250,7 @@ class HostTask final : public progress::Task {
     bool done = false;
     int rc = part_->step(&done);
     if (!done) return false;
+    rc = outcome(MPI_SUCCESS, rc, part_->tainted());
     part_.reset();  // its MPI request is finished before the application hears of it
     req_->finish(rc);
     return true;
@@ -299,10 +355,12 @@ class PinnedPool {
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto& list = free_[cls];
-      if (!list.empty()) {
+      while (!list.empty()) {
         void* p = list.back();
         list.pop_back();
-        return p;
+        // A context reset (cudaDeviceReset) took the buffer with it: forget it.
+        if (cuda::classify(p) == MemKind::pinned) return p;
+        forget_locked(p);
       }
     }
     void* p = nullptr;
@@ -319,6 +377,11 @@ class PinnedPool {
     if (!p) return;
     std::lock_guard<std::mutex> lock(mu_);
     free_[sizes_[p]].push_back(p);
+  }
+
+  void forget_locked(void* p) {
+    sizes_.erase(p);
+    all_.erase(std::remove(all_.begin(), all_.end(), p), all_.end());
   }
 
   // A flag (host address and its device address), zeroed.
@@ -391,6 +454,12 @@ struct Device {
   std::vector<CUevent> events;  // free events (disable-timing)
 };
 
+// A handle's answer once a context reset (cudaDeviceReset) took its object.
+bool invalidated(CUresult r) {
+  return r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_CONTEXT_IS_DESTROYED ||
+         r == CUDA_ERROR_INVALID_CONTEXT;
+}
+
 class DeviceSide {
  public:
   static DeviceSide& get() {
@@ -418,11 +487,15 @@ class DeviceSide {
     return &g;
   }
 
-  // Communicator `comm_id`'s side stream on GPU g, created at its first MPI_I* there.
+  // Communicator `comm_id`'s side stream on GPU g, created at its first MPI_I* there
+  // (again if a context reset took it).
   CUstream side(Device& g, uint64_t comm_id) {
     std::lock_guard<std::mutex> lock(g.mu);
-    if (auto it = g.sides.find(comm_id); it != g.sides.end()) return it->second;
     cuda::ScopedContext scope(g.ctx);
+    if (auto it = g.sides.find(comm_id); it != g.sides.end()) {
+      if (!invalidated(cuda::driver().cuStreamQuery(it->second))) return it->second;
+      g.sides.erase(it);
+    }
     CUstream s = nullptr;
     if (cuda::driver().cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return nullptr;
     g.sides.emplace(comm_id, s);
@@ -448,10 +521,10 @@ class DeviceSide {
   CUevent event(Device& g) {
     {
       std::lock_guard<std::mutex> lock(g.mu);
-      if (!g.events.empty()) {
+      while (!g.events.empty()) {
         CUevent e = g.events.back();
         g.events.pop_back();
-        return e;
+        if (!invalidated(cuda::driver().cuEventQuery(e))) return e;  // else: a reset took it
       }
     }
     CUevent e = nullptr;
@@ -690,24 +763,29 @@ class DeviceTask final : public progress::Task {
     if (phase_ == 0) {
       CUresult r = d.cuEventQuery(st_.copied_in);
       if (r == CUDA_ERROR_NOT_READY) return false;
-      if (r != CUDA_SUCCESS) return finish(fail(Failure::cuda, cuda::describe("ht: D2H copy", r)));
+      if (r != CUDA_SUCCESS) {  // no input: take part all the same, tainted
+        own_ = fail(Failure::cuda, cuda::describe("ht: D2H copy", r));
+        part_->taint();
+        // Whatever the copy did, it must be over before the host collective writes the
+        // staging buffer (a driver with a sticky error runs nothing more).
+        d.cuEventSynchronize(st_.copied_in);
+      }
       phase_ = 1;
     }
     if (phase_ == 1) {
       bool done = false;
       int rc = part_->step(&done);
       if (!done) return false;
+      rc = outcome(own_, rc, part_->tainted());
       part_.reset();
-      // The staging buffer holds the result: let the stream copy it back.
+      // A stream-ordered failure is recorded before the stream goes on, so that a call
+      // the application makes once its stream is through reports it.
+      if (rc != MPI_SUCCESS && !req_) report_async(rc);
+      // Let the stream go on: it copies the staging buffer back (a valid result, or, on
+      // failure, whatever is there: the caller hears of the error).
       __atomic_store_n(st_.flag, 1u, __ATOMIC_RELEASE);
       st_.flag_written = true;
-      if (rc != MPI_SUCCESS) {
-        comm_->error.store(rc);
-        log_error("ht: the host collective of a stream-ordered call failed (MPI error %d); "
-                  "later calls on this communicator fail",
-                  rc);
-        return finish(rc);
-      }
+      if (rc != MPI_SUCCESS) return finish(rc);
       phase_ = 2;
     }
     CUresult r = d.cuEventQuery(st_.copied_out);
@@ -735,7 +813,19 @@ class DeviceTask final : public progress::Task {
     }
     st_.release();
     if (req_) req_->finish(rc);
+    else if (rc != MPI_SUCCESS) report_async(rc);
     return true;
+  }
+
+  // Stream-ordered: the call returned long ago; a later call on the communicator reports
+  // it (once). Later calls themselves are unaffected.
+  void report_async(int rc) {
+    if (reported_) return;
+    reported_ = true;
+    log_error("ht: a stream-ordered operation failed (MPI error %d); the next call on the "
+              "communicator reports it", rc);
+    int none = MPI_SUCCESS;
+    comm_->async_error->compare_exchange_strong(none, rc);
   }
 
   std::shared_ptr<HtComm> comm_;
@@ -743,15 +833,77 @@ class DeviceTask final : public progress::Task {
   std::unique_ptr<HostPart> part_;
   DeviceRequest* req_;  // classic MPI_I* only: null for stream-ordered calls
   int phase_ = 0;
+  int own_ = MPI_SUCCESS;  // this rank's failure before the collective
+  bool reported_ = false;
 };
 
-// Enqueues the copies and the wait on `stream`. Returns an MPI error code; on failure
-// everything acquired is released.
-int enqueue_staged(Staging* st, const Copies& c, CUstream stream, config::HtWait mode) {
+// Cleans up, on the engine, after a failure on a stream the host must not wait for (the
+// application's attached stream, or one ordered after it: it may hold work the
+// application releases only later): once the copy in is over (its event), the flag lets
+// the stream on; once the copy back is over (its event), everything goes back to the
+// pools. What no event can tell the stream is through with (a flag it may still wait on,
+// a staging buffer it may still read) stays allocated: a failure costs that much.
+class UnwindTask final : public progress::Task {
+ public:
+  UnwindTask(Staging st, bool enqueued, bool recorded_in, bool held, bool recorded_out)
+      : st_(st), enqueued_(enqueued), in_(recorded_in), held_(held), out_(recorded_out) {}
+  bool step() override {
+    const cuda::Driver& d = cuda::driver();
+    cuda::ScopedContext scope(st_.gpu->ctx);
+    if (in_ && d.cuEventQuery(st_.copied_in) == CUDA_ERROR_NOT_READY) return false;
+    if (held_ && !st_.flag_written) {
+      __atomic_store_n(st_.flag, 1u, __ATOMIC_RELEASE);
+      st_.flag_written = true;
+    }
+    if (out_ && d.cuEventQuery(st_.copied_out) == CUDA_ERROR_NOT_READY) return false;
+    if (out_ || !enqueued_ || (in_ && !held_)) {
+      st_.release();  // the stream is through with all of it
+    } else {  // leave what the stream may still use; the events can go
+      DeviceSide& ds = DeviceSide::get();
+      ds.put_event(*st_.gpu, st_.copied_in);
+      ds.put_event(*st_.gpu, st_.copied_out);
+    }
+    return true;
+  }
+
+ private:
+  Staging st_;
+  bool enqueued_, in_, held_, out_;
+};
+
+// After a failure: the stream's use of the staging objects must be over before they are
+// recycled. `may_block`: the stream is ours, ordered after nothing the application holds
+// (classic calls): wait here; otherwise the engine waits (UnwindTask).
+void unwind_staged(Staging* st, CUstream stream, bool may_block, bool enqueued,
+                   bool recorded_in, bool held, bool recorded_out) {
   const cuda::Driver& d = cuda::driver();
-  DeviceSide& ds = DeviceSide::get();
-  auto bail = [&](const char* what, CUresult r) {
+  if (may_block || !enqueued) {
+    if (held) {
+      if (recorded_in) d.cuEventSynchronize(st->copied_in);
+      __atomic_store_n(st->flag, 1u, __ATOMIC_RELEASE);
+      st->flag_written = true;
+    }
+    if (enqueued) d.cuStreamSynchronize(stream);
     st->release();
+    return;
+  }
+  auto* task = new UnwindTask(*st, enqueued, recorded_in, held, recorded_out);
+  if (!progress::submit(task)) delete task;  // no engine (after MPI_Finalize began): left as is
+  *st = Staging{};
+}
+
+// Enqueues the copies and the wait on `stream`. Returns an MPI error code; on failure
+// everything acquired is released (unwind_staged).
+int enqueue_staged(Staging* st, const Copies& c, CUstream stream, config::HtWait mode,
+                   bool may_block) {
+  DeviceSide& ds = DeviceSide::get();
+  const cuda::Driver& d = cuda::driver();
+  // What is on the stream so far: on a failure, the copy in must be over before the flag
+  // lets the stream read the staging buffer, and the stream through before the buffers
+  // are recycled (or the caller's freed).
+  bool enqueued = false, recorded = false, held = false;
+  auto bail = [&](const char* what, CUresult r) {
+    unwind_staged(st, stream, may_block, enqueued, recorded, held, false);
     return fail(Failure::cuda, cuda::describe(what, r));
   };
   st->host = ds.pool.get(c.staging_bytes);
@@ -767,77 +919,113 @@ int enqueue_staged(Staging* st, const Copies& c, CUstream stream, config::HtWait
                                      reinterpret_cast<CUdeviceptr>(c.in_src), c.in_bytes, stream);
         r != CUDA_SUCCESS)
       return bail("ht: cuMemcpyAsync (D2H)", r);
+    enqueued = true;
   }
   if (CUresult r = d.cuEventRecord(st->copied_in, stream); r != CUDA_SUCCESS)
     return bail("ht: cuEventRecord", r);
+  enqueued = recorded = true;
   if (CUresult r = ds.hold_stream(*st->gpu, stream, st->dev_flag, mode); r != CUDA_SUCCESS)
     return bail("ht: holding the stream (cuStreamWaitValue32 / spin kernel)", r);
-  // From here the stream waits on the flag: failures below must release it (release()).
+  held = true;  // from here the stream waits on the flag: bail() releases it
   if (c.out_dst && c.out_bytes) {
     if (CUresult r = d.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(c.out_dst),
                                      reinterpret_cast<CUdeviceptr>(h + c.out_off), c.out_bytes,
                                      stream);
-        r != CUDA_SUCCESS) {
-      __atomic_store_n(st->flag, 1u, __ATOMIC_RELEASE);
-      st->flag_written = true;
-      d.cuStreamSynchronize(stream);
+        r != CUDA_SUCCESS)
       return bail("ht: cuMemcpyAsync (H2D)", r);
-    }
   }
-  if (CUresult r = d.cuEventRecord(st->copied_out, stream); r != CUDA_SUCCESS) {
-    __atomic_store_n(st->flag, 1u, __ATOMIC_RELEASE);
-    st->flag_written = true;
-    d.cuStreamSynchronize(stream);
+  if (CUresult r = d.cuEventRecord(st->copied_out, stream); r != CUDA_SUCCESS)
     return bail("ht: cuEventRecord", r);
-  }
   return MPI_SUCCESS;
 }
 
 // Classic semantics, blocking: copy in, collective on this thread, copy out; all ordered
-// with the legacy default stream, as a CUDA-aware MPI's blocking call would be.
-int run_device_classic(const CollArgs& a, HtComm& hc, Algo algo, int extent, Device& gpu) {
+// with the legacy default stream, as a CUDA-aware MPI's blocking call would be. Without
+// pinned memory the staging buffer is pageable (slower copies, same result); a failed
+// copy in makes this rank take part tainted.
+int run_device_classic(const CollArgs& a, HtComm& hc, Algo algo, int extent, Device& gpu,
+                       bool status) {
   const cuda::Driver& d = cuda::driver();
   DeviceSide& ds = DeviceSide::get();
   cuda::ScopedContext scope(gpu.ctx);
   const Copies c = plan_copies(a, call_count(a), extent, hc.rank, hc.size);
   void* host = ds.pool.get(c.staging_bytes);
-  if (!host) return fail(Failure::cuda, "ht: cuMemHostAlloc (staging buffer) failed");
-  char* h = static_cast<char*>(host);
+  std::vector<char> pageable;
+  if (!host) {
+    SC_WARN("ht: no pinned memory for %llu bytes of staging; using pageable memory",
+            static_cast<unsigned long long>(c.staging_bytes));
+    pageable.resize(c.staging_bytes ? c.staging_bytes : 1);
+  }
+  char* h = host ? static_cast<char*>(host) : pageable.data();
   CUstream legacy = nullptr;  // the legacy default stream
-  int rc = MPI_SUCCESS;
+  int own = MPI_SUCCESS;
   if (c.in_src && c.in_bytes) {
     CUresult r = d.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(h + c.in_off),
                                  reinterpret_cast<CUdeviceptr>(c.in_src), c.in_bytes, legacy);
     if (r == CUDA_SUCCESS) r = d.cuStreamSynchronize(legacy);
-    if (r != CUDA_SUCCESS) rc = fail(Failure::cuda, cuda::describe("ht: D2H copy", r));
+    if (r != CUDA_SUCCESS) own = fail(Failure::cuda, cuda::describe("ht: D2H copy", r));
   }
-  // Every rank runs the collective, even after a local copy failure, so none hangs.
-  const int crc = run_blocking(host_call(a, algo, hc.rank, extent, host), hc, a.comm);
-  if (rc == MPI_SUCCESS) rc = crc;
+  // Every rank runs the collective, even after a local copy failure (tainted), so none
+  // hangs and none takes this rank's garbage for data.
+  HostCall hcall = host_call(a, algo, hc.rank, extent, h);
+  hcall.tainted = own != MPI_SUCCESS;
+  hcall.status = status;
+  int rc = run_blocking(hcall, hc, a.comm);
+  if (own != MPI_SUCCESS) rc = own;
   if (rc == MPI_SUCCESS && c.out_dst && c.out_bytes) {
     CUresult r = d.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(c.out_dst),
                                  reinterpret_cast<CUdeviceptr>(h + c.out_off), c.out_bytes, legacy);
     if (r == CUDA_SUCCESS) r = d.cuStreamSynchronize(legacy);
     if (r != CUDA_SUCCESS) rc = fail(Failure::cuda, cuda::describe("ht: H2D copy", r));
   }
-  ds.pool.put(host);
+  if (host) ds.pool.put(host);
   return rc;
 }
 
-// A local failure before the host collective reached the engine: this rank still takes
-// part in it (on scratch memory, on this thread), so that the other ranks are not left
-// waiting for it or, worse, matched with its next call. Returns `rc`.
+// This rank's part of a host collective whose input it could not produce: it runs on
+// scratch memory, tainted, so that the other ranks are neither left waiting for it nor
+// handed garbage as data, and ends by itself; nothing waits for it.
+class StandInTask final : public progress::Task {
+ public:
+  StandInTask(const std::shared_ptr<HtComm>& hc, const CollArgs& a, Algo algo, int extent,
+              uint64_t bytes, bool status)
+      : scratch_(bytes ? bytes : 1) {
+    HostCall h = host_call(a, algo, hc->rank, extent, scratch_.data());
+    h.tainted = true;
+    h.status = status;
+    part_ = std::make_unique<HostPart>(hc, h);  // on the application thread: ticket order
+  }
+  bool step() override {
+    bool done = false;
+    part_->step(&done);
+    return done;
+  }
+
+ private:
+  std::vector<char> scratch_;
+  std::unique_ptr<HostPart> part_;
+};
+
+// A local failure (rc) before this rank's part of a host collective reached the engine:
+// the part runs anyway, tainted, on the engine (never blocking the caller: a non-blocking
+// start must not wait for other ranks), or on this thread when there is no engine.
+// Returns `rc`.
 int stand_in(const CollArgs& a, const std::shared_ptr<HtComm>& hc, Algo algo, int extent,
-             uint64_t bytes, int rc) {
-  std::vector<char> scratch(bytes ? bytes : 1);
-  HostPart part(hc, host_call(a, algo, hc->rank, extent, scratch.data()));
-  for (bool done = false; !done;) part.step(&done);
+             uint64_t bytes, bool status, int rc) {
+  auto* task = new StandInTask(hc, a, algo, extent, bytes, status);
+  if (!progress::submit(task)) {
+    while (!task->step()) {
+    }
+    delete task;
+  }
+  if (a.nonblocking && a.request) *a.request = MPI_REQUEST_NULL;
   return rc;
 }
 
 // Stream-ordered (env.has_stream) or non-blocking: through the engine.
 int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, Algo algo,
-                     int extent, Device& gpu, const CallEnv& env, config::HtWait mode) {
+                     int extent, Device& gpu, const CallEnv& env, config::HtWait mode,
+                     bool status) {
   const cuda::Driver& d = cuda::driver();
   DeviceSide& ds = DeviceSide::get();
   cuda::ScopedContext scope(gpu.ctx);
@@ -851,21 +1039,26 @@ int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, Algo 
   if (a.nonblocking) {
     work = ds.side(gpu, hc->id);
     if (!work)
-      return stand_in(a, hc, algo, extent, c.staging_bytes,
+      return stand_in(a, hc, algo, extent, c.staging_bytes, status,
                       fail(Failure::cuda, "ht: cuStreamCreate (side stream) failed"));
     start = ds.event(gpu);
-    if (!start) return fail(Failure::cuda, "ht: cuEventCreate failed");
+    if (!start)
+      return stand_in(a, hc, algo, extent, c.staging_bytes, status,
+                      fail(Failure::cuda, "ht: cuEventCreate failed"));
     CUresult r = d.cuEventRecord(start, app);
     if (r == CUDA_SUCCESS) r = d.cuStreamWaitEvent(work, start, 0);
     ds.put_event(gpu, start);  // recorded and waited on: reusable
     if (r != CUDA_SUCCESS)
-      return stand_in(a, hc, algo, extent, c.staging_bytes,
+      return stand_in(a, hc, algo, extent, c.staging_bytes, status,
                       fail(Failure::cuda, cuda::describe("ht: ordering the side stream", r)));
   }
   Staging st;
   st.gpu = &gpu;
-  if (int rc = enqueue_staged(&st, c, work, mode); rc != MPI_SUCCESS)
-    return stand_in(a, hc, algo, extent, c.staging_bytes, rc);
+  // The host may wait for the work stream only in classic mode (ours, after the legacy
+  // stream); never for the application's attached stream.
+  const bool may_block = !env.has_stream;
+  if (int rc = enqueue_staged(&st, c, work, mode, may_block); rc != MPI_SUCCESS)
+    return stand_in(a, hc, algo, extent, c.staging_bytes, status, rc);
 
   DeviceRequest* req = nullptr;
   if (a.nonblocking) {
@@ -874,32 +1067,28 @@ int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, Algo 
     CUresult r = done ? d.cuEventRecord(done, work) : CUDA_ERROR_UNKNOWN;
     if (r != CUDA_SUCCESS) {
       ds.put_event(gpu, done);
-      __atomic_store_n(st.flag, 1u, __ATOMIC_RELEASE);  // let the stream go on
-      st.flag_written = true;
-      d.cuStreamSynchronize(work);
-      st.release();
-      return stand_in(a, hc, algo, extent, c.staging_bytes,
+      unwind_staged(&st, work, may_block, true, true, true, true);  // let the stream go on
+      return stand_in(a, hc, algo, extent, c.staging_bytes, status,
                       fail(Failure::cuda, cuda::describe("ht: cuEventRecord (request)", r)));
     }
     req = new DeviceRequest(env.has_stream, app, &gpu, done);
     if (int rc = start_request(req, a.request); rc != MPI_SUCCESS) {
-      __atomic_store_n(st.flag, 1u, __ATOMIC_RELEASE);
-      st.flag_written = true;
-      d.cuStreamSynchronize(work);
-      st.release();
-      return stand_in(a, hc, algo, extent, c.staging_bytes, rc);  // start_request deleted req
+      unwind_staged(&st, work, may_block, true, true, true, true);
+      return stand_in(a, hc, algo, extent, c.staging_bytes, status, rc);  // start_request deleted req
     }
   }
-  auto part = std::make_unique<HostPart>(hc, host_call(a, algo, hc->rank, extent, st.host));
+  HostCall hcall = host_call(a, algo, hc->rank, extent, st.host);
+  hcall.status = status;
+  auto part = std::make_unique<HostPart>(hc, hcall);
   // A stream-ordered request is completed by MPI_Wait itself (and may be freed by MPI
   // before the engine is done): the engine reports to it only in classic mode.
   DeviceRequest* report_to = env.has_stream ? nullptr : req;
   auto* task = new DeviceTask(hc, st, std::move(part), report_to);
-  if (!progress::submit(task)) {
-    log_error("ht: the progress engine is stopped; a stream-ordered call cannot run");
-    task->abandon(MPI_ERR_OTHER);  // releases the stream
+  if (!progress::submit(task)) {  // only after MPI_Finalize began: run it here
+    log_error("ht: the progress engine is stopped; running the operation on this thread");
+    while (!task->step()) {
+    }
     delete task;
-    return MPI_ERR_OTHER;
   }
   return MPI_SUCCESS;
 }
@@ -909,6 +1098,23 @@ void drop_side_streams(uint64_t id) { DeviceSide::get().drop(id); }
 #else
 void drop_side_streams(uint64_t) {}
 #endif  // STREAMCOLL_HAVE_CUDA
+
+#if STREAMCOLL_HAVE_CUDA
+
+// The GPU whose context carries this rank's copies: the device buffer's, else the current
+// context's (managed memory), else device 0.
+int gpu_of(const CallEnv& env) {
+  if (env.device >= 0) return env.device;
+  const cuda::Driver& d = cuda::driver();
+  CUcontext current = nullptr;
+  CUdevice dev = -1;
+  if (d.usable && d.cuCtxGetCurrent(&current) == CUDA_SUCCESS && current &&
+      d.cuCtxGetDevice(&dev) == CUDA_SUCCESS)
+    return dev;
+  return 0;
+}
+
+#endif  // STREAMCOLL_HAVE_CUDA (continued)
 
 // ---------------------------------------------------------------------------------------
 
@@ -973,32 +1179,54 @@ class HtRoute final : public Route {
           const CallEnv& env) override {
     auto& st = static_cast<HtState&>(*ctx.route_state[static_cast<int>(RouteId::ht)]);
     const std::shared_ptr<HtComm>& hc = st.comm;
-    if (int e = hc->error.load(); e != MPI_SUCCESS) return e;
     const int extent = element_size(a);
     const Algo algo = choose_algo(a, choice, call_bytes(a, hc->size, extent, extent), hc->size);
+    // algo=mpi on GPU memory (as agreed: every rank decides alike) exchanges the ranks'
+    // failure flags with the collective; schedules carry them in their messages.
+    const bool status = algo == Algo::mpi && env.agreed_mem == MemKind::device;
 
 #if STREAMCOLL_HAVE_CUDA
-    if (env.mem == MemKind::device) {
-      Device* gpu = DeviceSide::get().device(env.device);
-      if (!gpu) return fail(Failure::cuda, "ht: the buffer's GPU has no usable context");
-      if (!env.has_stream && !a.nonblocking) return run_device_classic(a, *hc, algo, extent, *gpu);
+    // GPU memory on this rank: device memory, and, for an MPI_I* routed from an
+    // agreement this rank's buffers differ from, managed memory or a mix with host memory
+    // (the copies take any pointer the driver can address; for a blocking call the
+    // agreement left only device memory here).
+    if (env.mem == MemKind::device || env.mem == MemKind::managed || env.mem == MemKind::mixed) {
+      const Copies c = plan_copies(a, call_count(a), extent, hc->rank, hc->size);
+      Device* gpu = DeviceSide::get().device(gpu_of(env));
+      if (!gpu) {
+        const int rc = fail(Failure::cuda, "ht: the buffer's GPU has no usable context");
+        if (!a.nonblocking && !env.has_stream) {  // blocking: take part here, tainted
+          StandInTask part(hc, a, algo, extent, c.staging_bytes, status);
+          while (!part.step()) {
+          }
+          return rc;
+        }
+        return stand_in(a, hc, algo, extent, c.staging_bytes, status, rc);
+      }
+      if (!env.has_stream && !a.nonblocking)
+        return run_device_classic(a, *hc, algo, extent, *gpu, status);
       return run_device_async(a, hc, algo, extent, *gpu, env,
-                              Runtime::get().settings().ht_wait);
+                              Runtime::get().settings().ht_wait, status);
     }
 #endif
-    const HostCall h = host_call(a, algo, hc->rank, extent);
+    HostCall h = host_call(a, algo, hc->rank, extent);
+    h.status = status;
     if (!a.nonblocking) {
-      if (algo == Algo::mpi) return run_pmpi(a);  // the MPI's own blocking call, unchanged
+      // The MPI's own blocking call, unchanged (with a status exchange: the schedule form).
+      if (algo == Algo::mpi && !status) return run_pmpi(a);
       return run_blocking(h, *hc, a.comm);
     }
     auto* req = new HostRequest;
-    auto part = std::make_unique<HostPart>(hc, h);
-    if (int rc = start_request(req, a.request); rc != MPI_SUCCESS) return rc;
-    auto* task = new HostTask(std::move(part), req);
-    if (!progress::submit(task)) {
+    if (int rc = start_request(req, a.request); rc != MPI_SUCCESS) {
+      // No request to hand back: this rank's part still runs (tainted, on scratch), so
+      // that the others finish.
+      return stand_in(a, hc, algo, extent, call_bytes(a, hc->size, extent, extent), status, rc);
+    }
+    auto* task = new HostTask(std::make_unique<HostPart>(hc, h), req);
+    if (!progress::submit(task)) {  // only after MPI_Finalize began: run it here
+      while (!task->step()) {
+      }
       delete task;
-      log_error("ht: the progress engine is stopped");
-      req->finish(MPI_ERR_OTHER);
     }
     return MPI_SUCCESS;
   }
@@ -1012,6 +1240,7 @@ class HtRoute final : public Route {
   static bool set_up(CommContext& ctx) {
     auto hc = std::make_shared<HtComm>();
     if (!hc->open(ctx, "ht")) return false;
+    hc->async_error = ctx.async_error;
     auto state = std::make_unique<HtState>();
     state->comm = std::move(hc);
     ctx.route_state[static_cast<int>(RouteId::ht)] = std::move(state);

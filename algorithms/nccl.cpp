@@ -24,13 +24,33 @@
 //   attached S, blocking    NCCL on S; returns at once.
 //   attached S, MPI_I*      an internal stream waits for S, runs NCCL, records an event;
 //                           MPI_Wait/MPI_Test make S wait for that event (host never).
-// NCCL serialises the operations of one NCCL communicator in issue order, whatever
-// stream each is on. Operations of different communicators are never ordered by a stream
-// of ours (each NCCL communicator has its own, none a blocking stream): ranks may start
-// them in different orders (legal MPI). What NCCL itself requires there (its
-// documentation, "Using multiple NCCL communicators concurrently": operations on
-// different communicators may deadlock unless launched in one order everywhere or able to
-// run concurrently on the GPU) is not yet enforced: see README, Safety rules.
+// Across communicators. NCCL serialises the operations of one NCCL communicator in issue
+// order, whatever stream each is on, and MPI makes every rank start the collectives of
+// one communicator in the same order, so those cannot deadlock each other. Across NCCL
+// communicators NCCL promises nothing (its user guide, "Using multiple NCCL communicators
+// concurrently": NCCL kernels block waiting for their peers, so operations of different
+// communicators must be launched in the same order on every rank, or be able to run
+// concurrently on the GPU, which NCCL does not guarantee; NCCL_LAUNCH_ORDER_IMPLICIT=1
+// and CUDA_DEVICE_MAX_CONNECTIONS=1 make them run in launch order). Blocking calls are
+// safe: in a legal program the blocking collectives of all communicators happen in one
+// order consistent across ranks (or the program would deadlock under any MPI), and our
+// launches follow it. MPI_I* calls are not: MPI lets ranks start them on different
+// communicators in different orders. So the route takes blocking calls only, unless
+// STREAMCOLL_NCCL_NONBLOCKING=1 says the program starts them in one order everywhere
+// (a job-wide setting, so every rank decides alike); MPI_I* calls go to the table's next
+// rule (pmpi, or ht, whose operations progress independently of each other).
+//
+// Failures stay collective. A rank that cannot take its part in an NCCL operation (a
+// CUDA call before it fails, NCCL refuses it, its wait sees a fault) would leave the
+// others' kernels waiting for it forever. So it aborts its NCCL communicator and tells
+// every peer, on a private duplicate of the communicator (one small message each; every
+// rank keeps one receive posted there); a peer that sees the notice (while it waits for an
+// operation, at its next blocking call, or from the watchdog when MPI runs at
+// MPI_THREAD_MULTIPLE) aborts its own, which ends its kernels: the operation fails on
+// every rank, with MPI_ERR_OTHER, none hangs. An aborted communicator is unusable, which
+// every rank reports at the next blocking call's agreement (able_here), so from then on
+// the communicator's calls take the table's next rule on every rank alike; nothing else
+// is latched. Asynchronous NCCL errors (ncclCommGetAsyncError) are handled the same way.
 #include <nccl.h>
 #include <sched.h>
 #include <unistd.h>
@@ -48,6 +68,7 @@
 #include <thread>
 #include <vector>
 
+#include "algorithms/nccl.hpp"
 #include "algorithms/nccl_lib.hpp"
 #include "algorithms/nccl_map.hpp"
 #include "algorithms/route.hpp"
@@ -63,6 +84,110 @@ namespace {
 using cuda::driver;
 using cuda::ScopedContext;
 
+// ---- What a gone NCCL communicator leaves behind ----------------------------------------
+// Freed without ever blocking the caller on work of the application's: at once when
+// nothing of it is still queued on a stream; otherwise by the watchdog thread once its last
+// operation is done (an operation on the application's stream may wait behind work the
+// application has not released yet), or at MPI_Finalize with ncclCommAbort, which does not
+// wait. After cudaDeviceReset the context's streams, events and memory are gone with it
+// (an NCCL call on them would fail or crash): only our retain of the context is released,
+// and NCCL's host-side state is left (a few KiB).
+struct Remains {
+  const nccl::Library* lib = nullptr;
+  ncclComm_t comm = nullptr;
+  bool aborted = false;
+  CUdevice cudev = 0;
+  CUcontext cuctx = nullptr;
+  std::vector<CUstream> streams;
+  std::vector<CUevent> events;
+  CUevent last = nullptr;  // recorded after the latest operation, or null
+
+  // True when done (freed); with `final`, frees now (aborting what still runs).
+  bool try_free(bool final) {
+    const cuda::Driver& d = driver();
+    bool reset = false;
+    {
+      ScopedContext scope(cuctx);
+      // Our own objects answer "invalid" once the context was reset under us.
+      for (CUstream s : streams) {
+        const CUresult r = d.cuStreamQuery(s);
+        reset = reset || r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_CONTEXT_IS_DESTROYED ||
+                r == CUDA_ERROR_INVALID_CONTEXT;
+      }
+      if (!reset) {
+        const bool busy = last && d.cuEventQuery(last) == CUDA_ERROR_NOT_READY;
+        if (busy && !final) return false;
+        if (comm && !aborted) busy ? lib->ncclCommAbort(comm) : lib->ncclCommDestroy(comm);
+        for (CUevent e : events) d.cuEventDestroy(e);
+        if (last) d.cuEventDestroy(last);
+        for (CUstream s : streams) d.cuStreamDestroy(s);
+      }
+    }
+    if (reset)
+      SC_INFO("nccl: the CUDA context was reset under an NCCL communicator; its objects went with "
+              "it, nothing more is freed");
+    d.cuDevicePrimaryCtxRelease(cudev);
+    return true;
+  }
+};
+
+class Reaper {
+ public:
+  static Reaper& get() {
+    static Reaper* r = new Reaper;  // lives to the end: requests may drop comms late
+    return *r;
+  }
+  void dispose(Remains r) {
+    if (r.try_free(false)) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (drained_) {  // after MPI_Finalize began: nothing will tick again
+      r.try_free(true);
+      return;
+    }
+    pending_.push_back(std::move(r));
+  }
+  /// From the watchdog thread: frees what is done.
+  void tick() {
+    std::vector<Remains> left;
+    std::vector<Remains> todo;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      todo.swap(pending_);
+    }
+    for (Remains& r : todo)
+      if (!r.try_free(false)) left.push_back(std::move(r));
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Remains& r : left) pending_.push_back(std::move(r));
+  }
+  /// At runtime stop (the watchdog is stopped): frees everything now.
+  void drain() {
+    std::vector<Remains> todo;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      drained_ = true;
+      todo.swap(pending_);
+    }
+    for (Remains& r : todo) r.try_free(true);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<Remains> pending_;
+  bool drained_ = false;
+};
+
+/// NCCL communicators alive in this process (in use, idle in the pool, or being freed).
+std::atomic<int> g_live_nccl{0};
+
+// FNV-1a over bytes.
+uint64_t hash_bytes(const void* p, size_t n, uint64_t h) {
+  for (size_t i = 0; i < n; ++i) {
+    h ^= static_cast<const unsigned char*>(p)[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
 // One NCCL communicator and the CUDA objects around it. Shared by the communicator's
 // route state and the requests in flight, so MPI_Comm_free may come before MPI_Wait.
 class NcclComm {
@@ -70,6 +195,14 @@ class NcclComm {
   const nccl::Library* lib = nullptr;
   ncclComm_t comm = nullptr;
   int device = -1;
+  int rank = 0;
+  /// Failure notices (file comment): a private duplicate of the communicator, with one
+  /// receive always posted. Set up with the NCCL communicator, on every rank.
+  MPI_Comm fault_comm = MPI_COMM_NULL;
+  /// The communicator context's pending error (CommContext::async_error).
+  std::shared_ptr<std::atomic<int>> async_error;
+  /// A stream-ordered operation was issued here (its success was reported before it ran).
+  std::atomic<bool> stream_ordered{false};
   CUdevice cudev = 0;
   CUcontext cuctx = nullptr;   ///< the device's primary context (retained)
   /// classic calls: a non-blocking stream, ordered explicitly after the legacy stream at
@@ -80,18 +213,50 @@ class NcclComm {
   CUstream copy = nullptr;     ///< non-blocking stream for staged results (made at first use)
   std::once_flag copy_once;
   int size = 1;
+  uint64_t key = 0;  ///< the rank group and GPUs it serves (Pool)
+  uint64_t id = 0;   ///< equal on every rank of it: from its ncclUniqueId
 
+  NcclComm() = default;
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
   ~NcclComm() {
+    if (comm) g_live_nccl.fetch_sub(1);
     if (!cuctx) return;
-    {
-      ScopedContext scope(cuctx);
-      if (comm && !aborted_.load()) lib->ncclCommDestroy(comm);
-      for (CUevent e : events_) driver().cuEventDestroy(e);
-      if (classic) driver().cuStreamDestroy(classic);
-      if (side) driver().cuStreamDestroy(side);
-      if (copy) driver().cuStreamDestroy(copy);
+    Remains r;
+    r.lib = lib;
+    r.comm = comm;
+    r.aborted = aborted_.load();
+    r.cudev = cudev;
+    r.cuctx = cuctx;
+    for (CUstream s : {classic, side, copy})
+      if (s) r.streams.push_back(s);
+    r.events = std::move(events_);
+    r.last = last_;
+    Reaper::get().dispose(std::move(r));
+  }
+
+  /// Not aborted, and its CUDA objects still there (no context reset under it).
+  bool usable() {
+    if (failed()) return false;
+    ScopedContext scope(cuctx);
+    const CUresult r = driver().cuStreamQuery(classic);
+    return r != CUDA_ERROR_INVALID_HANDLE && r != CUDA_ERROR_CONTEXT_IS_DESTROYED &&
+           r != CUDA_ERROR_INVALID_CONTEXT;
+  }
+
+  /// After an operation was enqueued on `s`: the latest operation's end, which freeing the
+  /// communicator must not wait for on the caller's thread (Reaper). The caller has the
+  /// context current.
+  void note(CUstream s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!last_ && driver().cuEventCreate(&last_, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+      last_ = nullptr;
+      return;
     }
-    driver().cuDevicePrimaryCtxRelease(cudev);
+    if (driver().cuEventRecord(last_, s) != CUDA_SUCCESS) {
+      driver().cuEventDestroy(last_);
+      last_ = nullptr;
+    }
   }
 
   /// An event from the pool (timing disabled), or nullptr with *rc set.
@@ -118,8 +283,9 @@ class NcclComm {
 
   /// Polls NCCL for an asynchronous error (a failed peer, a network error); on one, the
   /// NCCL communicator is aborted, which ends its kernels instead of leaving them
-  /// spinning, and every later call on it fails. Returns whether it is aborted. Makes no
-  /// MPI call: the watchdog thread uses it too.
+  /// spinning, and the peers are to be told (by the next thread that may call MPI:
+  /// check_faults()). Returns whether it is aborted. Makes no MPI call: the watchdog
+  /// thread uses it at any thread level.
   bool failed() {
     if (aborted_.load(std::memory_order_acquire)) return true;
     ncclResult_t async = ncclSuccess;
@@ -130,12 +296,91 @@ class NcclComm {
       if (r != ncclSuccess) async = r;
     }
     if (async == ncclSuccess || async == ncclInProgress) return false;
-    abort(async);
+    abort(lib->describe("asynchronous NCCL error", async, comm), true);
     return true;
   }
 
-  /// failed() as an MPI error code, for the threads that make MPI calls.
-  int poll() { return failed() ? error_code(Failure::nccl_aborted) : MPI_SUCCESS; }
+  /// From a thread that may call MPI: sends the failure notices still owed, takes one in
+  /// if a peer sent it (aborting this rank's NCCL communicator), then polls failed().
+  /// `pending`: an abort found here is also left for the next call on the communicator
+  /// to report (nothing waits for an operation now: a stream-ordered one may be spoilt).
+  /// Returns whether the NCCL communicator is aborted.
+  bool check_faults(bool pending) {
+    {
+      std::lock_guard<std::mutex> lock(fault_mu_);
+      if (fault_comm != MPI_COMM_NULL && !finalized()) {
+        if (notify_owed_.exchange(false)) notify_locked();
+        if (fault_recv_ != MPI_REQUEST_NULL) {
+          int got = 0;
+          MPI_Status st;
+          if (PMPI_Test(&fault_recv_, &got, &st) == MPI_SUCCESS && got) {
+            fault_recv_ = MPI_REQUEST_NULL;  // one notice is enough; later ones are dropped
+            if (!aborted_.load())
+              abort("rank " + std::to_string(st.MPI_SOURCE) + " of the communicator could "
+                    "not take its part in an NCCL operation", false);
+          }
+        }
+      }
+    }
+    const bool now = failed();
+    if (now) {  // an asynchronous error found just now: tell the peers at once
+      std::lock_guard<std::mutex> lock(fault_mu_);
+      if (fault_comm != MPI_COMM_NULL && !finalized() && notify_owed_.exchange(false))
+        notify_locked();
+    }
+    // Nothing waits for an operation here: an abort not yet reported by a call goes to
+    // the next call on the communicator, where a stream-ordered operation (which returned
+    // before it ran) may have been spoilt by it. Classic operations completed in their
+    // call, with every rank's part: nothing to report for them.
+    if (now && pending && report_owed_.exchange(false) && stream_ordered.load()) report_later();
+    return now;
+  }
+
+  /// This rank cannot take its part in an operation: abort the NCCL communicator (its
+  /// kernels end) and tell every peer, so that theirs end too. Returns `rc`, the error
+  /// this rank reports. From a thread that may call MPI.
+  int fail_collectively(int rc, const std::string& why) {
+    abort(why, true);
+    check_faults(false);  // sends the notices
+    report_owed_.store(false);  // this rank's call reports it
+    return rc;
+  }
+
+  /// check_faults() as an MPI error code, for the calls and waits of operations: an
+  /// abort is reported by them (not again by the next call).
+  int poll() {
+    if (!check_faults(false)) return MPI_SUCCESS;
+    report_owed_.store(false);
+    return error_code(Failure::nccl_aborted);
+  }
+
+  /// Collective over `comm` (at set-up): the private duplicate for failure notices and
+  /// its posted receive. False if MPI refuses.
+  bool open_faults(MPI_Comm comm) {
+    if (PMPI_Comm_dup(comm, &fault_comm) != MPI_SUCCESS) {
+      fault_comm = MPI_COMM_NULL;
+      return false;
+    }
+    PMPI_Comm_set_errhandler(fault_comm, MPI_ERRORS_RETURN);
+    PMPI_Comm_rank(fault_comm, &rank);
+    if (PMPI_Irecv(&notice_in_, 1, MPI_INT, MPI_ANY_SOURCE, kFaultTag, fault_comm,
+                   &fault_recv_) != MPI_SUCCESS)
+      fault_recv_ = MPI_REQUEST_NULL;
+    return true;
+  }
+
+  /// Frees the notices' communicator; from the route state's destruction, on a thread
+  /// that may call MPI (requests in flight may keep this object longer; they then poll
+  /// NCCL's own errors only).
+  void close_faults() {
+    std::lock_guard<std::mutex> lock(fault_mu_);
+    if (fault_comm == MPI_COMM_NULL || finalized()) return;
+    if (fault_recv_ != MPI_REQUEST_NULL) {
+      PMPI_Cancel(&fault_recv_);
+      PMPI_Wait(&fault_recv_, MPI_STATUS_IGNORE);
+    }
+    PMPI_Comm_free(&fault_comm);
+  }
 
   /// Holds off abort() while the calling thread enqueues work on the NCCL communicator.
   std::shared_lock<std::shared_timed_mutex> use() {
@@ -144,7 +389,8 @@ class NcclComm {
   bool aborted() const { return aborted_.load(std::memory_order_acquire); }
 
   /// Waits on the host until `e` has completed (or `s` is idle when e is null), polling
-  /// for asynchronous NCCL errors. The caller has the context current.
+  /// for failure notices and asynchronous NCCL errors. The caller has the context
+  /// current. A failed query means this rank's part is lost: its peers are told.
   int wait(CUevent e, CUstream s) {
     for (unsigned i = 1;; ++i) {
       CUresult r = e ? driver().cuEventQuery(e) : driver().cuStreamQuery(s);
@@ -152,19 +398,56 @@ class NcclComm {
       // asynchronous error pending, or after an abort, is not done.
       if (r == CUDA_SUCCESS) return poll();
       if (r != CUDA_ERROR_NOT_READY)
-        return fail(Failure::cuda, cuda::describe(e ? "cuEventQuery" : "cuStreamQuery", r));
+        return fail_collectively(
+            fail(Failure::cuda, cuda::describe(e ? "cuEventQuery" : "cuStreamQuery", r)),
+            "a wait for an NCCL operation failed on this rank");
       if (i % 1024 == 0) {
-        if (int rc = poll(); rc != MPI_SUCCESS) return rc;
+        if (int rc = poll(); rc != MPI_SUCCESS) {
+          // Aborted: the kernels end; let the stream drain before the caller goes on.
+          (e ? driver().cuEventSynchronize(e) : driver().cuStreamSynchronize(s));
+          return rc;
+        }
         if (i >= 64 * 1024) sched_yield();  // a long operation: let other threads run
       }
     }
   }
 
+  static constexpr int kFaultTag = 7;
+
  private:
-  void abort(ncclResult_t async) {
+  static bool finalized() {
+    int f = 0;
+    PMPI_Finalized(&f);
+    return f != 0;
+  }
+
+  // fault_mu_ held: one notice to every peer (a static int: the sends are freed at once,
+  // and complete by themselves).
+  void notify_locked() {
+    static const int kNotice = 1;
+    int n = 0;
+    PMPI_Comm_size(fault_comm, &n);
+    for (int p = 0; p < n; ++p) {
+      if (p == rank) continue;
+      MPI_Request r = MPI_REQUEST_NULL;
+      if (PMPI_Isend(&kNotice, 1, MPI_INT, p, kFaultTag, fault_comm, &r) == MPI_SUCCESS)
+        PMPI_Request_free(&r);
+    }
+  }
+
+  void report_later() {
+    if (!async_error) return;
+    int none = MPI_SUCCESS;
+    async_error->compare_exchange_strong(none, error_code(Failure::nccl_aborted));
+  }
+
+
+  // Aborts the NCCL communicator (once); `notify`: the peers are to be told.
+  void abort(std::string what, bool notify) {
     std::lock_guard<std::mutex> lock(abort_mu_);
     if (aborted_.load()) return;
-    std::string what = lib->describe("asynchronous NCCL error", async, comm);
+    if (notify) notify_owed_.store(true);
+    report_owed_.store(true);
     // Wait for a thread inside an NCCL call on this communicator to leave it. One that
     // stays (blocked inside NCCL by the very failure) is not waited for: aborting is what
     // unblocks it, and a hung job is worse.
@@ -172,23 +455,32 @@ class NcclComm {
     if (!excl.try_lock_for(std::chrono::seconds(1)))
       what += " (a thread is still inside NCCL; aborting anyway)";
     lib->ncclCommAbort(comm);
-    log_error("%s; NCCL communicator of %d ranks aborted, its later calls fail", what.c_str(),
-              size);
+    log_error("%s; NCCL communicator of %d ranks aborted: the operation fails on every rank, "
+              "and the communicator's calls take the next route from its next blocking call",
+              what.c_str(), size);
     aborted_.store(true, std::memory_order_release);
   }
 
-  std::mutex mu_;                // the event pool
+  std::mutex mu_;                // the event pool, last_
   std::vector<CUevent> events_;
+  CUevent last_ = nullptr;       // after the latest operation (note())
   std::mutex abort_mu_;          // one abort
   std::shared_timed_mutex use_;  // shared: a call uses `comm`; exclusive: abort
   std::atomic<bool> aborted_{false};
+  std::mutex fault_mu_;          // fault_comm's requests, notify_owed_
+  MPI_Request fault_recv_ = MPI_REQUEST_NULL;
+  int notice_in_ = 0;
+  std::atomic<bool> notify_owed_{false};  // aborted for this rank's reason: peers not told yet
+  std::atomic<bool> report_owed_{false};  // aborted, and no call has reported it yet
 };
 
 // Polls every ready NCCL communicator for asynchronous errors every 100 ms, so that a
 // failure is noticed (and the NCCL communicator aborted, which ends its kernels) also
 // while the host does not wait inside streamcoll: stream-ordered calls, or a program
-// blocked in cudaStreamSynchronize. Started with the first NCCL communicator, stopped
-// (joined) at runtime stop.
+// blocked in cudaStreamSynchronize. Where MPI runs at MPI_THREAD_MULTIPLE it also takes in
+// the peers' failure notices (and sends this rank's); otherwise those wait for the next
+// call into streamcoll. Started with the first NCCL communicator, stopped (joined) at
+// runtime stop.
 class Watchdog {
  public:
   static Watchdog& get() {
@@ -225,8 +517,10 @@ class Watchdog {
         }
       }
       lock.unlock();
-      for (auto& c : live) c->failed();
+      const bool mpi = Runtime::get().thread_multiple();
+      for (auto& c : live) mpi ? c->check_faults(true) : c->failed();
       live.clear();  // the last owner may be here: destroy outside the lock
+      Reaper::get().tick();  // free what gone communicators left, once it is done
       lock.lock();
     }
   }
@@ -238,11 +532,105 @@ class Watchdog {
   bool stopping_ = false;
 };
 
+// Programs that make many communicators (MPI_Comm_dup or _split in a loop) do not get
+// an NCCL communicator each: when an MPI communicator goes (MPI_Comm_free, MPI_Finalize),
+// its NCCL communicator, if healthy, waits here, idle, for a new MPI communicator over the
+// same ranks in the same order on the same GPUs, which then reuses it (the ranks agree on
+// that at its set-up). At most kMaxIdle wait (the oldest goes first), and at most
+// kMaxLive exist at once: beyond that a new communicator's calls take the table's next
+// rule. Why not share one NCCL communicator between live MPI communicators: NCCL matches
+// the operations of one communicator by issue order, and MPI lets ranks interleave the
+// calls of different communicators differently (threads, non-blocking calls). Why not
+// ncclCommSplit: every rank of the parent must call it, while streamcoll sets up a
+// communicator lazily, at its first call, where only its own ranks are.
+class Pool {
+ public:
+  static constexpr size_t kMaxIdle = 8;
+  static constexpr int kMaxLive = 32;
+  static Pool& get() {
+    static Pool* p = new Pool;
+    return *p;
+  }
+  /// An idle communicator for `key`, taken out of the pool, or nullptr. One that cannot
+  /// be used any more (aborted, or its context reset under it) is dropped instead. From a
+  /// thread that may call MPI.
+  std::shared_ptr<NcclComm> take(uint64_t key) {
+    for (;;) {
+      std::shared_ptr<NcclComm> c;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (auto it = idle_.begin(); it != idle_.end(); ++it)
+          if ((*it)->key == key) {
+            c = std::move(*it);
+            idle_.erase(it);
+            break;
+          }
+      }
+      if (!c) return nullptr;
+      if (c->usable()) return c;
+      discard(std::move(c));
+    }
+  }
+  /// A communicator whose MPI communicator is gone. From a thread that may call MPI.
+  void give_back(std::shared_ptr<NcclComm> c) {
+    if (!c) return;
+    if (c->failed()) return discard(std::move(c));
+    std::shared_ptr<NcclComm> oldest;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!stopped_) {
+        idle_.push_back(std::move(c));
+        if (idle_.size() > kMaxIdle) {
+          oldest = std::move(idle_.front());
+          idle_.erase(idle_.begin());
+        }
+      }
+    }
+    if (c) discard(std::move(c));  // stopped
+    if (oldest) discard(std::move(oldest));
+  }
+  /// Whether this process may make one more: under kMaxLive, if need be by freeing the
+  /// oldest idle one. From a thread that may call MPI.
+  bool room() {
+    while (g_live_nccl.load() >= kMaxLive) {
+      std::shared_ptr<NcclComm> oldest;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (idle_.empty()) return false;
+        oldest = std::move(idle_.front());
+        idle_.erase(idle_.begin());
+      }
+      discard(std::move(oldest));
+    }
+    return true;
+  }
+  /// At runtime stop: every idle one goes.
+  void stop() {
+    std::vector<std::shared_ptr<NcclComm>> all;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopped_ = true;
+      all.swap(idle_);
+    }
+    for (auto& c : all) discard(std::move(c));
+  }
+
+ private:
+  static void discard(std::shared_ptr<NcclComm> c) {
+    c->close_faults();  // here, on a thread that may call MPI
+    // The last reference frees it (Reaper), here or in a request still in flight.
+  }
+  std::mutex mu_;
+  std::vector<std::shared_ptr<NcclComm>> idle_;  // oldest first
+  bool stopped_ = false;
+};
+
 class NcclState final : public RouteState {
  public:
   enum Status { unset, ready, off };
   Status status = unset;
   std::shared_ptr<NcclComm> comm;
+  ~NcclState() override { Pool::get().give_back(std::move(comm)); }  // an MPI thread
 };
 
 // A non-blocking call in flight. Completion is an event on the stream that ran it.
@@ -381,17 +769,34 @@ void set_up(NcclState& st, const CallEnv& env, const CommContext& ctx) {
   c->lib = &lib;
   c->size = ctx.size;
   struct Entry {
-    uint64_t host, bus, ok;
-  } mine{0, 0, 0};
+    uint64_t host, bus, ok, world;
+  } mine{0, 0, 0, 0};
+  {
+    int w = 0;
+    MPI_Group g, wg;
+    // This rank's rank in MPI_COMM_WORLD: with the others', the group an NCCL
+    // communicator serves (Pool).
+    if (PMPI_Comm_group(ctx.comm, &g) == MPI_SUCCESS) {
+      if (PMPI_Comm_group(MPI_COMM_WORLD, &wg) == MPI_SUCCESS) {
+        PMPI_Group_translate_ranks(g, 1, &ctx.rank, wg, &w);
+        PMPI_Group_free(&wg);
+      }
+      PMPI_Group_free(&g);
+    }
+    mine.world = static_cast<uint64_t>(w);
+  }
   std::string why;
   nccl::GpuId id;
+  c->async_error = ctx.async_error;
   if (!lib.usable) {
     why = lib.reason;
   } else if (open_device(*c, env.device, &id, &why)) {
-    mine = {id.host, id.bus, 1};
+    mine.host = id.host;
+    mine.bus = id.bus;
+    mine.ok = 1;
   }
   std::vector<Entry> all(static_cast<size_t>(ctx.size));
-  if (PMPI_Allgather(&mine, 3, MPI_UINT64_T, all.data(), 3, MPI_UINT64_T, ctx.comm) !=
+  if (PMPI_Allgather(&mine, 4, MPI_UINT64_T, all.data(), 4, MPI_UINT64_T, ctx.comm) !=
       MPI_SUCCESS)
     return;
   std::vector<nccl::GpuId> gpus;
@@ -409,6 +814,31 @@ void set_up(NcclState& st, const CallEnv& env, const CommContext& ctx) {
     return;
   }
 
+  // An idle NCCL communicator over the same ranks, in the same order, on the same GPUs
+  // (Pool): reused if every rank has it.
+  uint64_t key = nccl::hash(lib.path.c_str());
+  for (const Entry& e : all)
+    for (uint64_t v : {e.host, e.bus, e.world}) key = hash_bytes(&v, sizeof v, key);
+  {
+    std::shared_ptr<NcclComm> idle = Pool::get().take(key);
+    const int64_t cand = idle ? static_cast<int64_t>(idle->id & INT64_MAX) : 0;
+    int64_t in[2] = {cand, -cand}, out[2] = {0, 0};
+    if (PMPI_Allreduce(in, out, 2, MPI_INT64_T, MPI_MAX, ctx.comm) != MPI_SUCCESS) {
+      Pool::get().give_back(std::move(idle));
+      return;
+    }
+    if (idle && out[0] == cand && -out[1] == cand) {
+      idle->async_error = ctx.async_error;
+      idle->stream_ordered.store(false);
+      SC_INFO("nccl: reusing an idle NCCL communicator of %d ranks on device %d", ctx.size,
+              idle->device);
+      st.comm = std::move(idle);
+      st.status = NcclState::ready;
+      return;  // `c` (never initialised) goes
+    }
+    Pool::get().give_back(std::move(idle));
+  }
+
   struct {
     ncclUniqueId id;
     int ok;
@@ -419,8 +849,15 @@ void set_up(NcclState& st, const CallEnv& env, const CommContext& ctx) {
     if (!root.ok) log_error("%s", lib.describe("ncclGetUniqueId", r).c_str());
   }
   if (PMPI_Bcast(&root, sizeof(root), MPI_BYTE, 0, ctx.comm) != MPI_SUCCESS || !root.ok) return;
-  int ok = 0;
-  {
+  // The failure notices' communicator first (collective: every rank gets here); no more
+  // than Pool::kMaxLive NCCL communicators in a process.
+  int ok = c->open_faults(ctx.comm) ? 1 : 0;
+  if (ok && !Pool::get().room()) {
+    SC_INFO("nccl: %d NCCL communicators exist in this process already; this one's calls take "
+            "the next rule", Pool::kMaxLive);
+    ok = 0;
+  }
+  if (ok) {
     ScopedContext scope(c->cuctx);
     ncclResult_t r = lib.ncclCommInitRank(&c->comm, ctx.size, root.id, ctx.rank);
     ok = r == ncclSuccess;
@@ -436,12 +873,16 @@ void set_up(NcclState& st, const CallEnv& env, const CommContext& ctx) {
       lib.ncclCommAbort(c->comm);
       c->comm = nullptr;
     }
+    c->close_faults();
     SC_WARN("nccl: could not create an NCCL communicator of %d ranks; its calls go to pmpi",
             ctx.size);
     return;
   }
   SC_INFO("nccl: NCCL %d communicator of %d ranks on device %d", lib.version, ctx.size,
           c->device);
+  g_live_nccl.fetch_add(1);
+  c->key = key;
+  c->id = hash_bytes(root.id.internal, sizeof root.id.internal, 1469598103934665603ull);
   Watchdog::get().watch(c);
   st.comm = std::move(c);
   st.status = NcclState::ready;
@@ -598,20 +1039,27 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
   }
   const cuda::Driver& d = driver();
   ScopedContext scope(c->cuctx);
+  // Any failure before the collective is enqueued leaves this rank out: its peers are told.
+  auto lost = [&](int rc) {
+    c->fail_collectively(rc, call_name(a.coll, true) + " (staged) could not take its part on this rank");
+    d.cuStreamSynchronize(c->classic);  // nothing enqueued may still read the caller's buffers
+    return rc;
+  };
   CUresult made = CUDA_SUCCESS;
   std::call_once(c->copy_once, [&] { made = d.cuStreamCreate(&c->copy, CU_STREAM_NON_BLOCKING); });
   if (!c->copy)
-    return fail(Failure::cuda, cuda::describe("cuStreamCreate (staging)", made ? made : CUDA_ERROR_INVALID_HANDLE));
+    return lost(fail(Failure::cuda, cuda::describe("cuStreamCreate (staging)",
+                                                   made ? made : CUDA_ERROR_INVALID_HANDLE)));
   CUstream s = c->classic;
   CUdeviceptr buf = 0;
   if (CUresult r = d.cuMemAllocAsync(&buf, scratch, s); r != CUDA_SUCCESS)
-    return fail(Failure::cuda, cuda::describe("cuMemAllocAsync (staging)", r));
+    return lost(fail(Failure::cuda, cuda::describe("cuMemAllocAsync (staging)", r)));
   auto release = [c, buf] { driver().cuMemFreeAsync(buf, c->copy); };
   if (in_bytes) {
     if (CUresult r = d.cuMemcpyAsync(buf + in_off, reinterpret_cast<CUdeviceptr>(in), in_bytes, s);
         r != CUDA_SUCCESS) {
       d.cuMemFreeAsync(buf, s);
-      return fail(Failure::cuda, cuda::describe("cuMemcpyAsync (staging in)", r));
+      return lost(fail(Failure::cuda, cuda::describe("cuMemcpyAsync (staging in)", r)));
     }
   }
   CollArgs staged = a;
@@ -630,15 +1078,26 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
   int rc = MPI_SUCCESS;
   if (nr != ncclSuccess || cu != CUDA_SUCCESS) {
     d.cuMemFreeAsync(buf, s);
-    return nr != ncclSuccess
-               ? fail(Failure::nccl, c->lib->describe(call_name(a.coll, true).c_str(), nr, c->comm))
-               : fail(Failure::cuda, cuda::describe(call_name(a.coll, true).c_str(), cu));
+    return lost(nr != ncclSuccess
+                    ? fail(Failure::nccl, c->lib->describe(call_name(a.coll, true).c_str(), nr, c->comm))
+                    : fail(Failure::cuda, cuda::describe(call_name(a.coll, true).c_str(), cu)));
   }
+  c->note(s);
+  // Enqueued, but without a request the caller cannot wait for it: lost to it, so its
+  // peers are told (the scratch buffer goes once the stream is through).
   CUevent done = c->take_event(&rc);
-  if (!done) return rc;  // the scratch buffer stays allocated: the collective may use it
+  if (!done) {
+    *a.request = MPI_REQUEST_NULL;
+    rc = lost(rc);
+    d.cuMemFreeAsync(buf, s);
+    return rc;
+  }
   if (CUresult r = d.cuEventRecord(done, s); r != CUDA_SUCCESS) {
     c->give_event(done);
-    return fail(Failure::cuda, cuda::describe("cuEventRecord", r));
+    *a.request = MPI_REQUEST_NULL;
+    rc = lost(fail(Failure::cuda, cuda::describe("cuEventRecord", r)));
+    d.cuMemFreeAsync(buf, s);
+    return rc;
   }
   // Runs once the collective is done (or the request is dropped unstarted): results back
   // on the copy stream, which nothing else uses, so waiting for it waits for no other rank.
@@ -667,6 +1126,9 @@ class NcclRoute final : public Route {
   bool accepts(const CollArgs& a, CommContext& ctx, const config::RouteChoice&,
                const CallEnv& env) override {
     if (ctx.inter) return false;
+    // MPI_I*: only where the program promises one start order on all communicators
+    // (file comment; a job-wide setting, equal on every rank).
+    if (a.nonblocking && !Runtime::get().settings().nccl_nonblocking) return false;
     const OpInfo* op = takes_op(a.coll) ? find_op(a.op) : nullptr;
     if (nccl::Support s = nccl::supports(a.coll, env.mem, call_type(a), op);
         s != nccl::Support::ok) {
@@ -681,20 +1143,37 @@ class NcclRoute final : public Route {
     return st.status == NcclState::ready;
   }
 
-  // This rank's GPU buffers must be on the GPU of the communicator's NCCL communicator
-  // (set up at its first call, on that call's GPU). Managed memory is reachable from any.
+  // The communicator's NCCL communicator must not be aborted (a failure notice taken in
+  // here, at a blocking call, makes every rank agree to leave it), and this rank's GPU
+  // buffers must be on its GPU (set up at its first call, on that call's GPU). Managed
+  // memory is reachable from any.
   bool able_here(const CollArgs&, CommContext& ctx, const CallEnv& local) override {
-    if (local.mem != MemKind::device) return true;
     auto& slot = ctx.route_state[static_cast<int>(RouteId::nccl)];
     if (!slot) return true;
     const NcclState& st = static_cast<const NcclState&>(*slot);
-    return st.status != NcclState::ready || st.comm->device == local.device;
+    if (st.status != NcclState::ready) return true;
+    if (st.comm->check_faults(true)) return false;
+    return local.mem != MemKind::device || st.comm->device == local.device;
   }
 
   int run(const CollArgs& a, CommContext& ctx, const config::RouteChoice&,
           const CallEnv& env) override {
     std::shared_ptr<NcclComm> c = state_of(ctx).comm;
+    // Aborted (a peer's notice, an asynchronous error): the peers have aborted or are
+    // told to, so none waits for this rank's part.
     if (int rc = c->poll(); rc != MPI_SUCCESS) return rc;
+    const std::string what = call_name(a.coll, a.nonblocking);
+    CUstream s = nullptr;  // the stream the operation goes on (set below)
+    // Every failure below leaves this rank out of the operation: it tells its peers, and
+    // (the abort ends whatever of it was enqueued) a classic call waits for our stream to
+    // be through with the caller's buffers before returning. A stream-ordered one does
+    // not: the application's stream may hold work the application releases only later,
+    // and it cannot reuse the buffers before that stream is through anyway.
+    auto lost = [&](int rc) {
+      c->fail_collectively(rc, what + " could not take its part on this rank");
+      if (s && !env.has_stream) driver().cuStreamSynchronize(s);
+      return rc;
+    };
     // Managed memory is reachable from any GPU; device memory only from its own. A
     // blocking call never gets here otherwise (the ranks agreed on able_here); a
     // non-blocking one, routed from an earlier agreement, stages this rank's buffers.
@@ -702,24 +1181,26 @@ class NcclRoute final : public Route {
                            (env.mem == MemKind::device && env.device == c->device);
     if (!reachable) {
       if (a.nonblocking) return run_staged(a, ctx, c);
-      return fail(Failure::wrong_device,
-                  call_name(a.coll, a.nonblocking) + ": buffer on device " +
-                      std::to_string(env.device) + ", but this communicator's NCCL "
-                      "communicator is on device " + std::to_string(c->device));
+      return lost(fail(Failure::wrong_device,
+                       what + ": buffer on device " + std::to_string(env.device) +
+                           ", but this communicator's NCCL communicator is on device " +
+                           std::to_string(c->device)));
     }
     const cuda::Driver& d = driver();
     ScopedContext scope(c->cuctx);
     auto user = static_cast<CUstream>(env.stream);
-    CUstream s = c->classic;
+    s = c->classic;
     int rc = MPI_SUCCESS;
+    if (env.has_stream) c->stream_ordered.store(true);
     if (env.has_stream && a.nonblocking) {
       // Ordered after the work on the attached stream, which itself goes on.
       CUevent ready = c->take_event(&rc);
-      if (!ready) return rc;
+      if (!ready) return lost(rc);
       CUresult r = d.cuEventRecord(ready, user);
       if (r == CUDA_SUCCESS) r = d.cuStreamWaitEvent(c->side, ready, 0);
       c->give_event(ready);  // the wait has captured it; the event may be recorded again
-      if (r != CUDA_SUCCESS) return fail(Failure::cuda, cuda::describe("cuStreamWaitEvent", r));
+      if (r != CUDA_SUCCESS)
+        return lost(fail(Failure::cuda, cuda::describe("cuStreamWaitEvent", r)));
       s = c->side;
     } else if (env.has_stream) {
       s = user;
@@ -729,12 +1210,12 @@ class NcclRoute final : public Route {
       // legacy stream is after every blocking stream's earlier work. Our stream is not a
       // blocking stream, so nothing of another communicator's is in that event's past.
       CUevent legacy = c->take_event(&rc);
-      if (!legacy) return rc;
+      if (!legacy) return lost(rc);
       CUresult r = d.cuEventRecord(legacy, CU_STREAM_LEGACY);
       if (r == CUDA_SUCCESS) r = d.cuStreamWaitEvent(s, legacy, 0);
       c->give_event(legacy);
       if (r != CUDA_SUCCESS)
-        return fail(Failure::cuda, cuda::describe("cuStreamWaitEvent (legacy stream)", r));
+        return lost(fail(Failure::cuda, cuda::describe("cuStreamWaitEvent (legacy stream)", r)));
     }
 
     CUresult cu;
@@ -745,19 +1226,27 @@ class NcclRoute final : public Route {
       nr = enqueue(a, ctx, *c, s, &cu);
     }
     if (nr != ncclSuccess)
-      return fail(Failure::nccl,
-                  c->lib->describe(call_name(a.coll, a.nonblocking).c_str(), nr, c->comm));
-    if (cu != CUDA_SUCCESS)
-      return fail(Failure::cuda, cuda::describe(call_name(a.coll, a.nonblocking).c_str(), cu));
+      return lost(fail(Failure::nccl, c->lib->describe(what.c_str(), nr, c->comm)));
+    if (cu != CUDA_SUCCESS) return lost(fail(Failure::cuda, cuda::describe(what.c_str(), cu)));
+    c->note(s);
 
     if (!a.nonblocking) return env.has_stream ? MPI_SUCCESS : c->wait(nullptr, s);
+    // Enqueued, but without a request the caller cannot wait for it (nor know when its
+    // buffers are free): the operation is lost to it, so its peers are told.
     CUevent done = c->take_event(&rc);
-    if (!done) return rc;
+    if (!done) {
+      *a.request = MPI_REQUEST_NULL;
+      return lost(rc);
+    }
     if (CUresult r = d.cuEventRecord(done, s); r != CUDA_SUCCESS) {
       c->give_event(done);
-      return fail(Failure::cuda, cuda::describe("cuEventRecord", r));
+      *a.request = MPI_REQUEST_NULL;
+      return lost(fail(Failure::cuda, cuda::describe("cuEventRecord", r)));
     }
-    return start_request(new NcclRequest(c, done, env.has_stream, user), a.request);
+    if (int src = start_request(new NcclRequest(c, done, env.has_stream, user), a.request);
+        src != MPI_SUCCESS)
+      return lost(src);
+    return MPI_SUCCESS;
   }
 };
 
@@ -768,6 +1257,56 @@ Route* nccl_route() {
   return &r;
 }
 
+namespace nccl_stage {
+
+void fail_collectively(CommContext& ctx, int rc, const std::string& why) {
+  auto& slot = ctx.route_state[static_cast<int>(RouteId::nccl)];
+  if (!slot) return;
+  auto& st = static_cast<NcclState&>(*slot);
+  if (st.status == NcclState::ready && st.comm) st.comm->fail_collectively(rc, why);
+}
+
+int wait_stream(const std::vector<CommContext*>& ctxs, void* stream) {
+  std::vector<std::shared_ptr<NcclComm>> comms;
+  for (CommContext* c : ctxs) {
+    if (!c) continue;
+    auto& slot = c->route_state[static_cast<int>(RouteId::nccl)];
+    if (!slot) continue;
+    auto& st = static_cast<NcclState&>(*slot);
+    if (st.status == NcclState::ready && st.comm) comms.push_back(st.comm);
+  }
+  auto s = static_cast<CUstream>(stream);
+  auto aborted = [&] {
+    int rc = MPI_SUCCESS;
+    for (auto& c : comms)
+      if (int e = c->poll(); e != MPI_SUCCESS && rc == MPI_SUCCESS) rc = e;
+    return rc;
+  };
+  for (unsigned i = 1;; ++i) {
+    const CUresult r = driver().cuStreamQuery(s);
+    if (r == CUDA_SUCCESS) return aborted();
+    if (r != CUDA_ERROR_NOT_READY) {
+      const int rc = fail(Failure::cuda, cuda::describe("cuStreamQuery", r));
+      for (auto& c : comms) c->fail_collectively(rc, "a wait for NCCL stages failed on this rank");
+      return rc;
+    }
+    if (i % 1024 == 0) {
+      if (int rc = aborted(); rc != MPI_SUCCESS) {
+        driver().cuStreamSynchronize(s);  // the aborted kernels end
+        return rc;
+      }
+      if (i >= 64 * 1024) sched_yield();
+    }
+  }
+}
+
+}  // namespace nccl_stage
+
 void nccl_shutdown() { Watchdog::get().stop(); }
+
+void nccl_release() {
+  Pool::get().stop();
+  Reaper::get().drain();
+}
 
 }  // namespace streamcoll

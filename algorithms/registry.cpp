@@ -10,6 +10,7 @@ void ht_shutdown();
 #if STREAMCOLL_HAVE_NCCL
 Route* nccl_route();
 void nccl_shutdown();
+void nccl_release();
 #endif
 
 Route* find_route(RouteId id) {
@@ -29,6 +30,12 @@ void routes_shutdown() {
   nccl_shutdown();
 #endif
   ht_shutdown();
+}
+
+void routes_release() {
+#if STREAMCOLL_HAVE_NCCL
+  nccl_release();
+#endif
 }
 
 }  // namespace streamcoll

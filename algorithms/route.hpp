@@ -18,6 +18,11 @@ struct CallEnv {
                                 ///< buffers are in GPU memory: stream semantics apply
   void* stream = nullptr;       ///< that stream (a CUstream / cudaStream_t; 0 is valid)
   uint32_t unable = 0;          ///< agreed env: bit per RouteId, some rank cannot run it
+  /// The memory kind agreed over the ranks (at this call, or for a non-blocking call at
+  /// the blocking call it is routed from): equal on every rank, so a route may decide
+  /// from it what every rank must do alike (e.g. exchange a failure status), while `mem`
+  /// is this rank's own.
+  MemKind agreed_mem = MemKind::host;
 };
 
 class Route {
@@ -61,8 +66,11 @@ class Route {
 /// (not built yet, or its library/device is missing here).
 Route* find_route(RouteId id);
 
-/// Stops what routes run in the background (threads), after every communicator context
-/// is gone; from Runtime::stop().
+/// Stops what routes run in the background (threads); from Runtime::stop(), before the
+/// communicator contexts go.
 void routes_shutdown();
+/// Frees what routes keep beyond their communicators (idle NCCL communicators, the
+/// remains of gone ones), after every communicator context is gone; from Runtime::stop().
+void routes_release();
 
 }  // namespace streamcoll

@@ -24,15 +24,22 @@ const std::vector<Knob>& knobs() {
       {"STREAMCOLL_NCCL_LIB", "libnccl.so.2",
        "the NCCL library to open (a file name for the loader's search path, or a path); "
        "if it cannot be opened the nccl route is off and its calls go to pmpi"},
+      {"STREAMCOLL_NCCL_NONBLOCKING", "0",
+       "1: MPI_I* calls on GPU memory may take route nccl too; only for a program that "
+       "starts its non-blocking collectives on all communicators in one order on every "
+       "rank (NCCL kernels of different communicators can otherwise deadlock); 0: they "
+       "take the table's next rule"},
       {"STREAMCOLL_MPI_CUDA_AWARE", "auto",
        "auto|yes|no: whether the MPI accepts GPU buffers (auto asks it: "
        "MPIX_Query_cuda_support, MPIX_GPU_query_support; not found means no); when it does "
        "not, GPU buffers of calls that go to the MPI are staged through host memory"},
-      {"STREAMCOLL_THREAD_MULTIPLE", "1",
-       "1: MPI_Init/MPI_Init_thread ask the MPI for MPI_THREAD_MULTIPLE, which the progress "
-       "thread of route ht needs (the application is still told the level it asked for); "
-       "0: ask for the application's level only, and route ht is off unless that is "
-       "MPI_THREAD_MULTIPLE"},
+      {"STREAMCOLL_THREAD_MULTIPLE", "auto",
+       "auto|1|0: whether MPI_Init/MPI_Init_thread ask the MPI for MPI_THREAD_MULTIPLE, which "
+       "the progress thread of routes ht and blueconnect (MPI_I*) needs (the application is "
+       "still told the level it asked for): auto asks only when the tuning table (with "
+       "STREAMCOLL_ROUTE) has such a rule for host memory, or for GPU memory on a node with "
+       "a CUDA driver; 1 always; 0 never (those routes are then off unless the application "
+       "asked for MPI_THREAD_MULTIPLE itself)"},
       {"STREAMCOLL_PROGRESS_BIND", "auto",
        "auto|none: bind the progress thread (hwloc) to a core of the rank's cpuset its own "
        "threads are least likely to use, or leave it unbound"},
@@ -104,11 +111,19 @@ Settings read_settings() {
   if (const char* v = get("STREAMCOLL_TUNING_FILE")) s.tuning_file = v;
   if (const char* v = get("STREAMCOLL_ROUTE")) s.route = v;
   if (const char* v = get("STREAMCOLL_NCCL_LIB")) s.nccl_lib = v;
+  boolean("STREAMCOLL_NCCL_NONBLOCKING", &s.nccl_nonblocking);
   if (const char* v = get("STREAMCOLL_MPI_CUDA_AWARE");
       v && !parse_cuda_aware(v, &s.mpi_cuda_aware))
     s.problems.push_back(std::string("STREAMCOLL_MPI_CUDA_AWARE='") + v +
                          "' is not auto|yes|no; using auto");
-  boolean("STREAMCOLL_THREAD_MULTIPLE", &s.thread_multiple);
+  if (const char* v = get("STREAMCOLL_THREAD_MULTIPLE")) {
+    bool on = false;
+    if (lower(v) == "auto") s.thread_multiple = Threads::auto_detect;
+    else if (parse_bool(v, &on)) s.thread_multiple = on ? Threads::yes : Threads::no;
+    else
+      s.problems.push_back(std::string("STREAMCOLL_THREAD_MULTIPLE='") + v +
+                           "' is not auto or a boolean; using auto");
+  }
   if (const char* v = get("STREAMCOLL_PROGRESS_BIND")) {
     if (lower(v) == "none")
       s.progress_bind = false;
@@ -134,13 +149,6 @@ Settings read_settings() {
   }
   if (const char* v = get("STREAMCOLL_NODE_GROUPS")) s.node_groups = v;
   return s;
-}
-
-bool want_thread_multiple() {
-  bool on = true, disabled = false;
-  if (const char* v = get("STREAMCOLL_THREAD_MULTIPLE")) parse_bool(v, &on);
-  if (const char* v = get("STREAMCOLL_DISABLE")) parse_bool(v, &disabled);
-  return on && !disabled;
 }
 
 }  // namespace streamcoll::config

@@ -28,6 +28,13 @@ enum class CudaAware : uint8_t {
   no,           ///< GPU buffers of calls that go to the MPI are staged through host memory
 };
 
+/// STREAMCOLL_THREAD_MULTIPLE: which thread level streamcoll asks the MPI for.
+enum class Threads : uint8_t {
+  auto_detect,  ///< MPI_THREAD_MULTIPLE only where a route with a progress thread may run
+  yes,          ///< always MPI_THREAD_MULTIPLE
+  no,           ///< the application's level
+};
+
 /// STREAMCOLL_HT_WAIT: how route ht holds a stream during the host collective.
 enum class HtWait : uint8_t {
   auto_detect,  ///< cuStreamWaitValue32 where supported, else the spin kernel
@@ -44,8 +51,9 @@ struct Settings {
   std::string tuning_file;       ///< STREAMCOLL_TUNING_FILE
   std::string route;             ///< STREAMCOLL_ROUTE
   std::string nccl_lib;          ///< STREAMCOLL_NCCL_LIB (empty: libnccl.so.2)
+  bool nccl_nonblocking = false; ///< STREAMCOLL_NCCL_NONBLOCKING: MPI_I* may take route nccl
   CudaAware mpi_cuda_aware = CudaAware::auto_detect;  ///< STREAMCOLL_MPI_CUDA_AWARE
-  bool thread_multiple = true;   ///< STREAMCOLL_THREAD_MULTIPLE
+  Threads thread_multiple = Threads::auto_detect;  ///< STREAMCOLL_THREAD_MULTIPLE
   bool progress_bind = true;     ///< STREAMCOLL_PROGRESS_BIND=auto (false: none)
   HtWait ht_wait = HtWait::auto_detect;  ///< STREAMCOLL_HT_WAIT
   std::vector<int> hierarchy;    ///< STREAMCOLL_HIERARCHY factors, innermost first (empty: none)
@@ -54,9 +62,6 @@ struct Settings {
 };
 Settings read_settings();
 
-/// Whether MPI_Init should ask for MPI_THREAD_MULTIPLE: STREAMCOLL_THREAD_MULTIPLE is not
-/// off and STREAMCOLL_DISABLE is not on. Read before MPI is initialised (no Settings yet).
-bool want_thread_multiple();
 
 /// Parses a boolean knob value: 1/yes/true/on and 0/no/false/off (case-insensitive).
 /// Returns false and leaves *out alone for anything else.

@@ -276,6 +276,17 @@ void TuningTable::prepend(std::vector<Rule> rules) {
   index();
 }
 
+bool TuningTable::uses_progress_thread(bool gpu_node) const {
+  const uint32_t host = 1u << static_cast<int>(MemKind::host) | 1u << static_cast<int>(MemKind::pinned);
+  const uint32_t gpu = 1u << static_cast<int>(MemKind::device) | 1u << static_cast<int>(MemKind::managed);
+  for (const Rule& r : rules_) {
+    if (r.choice.route == RouteId::ht && ((r.mems & host) || (gpu_node && (r.mems & gpu))))
+      return true;
+    if (r.choice.route == RouteId::blueconnect && (r.mems & host)) return true;
+  }
+  return false;
+}
+
 const Rule* TuningTable::match(const CallKey& key, const Rule* after) const {
   size_t i = 0;
   if (after) {

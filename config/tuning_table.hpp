@@ -118,6 +118,11 @@ class TuningTable {
 
   const std::vector<Rule>& rules() const { return rules_; }
 
+  /// Whether some rule sends calls to a route that runs streamcoll's progress thread
+  /// (ht; blueconnect's MPI_I* on host memory): on host or pinned memory, or, when
+  /// `gpu_node`, on GPU memory (ht).
+  bool uses_progress_thread(bool gpu_node) const;
+
  private:
   void index();
   std::vector<Rule> rules_;

@@ -42,6 +42,7 @@ struct CollArgs {
 
 struct FortranCall {
   int (*run)(const FortranCall* self);  ///< runs the real Fortran call, returns its ierr
+  MPI_Fint* request = nullptr;          ///< non-blocking calls: where the binding puts its request
 };
 
 /// True for the collectives that take an MPI_Op.

@@ -6,6 +6,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -43,6 +44,14 @@ struct CommContext {
   /// blocking calls, which MPI orders on every rank alike, so equal on every rank.
   AgreedFacts agreed[kNumColls];
   AgreedFacts agreed_last;  ///< the last of those, any collective: for a collective with none
+
+  /// An error found after the call that caused it had returned (a stream-ordered
+  /// operation whose host part failed on the progress engine, a peer's failure noticed
+  /// later): the next call on this communicator, on this rank, runs as usual and then
+  /// reports it (shim/dispatch.cpp). Never changes a routing decision. Shared with the
+  /// operations in flight, which may outlive the context.
+  std::shared_ptr<std::atomic<int>> async_error =
+      std::make_shared<std::atomic<int>>(MPI_SUCCESS);
 
   /// Per route, created by the route at its first call on the communicator.
   std::unique_ptr<RouteState> route_state[kNumRoutes];

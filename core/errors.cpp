@@ -15,18 +15,22 @@ int fail(Failure f, const std::string& detail) {
 
 int error_code(Failure f) {
   static std::mutex mu;
-  static int codes[4] = {-1, -1, -1, -1};
+  static int codes[kNumFailures] = {-1, -1, -1, -1, -1};
   static const struct {
     int cls;
     const char* text;
-  } kinds[4] = {
+  } kinds[kNumFailures] = {
       {MPI_ERR_OTHER, "streamcoll: a CUDA call failed (details on stderr)"},
       {MPI_ERR_OTHER, "streamcoll: an NCCL call failed (details on stderr)"},
       {MPI_ERR_OTHER,
-       "streamcoll: the communicator's NCCL communicator was aborted after an asynchronous "
-       "error (details on stderr)"},
+       "streamcoll: the communicator's NCCL communicator was aborted: a rank could not take "
+       "its part in an NCCL operation, or NCCL reported an asynchronous error (details on "
+       "stderr)"},
       {MPI_ERR_BUFFER,
        "streamcoll: a buffer is on another GPU than the communicator's NCCL communicator"},
+      {MPI_ERR_OTHER,
+       "streamcoll: another rank's part of this collective failed; the result is not valid "
+       "(details on that rank's stderr)"},
   };
   const int i = static_cast<int>(f);
   std::lock_guard<std::mutex> lock(mu);

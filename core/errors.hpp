@@ -12,11 +12,15 @@ namespace streamcoll {
 enum class Failure {
   cuda,          ///< a CUDA driver call failed                  (class MPI_ERR_OTHER)
   nccl,          ///< an NCCL call failed                         (class MPI_ERR_OTHER)
-  nccl_aborted,  ///< the communicator's NCCL communicator was aborted after an
-                 ///< asynchronous error (a peer failed)          (class MPI_ERR_OTHER)
+  nccl_aborted,  ///< the communicator's NCCL communicator was aborted: a rank could
+                 ///< not take its part, or an asynchronous error (class MPI_ERR_OTHER)
   wrong_device,  ///< a buffer is on another GPU than the communicator's NCCL
                  ///< communicator                                (class MPI_ERR_BUFFER)
+  peer,          ///< another rank's part of the collective failed, so this rank's
+                 ///< result is not valid (the details are on that rank's stderr)
+                 ///<                                             (class MPI_ERR_OTHER)
 };
+inline constexpr int kNumFailures = 5;
 
 /// Logs `detail` (always, not only under STREAMCOLL_DEBUG) and returns the MPI error code
 /// for `f`, to be raised through the communicator's error handler. Thread-safe; calls

@@ -190,29 +190,40 @@ bool spans_of(const CollArgs& a, TypeSpan* send, TypeSpan* recv) {
   return false;
 }
 
-// A non-blocking call on staged buffers: the MPI's request on the host copies, and the
-// copies back that complete it. Completed by MPI_Wait/MPI_Test (and the array forms)
-// through the owned-request hooks, or by MPI_Request_free (which waits).
+// A non-blocking call on staged buffers (or with an outcome exchange): the MPI's request
+// (on the host copies), the outcome allreduce's, and the copies back that complete it.
+// Completed by MPI_Wait/MPI_Test (and the array forms) through the owned-request hooks, or
+// by MPI_Request_free (which waits).
 class StagedRequest final : public ManagedRequest {
  public:
-  StagedRequest(MPI_Request inner, void* host, std::vector<Copy> back, Backend& be)
-      : inner_(inner), host_(host), back_(std::move(back)), be_(be) {}
+  StagedRequest(void* host, std::vector<Copy> back, Backend& be, int own)
+      : host_(host), back_(std::move(back)), be_(be), own_(own) {
+    mine_ = own != MPI_SUCCESS ? 1 : 0;
+  }
   ~StagedRequest() override {
-    // Only when start_request failed: the MPI's operation must end before its buffers go.
-    if (!done_ && inner_ != MPI_REQUEST_NULL) PMPI_Wait(&inner_, MPI_STATUS_IGNORE);
+    // Only when start_request failed: the MPI's operations must end before their buffers go.
+    if (!done_)
+      for (MPI_Request& r : inner_)
+        if (r != MPI_REQUEST_NULL) PMPI_Wait(&r, MPI_STATUS_IGNORE);
     if (host_) be_.release(host_);
   }
+
+  /// The outcome allreduce, started before the call itself (every rank in that order).
+  int start_outcome(MPI_Comm comm) {
+    return PMPI_Iallreduce(&mine_, &any_, 1, MPI_INT, MPI_MAX, comm, &inner_[0]);
+  }
+  MPI_Request* call_request() { return &inner_[1]; }
 
   void on_wait() override {
     std::lock_guard<std::mutex> lock(mu_);
     if (done_) return;
-    finish(PMPI_Wait(&inner_, MPI_STATUS_IGNORE));
+    finish(PMPI_Waitall(2, inner_, MPI_STATUSES_IGNORE));
   }
   void on_test() override {
     std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
     if (!lock.owns_lock() || done_) return;  // another thread is completing it
     int flag = 0;
-    int rc = PMPI_Test(&inner_, &flag, MPI_STATUS_IGNORE);
+    int rc = PMPI_Testall(2, inner_, &flag, MPI_STATUSES_IGNORE);
     if (rc != MPI_SUCCESS || flag) finish(rc);
   }
   void on_free() override { on_wait(); }
@@ -220,18 +231,29 @@ class StagedRequest final : public ManagedRequest {
 
  private:
   void finish(int rc) {  // mu_ held
+    if (own_ != MPI_SUCCESS) {
+      rc = own_;
+    } else if (rc == MPI_SUCCESS && any_) {
+      log_error("%s", kPeerFailed);
+      rc = error_code(Failure::peer);
+    }
     if (rc == MPI_SUCCESS && !back_.empty()) rc = be_.copy(back_.data(), back_.size());
     error_ = rc;
     done_ = true;
-    be_.release(host_);
+    if (host_) be_.release(host_);
     host_ = nullptr;
     complete();
   }
 
-  MPI_Request inner_;
+  static constexpr const char* kPeerFailed =
+      "another rank could not stage its GPU buffers for this collective; the result is not "
+      "valid";
+  MPI_Request inner_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // outcome, the call
   void* host_;
   std::vector<Copy> back_;
   Backend& be_;
+  const int own_;
+  int mine_ = 0, any_ = 0;
   std::mutex mu_;
   bool done_ = false;
   int error_ = MPI_SUCCESS;
@@ -244,79 +266,130 @@ int raise(MPI_Comm comm, int rc) {
 
 }  // namespace
 
-int run(const CollArgs& a, Backend& be) {
-  if (a.fortran) return run_pmpi(a);
+int run(const CollArgs& a, Backend& be, bool outcome, int own) {
+  // What this rank stages: C calls with GPU buffers (Fortran calls go to the MPI's own
+  // binding as they are).
   int rank = 0, size = 1;
   TypeSpan S, R;
-  if (PMPI_Comm_rank(a.comm, &rank) != MPI_SUCCESS ||
-      PMPI_Comm_size(a.comm, &size) != MPI_SUCCESS || !spans_of(a, &S, &R))
-    return run_pmpi(a);  // the MPI raises whatever is wrong
-  const StagingExtents x = staging_extents(a, rank, size, S, R);
-  const bool stage_send = a.sendbuf != MPI_IN_PLACE && a.coll != Coll::bcast &&
-                          !x.send.empty() && on_gpu(be.classify(at(a.sendbuf, x.send.lo)));
-  const bool stage_recv = !x.recv.empty() && on_gpu(be.classify(at(a.recvbuf, x.recv.lo)));
-  if (!stage_send && !stage_recv) return run_pmpi(a);
-
-  // One host block: the send part, then (64-byte aligned) the receive part.
-  const uint64_t send_bytes = stage_send ? x.send.bytes() : 0;
-  const uint64_t recv_off = (send_bytes + 63) & ~uint64_t{63};
-  const uint64_t total = recv_off + (stage_recv ? x.recv.bytes() : 0);
-  const void* gpu = stage_send ? a.sendbuf : a.recvbuf;
-  void* host = be.alloc(total, gpu);
-  if (host == nullptr) {
-    log_error("%s: no host memory to stage %llu bytes of GPU buffers",
-              call_name(a.coll, a.nonblocking).c_str(), static_cast<unsigned long long>(total));
-    return raise(a.comm, MPI_ERR_NO_MEM);
+  StagingExtents x;
+  bool stage_send = false, stage_recv = false;
+  if (!a.fortran && PMPI_Comm_rank(a.comm, &rank) == MPI_SUCCESS &&
+      PMPI_Comm_size(a.comm, &size) == MPI_SUCCESS && spans_of(a, &S, &R)) {
+    x = staging_extents(a, rank, size, S, R);
+    stage_send = a.sendbuf != MPI_IN_PLACE && a.coll != Coll::bcast && !x.send.empty() &&
+                 on_gpu(be.classify(at(a.sendbuf, x.send.lo)));
+    stage_recv = !x.recv.empty() && on_gpu(be.classify(at(a.recvbuf, x.recv.lo)));
   }
-  char* const hbase = static_cast<char*>(host);
-  // Host address of recvbuf + off (off inside x.recv).
-  auto hrecv = [&](int64_t off) { return hbase + recv_off + (off - x.recv.lo); };
+  if (!stage_send && !stage_recv && !outcome) {
+    const int rc = run_pmpi(a);  // the MPI raises whatever is wrong
+    return own != MPI_SUCCESS ? raise(a.comm, own) : rc;
+  }
 
-  std::vector<Copy> copies;
-  if (stage_send) copies.push_back({hbase, at(a.sendbuf, x.send.lo), send_bytes, a.sendbuf});
-  if (stage_recv)
-    for (const ByteRange& r : x.recv_in)
-      copies.push_back({hrecv(r.lo), at(a.recvbuf, r.lo), r.bytes(), a.recvbuf});
-  if (!copies.empty()) {
-    if (int rc = be.copy(copies.data(), copies.size()); rc != MPI_SUCCESS) {
-      be.release(host);
-      return raise(a.comm, rc);
+  void* host = nullptr;
+  char* hbase = nullptr;
+  uint64_t recv_off = 0;
+  std::vector<Copy> back;
+  CollArgs b = a;
+  if (stage_send || stage_recv) {
+    // One host block: the send part, then (64-byte aligned) the receive part.
+    const uint64_t send_bytes = stage_send ? x.send.bytes() : 0;
+    recv_off = (send_bytes + 63) & ~uint64_t{63};
+    const uint64_t total = recv_off + (stage_recv ? x.recv.bytes() : 0);
+    const void* gpu = stage_send ? a.sendbuf : a.recvbuf;
+    host = be.alloc(total, gpu);
+    if (host == nullptr) {
+      // Not even pageable memory. A blocking call with an outcome exchange still takes
+      // part (the exchange makes every rank skip the call); otherwise there is no way to
+      // take part without handing the MPI GPU pointers it cannot read (README, limits).
+      log_error("%s: no host memory to stage %llu bytes of GPU buffers",
+                call_name(a.coll, a.nonblocking).c_str(), static_cast<unsigned long long>(total));
+      if (!outcome || a.nonblocking) return raise(a.comm, MPI_ERR_NO_MEM);
+      if (own == MPI_SUCCESS) own = MPI_ERR_NO_MEM;
     }
   }
-  std::vector<Copy> back;
-  if (stage_recv)
-    for (const ByteRange& r : x.recv_out)
-      back.push_back({at(a.recvbuf, r.lo), hrecv(r.lo), r.bytes(), a.recvbuf});
-
-  CollArgs b = a;
-  if (stage_send) b.sendbuf = at(static_cast<const void*>(hbase), -x.send.lo);
-  if (stage_recv) b.recvbuf = at(static_cast<void*>(hbase + recv_off), -x.recv.lo);
-  if (log_enabled(LogLevel::trace)) {
-    uint64_t in = 0, out = 0;
-    for (const Copy& c : copies) in += c.bytes;
-    for (const Copy& c : back) out += c.bytes;
-    SC_TRACE("%s: GPU buffers staged through host memory (%llu bytes to the host, %llu back)",
-             call_name(a.coll, a.nonblocking).c_str(), static_cast<unsigned long long>(in),
-             static_cast<unsigned long long>(out));
+  if (host) {
+    hbase = static_cast<char*>(host);
+    // Host address of recvbuf + off (off inside x.recv).
+    auto hrecv = [&](int64_t off) { return hbase + recv_off + (off - x.recv.lo); };
+    std::vector<Copy> copies;
+    if (stage_send) copies.push_back({hbase, at(a.sendbuf, x.send.lo), x.send.bytes(), a.sendbuf});
+    if (stage_recv)
+      for (const ByteRange& r : x.recv_in)
+        copies.push_back({hrecv(r.lo), at(a.recvbuf, r.lo), r.bytes(), a.recvbuf});
+    if (!copies.empty()) {
+      if (int rc = be.copy(copies.data(), copies.size()); rc != MPI_SUCCESS) {
+        // This rank's input is lost. With an outcome exchange it takes part anyway (the
+        // others learn of it from the exchange); without one it cannot.
+        if (!outcome) {
+          be.release(host);
+          return raise(a.comm, rc);
+        }
+        if (own == MPI_SUCCESS) own = rc;
+      }
+    }
+    if (stage_recv)
+      for (const ByteRange& r : x.recv_out)
+        back.push_back({at(a.recvbuf, r.lo), hrecv(r.lo), r.bytes(), a.recvbuf});
+    if (stage_send) b.sendbuf = at(static_cast<const void*>(hbase), -x.send.lo);
+    if (stage_recv) b.recvbuf = at(static_cast<void*>(hbase + recv_off), -x.recv.lo);
+    if (log_enabled(LogLevel::trace)) {
+      uint64_t in = 0, out = 0;
+      for (const Copy& c : copies) in += c.bytes;
+      for (const Copy& c : back) out += c.bytes;
+      SC_TRACE("%s: GPU buffers staged through host memory (%llu bytes to the host, %llu back)",
+               call_name(a.coll, a.nonblocking).c_str(), static_cast<unsigned long long>(in),
+               static_cast<unsigned long long>(out));
+    }
   }
 
   if (!a.nonblocking) {
+    if (outcome) {
+      // Every rank's staging outcome first: if any rank's input is lost, no rank runs the
+      // call (all alike), and each reports an error.
+      int mine = own != MPI_SUCCESS ? 1 : 0, any = 0;
+      if (PMPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, a.comm) != MPI_SUCCESS) any = 1;
+      if (any) {
+        if (host) be.release(host);
+        if (own != MPI_SUCCESS) return raise(a.comm, own);
+        log_error("%s: another rank could not stage its GPU buffers; the call did not run",
+                  call_name(a.coll, false).c_str());
+        return raise(a.comm, error_code(Failure::peer));
+      }
+    }
     int rc = run_pmpi(b);
     if (rc == MPI_SUCCESS && !back.empty()) {
       rc = be.copy(back.data(), back.size());
       if (rc != MPI_SUCCESS) raise(a.comm, rc);
     }
-    be.release(host);
+    if (host) be.release(host);
     return rc;
   }
-  MPI_Request inner = MPI_REQUEST_NULL;
-  b.request = &inner;
-  if (int rc = run_pmpi(b); rc != MPI_SUCCESS) {
-    be.release(host);
-    return rc;
+  auto* req = new StagedRequest(host, std::move(back), be, own);
+  if (outcome) {
+    if (int rc = req->start_outcome(a.comm); rc != MPI_SUCCESS) {
+      delete req;
+      return rc;  // the MPI raised it
+    }
   }
-  // start_request deletes the request on failure; its destructor waits for `inner`.
-  return start_request(new StagedRequest(inner, host, std::move(back), be), a.request);
+  if (b.fortran) {
+    // The MPI's own Fortran binding sets the Fortran request; its C form is wrapped, and
+    // the wrapper's handle goes back to the caller (shim/fortran.cpp converts it).
+    int rc = run_pmpi(b);
+    if (rc == MPI_SUCCESS && b.fortran->request)
+      *req->call_request() = PMPI_Request_f2c(*b.fortran->request);
+    if (rc != MPI_SUCCESS) {
+      delete req;  // waits for the outcome allreduce
+      return rc;
+    }
+  } else {
+    b.request = req->call_request();
+    if (int rc = run_pmpi(b); rc != MPI_SUCCESS) {
+      delete req;
+      return rc;
+    }
+  }
+  // start_request deletes the request on failure; its destructor waits for both.
+  return start_request(req, a.request);
 }
 
 // ---- The CUDA backend and process-wide state ----------------------------------------
@@ -522,7 +595,7 @@ CudaBackend& cuda_backend() {
 
 bool enabled() { return g_enabled.load(std::memory_order_relaxed); }
 
-bool start(config::CudaAware setting) {
+Awareness query(config::CudaAware setting) {
   int query_ompi = -1, query_mpich = -1;
   if (setting == config::CudaAware::auto_detect) {
     if (auto ompi = reinterpret_cast<int (*)()>(mpi_symbol("MPIX_Query_cuda_support"))) {
@@ -534,7 +607,10 @@ bool start(config::CudaAware setting) {
       if (mpich(kCuda, &supported) == MPI_SUCCESS) query_mpich = supported ? 1 : 0;
     }
   }
-  const Awareness aw = resolve_awareness(setting, query_ompi, query_mpich);
+  return resolve_awareness(setting, query_ompi, query_mpich);
+}
+
+bool start(const Awareness& aw) {
   const bool on = !aw.aware && STREAMCOLL_HAVE_CUDA;
   if (on)
     SC_INFO("the MPI is not CUDA-aware (%s): GPU buffers of calls it carries are staged "
@@ -552,11 +628,22 @@ void stop() {
 #endif
 }
 
-int run(const CollArgs& a) {
+Backend* gpu_backend() {
 #if STREAMCOLL_HAVE_CUDA
-  return run(a, cuda_backend());
+  return &cuda_backend();
 #else
-  return run_pmpi(a);
+  return nullptr;
+#endif
+}
+
+int run(const CollArgs& a, bool outcome, int own) {
+#if STREAMCOLL_HAVE_CUDA
+  return run(a, cuda_backend(), outcome, own);
+#else
+  (void)outcome;
+  const int rc = run_pmpi(a);
+  if (own != MPI_SUCCESS) PMPI_Comm_call_errhandler(a.comm, own);
+  return own != MPI_SUCCESS ? own : rc;
 #endif
 }
 

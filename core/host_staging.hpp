@@ -120,18 +120,32 @@ class Backend {
   virtual int copy(const Copy* copies, size_t n) = 0;
 };
 
-/// Runs the C call `a` on the MPI with its GPU buffers staged through host memory (see
-/// the file comment); buffers that are not on a GPU, and calls with nothing to stage,
-/// go to the MPI as they are. Returns what the MPI returns; a failed copy or allocation
-/// is raised through a.comm's error handler here (the MPI raises its own errors).
-/// Non-blocking calls get a streamcoll-owned request in *a.request.
-int run(const CollArgs& a, Backend& backend);
+/// Runs the call `a` on the MPI with this rank's GPU buffers staged through host memory
+/// (see the file comment); buffers that are not on a GPU, and Fortran calls, go to the
+/// MPI as they are. Returns what the MPI returns; a failed copy or allocation is raised
+/// through a.comm's error handler here (the MPI raises its own errors).
+///
+/// `outcome` (equal on every rank: the dispatcher passes it for every call with data
+/// in a job whose MPI is not CUDA-aware, staging or not): the ranks exchange whether
+/// their staging failed, in one small allreduce on a.comm before the call (an
+/// MPI_Iallreduce started before it for MPI_I*), so that a rank that lost its input
+/// still takes part and no rank reports a result built on it as a success: blocking, no
+/// rank runs the call if any staging failed; non-blocking, the call runs and its request
+/// completes with the error. `own`: a failure of this rank's found before (the stream
+/// synchronisation), treated as a failed staging. Without `outcome` a staging failure
+/// returns at once (the other ranks are left in the call: used only where no rank stages).
+/// Non-blocking calls that stage or exchange get a streamcoll-owned request in
+/// *a.request (Fortran calls too: the MPI's request is wrapped).
+int run(const CollArgs& a, Backend& backend, bool outcome = false, int own = MPI_SUCCESS);
 
 // ---- Process-wide state -------------------------------------------------------------
 
+/// Whether the MPI is CUDA-aware, as STREAMCOLL_MPI_CUDA_AWARE says or the MPI answers
+/// (MPIX_Query_cuda_support, MPIX_GPU_query_support).
+Awareness query(config::CudaAware setting);
 /// Decides, once, when the runtime starts with a usable CUDA driver, whether GPU buffers
-/// must be staged; logs the outcome at info level. Returns enabled().
-bool start(config::CudaAware setting);
+/// must be staged (from query()'s answer); logs the outcome at info level. Returns enabled().
+bool start(const Awareness& aw);
 /// Frees the cached host buffers (from Runtime::stop).
 void stop();
 /// start() found (or was told) that the MPI is not CUDA-aware: GPU buffers are staged.
@@ -143,6 +157,8 @@ inline bool wanted(const CollArgs& a, MemKind mem) {
          enabled() && should_stage(mem, a.fortran != nullptr, false);
 }
 /// run() with the CUDA driver.
-int run(const CollArgs& a);
+int run(const CollArgs& a, bool outcome, int own);
+/// The CUDA driver's Backend (classify, copy), or nullptr in a build without CUDA.
+Backend* gpu_backend();
 
 }  // namespace streamcoll::host_staging

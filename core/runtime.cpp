@@ -47,6 +47,7 @@ bool Runtime::start() {
   load_table();
   PMPI_Query_thread(&thread_level_);
   driver_present_ = cuda::driver_present();
+  const host_staging::Awareness aware = host_staging::query(settings_.mpi_cuda_aware);
 
   // The job-wide facts every routing decision builds on, agreed over MPI_COMM_WORLD at
   // MPI_Init (a point every rank reaches): the settings that steer routing, whether any
@@ -57,16 +58,19 @@ bool Runtime::start() {
   if (at_init) {
     const uint64_t fp = fingerprint();
     const int hi = static_cast<int>(fp >> 33), lo = static_cast<int>(fp & 0x7fffffff);
-    int in[6] = {hi, -hi, lo, -lo, driver_present_ ? 1 : 0,
-                 thread_level_ == MPI_THREAD_MULTIPLE ? 0 : 1};
-    int out[6] = {};
-    if (PMPI_Allreduce(in, out, 6, MPI_INT, MPI_MAX, MPI_COMM_WORLD) == MPI_SUCCESS) {
+    int in[7] = {hi, -hi, lo, -lo, driver_present_ ? 1 : 0,
+                 thread_level_ == MPI_THREAD_MULTIPLE ? 0 : 1, aware.aware ? 0 : 1};
+    int out[7] = {};
+    if (PMPI_Allreduce(in, out, 7, MPI_INT, MPI_MAX, MPI_COMM_WORLD) == MPI_SUCCESS) {
       agreed = out[0] == -out[1] && out[2] == -out[3];
       if (!agreed)
         log_error("the ranks of this job run with different streamcoll settings (STREAMCOLL_"
                   "DISABLE, _ROUTE, _TUNING_FILE, _CHECK, _STATS, _HIERARCHY, _HT_WAIT, "
                   "_NODE_GROUPS, or a different library); every call passes through");
       job_gpu_ = out[4] != 0;
+      // GPU memory may reach an MPI that cannot read it: every call with data exchanges
+      // the ranks' staging outcomes (core/host_staging.hpp), on every rank alike.
+      staging_job_ = STREAMCOLL_HAVE_CUDA && job_gpu_ && out[6] != 0;
       if (out[5] && thread_level_ == MPI_THREAD_MULTIPLE)
         thread_level_ = MPI_THREAD_SERIALIZED;  // routes that need MULTIPLE: off everywhere
     }
@@ -88,12 +92,12 @@ bool Runtime::start() {
   all_types();  // build the datatype table while MPI is surely initialised
   // An MPI that is not CUDA-aware gets GPU buffers staged through host memory; then,
   // where a driver is present, every collective with buffers must be looked at.
-  const bool staging = driver_present_ && host_staging::start(settings_.mpi_cuda_aware);
+  if (driver_present_) host_staging::start(aware);
 
   uint32_t full_path = 0;
   for (int c = 0; c < kNumColls; ++c) {
     bool full = settings_.check || candidate(static_cast<Coll>(c)) ||
-                (staging && static_cast<Coll>(c) != Coll::barrier);
+                (staging_job_ && static_cast<Coll>(c) != Coll::barrier);
     if (full) full_path |= 1u << c;
   }
   full_path_.store(full_path);
@@ -120,10 +124,13 @@ uint64_t Runtime::fingerprint() const {
   auto mix_s = [&](const std::string& s) { mix(s.data(), s.size()); mix("\0", 1); };
   auto mix_v = [&](uint64_t v) { mix(&v, sizeof v); };
   mix_s(STREAMCOLL_VERSION);
+  mix_v(STREAMCOLL_HAVE_CUDA);  // builds with and without GPU routes decide differently
+  mix_v(STREAMCOLL_HAVE_NCCL);
   mix_v(settings_.disable);
   mix_v(settings_.check);
   mix_v(settings_.stats);
   mix_v(static_cast<uint64_t>(settings_.ht_wait));
+  mix_v(settings_.nccl_nonblocking);
   for (int f : settings_.hierarchy) mix_v(static_cast<uint64_t>(f));
   mix_s(settings_.node_groups);
   for (const config::Rule& r : table_.rules()) {
@@ -140,37 +147,57 @@ uint64_t Runtime::fingerprint() const {
   return h;
 }
 
-void Runtime::load_table() {
+namespace {
+// The table the settings ask for: the file (or the embedded default, also when the file
+// is bad), with STREAMCOLL_ROUTE's rules in front. `log`: say what was wrong (from
+// start(), once MPI is up); quiet before MPI_Init.
+config::TuningTable effective_table(const config::Settings& s, bool log) {
+  config::TuningTable table;
   std::optional<config::ParseError> err;
-  if (!settings_.tuning_file.empty()) {
-    std::ifstream in(settings_.tuning_file);
+  if (!s.tuning_file.empty()) {
+    std::ifstream in(s.tuning_file);
     if (!in) {
-      log_error("STREAMCOLL_TUNING_FILE=%s: cannot open; using the default table",
-                settings_.tuning_file.c_str());
+      if (log)
+        log_error("STREAMCOLL_TUNING_FILE=%s: cannot open; using the default table",
+                  s.tuning_file.c_str());
+      err = config::ParseError{s.tuning_file, 0, "cannot open"};
     } else {
       std::stringstream text;
       text << in.rdbuf();
-      table_ = config::TuningTable::parse(text.str(), settings_.tuning_file, &err);
+      table = config::TuningTable::parse(text.str(), s.tuning_file, &err);
       if (err) {
-        log_error("%s; using the default table", err->to_string().c_str());
-      } else {
-        SC_INFO("tuning table %s: %zu rules", settings_.tuning_file.c_str(),
-                table_.rules().size());
+        if (log) log_error("%s; using the default table", err->to_string().c_str());
+      } else if (log) {
+        SC_INFO("tuning table %s: %zu rules", s.tuning_file.c_str(), table.rules().size());
       }
     }
   }
-  if (settings_.tuning_file.empty() || err) {
+  if (s.tuning_file.empty() || err) {
     std::optional<config::ParseError> derr;
-    table_ = config::TuningTable::parse(config::default_table_text(), "<default>", &derr);
+    table = config::TuningTable::parse(config::default_table_text(), "<default>", &derr);
   }
-  if (!settings_.route.empty()) {
+  if (!s.route.empty()) {
     std::optional<config::ParseError> rerr;
-    auto forced = config::TuningTable::parse_forced(settings_.route, &rerr);
-    if (rerr)
-      log_error("%s; STREAMCOLL_ROUTE ignored", rerr->to_string().c_str());
-    else
-      table_.prepend(std::move(forced));
+    auto forced = config::TuningTable::parse_forced(s.route, &rerr);
+    if (rerr) {
+      if (log) log_error("%s; STREAMCOLL_ROUTE ignored", rerr->to_string().c_str());
+    } else {
+      table.prepend(std::move(forced));
+    }
   }
+  return table;
+}
+}  // namespace
+
+void Runtime::load_table() { table_ = effective_table(settings_, true); }
+
+bool Runtime::wants_thread_multiple() {
+  const config::Settings s = config::read_settings();
+  if (s.disable || s.thread_multiple == config::Threads::no) return false;
+  if (s.thread_multiple == config::Threads::yes) return true;
+  // auto: only where a route that runs the progress thread may take a call here. No
+  // CUDA driver is loaded to find out (core/cuda_driver.hpp: driver_present looks only).
+  return effective_table(s, false).uses_progress_thread(cuda::driver_present());
 }
 
 void Runtime::enable_stream_attribute() {
@@ -200,6 +227,7 @@ void Runtime::stop() {
   }
   routes_shutdown();  // background threads first: they may hold route state
   comm_contexts_stop();
+  routes_release();  // what routes keep beyond their communicators
   streamext::stop();
   host_staging::stop();
   if (self_keyval_ != MPI_KEYVAL_INVALID) PMPI_Comm_free_keyval(&self_keyval_);

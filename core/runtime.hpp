@@ -58,6 +58,10 @@ class Runtime {
   /// Some node of the job has a CUDA driver (agreed at MPI_Init): GPU memory may exist,
   /// and the table's GPU rules apply.
   bool job_gpu() const { return job_gpu_; }
+  /// job_gpu() and the MPI is not CUDA-aware on some rank (agreed at MPI_Init): calls on
+  /// GPU memory that go to the MPI are staged, and every call with data exchanges the
+  /// ranks' staging outcomes (core/host_staging.hpp).
+  bool staging_job() const { return staging_job_; }
 
   /// Whether a call of `c` may leave pmpi on any communicator whose routes are not
   /// forced: the table routes some memory kind of it (GPU kinds only in a job with a
@@ -82,6 +86,13 @@ class Runtime {
   /// communicator's calls may leave pmpi for it: decide() asks it, not this).
   void add_forced_routes(uint32_t colls);
 
+  /// Whether MPI_Init/MPI_Init_thread should ask the MPI for MPI_THREAD_MULTIPLE (see
+  /// STREAMCOLL_THREAD_MULTIPLE: auto asks only where the effective tuning table has a rule
+  /// for a route with a progress thread that can apply on this node). Before MPI exists:
+  /// reads the environment and the table file itself. Not collective: the ranks agree on
+  /// the level they got at start().
+  static bool wants_thread_multiple();
+
   /// The thread level MPI provides (what streamcoll asked for at MPI_Init), and whether
   /// it is MPI_THREAD_MULTIPLE: the progress engine calls MPI from its own thread.
   int thread_level() const { return thread_level_; }
@@ -104,6 +115,7 @@ class Runtime {
   uint64_t fingerprint() const;  ///< of the settings that steer routing
   bool driver_present_ = false;  ///< this node has a CUDA driver (cuda::driver_present)
   bool job_gpu_ = false;         ///< some node of the job has one (agreed at MPI_Init)
+  bool staging_job_ = false;     ///< see staging_job()
   std::atomic<uint32_t> full_path_{0};
   int thread_level_ = MPI_THREAD_SINGLE;
   int self_keyval_ = MPI_KEYVAL_INVALID;

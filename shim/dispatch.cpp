@@ -76,6 +76,7 @@
 #include "core/errors.hpp"
 #include "core/host_staging.hpp"
 #include "core/log.hpp"
+#include "core/repack.hpp"
 #include "core/runtime.hpp"
 #include "streamext/stream_attr.hpp"
 
@@ -88,6 +89,7 @@ struct Decision {
   RouteId route = RouteId::pmpi;
   CallEnv env;  ///< memory kind, attached stream
   uint64_t bytes = 0;
+  bool well_formed = false;  ///< arguments checked: MPI will not reject the call
   CommContext* ctx = nullptr;
   const config::RouteChoice* choice = nullptr;
   std::shared_ptr<const config::TuningTable> forced;  ///< keeps `choice` alive if from it
@@ -175,6 +177,7 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   }
   if ((a.coll == Coll::reduce || a.coll == Coll::bcast) && (a.root < 0 || a.root >= size))
     return d;  // MPI_ERR_ROOT from PMPI
+  d.well_formed = true;
 
   const bool reduction_family = a.coll == Coll::allreduce || a.coll == Coll::reduce ||
                                 a.coll == Coll::bcast || a.coll == Coll::reduce_scatter ||
@@ -268,6 +271,7 @@ Decision decide(const CollArgs& a, Runtime& rt) {
 
   // Step 3, the route: the table and the forced routes matched with the agreed facts;
   // routes decide whether they accept from the agreed facts too (Route::accepts).
+  d.env.agreed_mem = agreed.mem;
   CallEnv env = d.env;  // what the route decides from: agreed, with this rank's GPU
   env.mem = agreed.mem;
   env.has_stream = agreed.stream &&
@@ -325,11 +329,28 @@ int sync_stream(void* stream) {
   return MPI_SUCCESS;
 }
 
+// Whether a non-blocking call on a.comm may leave pmpi: an earlier blocking call agreed on
+// routable facts for it (decide() routes it from those).
+bool may_route(const CollArgs& a) {
+  if (a.comm == MPI_COMM_NULL) return false;
+  CommContext* ctx = comm_context(a.comm, false);
+  if (!ctx) return false;
+  const AgreedFacts& f = ctx->agreed[static_cast<int>(a.coll)].valid
+                             ? ctx->agreed[static_cast<int>(a.coll)]
+                             : ctx->agreed_last;
+  return f.valid && f.routable;
+}
+
 }  // namespace
 
 int dispatch(const CollArgs& a) {
   Runtime& rt = Runtime::get();
   if (!rt.active()) return run_pmpi(a);
+  // A non-blocking bcast/gather-like call that this rank describes with a derived datatype,
+  // on a communicator whose agreement may route it: it runs repacked to the datatype the
+  // other ranks pass (core/repack.hpp), through this same routing.
+  if (a.nonblocking && repack::needed(a) && rt.full_path(a.coll) && may_route(a))
+    return repack::run(a, [](const CollArgs& b) { return dispatch(b); });
   const bool timed = rt.stats_on();
 
   const uint64_t t0 = timed ? now_ns() : 0;
@@ -339,17 +360,34 @@ int dispatch(const CollArgs& a) {
     PMPI_Comm_call_errhandler(d.error_comm, d.error);
     rc = d.error;
   } else if (d.route == RouteId::pmpi) {
-    rc = d.env.has_stream ? sync_stream(d.env.stream) : MPI_SUCCESS;
-    if (rc != MPI_SUCCESS)
-      PMPI_Comm_call_errhandler(a.comm, rc);
-    else if (host_staging::wanted(a, d.env.mem))
-      rc = host_staging::run(a);  // raises its own CUDA failures
-    else
+    // A failed synchronisation of the stream still leaves this rank in the call (the
+    // others are in it); it is this rank's failure (with an outcome exchange: everyone's).
+    const int own = d.env.has_stream ? sync_stream(d.env.stream) : MPI_SUCCESS;
+    const bool outcome = rt.staging_job() && a.coll != Coll::barrier && d.well_formed;
+    if (outcome || host_staging::wanted(a, d.env.mem)) {
+      rc = host_staging::run(a, outcome, own);  // raises its own failures
+    } else {
       rc = run_pmpi(a);
+      if (own != MPI_SUCCESS) {
+        PMPI_Comm_call_errhandler(a.comm, own);
+        rc = own;
+      }
+    }
   } else {
     static const config::RouteChoice kNoParams;
     rc = find_route(d.route)->run(a, *d.ctx, d.choice ? *d.choice : kNoParams, d.env);
     if (rc != MPI_SUCCESS) PMPI_Comm_call_errhandler(a.comm, rc);
+  }
+  // An earlier stream-ordered operation on this communicator failed after its call had
+  // returned: reported now, after this call ran (it decided nothing from it).
+  if (d.ctx && d.ctx->async_error->load(std::memory_order_relaxed) != MPI_SUCCESS) {
+    const int late = d.ctx->async_error->exchange(MPI_SUCCESS);
+    if (late != MPI_SUCCESS && rc == MPI_SUCCESS) {
+      SC_WARN("%s: reporting the failure of an earlier stream-ordered operation on this "
+              "communicator", call_name(a.coll, a.nonblocking).c_str());
+      PMPI_Comm_call_errhandler(a.comm, late);
+      rc = late;
+    }
   }
   if (timed) {
     rt.stats().record(a.coll, a.nonblocking, d.route, d.env.mem, d.bytes, now_ns() - t0);

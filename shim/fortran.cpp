@@ -108,8 +108,9 @@ Fn real(const char* base) {
 // communicator's earlier agreement like a C call, so another route may carry it on its C
 // arguments (handles and MPI_IN_PLACE converted above): then its C request becomes the
 // Fortran one. Otherwise the MPI's binding ran and set the Fortran request itself.
-void run(CollArgs& a, const FortranCall& call, F* ierr, MPI_Request* scratch,
+void run(CollArgs& a, FortranCall& call, F* ierr, MPI_Request* scratch,
          F* freq = nullptr) {
+  call.request = freq;
   a.fortran = &call;
   if (a.nonblocking) {
     *scratch = MPI_REQUEST_NULL;
@@ -155,7 +156,7 @@ CollArgs gather_like(Coll c, void* s, F sc, F st, void* r, F rc, F rt, F comm, b
 // Open MPI's and MPICH's Fortran MPI_THREAD_* values equal their C values.
 void init_thread(F* required, F* provided, F* ierr) {
   static const auto fn = real<void (*)(F*, F*, F*)>("pmpi_init_thread");
-  F ask = streamcoll::config::want_thread_multiple() ? std::max<F>(*required, MPI_THREAD_MULTIPLE)
+  F ask = streamcoll::Runtime::wants_thread_multiple() ? std::max<F>(*required, MPI_THREAD_MULTIPLE)
                                                      : *required;
   F got = MPI_THREAD_SINGLE;
   fn(&ask, &got, ierr);

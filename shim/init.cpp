@@ -19,9 +19,10 @@
 
 using streamcoll::Runtime;
 
-// The thread level. streamcoll's progress thread (route ht) calls MPI concurrently with
-// the application, so MPI_Init and MPI_Init_thread ask the MPI for MPI_THREAD_MULTIPLE
-// (unless STREAMCOLL_THREAD_MULTIPLE=0). The application is told the level it asked for,
+// The thread level. streamcoll's progress thread (routes ht, blueconnect) calls MPI
+// concurrently with the application, so MPI_Init and MPI_Init_thread ask the MPI for
+// MPI_THREAD_MULTIPLE where such a route can be used (Runtime::wants_thread_multiple:
+// STREAMCOLL_THREAD_MULTIPLE, the effective table). The application is told the level it asked for,
 // or less if that is all the MPI gives (MPI-4.0 section 11.2.1 lets `provided` differ
 // from what the MPI could do), and MPI_Query_thread answers the same.
 namespace {
@@ -36,7 +37,7 @@ int application_thread_level() { return g_app_level.load(); }
 namespace {
 
 int init_thread(int* argc, char*** argv, int required, int* provided) {
-  const int ask = streamcoll::config::want_thread_multiple()
+  const int ask = streamcoll::Runtime::wants_thread_multiple()
                       ? std::max(required, static_cast<int>(MPI_THREAD_MULTIPLE))
                       : required;
   int got = MPI_THREAD_SINGLE;

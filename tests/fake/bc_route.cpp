@@ -725,13 +725,18 @@ int main(int argc, char** argv) {
     check(nc("mismatches") == 0, "every rank ran the same NCCL operations");
     check(nc("errors") == 0, "the fake NCCL saw no bad argument");
     for (Comm& c : comms) MPI_Comm_free(&c.comm);
+    // Left over: only idle NCCL communicators kept for reuse by communicators over the same
+    // ranks (at most 8, each with its context and at most 3 streams); MPI_Finalize frees
+    // them (checked below). Events belong to them too.
+    (void)events0;
     check(eventually([&] {
-            return cu("live_streams") == streams0 && cu("live_events") == events0 && cu("ctx_refs") == refs0;
+            const unsigned long long kept = cu("ctx_refs") - refs0;
+            return cu("ctx_refs") >= refs0 && kept <= 8 && cu("live_streams") >= streams0 &&
+                   cu("live_streams") - streams0 <= 3 * kept;
           }),
           "MPI_Comm_free released streamcoll's streams (" + std::to_string(cu("live_streams")) + ", was " +
-              std::to_string(streams0) + "), events (" + std::to_string(cu("live_events")) + ", was " +
-              std::to_string(events0) + ") and contexts (" + std::to_string(cu("ctx_refs")) + ", was " +
-              std::to_string(refs0) + ")");
+              std::to_string(streams0) + ") and contexts (" + std::to_string(cu("ctx_refs")) + ", was " +
+              std::to_string(refs0) + ") but for at most 8 idle NCCL communicators'");
   }
   check(nc("mismatches") == 0 && nc("errors") == 0, "the fake NCCL saw no mismatch or bad argument");
   check(cu("races") == races0, "the fake driver saw no race");

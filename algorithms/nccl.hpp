@@ -1,0 +1,24 @@
+// Route nccl's failure handling, for routes that run NCCL operations as stages of their
+// own (blueconnect). See algorithms/nccl.cpp, "Failures stay collective".
+// Only in builds with NCCL (STREAMCOLL_HAVE_NCCL); call from threads that may call MPI.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/comm_context.hpp"
+
+namespace streamcoll::nccl_stage {
+
+/// This rank cannot take its part in an operation on `ctx`'s NCCL communicator (route
+/// nccl set up there): abort it and tell the peers, so that their kernels end too and
+/// they report an error. Nothing happens where route nccl has no communicator.
+void fail_collectively(CommContext& ctx, int rc, const std::string& why);
+
+/// Waits on the host until stream `stream` (a CUstream of the current CUDA context) is
+/// idle, polling the failure notices and asynchronous errors of the NCCL communicators
+/// of `ctxs` (a peer that failed makes this rank abort, which ends its kernels). Returns
+/// MPI_SUCCESS, or an error code when the wait failed or one of them is aborted.
+int wait_stream(const std::vector<CommContext*>& ctxs, void* stream);
+
+}  // namespace streamcoll::nccl_stage

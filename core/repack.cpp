@@ -1,0 +1,278 @@
+#include "core/repack.hpp"
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/datatypes.hpp"
+#include "core/errors.hpp"
+#include "core/host_staging.hpp"
+#include "core/log.hpp"
+#include "core/requests.hpp"
+#include "core/stats.hpp"
+
+namespace streamcoll::repack {
+namespace {
+
+bool contiguous_basic(MPI_Datatype t) {
+  const TypeInfo* info = t == MPI_DATATYPE_NULL ? nullptr : find_type(t);
+  return info && is_contiguous_basic(info->cls);
+}
+
+int type_size(MPI_Datatype t) {
+  int s = 0;
+  return PMPI_Type_size(t, &s) == MPI_SUCCESS ? s : 0;
+}
+
+// Bytes [lo, hi) that `count` elements of `t` occupy, relative to the buffer's address.
+bool span(MPI_Datatype t, int count, int64_t* lo, int64_t* hi) {
+  MPI_Aint lb = 0, extent = 0, tlb = 0, textent = 0;
+  if (PMPI_Type_get_extent(t, &lb, &extent) != MPI_SUCCESS ||
+      PMPI_Type_get_true_extent(t, &tlb, &textent) != MPI_SUCCESS || count <= 0)
+    return false;
+  const int64_t first = static_cast<int64_t>(tlb), stride = static_cast<int64_t>(extent);
+  const int64_t last = stride * (count - 1);
+  *lo = first + (last < 0 ? last : 0);
+  *hi = first + static_cast<int64_t>(textent) + (last > 0 ? last : 0);
+  return *hi > *lo;
+}
+
+// One side of the call on this rank: the caller's buffer and description, and its
+// contiguous copy.
+struct Side {
+  void* user = nullptr;  // the caller's buffer (its address, as MPI computes offsets)
+  int count = 0;         // elements of `type`
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  std::vector<char> packed;  // contiguous, elements of the basic type
+};
+
+// Copies `count` elements of `type` at `user` into the contiguous `out` (bytes), through a
+// host copy of the span when `user` is GPU memory. MPI_SUCCESS or an error code (raised
+// by the caller).
+int pack(const void* user, int count, MPI_Datatype type, MPI_Datatype basic, char* out) {
+  const int n = static_cast<int>(static_cast<int64_t>(count) * type_size(type) / type_size(basic));
+  const void* src = user;
+  std::vector<char> host;
+  const MemKind kind = host_staging::gpu_backend() ? host_staging::gpu_backend()->classify(user)
+                                                   : MemKind::host;
+  int64_t lo = 0, hi = 0;
+  if ((kind == MemKind::device || kind == MemKind::managed) && span(type, count, &lo, &hi)) {
+    host.resize(static_cast<size_t>(hi - lo));
+    const host_staging::Copy c{host.data(), static_cast<const char*>(user) + lo,
+                               static_cast<uint64_t>(hi - lo), user};
+    if (int rc = host_staging::gpu_backend()->copy(&c, 1); rc != MPI_SUCCESS) return rc;
+    src = host.data() - lo;
+  }
+  return PMPI_Sendrecv(src, count, type, 0, 0, out, n, basic, 0, 0, MPI_COMM_SELF,
+                       MPI_STATUS_IGNORE);
+}
+
+// The reverse: the contiguous `in` into `count` elements of `type` at `user` (a GPU
+// buffer's span is read first, so that its holes are written back unchanged).
+int unpack(const char* in, void* user, int count, MPI_Datatype type, MPI_Datatype basic) {
+  const int n = static_cast<int>(static_cast<int64_t>(count) * type_size(type) / type_size(basic));
+  host_staging::Backend* be = host_staging::gpu_backend();
+  const MemKind kind = be ? be->classify(user) : MemKind::host;
+  int64_t lo = 0, hi = 0;
+  if ((kind == MemKind::device || kind == MemKind::managed) && span(type, count, &lo, &hi)) {
+    std::vector<char> host(static_cast<size_t>(hi - lo));
+    char* gpu = static_cast<char*>(user) + lo;
+    host_staging::Copy c{host.data(), gpu, host.size(), user};
+    if (int rc = be->copy(&c, 1); rc != MPI_SUCCESS) return rc;
+    if (int rc = PMPI_Sendrecv(in, n, basic, 0, 0, host.data() - lo, count, type, 0, 0,
+                               MPI_COMM_SELF, MPI_STATUS_IGNORE);
+        rc != MPI_SUCCESS)
+      return rc;
+    c = host_staging::Copy{gpu, host.data(), host.size(), user};
+    return be->copy(&c, 1);
+  }
+  return PMPI_Sendrecv(in, n, basic, 0, 0, user, count, type, 0, 0, MPI_COMM_SELF,
+                       MPI_STATUS_IGNORE);
+}
+
+// The request the caller gets: completes once the repacked call's request has, after
+// unpacking the received data into the caller's buffer.
+class RepackRequest final : public ManagedRequest {
+ public:
+  RepackRequest(MPI_Comm comm, MPI_Datatype basic, std::unique_ptr<Side> send,
+                std::unique_ptr<Side> recv, bool unpack_recv, int own)
+      : comm_(comm), basic_(basic), send_(std::move(send)), recv_(std::move(recv)),
+        unpack_recv_(unpack_recv), own_(own) {}
+  ~RepackRequest() override {
+    if (!done_ && inner_ != MPI_REQUEST_NULL) PMPI_Wait(&inner_, MPI_STATUS_IGNORE);
+  }
+  MPI_Request* inner() { return &inner_; }
+
+  void on_test() override {
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock() || done_) return;
+    if (inner_ != MPI_REQUEST_NULL) {
+      // The repacked call's request may be streamcoll's own: it advances through on_test.
+      if (OwnedRequest* op = requests::peek(inner_)) op->on_test();
+      int flag = 0;
+      MPI_Status st;
+      const int rc = PMPI_Test(&inner_, &flag, &st);
+      if (rc != MPI_SUCCESS) return finish(rc);
+      if (!flag) return;
+    }
+    finish(MPI_SUCCESS);
+  }
+  void on_wait() override {
+    requests::Backoff b;
+    while (!completed()) {
+      on_test();
+      if (!completed()) b.pause();
+    }
+  }
+  void on_free() override { on_wait(); }
+  int error() const override { return error_; }
+
+ private:
+  void finish(int rc) {  // mu_ held
+    if (rc == MPI_SUCCESS && unpack_recv_)
+      rc = unpack(recv_->packed.data(), recv_->user, recv_->count, recv_->type, basic_);
+    if (own_ != MPI_SUCCESS) rc = own_;
+    error_ = rc;
+    done_ = true;
+    send_.reset();
+    recv_.reset();
+    complete();
+  }
+
+  MPI_Comm comm_;
+  MPI_Datatype basic_;
+  std::unique_ptr<Side> send_, recv_;
+  bool unpack_recv_;
+  int own_;
+  MPI_Request inner_ = MPI_REQUEST_NULL;
+  std::mutex mu_;
+  bool done_ = false;
+  int error_ = MPI_SUCCESS;
+};
+
+}  // namespace
+
+MPI_Datatype basic_of(MPI_Datatype t) {
+  if (t == MPI_DATATYPE_NULL) return MPI_DATATYPE_NULL;
+  int ni = 0, na = 0, nd = 0, combiner = 0;
+  if (PMPI_Type_get_envelope(t, &ni, &na, &nd, &combiner) != MPI_SUCCESS)
+    return MPI_DATATYPE_NULL;
+  if (combiner == MPI_COMBINER_NAMED) return t;
+  std::vector<int> ints(static_cast<size_t>(ni) + 1);
+  std::vector<MPI_Aint> aints(static_cast<size_t>(na) + 1);
+  std::vector<MPI_Datatype> types(static_cast<size_t>(nd) + 1);
+  if (PMPI_Type_get_contents(t, ni, na, nd, ints.data(), aints.data(), types.data()) !=
+      MPI_SUCCESS)
+    return MPI_DATATYPE_NULL;
+  MPI_Datatype basic = MPI_DATATYPE_NULL;
+  bool first = true;
+  for (int i = 0; i < nd; ++i) {
+    const MPI_Datatype b = basic_of(types[static_cast<size_t>(i)]);
+    if (first) basic = b;
+    else if (b != basic) basic = MPI_BYTE;  // several named types: bytes, on every rank
+    first = false;
+    // get_contents hands out new handles for derived types: free them.
+    int ci = 0, ca = 0, cd = 0, cc = 0;
+    if (PMPI_Type_get_envelope(types[static_cast<size_t>(i)], &ci, &ca, &cd, &cc) == MPI_SUCCESS &&
+        cc != MPI_COMBINER_NAMED)
+      PMPI_Type_free(&types[static_cast<size_t>(i)]);
+  }
+  return basic;
+}
+
+bool needed(const CollArgs& a) {
+  if (!a.nonblocking || a.request == nullptr) return false;
+  switch (a.coll) {
+    case Coll::bcast:
+      return a.count > 0 && !contiguous_basic(a.datatype);
+    case Coll::allgather:
+    case Coll::alltoall:
+      return a.recvcount > 0 && (!contiguous_basic(a.recvtype) ||
+                                 (a.sendbuf != MPI_IN_PLACE && !contiguous_basic(a.sendtype)));
+    default:
+      return false;
+  }
+}
+
+int run(const CollArgs& a, const std::function<int(const CollArgs&)>& inner) {
+  int rank = 0, size = 1;
+  PMPI_Comm_rank(a.comm, &rank);
+  PMPI_Comm_size(a.comm, &size);
+  const MPI_Datatype described = a.coll == Coll::bcast ? a.datatype : a.recvtype;
+  const MPI_Datatype basic = basic_of(described);
+  const int bs = basic == MPI_DATATYPE_NULL ? 0 : type_size(basic);
+  if (bs <= 0) return inner(a);  // MPI will say what is wrong with the datatype
+  CollArgs b = a;
+  b.fortran = nullptr;  // the repacked call is streamcoll's own, on C arguments
+  auto send = std::make_unique<Side>();
+  auto recv = std::make_unique<Side>();
+  int own = MPI_SUCCESS;
+  bool unpack_recv = true;
+  const int64_t block = static_cast<int64_t>(a.coll == Coll::bcast ? a.count : a.recvcount) *
+                        type_size(described) / bs;  // basic elements per block
+  const int nblocks = a.coll == Coll::bcast ? 1 : size;
+  recv->user = a.recvbuf;
+  recv->count = (a.coll == Coll::bcast ? a.count : a.recvcount) * nblocks;
+  recv->type = described;
+  recv->packed.assign(static_cast<size_t>(block * nblocks * bs), 0);
+  const int64_t block_bytes = block * bs;
+  switch (a.coll) {
+    case Coll::bcast:
+      b.recvbuf = recv->packed.data();
+      b.count = static_cast<int>(block);
+      b.datatype = basic;
+      if (rank == a.root) {
+        own = pack(a.recvbuf, a.count, a.datatype, basic, recv->packed.data());
+        unpack_recv = false;  // the root's buffer is its input
+      }
+      break;
+    case Coll::allgather:
+    case Coll::alltoall: {
+      b.recvbuf = recv->packed.data();
+      b.recvcount = static_cast<int>(block);
+      b.recvtype = basic;
+      MPI_Aint lb = 0, extent = 0;
+      PMPI_Type_get_extent(a.recvtype, &lb, &extent);
+      if (a.sendbuf == MPI_IN_PLACE) {
+        if (a.coll == Coll::allgather) {  // this rank's block, where it lies in recvbuf
+          own = pack(static_cast<char*>(a.recvbuf) + static_cast<int64_t>(rank) * a.recvcount * extent,
+                     a.recvcount, a.recvtype, basic, recv->packed.data() + rank * block_bytes);
+        } else {  // all of recvbuf is the input
+          own = pack(a.recvbuf, a.recvcount * size, a.recvtype, basic, recv->packed.data());
+        }
+      } else {
+        const int scount = a.coll == Coll::allgather ? a.sendcount : a.sendcount * size;
+        send->count = scount;
+        send->type = a.sendtype;
+        send->packed.assign(static_cast<size_t>(block_bytes * (a.coll == Coll::allgather ? 1 : size)), 0);
+        own = pack(a.sendbuf, scount, a.sendtype, basic, send->packed.data());
+        b.sendbuf = send->packed.data();
+        b.sendcount = static_cast<int>(block);
+        b.sendtype = basic;
+      }
+      break;
+    }
+    default:
+      return inner(a);
+  }
+  if (own != MPI_SUCCESS)
+    log_error("%s: could not read this rank's input to repack it (its datatype is derived); "
+              "it takes part with zeros and reports the error",
+              call_name(a.coll, true).c_str());
+  auto* req = new RepackRequest(a.comm, basic, std::move(send), std::move(recv), unpack_recv, own);
+  b.request = req->inner();
+  const int rc = inner(b);
+  if (rc != MPI_SUCCESS) {
+    // The repacked call failed to start (its route raised the error): nothing to wait for.
+    *req->inner() = MPI_REQUEST_NULL;
+    delete req;
+    *a.request = MPI_REQUEST_NULL;
+    return rc;
+  }
+  // A failure to read this rank's input is reported when the request completes.
+  return start_request(req, a.request);
+}
+
+}  // namespace streamcoll::repack

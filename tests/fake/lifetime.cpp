@@ -1,0 +1,234 @@
+// NCCL communicators over a program's lifetime, under streamcoll with the fake CUDA driver
+// and the fake NCCL.
+//
+//   lifetime MODE
+//   many   40 times MPI_Comm_dup, an allreduce on device memory, MPI_Comm_free: one NCCL
+//          communicator serves them all (ncclCommInitRank once); then 40 duplicates
+//          alive at once: at most 32 NCCL communicators exist, the other duplicates' calls
+//          go to the MPI; a split communicator gets its own; every result right
+//   gated  a stream-ordered allreduce on a stream the program holds (a host wait), then
+//          MPI_Comm_free while it is still held: returns at once (freeing never waits for
+//          the application's streams); the program lets the stream go: the result is
+//          right; the same with the communicator's last reference dropped by MPI_Wait of a
+//          request (STREAMCOLL_NCCL_NONBLOCKING=1) after MPI_Comm_free
+//   reset  NCCL and ht calls, then cudaDeviceReset (fake_cuda_device_reset): the
+//          communicators are freed (MPI_Comm_free, MPI_Finalize) without a crash or a hang;
+//          calls on new communicators after the reset are right
+// A watchdog fails the run if anything blocks. Prints "N passed, N failed" on rank 0.
+#include <dlfcn.h>
+#include <mpi.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "harness.hpp"
+#include "streamcoll/streamext.h"
+
+namespace {
+
+fake_cuda_device_reset_fn g_reset = nullptr;
+
+// One blocking allreduce of n ints on fake device memory; true if right.
+bool allreduce_right(MPI_Comm comm, size_t n, unsigned salt) {
+  void* a = api.malloc(n * sizeof(int));
+  void* b = api.malloc(n * sizeof(int));
+  auto in = inputs<int>(comm_rank(comm), n, Op::sum, salt);
+  std::memcpy(a, in.data(), n * sizeof(int));
+  const int rc = MPI_Allreduce(a, b, static_cast<int>(n), MPI_INT, MPI_SUM, comm);
+  std::vector<int> got(n);
+  std::memcpy(got.data(), b, n * sizeof(int));
+  api.free(a);
+  api.free(b);
+  return rc == MPI_SUCCESS && got == reduced<int>(comm_size(comm), n, Op::sum, salt);
+}
+
+void many() {
+  const unsigned long long inits0 = nc("ncclCommInitRank");
+  for (int i = 0; i < 40; ++i) {
+    MPI_Comm c;
+    MPI_Comm_dup(MPI_COMM_WORLD, &c);
+    check(allreduce_right(c, 100, 1 + i), "dup " + std::to_string(i) + ": right");
+    MPI_Comm_free(&c);
+  }
+  check(nc("ncclCommInitRank") - inits0 == 1,
+        "40 duplicates one after the other: one NCCL communicator (" +
+            std::to_string(nc("ncclCommInitRank") - inits0) + " made)");
+  check(stat_calls("allreduce", "nccl", "device") >= 40, "they took route nccl");
+
+  const unsigned long long inits1 = nc("ncclCommInitRank");
+  const unsigned long long pmpi0 = stat_calls("allreduce", "pmpi", "device");
+  std::vector<MPI_Comm> live(40);
+  for (size_t i = 0; i < live.size(); ++i) {
+    MPI_Comm_dup(MPI_COMM_WORLD, &live[i]);
+    check(allreduce_right(live[i], 64, 100 + i), "live dup " + std::to_string(i) + ": right");
+  }
+  const unsigned long long made = nc("ncclCommInitRank") - inits1;
+  // One idle communicator from above serves the first; 31 more are made; 8 go to the MPI.
+  check(made == 31, "40 live duplicates: 32 NCCL communicators at most (" + std::to_string(made) +
+                        " made besides the reused one)");
+  check(stat_calls("allreduce", "pmpi", "device") - pmpi0 == 8,
+        "the duplicates beyond them went to the MPI (" +
+            std::to_string(stat_calls("allreduce", "pmpi", "device") - pmpi0) + ")");
+  for (MPI_Comm& c : live) MPI_Comm_free(&c);
+  // A split communicator is another group: its own NCCL communicator (with 2+ ranks).
+  if (g_size >= 2) {
+    MPI_Comm half;
+    MPI_Comm_split(MPI_COMM_WORLD, g_rank % 2, g_rank, &half);
+    check(allreduce_right(half, 32, 500), "split: right");
+    MPI_Comm_free(&half);
+  }
+}
+
+// A stream-ordered allreduce on `stream` behind a closed gate; returns the gate.
+struct Gated {
+  void* flag = nullptr;
+  void* a = nullptr;
+  void* b = nullptr;
+  size_t n = 256;
+  unsigned salt = 0;
+};
+
+Gated start_gated(MPI_Comm comm, CUstream_st* stream, unsigned salt, bool nonblocking,
+                  MPI_Request* req) {
+  Gated g;
+  g.salt = salt;
+  g.flag = api.malloc(sizeof(unsigned));
+  std::memset(g.flag, 0, sizeof(unsigned));
+  g.a = api.malloc(g.n * sizeof(int));
+  g.b = api.malloc(g.n * sizeof(int));
+  auto in = inputs<int>(g_rank, g.n, Op::sum, salt);
+  std::memcpy(g.a, in.data(), g.n * sizeof(int));
+  check(api.enqueue_wait(stream, g.flag, 1) == 0, "gate");
+  check(streamcoll_comm_attach_stream(comm, stream) == MPI_SUCCESS, "attach");
+  const int rc = nonblocking
+                     ? MPI_Iallreduce(g.a, g.b, static_cast<int>(g.n), MPI_INT, MPI_SUM, comm, req)
+                     : MPI_Allreduce(g.a, g.b, static_cast<int>(g.n), MPI_INT, MPI_SUM, comm);
+  check(rc == MPI_SUCCESS, "stream-ordered call on a held stream returns");
+  return g;
+}
+
+void finish_gated(Gated& g, CUstream_st* stream, const std::string& what) {
+  __atomic_store_n(static_cast<unsigned*>(g.flag), 1u, __ATOMIC_RELEASE);
+  api.stream_sync(stream);
+  std::vector<int> got(g.n);
+  std::memcpy(got.data(), g.b, g.n * sizeof(int));
+  check(got == reduced<int>(g_size, g.n, Op::sum, g.salt), what + ": right once the stream went on");
+  api.free(g.flag);
+  api.free(g.a);
+  api.free(g.b);
+}
+
+void gated() {
+  CUstream_st* s = api.stream_create(0);
+  {
+    MPI_Comm c;
+    MPI_Comm_dup(MPI_COMM_WORLD, &c);
+    check(allreduce_right(c, 16, 1), "set-up call");
+    Gated g = start_gated(c, s, 2, false, nullptr);
+    alarm(20);
+    MPI_Comm_free(&c);  // must not wait for the held stream
+    alarm(0);
+    check(true, "MPI_Comm_free returned while the operation waits behind the held stream");
+    finish_gated(g, s, "blocking, then MPI_Comm_free");
+  }
+  const char* nb = std::getenv("STREAMCOLL_NCCL_NONBLOCKING");
+  if (nb && std::strcmp(nb, "1") == 0) {
+    MPI_Comm c;
+    MPI_Comm_dup(MPI_COMM_WORLD, &c);
+    check(allreduce_right(c, 16, 3), "set-up call");
+    MPI_Request r = MPI_REQUEST_NULL;
+    Gated g = start_gated(c, s, 4, true, &r);
+    alarm(20);
+    MPI_Comm_free(&c);
+    alarm(0);
+    check(MPI_Wait(&r, MPI_STATUS_IGNORE) == MPI_SUCCESS, "MPI_Wait after MPI_Comm_free");
+    finish_gated(g, s, "MPI_Iallreduce, MPI_Comm_free, then MPI_Wait");
+  }
+  api.stream_destroy(s);
+}
+
+void reset() {
+  MPI_Comm nccl, ht;
+  MPI_Comm_dup(MPI_COMM_WORLD, &nccl);
+  MPI_Comm_dup(MPI_COMM_WORLD, &ht);
+  check(api.set_route(ht, "allreduce:ht:algo=rd") == MPI_SUCCESS, "set_route ht");
+  check(allreduce_right(nccl, 128, 1), "route nccl before the reset");
+  check(allreduce_right(ht, 128, 2), "route ht before the reset");
+  // Stream-ordered ht calls leave side streams and pinned buffers behind too.
+  {
+    CUstream_st* s = api.stream_create(0);
+    MPI_Request r = MPI_REQUEST_NULL;
+    void* a = api.malloc(64 * sizeof(int));
+    std::memset(a, 0, 64 * sizeof(int));
+    check(MPI_Iallreduce(MPI_IN_PLACE, a, 64, MPI_INT, MPI_SUM, ht, &r) == MPI_SUCCESS, "ht MPI_I*");
+    check(MPI_Wait(&r, MPI_STATUS_IGNORE) == MPI_SUCCESS, "ht MPI_Wait");
+    api.stream_sync(s);
+    api.free(a);
+    api.stream_destroy(s);
+  }
+  check(g_reset(0) == 0, "cudaDeviceReset");
+  alarm(30);
+  MPI_Comm_free(&nccl);
+  MPI_Comm_free(&ht);
+  alarm(0);
+  check(true, "MPI_Comm_free after the reset returned");
+  // New communicators after the reset.
+  MPI_Comm c1, c2;
+  MPI_Comm_dup(MPI_COMM_WORLD, &c1);
+  MPI_Comm_dup(MPI_COMM_WORLD, &c2);
+  check(api.set_route(c2, "allreduce:ht:algo=rd") == MPI_SUCCESS, "set_route ht");
+  check(allreduce_right(c1, 128, 3), "a new communicator after the reset: right");
+  check(allreduce_right(c2, 128, 4), "route ht after the reset: right");
+  MPI_Comm_free(&c1);
+  MPI_Comm_free(&c2);
+}
+
+void on_alarm(int) {
+  static const char msg[] = "lifetime: watchdog expired: a call blocked\n";
+  (void)!write(2, msg, sizeof msg - 1);
+  _exit(3);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+  const std::string mode = argc > 1 ? argv[1] : "";
+  int ok = (mode == "many" || mode == "gated" || mode == "reset") && load_api(true) ? 1 : 0;
+  if (ok) {
+    void* cu_lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    g_reset = reinterpret_cast<fake_cuda_device_reset_fn>(dlsym(cu_lib, "fake_cuda_device_reset"));
+    ok = g_reset != nullptr;
+  }
+  int all_ok = 0;
+  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!all_ok) {
+    if (g_rank == 0) std::fprintf(stderr, "lifetime: unknown mode, or the fakes not loaded\n");
+    MPI_Finalize();
+    return 1;
+  }
+  signal(SIGALRM, on_alarm);
+  check(api.runtime_init() == 0, "runtime init");
+  alarm(240);
+  if (mode == "many") many();
+  else if (mode == "gated") gated();
+  else reset();
+  alarm(0);
+  check(nc("mismatches") == 0, "every rank ran the same NCCL operations");
+  if (mode != "reset") check(cu("errors") == 0, "the fake driver returned no error");
+  api.runtime_fini();
+  int counts[2] = {g_pass, g_fail}, total[2] = {0, 0};
+  MPI_Reduce(counts, total, 2, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
+  alarm(60);  // MPI_Finalize frees what is left, after the reset too
+  MPI_Finalize();
+  alarm(0);
+  if (g_rank == 0) std::printf("lifetime (%s, %d ranks): %d passed, %d failed\n", mode.c_str(), g_size, total[0], total[1]);
+  return total[1] == 0 && g_fail == 0 ? 0 : 1;
+}
