@@ -8,9 +8,11 @@
 //     root: MPI requires every rank to make the same call with matching arguments
 //     (a gather-like call's datatypes may differ between ranks: only its type signature,
 //     hence its size, must match);
-//   - the tuning table, STREAMCOLL_ROUTE and the other steering settings, and whether any
-//     node of the job has a CUDA driver: agreed over MPI_COMM_WORLD at MPI_Init
-//     (core/runtime.cpp); ranks that differ get no routing at all;
+//   - the tuning table, STREAMCOLL_ROUTE and the other steering settings, whether any
+//     node of the job has a CUDA driver, whether the MPI is CUDA-aware everywhere (if not,
+//     every call with data exchanges the ranks' staging outcomes: core/host_staging.hpp)
+//     and the thread level: agreed over MPI_COMM_WORLD at MPI_Init (core/runtime.cpp);
+//     ranks that differ get no routing at all;
 //   - the communicator: its size, and its node layout found collectively when its
 //     context is created (core/comm_context), at a blocking call that every rank
 //     treats alike;
@@ -28,9 +30,11 @@
 //   - a non-blocking call cannot agree (starting one must not wait for other ranks): it is
 //     routed from the facts agreed at the last blocking call of the same collective on
 //     the communicator (before one, of any collective; equal everywhere: MPI orders
-//     blocking calls alike on every rank), or goes to pmpi before there was one. A rank whose buffers differ from those facts
-//     adapts inside the route (nccl stages host memory through the GPU, ht runs its host
-//     path, pmpi takes any memory).
+//     blocking calls alike on every rank), or goes to pmpi before there was one. A rank
+//     whose own call differs from those facts adapts locally: inside the route for its
+//     buffers (nccl stages other memory through its GPU, ht stages any GPU memory through
+//     the host, pmpi takes any memory), and here for a bcast/allgather/alltoall it
+//     describes with a derived datatype (repacked to the others' datatype: core/repack).
 // Never used for a decision: this rank's memory kind, GPU, stream, environment or timing.
 // The fast path (shim/dispatch.hpp: pass_through) and the full path below may differ
 // between ranks (a process with GPU buffers to stage looks closer), so the full path
