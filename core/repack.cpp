@@ -159,7 +159,16 @@ MPI_Datatype basic_of(MPI_Datatype t) {
   int ni = 0, na = 0, nd = 0, combiner = 0;
   if (PMPI_Type_get_envelope(t, &ni, &na, &nd, &combiner) != MPI_SUCCESS)
     return MPI_DATATYPE_NULL;
-  if (combiner == MPI_COMBINER_NAMED) return t;
+  if (combiner == MPI_COMBINER_NAMED) {
+    if (contiguous_basic(t)) return t;
+    // A pair type (MINLOC/MAXLOC) is two named types: its one component when both are
+    // alike, bytes otherwise; a named type streamcoll does not know is bytes too.
+    if (t == MPI_2INT) return MPI_INT;
+    if (t == MPI_2REAL) return MPI_REAL;
+    if (t == MPI_2DOUBLE_PRECISION) return MPI_DOUBLE_PRECISION;
+    if (t == MPI_2INTEGER) return MPI_INTEGER;
+    return MPI_BYTE;
+  }
   std::vector<int> ints(static_cast<size_t>(ni) + 1);
   std::vector<MPI_Aint> aints(static_cast<size_t>(na) + 1);
   std::vector<MPI_Datatype> types(static_cast<size_t>(nd) + 1);
@@ -203,7 +212,7 @@ int run(const CollArgs& a, const std::function<int(const CollArgs&)>& inner) {
   const MPI_Datatype described = a.coll == Coll::bcast ? a.datatype : a.recvtype;
   const MPI_Datatype basic = basic_of(described);
   const int bs = basic == MPI_DATATYPE_NULL ? 0 : type_size(basic);
-  if (bs <= 0) return inner(a);  // MPI will say what is wrong with the datatype
+  if (bs <= 0 || !contiguous_basic(basic)) return inner(a);  // MPI will say what is wrong
   CollArgs b = a;
   b.fortran = nullptr;  // the repacked call is streamcoll's own, on C arguments
   auto send = std::make_unique<Side>();

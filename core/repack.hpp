@@ -23,10 +23,12 @@
 
 namespace streamcoll::repack {
 
-/// The named datatype whose repetition is `t`'s type signature: `t` itself for a named
-/// type; the one named type a derived type is built from; MPI_BYTE when it mixes named
-/// types (every rank's signature mixes them alike); MPI_DATATYPE_NULL when MPI cannot
-/// tell.
+/// The contiguous predefined datatype whose repetition is `t`'s type signature: `t`
+/// itself for such a type; the component of a pair type whose two components are alike
+/// (MPI_2INT: MPI_INT); the one named type a derived type is built from; MPI_BYTE when
+/// the signature mixes named types (every rank's signature mixes them alike) or names
+/// one streamcoll does not know; MPI_DATATYPE_NULL when MPI cannot tell. The result is
+/// never itself in need of repacking.
 MPI_Datatype basic_of(MPI_Datatype t);
 
 /// Whether a call must be repacked to be routed: a non-blocking bcast, allgather or

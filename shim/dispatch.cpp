@@ -347,14 +347,26 @@ bool may_route(const CollArgs& a) {
 
 }  // namespace
 
+namespace {
+int dispatch_described(const CollArgs& a, Runtime& rt);
+}  // namespace
+
 int dispatch(const CollArgs& a) {
   Runtime& rt = Runtime::get();
   if (!rt.active()) return run_pmpi(a);
   // A non-blocking bcast/gather-like call that this rank describes with a derived datatype,
   // on a communicator whose agreement may route it: it runs repacked to the datatype the
-  // other ranks pass (core/repack.hpp), through this same routing.
+  // other ranks pass (core/repack.hpp), through the same routing (once: the repacked call
+  // is never repacked again).
   if (a.nonblocking && repack::needed(a) && rt.full_path(a.coll) && may_route(a))
-    return repack::run(a, [](const CollArgs& b) { return dispatch(b); });
+    return repack::run(a, [&rt](const CollArgs& b) { return dispatch_described(b, rt); });
+  return dispatch_described(a, rt);
+}
+
+namespace {
+
+// dispatch() for a call whose datatypes need no repacking.
+int dispatch_described(const CollArgs& a, Runtime& rt) {
   const bool timed = rt.stats_on();
 
   const uint64_t t0 = timed ? now_ns() : 0;
@@ -404,6 +416,8 @@ int dispatch(const CollArgs& a) {
   }
   return rc;
 }
+
+}  // namespace
 
 std::string& last_route_text() {
   thread_local std::string text;

@@ -21,6 +21,8 @@
 //            - non-blocking bcast, allgather and alltoall where one rank describes its
 //              data with derived datatypes (a strided vector, a contiguous type) of the
 //              others' type signature, on device and host memory;
+//            - non-blocking bcast and allgather of pair types (one rank's MPI_2INT for
+//              the others' twice as many MPI_INT; MPI_DOUBLE_INT on every rank);
 //            - with FAKE_CUDA_DEVICES=2: one rank's buffer on the second GPU after the
 //              NCCL communicator was set up on the first (blocking and non-blocking).
 //   random   SEEDS seeded programs (default 2): each a sequence of 40 collectives with
@@ -303,6 +305,107 @@ void derived_nonblocking(MPI_Comm comm) {
   MPI_Type_free(&contig);
 }
 
+// Non-blocking bcast and allgather of MINLOC/MAXLOC pair types after a blocking call
+// agreed on a route: the last rank passes n MPI_2INT where the others pass 2n MPI_INT
+// (the same type signature), then every rank passes MPI_DOUBLE_INT (a signature that
+// mixes named types, with padding in its extent). Pair types are not routed as they are:
+// they are repacked (to MPI_INT, to bytes) and must arrive intact.
+void pair_nonblocking(MPI_Comm comm) {
+  const int rank = comm_rank(comm), size = comm_size(comm);
+  const bool odd = rank == size - 1;
+  const int n = 200;
+  unsigned salt = 1700;
+  struct DoubleInt {
+    double d;
+    int i;
+  };
+  for (Mem m : {Mem::device, Mem::host}) {
+    for (Kind k : {Kind::bcast, Kind::allgather}) {
+      Call warm = make(k, 2 * n, 0, false, ++salt, comm);
+      run_blocking(warm, Mem::device, Mem::device);
+      ++salt;
+      const int root = size - 1;
+      std::string label = std::string("MPI_2INT on the last rank, ") + kind_name(k) + " " + mem_name(m);
+      MPI_Request r = MPI_REQUEST_NULL;
+      std::vector<int> want;
+      Buf* send = nullptr;
+      Buf* recv = nullptr;
+      int rc = MPI_ERR_OTHER;
+      if (k == Kind::bcast) {
+        recv = new Buf(2 * n * sizeof(int), m);
+        std::vector<int> v(2 * n, 0);
+        want.resize(2 * n);
+        for (int i = 0; i < 2 * n; ++i) want[i] = in_val(root, i, salt);
+        if (rank == root) v = want;
+        recv->put(v.data(), v.size() * sizeof(int));
+        rc = odd ? MPI_Ibcast(recv->get(), n, MPI_2INT, root, comm, &r)
+                 : MPI_Ibcast(recv->get(), 2 * n, MPI_INT, root, comm, &r);
+      } else {
+        send = new Buf(2 * n * sizeof(int), m);
+        std::vector<int> v(2 * n);
+        for (int i = 0; i < 2 * n; ++i) v[i] = in_val(rank, i, salt);
+        send->put(v.data(), v.size() * sizeof(int));
+        recv = new Buf(static_cast<size_t>(2 * n) * size * sizeof(int), m);
+        want.resize(static_cast<size_t>(2 * n) * size);
+        for (int q = 0; q < size; ++q)
+          for (int i = 0; i < 2 * n; ++i) want[q * 2 * n + i] = in_val(q, i, salt);
+        rc = odd ? MPI_Iallgather(send->get(), n, MPI_2INT, recv->get(), n, MPI_2INT, comm, &r)
+                 : MPI_Iallgather(send->get(), 2 * n, MPI_INT, recv->get(), 2 * n, MPI_INT, comm, &r);
+      }
+      check(rc == MPI_SUCCESS, label + ": starts");
+      check(MPI_Wait(&r, MPI_STATUS_IGNORE) == MPI_SUCCESS, label + ": MPI_Wait");
+      std::vector<char> got = recv->read();
+      size_t bad = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        int g;
+        std::memcpy(&g, got.data() + i * sizeof(int), sizeof g);
+        bad += g != want[i];
+      }
+      check(bad == 0, label + ": " + std::to_string(bad) + " wrong elements");
+      delete send;
+      delete recv;
+
+      // MPI_DOUBLE_INT on every rank.
+      ++salt;
+      label = std::string("MPI_DOUBLE_INT, ") + kind_name(k) + " " + mem_name(m);
+      const int blocks = k == Kind::bcast ? 1 : size;
+      std::vector<DoubleInt> mine(n), expect(static_cast<size_t>(n) * blocks);
+      for (int b = 0; b < blocks; ++b)
+        for (int i = 0; i < n; ++i)
+          expect[static_cast<size_t>(b) * n + i] = {
+              static_cast<double>(in_val(k == Kind::bcast ? root : b, i, salt)) / 4,
+              in_val(k == Kind::bcast ? root : b, i, salt + 1)};
+      for (int i = 0; i < n; ++i)
+        mine[i] = {static_cast<double>(in_val(rank, i, salt)) / 4, in_val(rank, i, salt + 1)};
+      r = MPI_REQUEST_NULL;
+      recv = new Buf(expect.size() * sizeof(DoubleInt), m);
+      send = nullptr;
+      if (k == Kind::bcast) {
+        std::vector<DoubleInt> v(n, DoubleInt{0, 0});
+        if (rank == root) v = mine;
+        recv->put(v.data(), v.size() * sizeof(DoubleInt));
+        rc = MPI_Ibcast(recv->get(), n, MPI_DOUBLE_INT, root, comm, &r);
+      } else {
+        send = new Buf(mine.size() * sizeof(DoubleInt), m);
+        send->put(mine.data(), mine.size() * sizeof(DoubleInt));
+        rc = MPI_Iallgather(send->get(), n, MPI_DOUBLE_INT, recv->get(), n, MPI_DOUBLE_INT, comm, &r);
+      }
+      check(rc == MPI_SUCCESS, label + ": starts");
+      check(MPI_Wait(&r, MPI_STATUS_IGNORE) == MPI_SUCCESS, label + ": MPI_Wait");
+      got = recv->read();
+      bad = 0;
+      for (size_t i = 0; i < expect.size(); ++i) {
+        DoubleInt g;
+        std::memcpy(&g, got.data() + i * sizeof(DoubleInt), sizeof g);
+        bad += g.d != expect[i].d || g.i != expect[i].i;
+      }
+      check(bad == 0, label + ": " + std::to_string(bad) + " wrong elements");
+      delete send;
+      delete recv;
+    }
+  }
+}
+
 // ---- random programs --------------------------------------------------------------------
 
 void random_program(MPI_Comm world, unsigned seed) {
@@ -389,6 +492,7 @@ int main(int argc, char** argv) {
     opposite_orders(comm);
     classic_ordering(comm);
     derived_nonblocking(comm);
+    pair_nonblocking(comm);
     if (std::getenv("FAKE_CUDA_DEVICES") && std::atoi(std::getenv("FAKE_CUDA_DEVICES")) >= 2)
       other_gpu(comm);
     if (need_nccl && g_size > 1)
