@@ -14,12 +14,8 @@
 
 namespace streamcoll::nccl {
 
-/// How the values of a predefined datatype are represented, for reductions.
-enum class Numeric : uint8_t { signed_int, unsigned_int, ieee_float, bfloat16, other };
-
-/// From the datatype's MPI name and class (core/datatypes): MPI_INT -> signed_int,
-/// MPI_UNSIGNED_LONG -> unsigned_int, MPI_DOUBLE -> ieee_float, MPI_C_BOOL -> other.
-Numeric numeric(const TypeInfo& t);
+using streamcoll::Numeric;  // core/datatypes
+using streamcoll::numeric;
 
 /// The NCCL type that reduces `t` exactly as MPI does, or nullopt (16-bit integers,
 /// long double, complex, logical, byte, characters: NCCL has no such type).

@@ -1,5 +1,7 @@
 #include "core/datatypes.hpp"
 
+#include <string_view>
+
 namespace streamcoll {
 namespace {
 
@@ -105,6 +107,27 @@ bool op_defined_for(OpKind op, TypeClass cls) {
     case OpKind::minloc: return cls == C::pair;
   }
   return false;
+}
+
+Numeric numeric(const TypeInfo& t) {
+  const std::string_view n = t.name;
+  switch (t.cls) {
+    case TypeClass::c_integer:
+      // MPI_UNSIGNED, MPI_UNSIGNED_CHAR, MPI_UNSIGNED_LONG..., MPI_UINT8_T...
+      if (n.substr(0, 12) == "MPI_UNSIGNED" || n.substr(0, 8) == "MPI_UINT")
+        return Numeric::unsigned_int;
+      return Numeric::signed_int;  // MPI_SIGNED_CHAR, MPI_SHORT, MPI_INT, MPI_INT8_T...
+    case TypeClass::fortran_integer:
+    case TypeClass::multi_language:  // MPI_Aint, MPI_Offset, MPI_Count are signed
+      return Numeric::signed_int;
+    case TypeClass::floating:
+      if (n == "MPI_LONG_DOUBLE") return Numeric::other;  // x87 80-bit, not IEEE binary128
+      if (n.find("BF16") != std::string_view::npos || n.find("BFLOAT16") != std::string_view::npos)
+        return Numeric::bfloat16;
+      return Numeric::ieee_float;
+    default:
+      return Numeric::other;
+  }
 }
 
 }  // namespace streamcoll

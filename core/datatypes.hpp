@@ -51,6 +51,14 @@ struct OpInfo {
 const OpInfo* find_op(MPI_Op op);
 const std::vector<OpInfo>& all_ops();
 
+/// How the values of a predefined datatype are represented, for reductions on a GPU.
+enum class Numeric : uint8_t { signed_int, unsigned_int, ieee_float, bfloat16, other };
+
+/// From the datatype's MPI name and class: MPI_INT -> signed_int, MPI_UNSIGNED_LONG ->
+/// unsigned_int, MPI_DOUBLE -> ieee_float, MPIX_BFLOAT16 -> bfloat16, MPI_LONG_DOUBLE
+/// and MPI_C_BOOL -> other.
+Numeric numeric(const TypeInfo& t);
+
 /// Whether MPI defines `op` on datatypes of class `cls` (MPI-4.0 section 6.9.2).
 bool op_defined_for(OpKind op, TypeClass cls);
 
