@@ -79,6 +79,19 @@
 //    which on a GPU would not need the CPU). Counted apart from host waits:
 //    "async_launched", "async_pending" (gauge), "async_held_queries",
 //    "async_blocked_syncs".
+//  - Memory across processes and kernels as host code (route nvgroup): cuMemAlloc memory
+//    is POSIX shared memory (page-rounded), so cuIpcGetMemHandle can name it and another
+//    process open it with cuIpcOpenMemHandle (its own handles it cannot: as the real
+//    driver; cuIpcCloseMemHandle unmaps); cuMemHostRegister makes any host memory (e.g. a
+//    shared mapping) pinned, with a device address under CU_MEMHOSTREGISTER_DEVICEMAP.
+//    cuDeviceGetByPCIBusId finds this process's devices by bus id; cuDeviceCanAccessPeer
+//    says yes between two distinct devices unless FAKE_CUDA_NO_PEER=1. A fatbin image
+//    (magic 0xba55ed50, built with nvcc --no-compress) that names one of streamcoll's
+//    kernels (kHostKernels) loads; cuLaunchKernel of such a kernel checks the launch and
+//    runs the kernel's logic compiled for the host (algorithms/nvgroup_kernel.hpp) as
+//    work run beside the host (below), its grid's blocks in turn on one thread; a block
+//    waits only for the same block of other processes, which run their own. Counted:
+//    "host_kernels", "live_ipc_mappings", "live_registered" (gauges).
 //  - Failures on demand: FAKE_CUDA_FAIL=<entry point>:N[,<entry point>:N...] makes the
 //    N-th call of each named entry point fail, on the local rank FAKE_CUDA_FAIL_RANK only
 //    when that is set; fake_cuda_fail_after(api, n) arms the n-th call from now at run
@@ -98,17 +111,23 @@
 //    streams and events are invalid handles; releasing an unretained context fails.
 //    fake_cuda_counter() reads call counts and gauges (live streams, events, retained
 //    contexts, allocations) for leak checks.
-// All of it is single-process: one recursive lock serialises every call; deferred work
-// runs on the thread that waits for it, holding the lock (a synchronising call lets go of
-// it between polls while a host wait or async work holds its stream). Async work itself
-// runs on its own thread, without the lock, and calls nothing here.
+// All of it but the shared memory above is single-process: one recursive lock serialises
+// every call; deferred work runs on the thread that waits for it, holding the lock (a
+// synchronising call lets go of it between polls while a host wait or async work holds
+// its stream). Async work itself runs on its own thread, without the lock, and calls
+// nothing here.
 #include <cuda.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <stdint.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -120,6 +139,7 @@
 #include <thread>
 #include <vector>
 
+#include "algorithms/nvgroup_kernel.hpp"
 #include "fake_api.h"
 
 #define FAKE_EXPORT extern "C" __attribute__((visibility("default")))
@@ -199,12 +219,18 @@ struct CUstream_st {
   bool released = false;
 };
 
-// A module from cuModuleLoadData (PTX text) and the one function the fake can launch.
+// A module from cuModuleLoadData (PTX text, or a fatbin of streamcoll's kernels) and the
+// functions the fake can launch: streamcoll_wait_geq (PTX), or a kernel the fake runs as
+// host code (kHostKernels).
 struct CUmod_st {
   std::string image;
+  bool fatbin = false;
 };
 struct CUfunc_st {
   CUmod_st* mod = nullptr;
+  void (*host)(const void* params) = nullptr;  // a host kernel: run with its parameter
+  size_t param_bytes = 0;
+  const char* name = "streamcoll_wait_geq";
 };
 
 struct CUevent_st {
@@ -227,6 +253,11 @@ struct Alloc {
   bool free_pending;  // cuMemFreeAsync enqueued
   unsigned long long id;
   unsigned host_flags = 0;  // cuMemHostAlloc flags (CU_MEMHOSTALLOC_*)
+  // Shared memory (route nvgroup): a cuMemAlloc allocation (POSIX shared memory, so that
+  // another process can open its IPC handle), a mapping of another process's
+  // (cuIpcOpenMemHandle), or host memory registered with cuMemHostRegister (not owned).
+  enum Kind : uint8_t { plain, shm, ipc, registered } kind = plain;
+  std::string shm_name;  // shm: its name
 };
 
 
@@ -270,7 +301,8 @@ const char* const kInjectable[] = {
     "cuMemHostAlloc", "cuMemcpyAsync", "cuMemcpyDtoDAsync", "cuMemAllocAsync", "cuEventCreate",
     "cuEventRecord", "cuEventQuery", "cuEventSynchronize", "cuStreamCreate", "cuStreamWaitEvent",
     "cuStreamQuery", "cuStreamSynchronize", "cuStreamWaitValue32", "cuLaunchKernel",
-    "cuModuleLoadData", "cuMemHostGetDevicePointer", "cuDevicePrimaryCtxRetain"};
+    "cuModuleLoadData", "cuMemHostGetDevicePointer", "cuDevicePrimaryCtxRetain", "cuMemAlloc",
+    "cuIpcGetMemHandle", "cuIpcOpenMemHandle", "cuMemHostRegister"};
 bool injectable(const std::string& api) {
   for (const char* a : kInjectable)
     if (api == a) return true;
@@ -679,7 +711,7 @@ void* allocate(size_t bytes, int device, bool managed, bool async, bool pinned =
   void* p = aligned_alloc(256, (bytes + 255) / 256 * 256);
   if (!p) return nullptr;
   g_allocs[reinterpret_cast<uintptr_t>(p)] =
-      Alloc{bytes, device, managed, pinned, async, false, ++g_alloc_ids};
+      Alloc{bytes, device, managed, pinned, async, false, ++g_alloc_ids, 0u, Alloc::plain, {}};
   count(async ? "live_async_allocs" : pinned ? "live_host_allocs" : "live_allocs");
   return p;
 }
@@ -688,13 +720,21 @@ void release(uintptr_t base) {
   auto it = g_allocs.find(base);
   if (it == g_allocs.end()) return;
   const uintptr_t hi = base + it->second.bytes;
-  count(it->second.async ? "live_async_allocs" : it->second.pinned ? "live_host_allocs" : "live_allocs", -1);
+  const Alloc::Kind kind = it->second.kind;
+  const std::string shm_name = it->second.shm_name;
+  if (it->second.kind == Alloc::plain || it->second.kind == Alloc::shm)  // ipc, registered: their own gauges
+    count(it->second.async ? "live_async_allocs" : it->second.pinned ? "live_host_allocs" : "live_allocs", -1);
   g_allocs.erase(it);
   // The memory is gone: what was done to it matters no more (the address may be reused).
   g_history.erase(std::remove_if(g_history.begin(), g_history.end(),
                                  [&](const Access& a) { return overlap(a.lo, a.hi, base, hi); }),
                   g_history.end());
-  free(reinterpret_cast<void*>(base));
+  if (kind == Alloc::shm || kind == Alloc::ipc) {
+    munmap(reinterpret_cast<void*>(base), hi - base);
+    if (kind == Alloc::shm) shm_unlink(shm_name.c_str());
+  } else if (kind == Alloc::plain) {
+    free(reinterpret_cast<void*>(base));
+  }
 }
 
 CUstream_st* new_stream(unsigned flags, int device, bool internal) {
@@ -799,6 +839,143 @@ struct Depth {
   Depth depth_guard;           \
   init_once();                 \
   pump()
+
+namespace {
+
+// ---- kernels run as host code (route nvgroup) -------------------------------------------
+// streamcoll's own kernels whose logic also compiles for the host: a fatbin that names
+// one of them loads (cuModuleLoadData) and cuLaunchKernel runs the host version, as work
+// run beside the host (like the fake NCCL's operations: a thread runs it, the stream
+// waits for its end), every block index in turn on that thread (a block waits only for
+// the same block index of other processes, which run their own threads).
+
+void nvgroup_allreduce_host(const void* params) {
+  const auto& p = *static_cast<const streamcoll::nvgroup::Params*>(params);
+  for (uint32_t b = 0; b < p.blocks; ++b) {
+    uint32_t failed = 0;
+    streamcoll::nvgroup::run_block(p, b, 0, 1, &failed);
+  }
+}
+
+struct HostKernel {
+  const char* name;
+  void (*run)(const void*);
+  size_t param_bytes;
+  // Checks the launch (grid, block, parameters); an error message or nullptr.
+  const char* (*check)(const void* params, unsigned gx, unsigned bx);
+};
+
+const char* check_nvgroup(const void* params, unsigned gx, unsigned bx) {
+  const auto& p = *static_cast<const streamcoll::nvgroup::Params*>(params);
+  if (gx != p.blocks || p.blocks == 0 || p.blocks > streamcoll::nvgroup::kMaxBlocks)
+    return "grid size is not Params::blocks (1..kMaxBlocks)";
+  if (bx == 0 || bx > 1024) return "block size not in 1..1024";
+  if (p.members == 0 || p.members > streamcoll::nvgroup::kMaxMembers || p.me >= p.members)
+    return "members/me out of range";
+  if (p.chunk == 0 || p.seq == 0) return "chunk or seq is 0";
+  if (!p.flags || !p.fails || !p.status) return "null flags, fails or status";
+  for (uint32_t m = 0; m < p.members; ++m)
+    if (!p.scratch[m]) return "a null scratch pointer";
+  return nullptr;
+}
+
+const HostKernel kHostKernels[] = {
+    {"streamcoll_nvgroup_allreduce", nvgroup_allreduce_host, sizeof(streamcoll::nvgroup::Params),
+     check_nvgroup},
+};
+
+CUresult load_fatbin(CUmodule* module, const unsigned char* b) {
+  // Header: magic (4), version (2), header size (2), size of what follows (8).
+  uint64_t rest = 0;
+  uint16_t header = 0;
+  memcpy(&header, b + 6, 2);
+  memcpy(&rest, b + 8, 8);
+  if (header < 16 || rest == 0 || rest > (1ull << 30)) {
+    fprintf(stderr, "fake_cuda: cuModuleLoadData: a malformed fatbin header\n");
+    return ret("cuModuleLoadData", CUDA_ERROR_INVALID_IMAGE);
+  }
+  auto* m = new CUmod_st;
+  m->image.assign(reinterpret_cast<const char*>(b), header + rest);
+  m->fatbin = true;
+  bool known = false;
+  for (const HostKernel& k : kHostKernels) known = known || m->image.find(k.name) != std::string::npos;
+  if (!known) {
+    delete m;
+    fprintf(stderr, "fake_cuda: cuModuleLoadData: a fatbin that names none of the kernels the "
+                    "fake runs as host code (built with --no-compress?)\n");
+    return ret("cuModuleLoadData", CUDA_ERROR_NO_BINARY_FOR_GPU);
+  }
+  g_modules.insert(m);
+  count("live_modules");
+  *module = m;
+  return CUDA_SUCCESS;
+}
+
+struct HostLaunch {
+  void (*run)(const void*);
+  std::vector<char> params;
+  std::thread thread;
+  std::atomic<bool> done{false};
+};
+
+CUresult launch_host_kernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                            unsigned by, unsigned bz, unsigned shmem, CUstream h, void** params,
+                            void** extra) {
+  if (!params || extra || !params[0] || gy != 1 || gz != 1 || by != 1 || bz != 1 || shmem != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  const HostKernel* k = nullptr;
+  for (const HostKernel& x : kHostKernels)
+    if (x.run == f->host) k = &x;
+  if (const char* why = k->check(params[0], gx, bx)) {
+    fprintf(stderr, "fake_cuda: cuLaunchKernel(%s): %s\n", k->name, why);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  CUresult err = CUDA_SUCCESS;
+  CUstream_st* s = resolve(h, true, &err);
+  if (!s) return err;
+  auto* l = new HostLaunch;
+  l->run = f->host;
+  l->params.assign(static_cast<const char*>(params[0]),
+                   static_cast<const char*>(params[0]) + f->param_bytes);  // copied at launch
+  std::vector<RangeUse> ranges;
+  if (f->host == nvgroup_allreduce_host) {
+    const auto& p = *reinterpret_cast<const streamcoll::nvgroup::Params*>(l->params.data());
+    const uintptr_t bytes = p.count * streamcoll::nvgroup::dtype_size(static_cast<streamcoll::nvgroup::DType>(p.dtype));
+    const auto in = reinterpret_cast<uintptr_t>(p.send), out = reinterpret_cast<uintptr_t>(p.recv);
+    if (in != out) ranges.push_back({in, in + bytes, false});
+    ranges.push_back({out, out + bytes, true});
+  }
+  const std::string name = std::string(k->name) + " (host kernel)";
+  enqueue(s, {}, nullptr, [l] {
+    count("async_launched");
+    l->thread = std::thread([l] {
+      l->run(l->params.data());
+      l->done.store(true, std::memory_order_release);
+    });
+  }, {}, name + " (launch)");
+  HostWait w;
+  w.probe = [](void* a) { return static_cast<HostLaunch*>(a)->done.load(std::memory_order_acquire) ? 1 : 0; };
+  w.probe_arg = l;
+  enqueue(s, {}, nullptr, nullptr, {}, name + " (running)", &w);
+  enqueue(s, {}, nullptr, [l] {
+    l->thread.join();
+    delete l;
+  }, ranges, name);
+  count("host_kernels");
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+// streamcoll::nvgroup::spin_pause for the host build of the kernel: a peer's flag is
+// written by another process; let it run (2 cores, 4 ranks).
+namespace streamcoll::nvgroup {
+void spin_pause() {
+  static thread_local unsigned n = 0;
+  if (++n % 64 == 0) usleep(50);
+  else sched_yield();
+}
+}  // namespace streamcoll::nvgroup
 
 // ---- the CUDA driver API --------------------------------------------------------------
 
@@ -1227,6 +1404,173 @@ FAKE_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, C
   return CUDA_SUCCESS;
 }
 
+// ---- memory shared between processes (route nvgroup) ------------------------------------
+// cuMemAlloc memory is POSIX shared memory, so that cuIpcGetMemHandle can name it and
+// another process (another rank, "on the same node") can map it with
+// cuIpcOpenMemHandle: fake device memory across processes. cuMemHostRegister makes host
+// memory (e.g. a shared mapping) pinned, and with CU_MEMHOSTREGISTER_DEVICEMAP gives it a
+// device address (cuMemHostGetDevicePointer: the host address).
+
+namespace {
+std::atomic<unsigned> g_shm_seq{0};
+
+struct IpcHandle {  // what the fake puts in CUipcMemHandle::reserved (64 bytes)
+  uint32_t magic;
+  int32_t pid;
+  uint64_t bytes;
+  char name[48];
+};
+static_assert(sizeof(IpcHandle) <= sizeof(CUipcMemHandle), "fits the handle");
+constexpr uint32_t kIpcMagic = 0xfa4ec0deu;
+}  // namespace
+
+FAKE_EXPORT CUresult cuMemAlloc(CUdeviceptr* dptr, size_t bytes) {
+  LOCK();
+  count("cuMemAlloc");
+  if (injected_failure("cuMemAlloc")) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (!dptr || bytes == 0) return ret("cuMemAlloc", CUDA_ERROR_INVALID_VALUE);
+  CUcontext c = current_ctx();
+  if (!c) return ret("cuMemAlloc", CUDA_ERROR_INVALID_CONTEXT);
+  char name[48];
+  snprintf(name, sizeof name, "/fake-cuda-%d-%u", static_cast<int>(getpid()), g_shm_seq.fetch_add(1));
+  const size_t len = (bytes + 4095) / 4096 * 4096;
+  const int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) return ret("cuMemAlloc", CUDA_ERROR_OUT_OF_MEMORY);
+  void* p = ftruncate(fd, static_cast<off_t>(len)) == 0
+                ? mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                : MAP_FAILED;
+  close(fd);
+  if (p == MAP_FAILED) {
+    shm_unlink(name);
+    return ret("cuMemAlloc", CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  Alloc a{len, c->device, false, false, false, false, ++g_alloc_ids, 0u, Alloc::shm, {}};
+  a.kind = Alloc::shm;
+  a.shm_name = name;
+  g_allocs[reinterpret_cast<uintptr_t>(p)] = a;
+  count("live_allocs");
+  *dptr = reinterpret_cast<CUdeviceptr>(p);
+  return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemFree(CUdeviceptr dptr) {
+  LOCK();
+  count("cuMemFree");
+  auto it = g_allocs.find(static_cast<uintptr_t>(dptr));
+  if (it == g_allocs.end() || it->second.kind != Alloc::shm) return ret("cuMemFree", CUDA_ERROR_INVALID_VALUE);
+  check_races(g_host, it->first, it->first + it->second.bytes, true, "the host (cuMemFree)");
+  release(it->first);
+  return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) {
+  LOCK();
+  count("cuIpcGetMemHandle");
+  if (injected_failure("cuIpcGetMemHandle")) return CUDA_ERROR_INVALID_VALUE;
+  if (!handle) return ret("cuIpcGetMemHandle", CUDA_ERROR_INVALID_VALUE);
+  auto it = g_allocs.find(static_cast<uintptr_t>(dptr));
+  if (it == g_allocs.end() || it->second.kind != Alloc::shm) {
+    fprintf(stderr, "fake_cuda: cuIpcGetMemHandle(%p): not the start of a cuMemAlloc allocation\n",
+            reinterpret_cast<void*>(dptr));
+    return ret("cuIpcGetMemHandle", CUDA_ERROR_INVALID_VALUE);
+  }
+  IpcHandle h{kIpcMagic, static_cast<int32_t>(getpid()), it->second.bytes, {0}};
+  snprintf(h.name, sizeof h.name, "%s", it->second.shm_name.c_str());
+  memset(handle, 0, sizeof *handle);
+  memcpy(handle->reserved, &h, sizeof h);
+  return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr* dptr, CUipcMemHandle handle, unsigned int flags) {
+  LOCK();
+  count("cuIpcOpenMemHandle");
+  if (injected_failure("cuIpcOpenMemHandle")) return CUDA_ERROR_OUT_OF_MEMORY;
+  CUcontext c = current_ctx();
+  if (!c) return ret("cuIpcOpenMemHandle", CUDA_ERROR_INVALID_CONTEXT);
+  IpcHandle h;
+  memcpy(&h, handle.reserved, sizeof h);
+  if (!dptr || h.magic != kIpcMagic || (flags & ~CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS))
+    return ret("cuIpcOpenMemHandle", CUDA_ERROR_INVALID_VALUE);
+  // As the real driver: a process cannot open its own allocations' handles.
+  if (h.pid == static_cast<int32_t>(getpid())) return ret("cuIpcOpenMemHandle", CUDA_ERROR_INVALID_CONTEXT);
+  const int fd = shm_open(h.name, O_RDWR, 0600);
+  if (fd < 0) return ret("cuIpcOpenMemHandle", CUDA_ERROR_INVALID_HANDLE);
+  void* p = mmap(nullptr, h.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return ret("cuIpcOpenMemHandle", CUDA_ERROR_OUT_OF_MEMORY);
+  Alloc a{h.bytes, c->device, false, false, false, false, ++g_alloc_ids, 0u, Alloc::ipc, {}};
+  a.kind = Alloc::ipc;
+  g_allocs[reinterpret_cast<uintptr_t>(p)] = a;
+  count("live_ipc_mappings");
+  *dptr = reinterpret_cast<CUdeviceptr>(p);
+  return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+  LOCK();
+  count("cuIpcCloseMemHandle");
+  auto it = g_allocs.find(static_cast<uintptr_t>(dptr));
+  if (it == g_allocs.end() || it->second.kind != Alloc::ipc) return ret("cuIpcCloseMemHandle", CUDA_ERROR_INVALID_VALUE);
+  count("live_ipc_mappings", -1);
+  release(it->first);
+  return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemHostRegister(void* p, size_t bytes, unsigned int flags) {
+  LOCK();
+  count("cuMemHostRegister");
+  if (injected_failure("cuMemHostRegister")) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (!p || bytes == 0) return ret("cuMemHostRegister", CUDA_ERROR_INVALID_VALUE);
+  if (!current_ctx()) return ret("cuMemHostRegister", CUDA_ERROR_INVALID_CONTEXT);
+  if (find_alloc(p, bytes) || find_alloc(p, 1))
+    return ret("cuMemHostRegister", CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+  Alloc a{bytes, current_ctx()->device, false, true, false, false, ++g_alloc_ids, 0u, Alloc::registered, {}};
+  a.kind = Alloc::registered;
+  a.host_flags = flags;
+  g_allocs[reinterpret_cast<uintptr_t>(p)] = a;
+  count("live_registered");
+  return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemHostUnregister(void* p) {
+  LOCK();
+  count("cuMemHostUnregister");
+  auto it = g_allocs.find(reinterpret_cast<uintptr_t>(p));
+  if (it == g_allocs.end() || it->second.kind != Alloc::registered)
+    return ret("cuMemHostUnregister", CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+  count("live_registered", -1);
+  release(it->first);
+  return CUDA_SUCCESS;
+}
+
+// "0000:BB:00.0" of one of this process's devices (bus_number()).
+FAKE_EXPORT CUresult cuDeviceGetByPCIBusId(CUdevice* dev, const char* bus) {
+  LOCK();
+  count("cuDeviceGetByPCIBusId");
+  if (!dev || !bus) return ret("cuDeviceGetByPCIBusId", CUDA_ERROR_INVALID_VALUE);
+  unsigned domain = 0, b = 0, device = 0, fn = 0;
+  if (sscanf(bus, "%x:%x:%x.%x", &domain, &b, &device, &fn) != 4)
+    return ret("cuDeviceGetByPCIBusId", CUDA_ERROR_INVALID_VALUE);
+  for (int d = 0; d < g_devices; ++d)
+    if (static_cast<unsigned>(bus_number(d)) == b && domain == 0 && device == 0 && fn == 0) {
+      *dev = d;
+      return CUDA_SUCCESS;
+    }
+  return CUDA_ERROR_INVALID_DEVICE;  // not one of ours: not counted as misuse
+}
+
+// Peer access between two distinct devices of this process, unless FAKE_CUDA_NO_PEER=1.
+FAKE_EXPORT CUresult cuDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer) {
+  LOCK();
+  count("cuDeviceCanAccessPeer");
+  if (!can) return ret("cuDeviceCanAccessPeer", CUDA_ERROR_INVALID_VALUE);
+  if (dev < 0 || dev >= g_devices || peer < 0 || peer >= g_devices)
+    return ret("cuDeviceCanAccessPeer", CUDA_ERROR_INVALID_DEVICE);
+  const char* no = getenv("FAKE_CUDA_NO_PEER");
+  *can = dev != peer && !(no && strcmp(no, "1") == 0);
+  return CUDA_SUCCESS;
+}
+
 // ---- host waits: stream memory operations, the spin kernel, mapped pinned memory -------
 
 // The device address of mapped pinned memory: the host address (unified addressing).
@@ -1238,7 +1582,8 @@ FAKE_EXPORT CUresult cuMemHostGetDevicePointer(CUdeviceptr* pdptr, void* p, unsi
   if (injected_failure("cuMemHostGetDevicePointer")) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (!pdptr || !p || flags != 0) return ret("cuMemHostGetDevicePointer", CUDA_ERROR_INVALID_VALUE);
   const Alloc* a = find_alloc(p, 1);
-  if (!a || !a->pinned || !(a->host_flags & CU_MEMHOSTALLOC_DEVICEMAP)) {
+  if (!a || !a->pinned || !(a->host_flags & CU_MEMHOSTALLOC_DEVICEMAP)) {  // the same bit
+                                                                         // for registered memory
     if (g_verbose || (a && a->pinned))
       fprintf(stderr, "fake_cuda: cuMemHostGetDevicePointer(%p): %s\n", p,
               a && a->pinned ? "pinned memory allocated without CU_MEMHOSTALLOC_DEVICEMAP"
@@ -1381,9 +1726,10 @@ FAKE_EXPORT CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CU
   return CUDA_SUCCESS;
 }
 
-// A module from a PTX image (NUL-terminated text with .version and .target). The only
-// function it can give is streamcoll_wait_geq(.u64 flag, .u32 value): the image must
-// declare it so, or loading fails (CUDA_ERROR_INVALID_PTX, with a line on stderr).
+// A module from a PTX image (NUL-terminated text with .version and .target), whose one
+// function the fake can give is streamcoll_wait_geq(.u64 flag, .u32 value): the image must
+// declare it so, or loading fails (CUDA_ERROR_INVALID_PTX, with a line on stderr). Or from
+// a fatbin that names a kernel of kHostKernels (load_fatbin).
 FAKE_EXPORT CUresult cuModuleLoadData(CUmodule* module, const void* image) {
   LOCK();
   count("cuModuleLoadData");
@@ -1391,8 +1737,9 @@ FAKE_EXPORT CUresult cuModuleLoadData(CUmodule* module, const void* image) {
   if (!module || !image) return ret("cuModuleLoadData", CUDA_ERROR_INVALID_VALUE);
   if (!current_ctx()) return ret("cuModuleLoadData", CUDA_ERROR_INVALID_CONTEXT);
   const unsigned char* b = static_cast<const unsigned char*>(image);
-  if (b[0] == 0x7f || (b[0] == 0x50 && b[1] == 0xed && b[2] == 0x55 && b[3] == 0xba)) {
-    fprintf(stderr, "fake_cuda: cuModuleLoadData: a cubin or fatbin image; the fake takes PTX only\n");
+  if (b[0] == 0x50 && b[1] == 0xed && b[2] == 0x55 && b[3] == 0xba) return load_fatbin(module, b);
+  if (b[0] == 0x7f) {
+    fprintf(stderr, "fake_cuda: cuModuleLoadData: a cubin image; the fake takes PTX or a fatbin\n");
     return ret("cuModuleLoadData", CUDA_ERROR_INVALID_IMAGE);
   }
   const std::string text(static_cast<const char*>(image), strnlen(static_cast<const char*>(image), 1 << 22));
@@ -1423,6 +1770,20 @@ FAKE_EXPORT CUresult cuModuleGetFunction(CUfunction* f, CUmodule m, const char* 
   count("cuModuleGetFunction");
   if (!f || !name) return ret("cuModuleGetFunction", CUDA_ERROR_INVALID_VALUE);
   if (!g_modules.count(m)) return ret("cuModuleGetFunction", CUDA_ERROR_INVALID_HANDLE);
+  if (m->fatbin) {
+    for (const HostKernel& k : kHostKernels)
+      if (strcmp(name, k.name) == 0 && m->image.find(name) != std::string::npos) {
+        auto* fn = new CUfunc_st;
+        fn->mod = m;
+        fn->host = k.run;
+        fn->param_bytes = k.param_bytes;
+        fn->name = k.name;
+        g_functions.insert(fn);
+        *f = fn;
+        return CUDA_SUCCESS;
+      }
+    return ret("cuModuleGetFunction", CUDA_ERROR_NOT_FOUND);
+  }
   if (strcmp(name, "streamcoll_wait_geq") != 0 || !has_entry(m->image, name))
     return ret("cuModuleGetFunction", CUDA_ERROR_NOT_FOUND);
   auto* fn = new CUfunc_st;
@@ -1468,6 +1829,7 @@ FAKE_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int 
   count("cuLaunchKernel");
   if (injected_failure("cuLaunchKernel")) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (!g_functions.count(f)) return ret("cuLaunchKernel", CUDA_ERROR_INVALID_HANDLE);
+  if (f->host) return ret("cuLaunchKernel", launch_host_kernel(f, gx, gy, gz, bx, by, bz, shmem, h, params, extra));
   if (gx != 1 || gy != 1 || gz != 1 || bx != 1 || by != 1 || bz != 1 || shmem != 0) {
     fprintf(stderr, "fake_cuda: cuLaunchKernel(streamcoll_wait_geq): grid %ux%ux%u block %ux%ux%u "
                     "shared %u; the fake expects one thread (1x1x1, 1x1x1, 0)\n", gx, gy, gz, bx, by, bz, shmem);

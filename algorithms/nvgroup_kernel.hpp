@@ -1,0 +1,340 @@
+// The NV-Group allreduce kernel's logic, shared by the CUDA build (nvgroup_kernels.cu,
+// one thread block per `block` index) and the host (the fake CUDA driver runs the same
+// code on the CPU, one "thread" per block index, so the protocol is tested without a GPU).
+//
+// Source: NV-Group (Chu et al., OSU), sections 3-4: the GPUs of a group reduce together,
+// each member reading its peers' buffers directly (load-reduce-store), member m reducing
+// the m-th 1/k slice of the data and every member then gathering all k reduced slices.
+// Each member reads (k-1)/k of the data from peers twice and writes it once.
+//
+// Memory, per member (set up by algorithms/nvgroup.cpp, mapped into every member by CUDA
+// IPC): a device scratch area of 2*chunk elements, `in` (the member's input for the
+// current round) then `res` (its reduced slice). Flags, one set per member and block
+// index, in host memory shared by the group's processes and mapped into the devices
+// (cuMemHostRegister): arrived (this round's input is in `in`), reduced (this round's
+// slice is in `res`), done (this member has read what it needs of the peers' scratch for
+// this round). A flag holds the number of the last round passed (rounds are numbered
+// across calls; a call's rounds continue the communicator's sequence), with kFailBit set
+// when the member saw a failure in the round. A member whose host cannot take its part
+// (its launch failed) writes the round in its failure word instead (`fails`, written by
+// that host only, so never overwritten by a kernel of its still running). A waiter that
+// sees either goes on with the protocol (so that nobody waits forever), sets kFailBit in
+// its own flags (so the failure reaches every member) and reports the call failed
+// through its status word.
+//
+// Block b handles, in every round and every phase, the b-th part of each slice: it waits
+// only for the flags of block b of the other members, so blocks never wait for each other
+// inside a member and the grid needs no grid-wide barrier (but every block of every
+// member must be able to run: the grid is at most the device's multiprocessor count).
+//
+// Per round r (sequence number q), block b:
+//   1. wait until every member's done[b] >= q-1 (nobody still reads my scratch);
+//   2. copy my input's part b of every slice into my `in`; signal arrived[b] = q;
+//   3. wait for every member's arrived[b] >= q; reduce part b of my slice over the
+//      members' `in`, in member order 0..k-1 (the same order on every run), into my
+//      `res`; signal reduced[b] = q;
+//   4. wait for every member's reduced[b] >= q; copy part b of every member's slice from
+//      its `res` into my output; signal done[b] = q.
+// In place (send == recv) is safe: a round's output elements are written in step 4,
+// after step 2 read them.
+#pragma once
+
+#include <stdint.h>
+
+#if defined(__CUDACC__)
+#define SC_NVG_HD __host__ __device__ __forceinline__
+#else
+#define SC_NVG_HD inline
+#endif
+
+namespace streamcoll::nvgroup {
+
+inline constexpr int kMaxMembers = 8;
+inline constexpr int kMaxBlocks = 128;
+/// Set in a flag by a member that could not take its part in the round.
+inline constexpr uint64_t kFailBit = 1ull << 63;
+/// Flag words per member and block: arrived, reduced, done, and one of padding.
+inline constexpr int kFlagWords = 4;
+enum FlagWord : int { kArrived = 0, kReduced = 1, kDone = 2 };
+
+/// Element types the kernel reduces (as NCCL's: int8..float64, float16 and bfloat16).
+enum class DType : uint32_t { i8, u8, i32, u32, i64, u64, f16, bf16, f32, f64 };
+enum class ROp : uint32_t { sum, prod, min, max };
+
+SC_NVG_HD uint32_t dtype_size(DType t) {
+  switch (t) {
+    case DType::i8: case DType::u8: return 1;
+    case DType::f16: case DType::bf16: return 2;
+    case DType::i32: case DType::u32: case DType::f32: return 4;
+    default: return 8;
+  }
+}
+
+/// The kernel's one parameter (passed by value). Pointers are device addresses valid in
+/// this member's context (peers' scratch through CUDA IPC, flags through
+/// cuMemHostGetDevicePointer).
+struct Params {
+  const void* send;            ///< this member's input, `count` elements
+  void* recv;                  ///< this member's output, `count` elements (may be send)
+  uint64_t count;              ///< elements
+  uint64_t chunk;              ///< elements per round: the size of each `in` and `res`
+  uint64_t seq;                ///< the first round's number (>= 1); rounds go seq, seq+1, ...
+  char* scratch[kMaxMembers];  ///< member m's scratch: in = [0, chunk), res = [chunk, 2 chunk)
+  uint64_t* flags;             ///< [member][block][kFlagWords]
+  const uint64_t* fails;       ///< [member]: the last round the member's host gave up on
+  uint64_t* status;            ///< this member's status word: set to 1 on a seen failure
+  uint32_t dtype;              ///< DType
+  uint32_t op;                 ///< ROp
+  uint32_t members;            ///< k, 1..kMaxMembers
+  uint32_t me;                 ///< this member's index
+  uint32_t blocks;             ///< grid size, 1..kMaxBlocks; equal on every member
+  uint32_t pad;
+};
+
+// ---- 16-bit floating point, converted through float (round to nearest even) ------------
+
+SC_NVG_HD float bits_to_float(uint32_t u) {
+  union {
+    uint32_t u;
+    float f;
+  } c{u};
+  return c.f;
+}
+SC_NVG_HD uint32_t float_to_bits(float f) {
+  union {
+    float f;
+    uint32_t u;
+  } c{f};
+  return c.u;
+}
+SC_NVG_HD float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  if (exp == 0x1f) return bits_to_float(sign | 0x7f800000u | (man << 13));  // inf, nan
+  if (exp == 0) {
+    if (man == 0) return bits_to_float(sign);
+    // Subnormal: normalise.
+    int e = -1;
+    do {
+      ++e;
+      man <<= 1;
+    } while (!(man & 0x400u));
+    return bits_to_float(sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13));
+  }
+  return bits_to_float(sign | ((exp + 127 - 15) << 23) | (man << 13));
+}
+SC_NVG_HD uint16_t float_to_half(float f) {
+  const uint32_t u = float_to_bits(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t exp = (u >> 23) & 0xffu;
+  uint32_t man = u & 0x7fffffu;
+  if (exp == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (man ? 0x200u : 0));
+  const int e = static_cast<int>(exp) - 127 + 15;
+  if (e >= 0x1f) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow: inf
+  if (e <= 0) {
+    if (e < -10) return static_cast<uint16_t>(sign);  // underflow: zero
+    man |= 0x800000u;
+    const int shift = 14 - e;
+    uint32_t h = man >> shift;
+    const uint32_t rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1u))) ++h;
+    return static_cast<uint16_t>(sign | h);
+  }
+  uint32_t h = (static_cast<uint32_t>(e) << 10) | (man >> 13);
+  const uint32_t rem = man & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // may carry into inf: right
+  return static_cast<uint16_t>(sign | h);
+}
+SC_NVG_HD float bf16_to_float(uint16_t b) { return bits_to_float(static_cast<uint32_t>(b) << 16); }
+SC_NVG_HD uint16_t float_to_bf16(float f) {
+  const uint32_t u = float_to_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // nan
+  const uint32_t round = 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>((u + round) >> 16);
+}
+
+template <typename T>
+SC_NVG_HD T apply(ROp op, T a, T b) {
+  switch (op) {
+    case ROp::sum: return static_cast<T>(a + b);
+    case ROp::prod: return static_cast<T>(a * b);
+    case ROp::min: return b < a ? b : a;
+    default: return a < b ? b : a;
+  }
+}
+
+// ---- memory access: device (PTX) and host (GCC atomics) ---------------------------------
+
+#if defined(__CUDA_ARCH__)
+__device__ __forceinline__ uint64_t load_acquire(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void store_release(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void fence() { __threadfence_system(); }
+__device__ __forceinline__ void block_sync() { __syncthreads(); }
+template <typename T>
+__device__ __forceinline__ T load_peer(const T* p) {
+  return __ldcg(p);  // L2, not a possibly stale L1 line: peers rewrite scratch each round
+}
+__device__ __forceinline__ void spin_pause() { __nanosleep(64); }
+#else
+inline uint64_t load_acquire(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+inline void store_release(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+inline void fence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline void block_sync() {}
+template <typename T>
+inline T load_peer(const T* p) {
+  return *p;
+}
+void spin_pause();  // the host build provides it (a yield)
+#endif
+
+SC_NVG_HD uint64_t* flag_at(const Params& p, uint32_t member, uint32_t block, int word) {
+  return p.flags + (static_cast<uint64_t>(member) * kMaxBlocks + block) * kFlagWords + word;
+}
+
+/// Thread `tid` of `nthreads` in block `b`: waits until every member's flag `word` of
+/// block b reaches `q` (or its host gave up on round q); returns whether one of them
+/// failed round q. Thread 0 polls, the block then synchronises (its other threads read
+/// what the flags release).
+SC_NVG_HD bool wait_all(const Params& p, uint32_t b, int word, uint64_t q, uint32_t tid,
+                        uint32_t* failed_shared) {
+  if (tid == 0) {
+    uint32_t failed = 0;
+    for (uint32_t m = 0; m < p.members; ++m) {
+      const uint64_t* f = flag_at(p, m, b, word);
+      uint64_t v = load_acquire(f);
+      while ((v & ~kFailBit) < q) {
+        if (load_acquire(p.fails + m) >= q) {  // its host gave up on this round
+          v = kFailBit;
+          break;
+        }
+        spin_pause();
+        v = load_acquire(f);
+      }
+      if (v & kFailBit) failed = 1;
+    }
+    *failed_shared = failed;
+  }
+  block_sync();
+  const bool failed = *failed_shared != 0;
+  block_sync();
+  return failed;
+}
+
+/// Every thread of block b has written what the flag releases: fence, then thread 0 stores.
+SC_NVG_HD void signal(const Params& p, uint32_t b, int word, uint64_t q, bool failed, uint32_t tid) {
+  fence();
+  block_sync();
+  if (tid == 0) store_release(flag_at(p, p.me, b, word), q | (failed ? kFailBit : 0));
+}
+
+// [lo, hi) of part b of slice s in a round of m elements.
+struct Range {
+  uint64_t lo, hi;
+};
+SC_NVG_HD Range part(uint64_t m, uint32_t members, uint32_t blocks, uint32_t s, uint32_t b) {
+  const uint64_t slice = (m + members - 1) / members;
+  const uint64_t s_lo = slice * s < m ? slice * s : m;
+  const uint64_t s_hi = s_lo + slice < m ? s_lo + slice : m;
+  const uint64_t per = (slice + blocks - 1) / blocks;
+  uint64_t lo = s_lo + per * b, hi = lo + per;
+  if (lo > s_hi) lo = s_hi;
+  if (hi > s_hi) hi = s_hi;
+  return Range{lo, hi};
+}
+
+template <typename T>
+SC_NVG_HD void copy_range(T* dst, const T* src, Range r, uint32_t tid, uint32_t nthreads, bool peer) {
+  for (uint64_t i = r.lo + tid; i < r.hi; i += nthreads) dst[i] = peer ? load_peer(src + i) : src[i];
+}
+
+// Reduces part `r` over the members' `in` areas into `res` (member order 0..k-1).
+template <typename T>
+SC_NVG_HD void reduce_range(const Params& p, Range r, uint32_t tid, uint32_t nthreads) {
+  const ROp op = static_cast<ROp>(p.op);
+  T* res = reinterpret_cast<T*>(p.scratch[p.me]) + p.chunk;
+  for (uint64_t i = r.lo + tid; i < r.hi; i += nthreads) {
+    T acc = load_peer(reinterpret_cast<const T*>(p.scratch[0]) + i);
+    for (uint32_t m = 1; m < p.members; ++m)
+      acc = apply(op, acc, load_peer(reinterpret_cast<const T*>(p.scratch[m]) + i));
+    res[i] = acc;
+  }
+}
+
+// The 16-bit float types: stored as uint16_t, reduced through float, rounded per step.
+template <bool kBf16>
+SC_NVG_HD void reduce_range_16(const Params& p, Range r, uint32_t tid, uint32_t nthreads) {
+  const ROp op = static_cast<ROp>(p.op);
+  uint16_t* res = reinterpret_cast<uint16_t*>(p.scratch[p.me]) + p.chunk;
+  for (uint64_t i = r.lo + tid; i < r.hi; i += nthreads) {
+    uint16_t acc = load_peer(reinterpret_cast<const uint16_t*>(p.scratch[0]) + i);
+    for (uint32_t m = 1; m < p.members; ++m) {
+      const uint16_t x = load_peer(reinterpret_cast<const uint16_t*>(p.scratch[m]) + i);
+      const float a = kBf16 ? bf16_to_float(acc) : half_to_float(acc);
+      const float y = kBf16 ? bf16_to_float(x) : half_to_float(x);
+      const float v = apply(op, a, y);
+      acc = kBf16 ? float_to_bf16(v) : float_to_half(v);
+    }
+    res[i] = acc;
+  }
+}
+
+template <typename T>
+SC_NVG_HD void run_block_typed(const Params& p, uint32_t b, uint32_t tid, uint32_t nthreads,
+                               uint32_t* failed_shared) {
+  bool failed = false;
+  const uint64_t rounds = p.count == 0 ? 0 : (p.count + p.chunk - 1) / p.chunk;
+  const uint32_t k = p.members;
+  for (uint64_t r = 0; r < rounds; ++r) {
+    const uint64_t q = p.seq + r;
+    const uint64_t base = r * p.chunk;
+    const uint64_t m = p.count - base < p.chunk ? p.count - base : p.chunk;
+    const T* in = static_cast<const T*>(p.send) + base;
+    T* out = static_cast<T*>(p.recv) + base;
+    T* mine_in = reinterpret_cast<T*>(p.scratch[p.me]);
+    // 1-2: my scratch is free again (whatever became of the previous round: its
+    // failure was reported with it); my input in.
+    wait_all(p, b, kDone, q - 1, tid, failed_shared);
+    for (uint32_t s = 0; s < k; ++s) copy_range(mine_in, in, part(m, k, p.blocks, s, b), tid, nthreads, false);
+    signal(p, b, kArrived, q, failed, tid);
+    // 3: my slice, reduced over every member's input.
+    failed |= wait_all(p, b, kArrived, q, tid, failed_shared);
+    const Range mine = part(m, k, p.blocks, p.me, b);
+    if (p.dtype == static_cast<uint32_t>(DType::f16)) reduce_range_16<false>(p, mine, tid, nthreads);
+    else if (p.dtype == static_cast<uint32_t>(DType::bf16)) reduce_range_16<true>(p, mine, tid, nthreads);
+    else reduce_range<T>(p, mine, tid, nthreads);
+    signal(p, b, kReduced, q, failed, tid);
+    // 4: every member's slice into my output.
+    failed |= wait_all(p, b, kReduced, q, tid, failed_shared);
+    for (uint32_t s = 0; s < k; ++s)
+      copy_range(out, reinterpret_cast<const T*>(p.scratch[s]) + p.chunk, part(m, k, p.blocks, s, b),
+                 tid, nthreads, true);
+    signal(p, b, kDone, q, failed, tid);
+  }
+  if (failed && tid == 0) store_release(p.status, 1);
+}
+
+/// The whole of block `b`'s work for one call: `tid` of `nthreads` threads of the block;
+/// `failed_shared` is one word shared by the block's threads.
+SC_NVG_HD void run_block(const Params& p, uint32_t b, uint32_t tid, uint32_t nthreads,
+                         uint32_t* failed_shared) {
+  switch (static_cast<DType>(p.dtype)) {
+    case DType::i8: return run_block_typed<int8_t>(p, b, tid, nthreads, failed_shared);
+    case DType::u8: return run_block_typed<uint8_t>(p, b, tid, nthreads, failed_shared);
+    case DType::i32: return run_block_typed<int32_t>(p, b, tid, nthreads, failed_shared);
+    case DType::u32: return run_block_typed<uint32_t>(p, b, tid, nthreads, failed_shared);
+    case DType::i64: return run_block_typed<int64_t>(p, b, tid, nthreads, failed_shared);
+    case DType::u64: return run_block_typed<uint64_t>(p, b, tid, nthreads, failed_shared);
+    case DType::f16:
+    case DType::bf16: return run_block_typed<uint16_t>(p, b, tid, nthreads, failed_shared);
+    case DType::f32: return run_block_typed<float>(p, b, tid, nthreads, failed_shared);
+    case DType::f64: return run_block_typed<double>(p, b, tid, nthreads, failed_shared);
+  }
+}
+
+}  // namespace streamcoll::nvgroup
