@@ -7,6 +7,10 @@ Route* pmpi_route();
 Route* ht_route();
 Route* blueconnect_route();
 void ht_shutdown();
+#if STREAMCOLL_HAVE_NVGROUP
+Route* nvgroup_route();
+void nvgroup_release();
+#endif
 #if STREAMCOLL_HAVE_NCCL
 Route* nccl_route();
 void nccl_shutdown();
@@ -20,6 +24,9 @@ Route* find_route(RouteId id) {
     case RouteId::blueconnect: return blueconnect_route();
 #if STREAMCOLL_HAVE_NCCL
     case RouteId::nccl: return nccl_route();
+#endif
+#if STREAMCOLL_HAVE_NVGROUP
+    case RouteId::nvgroup: return nvgroup_route();
 #endif
     default: return nullptr;  // not in this build
   }
@@ -35,6 +42,9 @@ void routes_shutdown() {
 void routes_release() {
 #if STREAMCOLL_HAVE_NCCL
   nccl_release();
+#endif
+#if STREAMCOLL_HAVE_NVGROUP
+  nvgroup_release();
 #endif
 }
 

@@ -18,8 +18,9 @@
 //                      so nccl_call_alpha twice per level with more than one rank),
 //                      written "blueconnect backend=nccl": the route discovers the
 //                      hierarchy (GPUs per node x nodes) itself, at any rank count
-//         nvgroup      NV-Group, only when asked (the route has no implementation in this
-//                      build; a table naming it hands those calls to its next rule)
+//         nvgroup      NV-Group, only when asked (the model's NV-Group spans nodes; the
+//                      route carries one group of at most 8 ranks on one node, so the
+//                      table's rules for more hand those calls to their next rule)
 //       then the table builder's rules (config/table_builder.hpp) and a table streamcoll
 //       loads (--out; header lines name the profile and the command), a map of the winners
 //       on stdout (a row per size, a column per GPU count, a letter per route, after the
@@ -334,8 +335,9 @@ int cmd_predict(int argc, char** argv) {
   }
   std::printf("\n");
   if (nvgroup) {
-    std::printf("# note: route nvgroup has no implementation in this build; a table that names "
-                "it hands those calls to the next matching rule\n");
+    std::printf("# note: route nvgroup carries one group of at most 8 ranks on one node; a "
+                "rule naming it for more ranks or nodes hands those calls to the next matching "
+                "rule (the model's NV-Group spans nodes, the route does not yet)\n");
   }
 
   std::vector<Measurement> points;
@@ -451,7 +453,7 @@ int cmd_predict(int argc, char** argv) {
         "algorithms/cost_model.hpp), not measured: allreduce on device buffers.\n"
         "profile: " + profile_path + (prof->name.empty() ? "" : " (" + prof->name + ")") + "\n" +
         "command: " + cmd;
-    if (nvgroup) header += "\nroute nvgroup is not implemented in this build: its calls go to the next matching rule";
+    if (nvgroup) header += "\nroute nvgroup carries one node's group (<= 8 ranks): calls beyond it go to the next matching rule";
     const std::string table = write_table(rules, header);
     std::optional<ParseError> perr;
     TuningTable::parse(table, out_path, &perr);

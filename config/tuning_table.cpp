@@ -194,10 +194,12 @@ const std::vector<ParamSpec>& route_params(RouteId r) {
       {"algo", {"auto", "ring"}, ""},
       {"chunk", {}, "size"}};
   static const std::vector<ParamSpec> chunked = {{"chunk", {}, "size"}};
+  static const std::vector<ParamSpec> nvgroup = {
+      {"chunk", {}, "size"}, {"blocks", {"1", "2", "4", "8", "16", "32", "64", "128"}, ""}};
   switch (r) {
     case RouteId::ht: return ht;
     case RouteId::blueconnect: return blueconnect;
-    case RouteId::nvgroup:
+    case RouteId::nvgroup: return nvgroup;
     case RouteId::ccube: return chunked;
     default: return none;
   }

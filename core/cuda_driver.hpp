@@ -25,10 +25,14 @@
   X(cuMemFreeAsync) X(cuMemcpyAsync) X(cuMemHostAlloc) X(cuMemFreeHost)
 
 // Entry points only some routes need: a driver without them is still usable, and those
-// routes check the pointer (route ht: stream memory operations and its spin kernel).
+// routes check the pointer (route ht: stream memory operations and its spin kernel;
+// route nvgroup: peer access, CUDA IPC, host registration, kernels).
 #define STREAMCOLL_CUDA_OPTIONAL_ENTRY_POINTS(X)                                        \
   X(cuStreamWaitValue32) X(cuMemHostGetDevicePointer) X(cuModuleLoadData)               \
-  X(cuModuleGetFunction) X(cuModuleUnload) X(cuLaunchKernel)
+  X(cuModuleGetFunction) X(cuModuleUnload) X(cuLaunchKernel)                           \
+  X(cuDeviceGetAttribute) X(cuDeviceGetByPCIBusId) X(cuDeviceCanAccessPeer)             \
+  X(cuMemAlloc) X(cuMemFree) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle)                 \
+  X(cuIpcCloseMemHandle) X(cuMemHostRegister) X(cuMemHostUnregister)
 #endif
 
 namespace streamcoll::cuda {

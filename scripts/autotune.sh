@@ -14,7 +14,9 @@
 #     --routes "R ..."    candidates in sc_bench --route syntax, for every memory kind
 #                         (default: host "pmpi ht:algo=rd ht:algo=rabenseifner
 #                         ht:algo=ring", without rabenseifner for allgather and
-#                         reduce_scatter_block, where it is rd; device: the same and nccl)
+#                         reduce_scatter_block, where it is rd; device: the same and nccl,
+#                         and nvgroup for allreduce where the build has it: it declines
+#                         communicators over several nodes, which sc_bench notes)
 #     --min-bytes N --max-bytes N --iters N --warmup N   passed to sc_bench
 #                         (defaults 4, 64M, sc_bench's own iteration counts)
 #     --tie F             ties within F (relative) go to the simpler route (default 0.05)
@@ -81,6 +83,8 @@ routes_for() {  # the candidates for memory kind $1 and collective $2
   # would only let noise pick between one algorithm's two names
   case $2 in allgather|reduce_scatter_block) r="pmpi ht:algo=rd ht:algo=ring" ;; esac
   [ "$1" = device ] && r="nccl $r"
+  [ "$1" = device ] && [ "$2" = allreduce ] && grep -q 'STREAMCOLL_HAVE_NVGROUP=1' "$build/build.ninja" &&
+    r="nvgroup $r"
   echo "$r"
 }
 printf '%s' "${bench_opts[*]:-}" | grep -q -- '--max-bytes' || bench_opts+=(--max-bytes 64M)

@@ -1,0 +1,559 @@
+// nvgroup: allreduce by the GPUs of one NVLink group reading each other's memory.
+//
+// Source: NV-Group (Chu et al., OSU), sections 3-4 (its cost model: algorithms/
+// cost_model.cpp, nvgroup_allreduce). The kernel and its protocol: nvgroup_kernel.hpp.
+//
+// Group: every rank of the communicator, when they all run on one node (ctx.nodes == 1),
+// there are at most kMaxMembers of them, and every rank can reach every other rank's GPU:
+// the same GPU (CUDA IPC between processes on one device), or a GPU this rank's driver
+// sees (cuDeviceGetByPCIBusId) with peer access (cuDeviceCanAccessPeer). Communicators
+// over several nodes or groups decline (the table's next rule); see README for how
+// BlueConnect's decomposition would host the route as an intra-group stage.
+//
+// Set-up, per communicator, at its first blocking call routed here (collective; every
+// rank gets there at the same call, and the outcome is agreed, so either every rank
+// uses the route on this communicator or none does):
+//   1. local: the buffer's GPU, its primary context, a stream, the kernels' module (one
+//      per device and process), a scratch area of 2 x chunk bytes (cuMemAlloc) and its
+//      IPC handle;
+//   2. PMPI_Allgather of (ok, bus id, SM count, IPC handle): the group and the grid size
+//      (min of `blocks` and every member's SM count, so that every block can be resident:
+//      blocks wait for their peers' blocks) follow from it alike on every rank;
+//   3. rank 0 makes the flags segment (POSIX shared memory), PMPI_Bcast its name; every
+//      rank maps it, registers it with its device (cuMemHostRegister), opens the peers'
+//      IPC handles;
+//   4. PMPI_Allreduce(MIN, ok): ready, or off for good (the calls take the next rule).
+//
+// Per call (blocking calls only, classic or stream-attributed):
+//   classic   the kernel on an internal stream ordered after the legacy stream (as a
+//             legacy-stream copy would be); the host waits for it and reads the status
+//             word, so a failure seen by the kernel is this call's error.
+//   attached  the kernel on the communicator's stream; returns at once. A failure the
+//             kernel saw is reported by the next call on the communicator.
+// MPI_I* calls decline (the table's next rule): the kernel of each member waits for its
+// peers' kernels, so operations of two communicators started in different orders on
+// different ranks (which MPI allows for non-blocking calls) could wait for each other on
+// the GPU, the hazard NCCL's user guide describes for its own kernels.
+//
+// Failures stay collective: a rank that cannot launch its kernel (or whose stream fails)
+// writes its failure word in the flags segment: the peers' kernels waiting for it see it,
+// go on without its data, finish, and report the call failed (their status words). A
+// rank never frees its scratch while a peer may still read it: a gone communicator's
+// resources wait until every member's flags say it is done (or MPI_Finalize).
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "algorithms/nvgroup_kernel.hpp"
+#include "algorithms/route.hpp"
+#include "core/coll_args.hpp"
+#include "core/cuda_driver.hpp"
+#include "core/datatypes.hpp"
+#include "core/errors.hpp"
+#include "core/log.hpp"
+#include "core/stats.hpp"
+
+namespace streamcoll {
+
+extern const unsigned char kNvgroupFatbin[];
+extern const unsigned long kNvgroupFatbin_size;
+
+namespace {
+
+using cuda::driver;
+using cuda::ScopedContext;
+using nvgroup::kFlagWords;
+using nvgroup::kMaxBlocks;
+using nvgroup::kMaxMembers;
+
+constexpr uint64_t kDefaultChunk = 1 << 20;  // bytes per round (scratch: twice that)
+constexpr uint32_t kDefaultBlocks = 32;
+constexpr unsigned kThreads = 256;
+
+// The flags segment: flags[member][block][kFlagWords], then each member's failure word
+// (written by its host only) and status word (written by its kernel).
+constexpr size_t kFlagsBytes = sizeof(uint64_t) * kMaxMembers * kMaxBlocks * kFlagWords;
+constexpr size_t kFailOffset = kFlagsBytes;
+constexpr size_t kStatusOffset = kFailOffset + sizeof(uint64_t) * kMaxMembers;
+constexpr size_t kSegmentBytes = (kStatusOffset + sizeof(uint64_t) * kMaxMembers + 4095) / 4096 * 4096;
+
+std::optional<nvgroup::DType> kernel_type(const TypeInfo& t) {
+  using nvgroup::DType;
+  switch (numeric(t)) {
+    case Numeric::signed_int:
+      if (t.size == 1) return DType::i8;
+      if (t.size == 4) return DType::i32;
+      if (t.size == 8) return DType::i64;
+      return std::nullopt;
+    case Numeric::unsigned_int:
+      if (t.size == 1) return DType::u8;
+      if (t.size == 4) return DType::u32;
+      if (t.size == 8) return DType::u64;
+      return std::nullopt;
+    case Numeric::ieee_float:
+      if (t.size == 2) return DType::f16;
+      if (t.size == 4) return DType::f32;
+      if (t.size == 8) return DType::f64;
+      return std::nullopt;
+    case Numeric::bfloat16:
+      return t.size == 2 ? std::optional<DType>(DType::bf16) : std::nullopt;
+    default:
+      return std::nullopt;
+  }
+}
+
+std::optional<nvgroup::ROp> kernel_op(OpKind k) {
+  switch (k) {
+    case OpKind::sum: return nvgroup::ROp::sum;
+    case OpKind::prod: return nvgroup::ROp::prod;
+    case OpKind::min: return nvgroup::ROp::min;
+    case OpKind::max: return nvgroup::ROp::max;
+    default: return std::nullopt;
+  }
+}
+
+bool driver_has_entry_points() {
+  const cuda::Driver& d = driver();
+  return d.usable && d.cuModuleLoadData && d.cuModuleGetFunction && d.cuLaunchKernel &&
+         d.cuDeviceGetAttribute && d.cuDeviceGetByPCIBusId && d.cuDeviceCanAccessPeer &&
+         d.cuMemAlloc && d.cuMemFree && d.cuIpcGetMemHandle && d.cuIpcOpenMemHandle &&
+         d.cuIpcCloseMemHandle && d.cuMemHostRegister && d.cuMemHostUnregister &&
+         d.cuMemHostGetDevicePointer;
+}
+
+// The kernels' module, one per device (in its primary context) and process, loaded at the
+// first set-up on the device and unloaded at MPI_Finalize (routes_release).
+struct Module {
+  CUmodule module = nullptr;
+  CUfunction allreduce = nullptr;
+  CUcontext ctx = nullptr;  // retained here: the module lives in it
+  CUdevice dev = 0;
+};
+std::mutex g_modules_mu;
+std::map<int, Module> g_modules;
+
+CUfunction kernel_for(int device, CUdevice dev, std::string* why) {
+  std::lock_guard<std::mutex> lock(g_modules_mu);
+  Module& m = g_modules[device];
+  if (m.allreduce) return m.allreduce;
+  const cuda::Driver& d = driver();
+  if (CUresult r = d.cuDevicePrimaryCtxRetain(&m.ctx, dev); r != CUDA_SUCCESS) {
+    m = Module{};
+    *why = cuda::describe("cuDevicePrimaryCtxRetain", r);
+    return nullptr;
+  }
+  m.dev = dev;
+  CUresult r;
+  {
+    ScopedContext scope(m.ctx);
+    r = d.cuModuleLoadData(&m.module, kNvgroupFatbin);
+    if (r != CUDA_SUCCESS) {
+      m.module = nullptr;
+      *why = cuda::describe("cuModuleLoadData (nvgroup kernels)", r);
+    } else if ((r = d.cuModuleGetFunction(&m.allreduce, m.module,
+                                          "streamcoll_nvgroup_allreduce")) != CUDA_SUCCESS) {
+      d.cuModuleUnload(m.module);
+      *why = cuda::describe("cuModuleGetFunction (streamcoll_nvgroup_allreduce)", r);
+    }
+  }
+  if (r != CUDA_SUCCESS) {
+    d.cuDevicePrimaryCtxRelease(dev);
+    m = Module{};
+    return nullptr;
+  }
+  return m.allreduce;
+}
+
+// One communicator's group: what this rank set up, shared with the graveyard so that it
+// outlives the communicator until no peer can still read its scratch.
+struct Group {
+  int device = -1;
+  CUdevice cudev = 0;
+  CUcontext cuctx = nullptr;
+  CUstream classic = nullptr;
+  CUevent legacy = nullptr;
+  CUevent last = nullptr;  // recorded after each kernel: this rank's own work is done
+  bool last_recorded = false;
+  CUfunction fn = nullptr;
+  CUdeviceptr scratch = 0;
+  uint64_t chunk_bytes = 0;
+  CUdeviceptr peer[kMaxMembers] = {};  // opened IPC mappings (0 for this rank)
+  char* segment = nullptr;             // the flags segment, mapped here
+  bool registered = false;
+  CUdeviceptr segment_dev = 0;
+  uint32_t members = 0, me = 0, blocks = 0;
+  uint64_t next_seq = 1;  // the next round's number
+  uint64_t last_seq = 0;  // the last round launched (or failed)
+  std::mutex mu;          // next_seq, failure words
+
+  uint64_t* flags_host() const { return reinterpret_cast<uint64_t*>(segment); }
+  uint64_t* fail_host(uint32_t m) const {
+    return reinterpret_cast<uint64_t*>(segment + kFailOffset) + m;
+  }
+  uint64_t* status_host(uint32_t m) const {
+    return reinterpret_cast<uint64_t*>(segment + kStatusOffset) + m;
+  }
+
+  // Whether no member can still touch what this rank shares: its own kernels are done
+  // and every member is past the last round (or said it failed it).
+  bool quiet() const {
+    if (!segment) return true;
+    if (last_recorded && cuctx) {
+      ScopedContext scope(cuctx);
+      if (driver().cuEventQuery(last) == CUDA_ERROR_NOT_READY) return false;
+    }
+    for (uint32_t m = 0; m < members; ++m) {
+      if (__atomic_load_n(fail_host(m), __ATOMIC_ACQUIRE) >= last_seq) continue;
+      for (uint32_t b = 0; b < blocks; ++b) {
+        const uint64_t v = __atomic_load_n(
+            flags_host() + (static_cast<uint64_t>(m) * kMaxBlocks + b) * kFlagWords + nvgroup::kDone,
+            __ATOMIC_ACQUIRE);
+        if ((v & ~nvgroup::kFailBit) < last_seq) return false;
+      }
+    }
+    return true;
+  }
+
+  // This rank cannot take its part in rounds up to `q`: its peers' kernels must not wait
+  // for it. Written by the host, read by the peers' kernels (nvgroup_kernel.hpp).
+  void fail_through(uint64_t q) {
+    std::lock_guard<std::mutex> lock(mu);
+    uint64_t* f = fail_host(me);
+    if (__atomic_load_n(f, __ATOMIC_RELAXED) < q) __atomic_store_n(f, q, __ATOMIC_RELEASE);
+    if (last_seq < q) last_seq = q;
+  }
+
+  ~Group() {
+    const cuda::Driver& d = driver();
+    if (cuctx) {
+      ScopedContext scope(cuctx);
+      for (CUdeviceptr p : peer)
+        if (p) d.cuIpcCloseMemHandle(p);
+      if (scratch) d.cuMemFree(scratch);
+      if (registered) d.cuMemHostUnregister(segment);
+      if (classic) d.cuStreamDestroy(classic);
+      if (legacy) d.cuEventDestroy(legacy);
+      if (last) d.cuEventDestroy(last);
+      d.cuDevicePrimaryCtxRelease(cudev);
+    }
+    if (segment) munmap(segment, kSegmentBytes);
+  }
+};
+
+// Groups of gone communicators whose peers may still read their scratch.
+std::mutex g_grave_mu;
+std::vector<std::shared_ptr<Group>> g_grave;
+
+void bury(std::shared_ptr<Group> g) {
+  std::lock_guard<std::mutex> lock(g_grave_mu);
+  if (g && !g->quiet()) g_grave.push_back(std::move(g));
+  for (auto it = g_grave.begin(); it != g_grave.end();)
+    it = (*it)->quiet() ? g_grave.erase(it) : it + 1;
+}
+
+struct NvgroupState final : RouteState {
+  enum Status { unset, ready, off } status = unset;
+  std::shared_ptr<Group> group;
+  ~NvgroupState() override { bury(std::move(group)); }
+};
+
+NvgroupState& state_of(CommContext& ctx) {
+  auto& slot = ctx.route_state[static_cast<int>(RouteId::nvgroup)];
+  if (!slot) slot = std::make_unique<NvgroupState>();
+  return static_cast<NvgroupState&>(*slot);
+}
+
+uint64_t chunk_of(const config::RouteChoice& choice) {
+  if (auto v = choice.param("chunk"))
+    if (auto n = config::parse_size(*v); n && *n >= 256) return *n / 64 * 64;
+  return kDefaultChunk;
+}
+
+uint32_t blocks_of(const config::RouteChoice& choice) {
+  if (auto v = choice.param("blocks")) {
+    const int n = std::atoi(std::string(*v).c_str());
+    if (n >= 1 && n <= kMaxBlocks) return static_cast<uint32_t>(n);
+  }
+  return kDefaultBlocks;
+}
+
+// What each rank tells the others at set-up (step 2).
+struct Entry {
+  int32_t ok;
+  int32_t sms;
+  char bus[32];
+  CUipcMemHandle handle;
+};
+
+// Step 1. Returns false, with the reason, when this rank cannot take part.
+bool open_local(Group& g, int device, uint64_t chunk, Entry* e, std::string* why) {
+  const cuda::Driver& d = driver();
+  if (!driver_has_entry_points()) return *why = "the CUDA driver lacks entry points it needs", false;
+  if (device < 0) return *why = "the buffer has no device", false;
+  CUresult r;
+  if ((r = d.cuDeviceGet(&g.cudev, device)) != CUDA_SUCCESS ||
+      (r = d.cuDeviceGetPCIBusId(e->bus, sizeof e->bus - 1, g.cudev)) != CUDA_SUCCESS)
+    return *why = cuda::describe("cuDeviceGetPCIBusId", r), false;
+  if ((r = d.cuDevicePrimaryCtxRetain(&g.cuctx, g.cudev)) != CUDA_SUCCESS) {
+    g.cuctx = nullptr;
+    return *why = cuda::describe("cuDevicePrimaryCtxRetain", r), false;
+  }
+  g.device = device;
+  ScopedContext scope(g.cuctx);
+  if ((r = d.cuDeviceGetAttribute(&e->sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, g.cudev)) !=
+          CUDA_SUCCESS ||
+      e->sms < 1)
+    return *why = cuda::describe("cuDeviceGetAttribute (multiprocessors)", r), false;
+  if ((r = d.cuStreamCreate(&g.classic, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS)
+    return g.classic = nullptr, *why = cuda::describe("cuStreamCreate", r), false;
+  if ((r = d.cuEventCreate(&g.legacy, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS)
+    return g.legacy = nullptr, *why = cuda::describe("cuEventCreate", r), false;
+  if ((r = d.cuEventCreate(&g.last, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS)
+    return g.last = nullptr, *why = cuda::describe("cuEventCreate", r), false;
+  if (!(g.fn = kernel_for(device, g.cudev, why))) return false;
+  if ((r = d.cuMemAlloc(&g.scratch, 2 * chunk)) != CUDA_SUCCESS)
+    return g.scratch = 0, *why = cuda::describe("cuMemAlloc (nvgroup scratch)", r), false;
+  g.chunk_bytes = chunk;
+  if ((r = d.cuIpcGetMemHandle(&e->handle, g.scratch)) != CUDA_SUCCESS)
+    return *why = cuda::describe("cuIpcGetMemHandle", r), false;
+  return true;
+}
+
+// Whether this rank reaches the GPU with PCI bus id `bus` (its own, or one it sees with
+// peer access).
+bool reaches(const Group& g, const char* mine, const char* bus) {
+  if (std::strcmp(mine, bus) == 0) return true;
+  const cuda::Driver& d = driver();
+  CUdevice other = 0;
+  int can = 0;
+  return d.cuDeviceGetByPCIBusId(&other, bus) == CUDA_SUCCESS &&
+         d.cuDeviceCanAccessPeer(&can, g.cudev, other) == CUDA_SUCCESS && can;
+}
+
+// Step 3, local part: map the flags segment, register it, open the peers' scratch.
+bool open_shared(Group& g, const std::vector<Entry>& all, const char* name, std::string* why) {
+  const cuda::Driver& d = driver();
+  const int fd = shm_open(name, O_RDWR, 0600);
+  if (fd < 0) return *why = std::string("shm_open ") + name + ": " + std::strerror(errno), false;
+  void* p = mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return *why = std::string("mmap: ") + std::strerror(errno), false;
+  g.segment = static_cast<char*>(p);
+  ScopedContext scope(g.cuctx);
+  CUresult r;
+  if ((r = d.cuMemHostRegister(g.segment, kSegmentBytes,
+                               CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE)) !=
+      CUDA_SUCCESS)
+    return *why = cuda::describe("cuMemHostRegister (nvgroup flags)", r), false;
+  g.registered = true;
+  if ((r = d.cuMemHostGetDevicePointer(&g.segment_dev, g.segment, 0)) != CUDA_SUCCESS)
+    return *why = cuda::describe("cuMemHostGetDevicePointer (nvgroup flags)", r), false;
+  for (uint32_t m = 0; m < g.members; ++m) {
+    if (m == g.me) continue;
+    if ((r = d.cuIpcOpenMemHandle(&g.peer[m], all[m].handle,
+                                  CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)) != CUDA_SUCCESS) {
+      g.peer[m] = 0;
+      return *why = cuda::describe("cuIpcOpenMemHandle", r), false;
+    }
+  }
+  return true;
+}
+
+std::atomic<unsigned> g_segments{0};
+
+// The collective set-up (file comment). Every rank of ctx reaches it at the same call.
+void set_up(NvgroupState& st, const CallEnv& env, const CommContext& ctx,
+            const config::RouteChoice& choice) {
+  st.status = NvgroupState::off;
+  auto g = std::make_shared<Group>();
+  g->members = static_cast<uint32_t>(ctx.size);
+  g->me = static_cast<uint32_t>(ctx.rank);
+  Entry mine{};
+  std::string why;
+  mine.ok = open_local(*g, env.device, chunk_of(choice), &mine, &why) ? 1 : 0;
+  std::vector<Entry> all(static_cast<size_t>(ctx.size));
+  if (PMPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, ctx.comm) !=
+      MPI_SUCCESS)
+    return;  // MPI failed alike on every rank (or raised its error): off
+  int sms = kMaxBlocks;
+  for (const Entry& e : all) {
+    if (!e.ok) {
+      if (!mine.ok) SC_INFO("nvgroup: off for this communicator: %s", why.c_str());
+      else SC_INFO("nvgroup: off for this communicator: another rank cannot take part");
+      return;  // every rank saw the same entries
+    }
+    sms = std::min(sms, e.sms);
+  }
+  g->blocks = std::min(blocks_of(choice), static_cast<uint32_t>(sms));
+  // Reachability is each rank's own view; step 4 agrees on it.
+  int ok = 1;
+  for (int r = 0; r < ctx.size && ok; ++r)
+    if (!reaches(*g, mine.bus, all[static_cast<size_t>(r)].bus)) {
+      why = std::string("no peer access from ") + mine.bus + " to " + all[static_cast<size_t>(r)].bus;
+      ok = 0;
+    }
+  char name[64] = {0};
+  if (ctx.rank == 0) {
+    std::snprintf(name, sizeof name, "/streamcoll-nvgroup-%d-%u", static_cast<int>(getpid()),
+                  g_segments.fetch_add(1));
+    const int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0 || ftruncate(fd, static_cast<off_t>(kSegmentBytes)) != 0) {
+      why = std::string("shm_open/ftruncate ") + name + ": " + std::strerror(errno);
+      if (fd >= 0) shm_unlink(name);
+      name[0] = 0;
+    }
+    if (fd >= 0) close(fd);
+  }
+  if (PMPI_Bcast(name, sizeof name, MPI_CHAR, 0, ctx.comm) != MPI_SUCCESS) return;
+  if (!name[0]) {
+    if (ctx.rank != 0) why = "rank 0 could not make the flags segment";
+    ok = 0;
+  } else if (ok) {
+    ok = open_shared(*g, all, name, &why) ? 1 : 0;
+  }
+  int all_ok = 0;
+  const int agreed = PMPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, ctx.comm);
+  if (ctx.rank == 0 && name[0]) shm_unlink(name);  // every rank has opened it, or failed to
+  if (agreed != MPI_SUCCESS || !all_ok) {
+    if (!ok) SC_INFO("nvgroup: off for this communicator: %s", why.c_str());
+    else SC_INFO("nvgroup: off for this communicator: another rank cannot take part");
+    return;
+  }
+  SC_INFO("nvgroup: group of %u ranks on device %d, %u blocks, %llu-byte rounds", g->members,
+          g->device, g->blocks, static_cast<unsigned long long>(g->chunk_bytes));
+  st.group = std::move(g);
+  st.status = NvgroupState::ready;
+}
+
+class NvgroupRoute final : public Route {
+ public:
+  RouteId id() const override { return RouteId::nvgroup; }
+
+  bool able_here(const CollArgs& a, CommContext& ctx, const CallEnv& local) override {
+    (void)a;
+    if (local.mem != MemKind::device || local.device < 0) return false;
+    auto& slot = ctx.route_state[static_cast<int>(RouteId::nvgroup)];
+    if (slot) {
+      auto& st = static_cast<NvgroupState&>(*slot);
+      if (st.status == NvgroupState::ready) return local.device == st.group->device;
+    }
+    return driver_has_entry_points();
+  }
+
+  bool accepts(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,
+               const CallEnv& agreed) override {
+    if (a.coll != Coll::allreduce || a.nonblocking) return false;
+    if (agreed.mem != MemKind::device || ctx.nodes != 1 || ctx.size > kMaxMembers) return false;
+    const TypeInfo* t = find_type(a.datatype);
+    const OpInfo* op = find_op(a.op);
+    if (!t || !op || !kernel_type(*t) || !kernel_op(op->kind)) return false;
+    NvgroupState& st = state_of(ctx);
+    if (st.status == NvgroupState::unset) set_up(st, agreed, ctx, choice);
+    return st.status == NvgroupState::ready;
+  }
+
+  int run(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,
+          const CallEnv& env) override {
+    (void)choice;
+    bury(nullptr);  // frees what gone communicators left, once their peers are through
+    std::shared_ptr<Group> g = state_of(ctx).group;
+    const cuda::Driver& d = driver();
+    const TypeInfo* t = find_type(a.datatype);
+    const uint64_t ts = static_cast<uint64_t>(t->size);
+    const uint64_t chunk = g->chunk_bytes / ts;
+    const uint64_t count = static_cast<uint64_t>(a.count);
+    const uint64_t rounds = (count + chunk - 1) / chunk;
+    uint64_t seq;
+    {
+      std::lock_guard<std::mutex> lock(g->mu);
+      seq = g->next_seq;
+      g->next_seq += rounds;
+      g->last_seq = seq + rounds - 1;
+    }
+    // A failure the kernel of an earlier stream-ordered call saw: reported now.
+    int late = MPI_SUCCESS;
+    if (env.has_stream && __atomic_exchange_n(g->status_host(g->me), 0, __ATOMIC_ACQ_REL))
+      late = fail(Failure::cuda, "nvgroup: an earlier stream-ordered allreduce on this "
+                                 "communicator failed on a rank of the group");
+    const std::string what = call_name(a.coll, a.nonblocking);
+    CUstream s = env.has_stream ? static_cast<CUstream>(env.stream) : g->classic;
+    ScopedContext scope(g->cuctx);
+    // This rank cannot take its part: its peers' kernels go on without it (they report
+    // the call failed). Its own earlier kernels may still run: they never wait for a
+    // failure word, only peers do, so writing it now cannot stop them.
+    auto lost = [&](int rc) {
+      g->fail_through(seq + rounds - 1);
+      if (!env.has_stream) d.cuStreamSynchronize(s);  // nothing may still use the buffers
+      return rc;
+    };
+    if (!env.has_stream) {
+      CUresult r = d.cuEventRecord(g->legacy, CU_STREAM_LEGACY);
+      if (r == CUDA_SUCCESS) r = d.cuStreamWaitEvent(s, g->legacy, 0);
+      if (r != CUDA_SUCCESS)
+        return lost(fail(Failure::cuda, cuda::describe("cuStreamWaitEvent (legacy stream)", r)));
+    }
+    nvgroup::Params p{};
+    p.send = a.sendbuf == MPI_IN_PLACE ? a.recvbuf : a.sendbuf;
+    p.recv = a.recvbuf;
+    p.count = count;
+    p.chunk = chunk;
+    p.seq = seq;
+    for (uint32_t m = 0; m < g->members; ++m)
+      p.scratch[m] = reinterpret_cast<char*>(m == g->me ? g->scratch : g->peer[m]);
+    p.flags = reinterpret_cast<uint64_t*>(g->segment_dev);
+    p.fails = reinterpret_cast<uint64_t*>(g->segment_dev + kFailOffset);
+    p.status = reinterpret_cast<uint64_t*>(g->segment_dev + kStatusOffset) + g->me;
+    p.dtype = static_cast<uint32_t>(*kernel_type(*t));
+    p.op = static_cast<uint32_t>(*kernel_op(find_op(a.op)->kind));
+    p.members = g->members;
+    p.me = g->me;
+    p.blocks = g->blocks;
+    void* params[] = {&p};
+    if (CUresult r = d.cuLaunchKernel(g->fn, g->blocks, 1, 1, kThreads, 1, 1, 0, s, params, nullptr);
+        r != CUDA_SUCCESS)
+      return lost(fail(Failure::cuda, cuda::describe((what + " (nvgroup kernel launch)").c_str(), r)));
+    g->last_recorded = d.cuEventRecord(g->last, s) == CUDA_SUCCESS;
+    if (env.has_stream) return late;
+    if (CUresult r = d.cuStreamSynchronize(s); r != CUDA_SUCCESS)
+      return lost(fail(Failure::cuda, cuda::describe((what + " (nvgroup)").c_str(), r)));
+    if (__atomic_exchange_n(g->status_host(g->me), 0, __ATOMIC_ACQ_REL))
+      return fail(Failure::cuda, what + " (nvgroup): a rank of the group could not take its part");
+    return MPI_SUCCESS;
+  }
+};
+
+}  // namespace
+
+Route* nvgroup_route() {
+  static NvgroupRoute r;
+  return &r;
+}
+
+// At MPI_Finalize, after every communicator context is gone: what gone communicators left
+// (their peers are in MPI_Finalize too) and the kernels' modules.
+void nvgroup_release() {
+  {
+    std::lock_guard<std::mutex> lock(g_grave_mu);
+    g_grave.clear();
+  }
+  std::lock_guard<std::mutex> lock(g_modules_mu);
+  for (auto& [device, m] : g_modules) {
+    if (!m.module) continue;
+    {
+      ScopedContext scope(m.ctx);
+      driver().cuModuleUnload(m.module);
+    }
+    driver().cuDevicePrimaryCtxRelease(m.dev);
+  }
+  g_modules.clear();
+}
+
+}  // namespace streamcoll

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Route nvgroup's enqueue cost against the fake CUDA driver: the host time of one
+# stream-ordered 8-byte MPI_Allreduce (GOAL: median <= 10 us), NP ranks (default 2) sharing
+# fake GPUs, the kernels run as host code when the stream is synchronised after each batch
+# of 100 calls. Statistics off (they cost a little per call). Keep a result with e.g.
+#   scripts/bench-nvgroup-fake.sh 2 2>&1 | tee bench/results/nvgroup_enqueue_fake_2ranks.txt
+#   scripts/bench-nvgroup-fake.sh [NP] [BATCHES (default 50)]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+np=${1:-2}
+batches=${2:-50}
+scripts/build.sh >/dev/null
+build=${BUILD_DIR:-build}
+case $build in /*) ;; *) build=$PWD/$build ;; esac
+[ -x "$build/tests/fake/fake_nvgroup_route" ] || { echo "no $build/tests/fake/fake_nvgroup_route (built without nvcc?)" >&2; exit 1; }
+mpi_args=(-np "$np")
+if mpirun --version 2>&1 | grep -q "Open MPI"; then
+  mpi_args+=(--oversubscribe --bind-to none)
+  [ "$(id -u)" -eq 0 ] && mpi_args+=(--allow-run-as-root)
+  export OMPI_MCA_btl_vader_single_copy_mechanism=none
+fi
+echo "# scripts/bench-nvgroup-fake.sh $*"
+echo "# commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with local changes)'); $(date -u +%Y-%m-%dT%H:%M:%SZ); $(nproc) cores"
+echo "# fake CUDA driver (no GPU): FAKE_CUDA_DEFER=1 FAKE_CUDA_BUS_ID=same FAKE_CUDA_DEVICES=$np"
+LD_PRELOAD="$build/libstreamcoll.so" LD_LIBRARY_PATH="$build/tests/fake/cuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+  STREAMCOLL_ROUTE=allreduce:nvgroup STREAMCOLL_NCCL_LIB=/nonexistent/libnccl.so.2 \
+  FAKE_CUDA_DEFER=1 FAKE_CUDA_BUS_ID=same FAKE_CUDA_DEVICES="$np" \
+  mpirun "${mpi_args[@]}" "$build/tests/fake/fake_nvgroup_route" enqueue "$batches"

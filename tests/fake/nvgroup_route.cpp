@@ -1,0 +1,245 @@
+// Route nvgroup end to end on CPU: real MPI processes, streamcoll preloaded, the fake CUDA
+// driver's shared "device" memory and IPC across processes, the kernel run as host code.
+// Every rank passes device memory on its own GPU (FAKE_CUDA_DEVICES GPUs, rank r on GPU
+// r % devices, so with FAKE_CUDA_BUS_ID=same several ranks share a GPU when there are
+// fewer GPUs than ranks) and STREAMCOLL_ROUTE=allreduce:nvgroup forces the route.
+//
+//   nvgroup_route MODE
+//   route    MPI_Allreduce of every datatype streamcoll maps to the kernel's types, with
+//            MPI_SUM/PROD/MIN/MAX, counts 1, 7, 1000 and 100003 (odd, not divisible by
+//            the group size; several rounds with the test's chunk), in place and not,
+//            classic (the host must see the result complete: fake_cuda_host_access)
+//            and on an attached stream (complete once the stream is); one 1 Mi-element
+//            call; every call must take route nvgroup, and results must equal the
+//            reduction computed here. MPI_Iallreduce takes the next rule (pmpi), exact.
+//   off      the route must be off on every rank (the environment makes set-up fail on
+//            one rank, or denies peer access): every call on pmpi, exact, none hangs.
+//   launch   FAKE_CUDA_FAIL=cuLaunchKernel:N on one rank: that call fails on every rank
+//            (MPI_ERRORS_RETURN), none hangs, and the calls after it are exact again.
+//   enqueue [BATCHES]  a benchmark, not a test (enqueue_mode below).
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "harness.hpp"
+#include "streamcoll/streamext.h"
+
+namespace {
+
+const OpCase kOps[] = {{"MPI_SUM", MPI_SUM, Op::sum}, {"MPI_PROD", MPI_PROD, Op::prod},
+                       {"MPI_MIN", MPI_MIN, Op::min}, {"MPI_MAX", MPI_MAX, Op::max}};
+
+std::vector<TypeCase> types() {
+  return {{"MPI_INT8_T", MPI_INT8_T, Tag::i8},         {"MPI_UINT8_T", MPI_UINT8_T, Tag::u8},
+          {"MPI_SIGNED_CHAR", MPI_SIGNED_CHAR, Tag::sc}, {"MPI_INT", MPI_INT, Tag::int_},
+          {"MPI_UNSIGNED", MPI_UNSIGNED, Tag::uns},     {"MPI_LONG", MPI_LONG, Tag::lng},
+          {"MPI_UNSIGNED_LONG", MPI_UNSIGNED_LONG, Tag::ulng},
+          {"MPI_INT64_T", MPI_INT64_T, Tag::i64},       {"MPI_UINT64_T", MPI_UINT64_T, Tag::u64},
+          {"MPI_FLOAT", MPI_FLOAT, Tag::flt},           {"MPI_DOUBLE", MPI_DOUBLE, Tag::dbl}};
+}
+
+int g_device = 0;
+std::string g_expect = "nvgroup";
+
+void* dev_alloc(size_t bytes) { return api.malloc_device(g_device, bytes ? bytes : 1); }
+
+// One MPI_Allreduce (or MPI_Iallreduce + MPI_Wait) on device buffers, checked.
+template <class T>
+int one(MPI_Comm comm, const TypeCase& t, const OpCase& op, size_t n, bool in_place, void* stream,
+        bool nonblocking, unsigned salt, bool expect_ok = true) {
+  const int me = comm_rank(comm), p = comm_size(comm);
+  const auto in = inputs<T>(me, n, op.kind, salt);
+  const auto want = reduced<T>(p, n, op.kind, salt);
+  const size_t bytes = n * sizeof(T);
+  char* send = static_cast<char*>(dev_alloc(bytes));
+  char* recv = static_cast<char*>(dev_alloc(bytes + sizeof(T)));
+  std::memset(recv, 0x5a, bytes + sizeof(T));
+  std::memcpy(in_place ? recv : send, in.data(), bytes);
+  const std::string label = std::string(nonblocking ? "MPI_Iallreduce " : "MPI_Allreduce ") + t.name +
+                            " " + op.name + " count " + std::to_string(n) +
+                            (in_place ? " in place" : "") + (stream ? " on a stream" : "");
+  const std::string route = nonblocking ? "pmpi" : g_expect;
+  const char* coll = nonblocking ? "iallreduce" : "allreduce";
+  const unsigned long long before = stat_calls(coll, route.c_str(), "device");
+  int rc;
+  if (nonblocking) {
+    MPI_Request r;
+    rc = MPI_Iallreduce(in_place ? MPI_IN_PLACE : send, recv, static_cast<int>(n), t.type, op.op, comm, &r);
+    if (rc == MPI_SUCCESS) rc = MPI_Wait(&r, MPI_STATUS_IGNORE);
+  } else {
+    rc = MPI_Allreduce(in_place ? MPI_IN_PLACE : send, recv, static_cast<int>(n), t.type, op.op, comm);
+  }
+  if (!expect_ok) {
+    api.free(send);
+    api.free(recv);
+    return rc;
+  }
+  check(rc == MPI_SUCCESS, label + ": MPI_SUCCESS");
+  check(stat_calls(coll, route.c_str(), "device") == before + 1, label + ": route " + route);
+  if (stream) {
+    check(api.stream_sync(static_cast<CUstream_st*>(stream)) == 0, label + ": stream completes");
+  } else {
+    // Classic semantics: the host may read the result now (the fake reports a race if
+    // work that writes it is still unfinished, or not known finished by the host).
+    const unsigned long long races = cu("races");
+    api.host_access(recv, bytes, 0);
+    check(cu("races") == races, label + ": complete when the call returns");
+  }
+  check(std::memcmp(recv, want.data(), bytes) == 0, label + ": exact");
+  check(static_cast<unsigned char>(recv[bytes]) == 0x5a, label + ": nothing written past the end");
+  if (!in_place) check(std::memcmp(send, in.data(), bytes) == 0, label + ": input unchanged");
+  api.free(send);
+  api.free(recv);
+  return rc;
+}
+
+void route_mode(MPI_Comm comm) {
+  const unsigned long long races0 = cu("races");
+  CUstream_st* s = api.stream_create(0);
+  MPI_Comm attached;
+  MPI_Comm_dup(comm, &attached);
+  check(streamcoll_comm_attach_stream(attached, s) == MPI_SUCCESS, "attach a stream");
+  unsigned salt = 1;
+  for (const TypeCase& t : types())
+    for (const OpCase& op : kOps)
+      for (size_t n : {size_t{1}, size_t{7}, size_t{1000}, size_t{100003}})
+        for (int variant = 0; variant < 2; ++variant) {
+          const bool in_place = (variant + n) % 2 == 1;
+          const bool on_stream = variant == 1;
+          with_type(t.tag, [&](auto x) {
+            using T = decltype(x);
+            one<T>(on_stream ? attached : comm, t, op, n, in_place, on_stream ? s : nullptr,
+                   false, ++salt);
+          });
+        }
+  one<float>(comm, {"MPI_FLOAT", MPI_FLOAT, Tag::flt}, kOps[0], size_t{1} << 20, false, nullptr, false, ++salt);
+  one<double>(attached, {"MPI_DOUBLE", MPI_DOUBLE, Tag::dbl}, kOps[3], size_t{1} << 20, true, s, false, ++salt);
+  // Non-blocking calls take the next rule (pmpi here), exact.
+  one<int>(comm, {"MPI_INT", MPI_INT, Tag::int_}, kOps[0], 1000, false, nullptr, true, ++salt);
+  // Types and ops the kernel does not take: the next rule, exact.
+  {
+    const unsigned long long before = stat_calls("allreduce", "pmpi", "device");
+    one<short>(comm, {"MPI_SHORT", MPI_SHORT, Tag::shrt}, kOps[0], 100, false, nullptr, false, ++salt,
+               false);
+    check(stat_calls("allreduce", "pmpi", "device") == before + 1, "MPI_SHORT: pmpi");
+  }
+  // A communicator freed right after a stream-ordered call: its scratch outlives it until
+  // every member is through (no crash, no race; checked by the calls after it).
+  {
+    MPI_Comm tmp;
+    MPI_Comm_dup(comm, &tmp);
+    streamcoll_comm_attach_stream(tmp, s);
+    one<double>(tmp, {"MPI_DOUBLE", MPI_DOUBLE, Tag::dbl}, kOps[0], 5000, false, s, false, ++salt);
+    MPI_Comm_free(&tmp);
+    one<double>(comm, {"MPI_DOUBLE", MPI_DOUBLE, Tag::dbl}, kOps[0], 5000, false, nullptr, false, ++salt);
+  }
+  MPI_Comm_free(&attached);
+  api.stream_destroy(s);
+  check(cu("races") == races0, "no races (fake CUDA driver)");
+  check(cu("host_kernels") > 0, "kernels ran as host code");
+}
+
+void off_mode(MPI_Comm comm) {
+  g_expect = "pmpi";
+  unsigned salt = 100;
+  for (const OpCase& op : kOps)
+    for (size_t n : {size_t{7}, size_t{1000}})
+      one<double>(comm, {"MPI_DOUBLE", MPI_DOUBLE, Tag::dbl}, op, n, false, nullptr, false, ++salt);
+  check(cu("host_kernels") == 0, "no kernel ran");
+}
+
+void launch_mode(MPI_Comm comm) {
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  unsigned salt = 200;
+  const TypeCase t{"MPI_INT", MPI_INT, Tag::int_};
+  // FAKE_CUDA_FAIL=cuLaunchKernel:3 on one rank: the third call fails everywhere.
+  for (int call = 1; call <= 6; ++call) {
+    if (call == 3) {
+      const int rc = one<int>(comm, t, kOps[0], 5000, false, nullptr, false, ++salt, false);
+      check(rc != MPI_SUCCESS, "the call whose launch failed on one rank fails on every rank");
+    } else {
+      one<int>(comm, t, kOps[call % 4], 5000, call % 2, nullptr, false, ++salt);
+    }
+  }
+}
+
+// Not a test: the host time of issuing one stream-ordered 8-byte MPI_Allreduce on route
+// nvgroup (the enqueue cost: what the call costs the host before it returns), against the
+// fake driver. Batches of 100 calls, each call timed, the stream synchronised after each
+// batch (the kernels run then); the last batch's result is checked. Rank 0 prints
+// min/median/p90/max over all timed calls. Run by scripts/bench-nvgroup-fake.sh.
+void enqueue_mode(MPI_Comm comm, int batches) {
+  CUstream_st* s = api.stream_create(0);
+  MPI_Comm attached;
+  MPI_Comm_dup(comm, &attached);
+  streamcoll_comm_attach_stream(attached, s);
+  const int me = comm_rank(comm), p = comm_size(comm);
+  float* send = static_cast<float*>(dev_alloc(8));
+  float* recv = static_cast<float*>(dev_alloc(8));
+  send[0] = static_cast<float>(me + 1);
+  send[1] = 2.0f;
+  std::vector<double> us;
+  for (int b = -2; b < batches; ++b) {  // two warm-up batches
+    MPI_Barrier(comm);
+    for (int i = 0; i < 100; ++i) {
+      const double t0 = MPI_Wtime();
+      MPI_Allreduce(send, recv, 2, MPI_FLOAT, MPI_SUM, attached);
+      const double t1 = MPI_Wtime();
+      if (b >= 0) us.push_back((t1 - t0) * 1e6);
+    }
+    api.stream_sync(s);
+  }
+  check(recv[0] == static_cast<float>(p * (p + 1) / 2) && recv[1] == 2.0f * p, "8-byte result exact");
+  // Statistics are off (they cost per call): the fake's kernel launches say the route.
+  check(cu("host_kernels") >= 100ull * static_cast<unsigned long long>(batches + 2),
+        "the calls took route nvgroup (one kernel each)");
+  std::sort(us.begin(), us.end());
+  if (me == 0 && !us.empty())
+    std::printf("enqueue us/call (stream-ordered MPI_Allreduce, 8 B, %d ranks, %zu calls): "
+                "min %.2f median %.2f p90 %.2f max %.2f\n",
+                p, us.size(), us.front(), us[us.size() / 2], us[us.size() * 9 / 10], us.back());
+  api.free(send);
+  api.free(recv);
+  MPI_Comm_free(&attached);
+  api.stream_destroy(s);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+  const std::string mode = argc > 1 ? argv[1] : "route";
+  int ok = load_api(false) ? 1 : 0, all_ok = 0;
+  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!all_ok) {
+    MPI_Finalize();
+    return 1;
+  }
+  const int devices = std::getenv("FAKE_CUDA_DEVICES") ? std::atoi(std::getenv("FAKE_CUDA_DEVICES")) : 1;
+  g_device = g_rank % std::max(devices, 1);
+  check(api.runtime_init() == 0, "runtime init");
+  MPI_Comm comm;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  if (mode == "route") route_mode(comm);
+  else if (mode == "off") off_mode(comm);
+  else if (mode == "launch") launch_mode(comm);
+  else if (mode == "enqueue") enqueue_mode(comm, argc > 2 ? std::atoi(argv[2]) : 50);
+  else check(false, "unknown mode " + mode);
+  MPI_Comm_free(&comm);
+  int fails = g_fail, total = 0;
+  MPI_Allreduce(&fails, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (g_rank == 0)
+    std::printf("nvgroup_route (%s, %d ranks): %d passed on rank 0, %d failed on all ranks\n",
+                mode.c_str(), g_size, g_pass, total);
+  api.runtime_fini();
+  MPI_Finalize();
+  return total == 0 ? 0 : 1;
+}
