@@ -36,8 +36,9 @@
 // the GPU, the hazard NCCL's user guide describes for its own kernels.
 //
 // Failures stay collective: a rank that cannot launch its kernel (or whose stream fails)
-// writes its failure word in the flags segment: the peers' kernels waiting for it see it,
-// go on without its data, finish, and report the call failed (their status words). A
+// writes its failure word in the flags segment (Group::give_up: once its own earlier
+// kernels are done): the peers' kernels waiting for it see it, go on without its data,
+// finish, and report the call failed (their status words). A
 // rank never frees its scratch while a peer may still read it: a gone communicator's
 // resources wait until every member's flags say it is done (or MPI_Finalize).
 #include <fcntl.h>
@@ -50,6 +51,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "algorithms/nvgroup_kernel.hpp"
@@ -174,7 +176,7 @@ CUfunction kernel_for(int device, CUdevice dev, std::string* why) {
 
 // One communicator's group: what this rank set up, shared with the graveyard so that it
 // outlives the communicator until no peer can still read its scratch.
-struct Group {
+struct Group : std::enable_shared_from_this<Group> {
   int device = -1;
   CUdevice cudev = 0;
   CUcontext cuctx = nullptr;
@@ -182,6 +184,7 @@ struct Group {
   CUevent legacy = nullptr;
   CUevent last = nullptr;  // recorded after each kernel: this rank's own work is done
   bool last_recorded = false;
+  CUstream last_stream = nullptr;  // where the last kernel went
   CUfunction fn = nullptr;
   CUdeviceptr scratch = 0;
   uint64_t chunk_bytes = 0;
@@ -222,8 +225,38 @@ struct Group {
     return true;
   }
 
-  // This rank cannot take its part in rounds up to `q`: its peers' kernels must not wait
-  // for it. Written by the host, read by the peers' kernels (nvgroup_kernel.hpp).
+  // This rank cannot take its part in rounds up to `q` (a call's kernel did not launch):
+  // its peers' kernels must not wait for it. Its own earlier kernels may not have run yet
+  // (stream-ordered calls queued behind the application's work): a failure word written
+  // now would let the peers go past their rounds too, and those kernels would then read
+  // scratch that had moved on. So the word is written once this rank's last launched
+  // kernel is done (every earlier one waits for its predecessor's rounds, so it is done
+  // last): at once when it is, otherwise by a thread that waits for an event recorded
+  // behind it. Its peers' kernels for the failed rounds wait until then, not forever.
+  void give_up(uint64_t q) {
+    const cuda::Driver& d = driver();
+    CUevent behind = nullptr;
+    if (last_recorded && cuctx) {
+      ScopedContext scope(cuctx);
+      if (d.cuEventQuery(last) == CUDA_ERROR_NOT_READY &&
+          d.cuEventCreate(&behind, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS &&
+          d.cuEventRecord(behind, last_stream) != CUDA_SUCCESS) {
+        d.cuEventDestroy(behind);
+        behind = nullptr;  // cannot tell: the kernel will never run (a failed context)
+      }
+    }
+    if (!behind) return fail_through(q);
+    std::thread([self = shared_from_this(), behind, q] {
+      const cuda::Driver& dr = driver();
+      {
+        ScopedContext scope(self->cuctx);
+        while (dr.cuEventQuery(behind) == CUDA_ERROR_NOT_READY) usleep(100);
+        dr.cuEventDestroy(behind);
+      }
+      self->fail_through(q);
+    }).detach();
+  }
+
   void fail_through(uint64_t q) {
     std::lock_guard<std::mutex> lock(mu);
     uint64_t* f = fail_host(me);
@@ -490,7 +523,7 @@ class NvgroupRoute final : public Route {
     // the call failed). Its own earlier kernels may still run: they never wait for a
     // failure word, only peers do, so writing it now cannot stop them.
     auto lost = [&](int rc) {
-      g->fail_through(seq + rounds - 1);
+      g->give_up(seq + rounds - 1);
       if (!env.has_stream) d.cuStreamSynchronize(s);  // nothing may still use the buffers
       return rc;
     };
@@ -521,6 +554,7 @@ class NvgroupRoute final : public Route {
         r != CUDA_SUCCESS)
       return lost(fail(Failure::cuda, cuda::describe((what + " (nvgroup kernel launch)").c_str(), r)));
     g->last_recorded = d.cuEventRecord(g->last, s) == CUDA_SUCCESS;
+    g->last_stream = s;
     if (env.has_stream) return late;
     if (CUresult r = d.cuStreamSynchronize(s); r != CUDA_SUCCESS)
       return lost(fail(Failure::cuda, cuda::describe((what + " (nvgroup)").c_str(), r)));

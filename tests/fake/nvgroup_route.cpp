@@ -16,6 +16,8 @@
 //            one rank, or denies peer access): every call on pmpi, exact, none hangs.
 //   launch   FAKE_CUDA_FAIL=cuLaunchKernel:N on one rank: that call fails on every rank
 //            (MPI_ERRORS_RETURN), none hangs, and the calls after it are exact again.
+//   held     a launch failing on one rank while its earlier stream-ordered call is still
+//            queued (held_mode below).
 //   enqueue [BATCHES]  a benchmark, not a test (enqueue_mode below).
 #include <mpi.h>
 
@@ -75,6 +77,7 @@ int one(MPI_Comm comm, const TypeCase& t, const OpCase& op, size_t n, bool in_pl
     rc = MPI_Allreduce(in_place ? MPI_IN_PLACE : send, recv, static_cast<int>(n), t.type, op.op, comm);
   }
   if (!expect_ok) {
+    if (stream) api.stream_sync(static_cast<CUstream_st*>(stream));  // before freeing
     api.free(send);
     api.free(recv);
     return rc;
@@ -168,6 +171,56 @@ void launch_mode(MPI_Comm comm) {
   }
 }
 
+// A stream-ordered call whose kernel launch fails on one rank (FAKE_CUDA_FAIL=
+// cuLaunchKernel:2 there) while this rank's previous stream-ordered call still waits on
+// the stream behind the program's own work (a gate the test holds): the earlier call must
+// still be exact on every rank (the failing rank must not let its peers past rounds its
+// queued kernel has yet to do), the failed call fails on its rank and is reported by the
+// next call on the others, and the next calls are exact again.
+void held_mode(MPI_Comm comm) {
+  const int me = comm_rank(comm);
+  const bool failing = std::getenv("FAKE_CUDA_FAIL_RANK") && std::atoi(std::getenv("FAKE_CUDA_FAIL_RANK")) == me;
+  CUstream_st* s = api.stream_create(0);
+  MPI_Comm attached;
+  MPI_Comm_dup(comm, &attached);
+  MPI_Comm_set_errhandler(attached, MPI_ERRORS_RETURN);
+  streamcoll_comm_attach_stream(attached, s);
+  auto* gate = static_cast<uint32_t*>(api.malloc_pinned(64));
+  __atomic_store_n(gate, 0u, __ATOMIC_RELEASE);
+  check(api.enqueue_wait(s, gate, 1) == 0, "the gate holds the stream");
+  const size_t n = 3000;
+  const TypeCase t{"MPI_INT", MPI_INT, Tag::int_};
+  const auto in_a = inputs<int>(me, n, Op::sum, 31), want_a = reduced<int>(comm_size(comm), n, Op::sum, 31);
+  const auto in_b = inputs<int>(me, n, Op::sum, 32);
+  int* a_send = static_cast<int*>(dev_alloc(n * sizeof(int)));
+  int* a_recv = static_cast<int*>(dev_alloc(n * sizeof(int)));
+  int* b_buf = static_cast<int*>(dev_alloc(n * sizeof(int)));
+  std::memcpy(a_send, in_a.data(), n * sizeof(int));
+  std::memcpy(b_buf, in_b.data(), n * sizeof(int));
+  const int rc_a = MPI_Allreduce(a_send, a_recv, static_cast<int>(n), MPI_INT, MPI_SUM, attached);
+  const int rc_b = MPI_Allreduce(MPI_IN_PLACE, b_buf, static_cast<int>(n), MPI_INT, MPI_SUM, attached);
+  check(rc_a == MPI_SUCCESS, "the held call starts");
+  check(failing ? rc_b != MPI_SUCCESS : rc_b == MPI_SUCCESS,
+        failing ? "the call whose launch failed fails here" : "the call starts here");
+  MPI_Barrier(comm);
+  __atomic_store_n(gate, 1u, __ATOMIC_RELEASE);
+  check(api.stream_sync(s) == 0, "the stream completes (no hang)");
+  check(std::memcmp(a_recv, want_a.data(), n * sizeof(int)) == 0,
+        "the call queued before the failure is exact on every rank");
+  // The next call runs (exact) and, on the ranks where it started, reports the failure.
+  const int rc_c = one<int>(attached, t, kOps[0], 777, false, s, false, 33, false);
+  check(failing ? rc_c == MPI_SUCCESS : rc_c != MPI_SUCCESS,
+        failing ? "nothing more to report here" : "the next call reports the failed one");
+  one<int>(attached, t, kOps[3], 777, true, s, false, 34);
+  one<int>(comm, t, kOps[2], 777, false, nullptr, false, 35);
+  api.free(a_send);
+  api.free(a_recv);
+  api.free(b_buf);
+  api.free(gate);
+  MPI_Comm_free(&attached);
+  api.stream_destroy(s);
+}
+
 // Not a test: the host time of issuing one stream-ordered 8-byte MPI_Allreduce on route
 // nvgroup (the enqueue cost: what the call costs the host before it returns), against the
 // fake driver. Batches of 100 calls, each call timed, the stream synchronised after each
@@ -231,9 +284,11 @@ int main(int argc, char** argv) {
   if (mode == "route") route_mode(comm);
   else if (mode == "off") off_mode(comm);
   else if (mode == "launch") launch_mode(comm);
+  else if (mode == "held") held_mode(comm);
   else if (mode == "enqueue") enqueue_mode(comm, argc > 2 ? std::atoi(argv[2]) : 50);
   else check(false, "unknown mode " + mode);
   MPI_Comm_free(&comm);
+  check(cu("races") == 0, "no races (fake CUDA driver)");
   int fails = g_fail, total = 0;
   MPI_Allreduce(&fails, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (g_rank == 0)
