@@ -264,6 +264,17 @@ struct Group : std::enable_shared_from_this<Group> {
     if (last_seq < q) last_seq = q;
   }
 
+  // Unmaps the peers' scratch areas (before a failed set-up frees this rank's own).
+  void close_peers() {
+    if (!cuctx) return;
+    ScopedContext scope(cuctx);
+    for (CUdeviceptr& p : peer)
+      if (p) {
+        driver().cuIpcCloseMemHandle(p);
+        p = 0;
+      }
+  }
+
   ~Group() {
     const cuda::Driver& d = driver();
     if (cuctx) {
@@ -458,6 +469,10 @@ void set_up(NvgroupState& st, const CallEnv& env, const CommContext& ctx,
   if (agreed != MPI_SUCCESS || !all_ok) {
     if (!ok) SC_INFO("nvgroup: off for this communicator: %s", why.c_str());
     else SC_INFO("nvgroup: off for this communicator: another rank cannot take part");
+    // Some ranks may have mapped this rank's scratch: every mapping goes before any
+    // scratch does.
+    g->close_peers();
+    if (agreed == MPI_SUCCESS) PMPI_Barrier(ctx.comm);
     return;
   }
   SC_INFO("nvgroup: group of %u ranks on device %d, %u blocks, %llu-byte rounds", g->members,
