@@ -1,4 +1,5 @@
-// nvgroup: allreduce by the GPUs of one NVLink group reading each other's memory.
+// nvgroup: allreduce, reduce_scatter_block and allgather by the GPUs of one NVLink group
+// reading each other's memory (one kernel, three modes: nvgroup_kernel.hpp).
 //
 // Source: NV-Group (Chu et al., OSU), sections 3-4 (its cost model: algorithms/
 // cost_model.cpp, nvgroup_allreduce). The kernel and its protocol: nvgroup_kernel.hpp.
@@ -498,11 +499,18 @@ class NvgroupRoute final : public Route {
 
   bool accepts(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,
                const CallEnv& agreed) override {
-    if (a.coll != Coll::allreduce || a.nonblocking) return false;
+    if (a.nonblocking) return false;
     if (agreed.mem != MemKind::device || ctx.nodes != 1 || ctx.size > kMaxMembers) return false;
-    const TypeInfo* t = find_type(a.datatype);
-    const OpInfo* op = find_op(a.op);
-    if (!t || !op || !kernel_type(*t) || !kernel_op(op->kind)) return false;
+    if (a.coll == Coll::allreduce || a.coll == Coll::reduce_scatter_block) {
+      const TypeInfo* t = find_type(a.datatype);
+      const OpInfo* op = find_op(a.op);
+      if (!t || !op || !kernel_type(*t) || !kernel_op(op->kind)) return false;
+    } else if (a.coll == Coll::allgather) {
+      const TypeInfo* t = find_type(a.recvtype);  // eligibility: contiguous, = sendtype
+      if (!t || t->size <= 0) return false;
+    } else {
+      return false;
+    }
     NvgroupState& st = state_of(ctx);
     if (st.status == NvgroupState::unset) set_up(st, agreed, ctx, choice);
     return st.status == NvgroupState::ready;
@@ -514,11 +522,31 @@ class NvgroupRoute final : public Route {
     bury(nullptr);  // frees what gone communicators left, once their peers are through
     std::shared_ptr<Group> g = state_of(ctx).group;
     const cuda::Driver& d = driver();
-    const TypeInfo* t = find_type(a.datatype);
-    const uint64_t ts = static_cast<uint64_t>(t->size);
+    // The kernel's element type: the reduction's, or for allgather an unsigned type of
+    // the datatype's size (bytes when there is none).
+    nvgroup::Params p{};
+    const bool gather = a.coll == Coll::allgather;
+    const TypeInfo* t = find_type(gather ? a.recvtype : a.datatype);
+    uint64_t count = static_cast<uint64_t>(gather ? a.recvcount : a.count);  // per block but allreduce
+    nvgroup::DType dt;
+    if (!gather) {
+      dt = *kernel_type(*t);
+      p.op = static_cast<uint32_t>(*kernel_op(find_op(a.op)->kind));
+    } else if (t->size == 4 || t->size == 8) {
+      dt = t->size == 4 ? nvgroup::DType::u32 : nvgroup::DType::u64;
+    } else {
+      dt = nvgroup::DType::u8;
+      count *= static_cast<uint64_t>(t->size);
+    }
+    const uint64_t ts = nvgroup::dtype_size(dt);
     const uint64_t chunk = g->chunk_bytes / ts;
-    const uint64_t count = static_cast<uint64_t>(a.count);
-    const uint64_t rounds = (count + chunk - 1) / chunk;
+    p.mode = static_cast<uint32_t>(a.coll == Coll::allreduce ? nvgroup::Mode::allreduce
+                                   : gather                  ? nvgroup::Mode::allgather
+                                                             : nvgroup::Mode::reduce_scatter_block);
+    p.count = count;
+    p.chunk = chunk;
+    p.members = g->members;
+    const uint64_t rounds = nvgroup::rounds_of(p);
     uint64_t seq;
     {
       std::lock_guard<std::mutex> lock(g->mu);
@@ -548,20 +576,18 @@ class NvgroupRoute final : public Route {
       if (r != CUDA_SUCCESS)
         return lost(fail(Failure::cuda, cuda::describe("cuStreamWaitEvent (legacy stream)", r)));
     }
-    nvgroup::Params p{};
-    p.send = a.sendbuf == MPI_IN_PLACE ? a.recvbuf : a.sendbuf;
+    // In place: the input is in the output buffer (allgather: this rank's block of it).
+    p.send = a.sendbuf != MPI_IN_PLACE ? a.sendbuf
+             : gather ? static_cast<const char*>(a.recvbuf) + g->me * count * ts
+                      : a.recvbuf;
     p.recv = a.recvbuf;
-    p.count = count;
-    p.chunk = chunk;
     p.seq = seq;
     for (uint32_t m = 0; m < g->members; ++m)
       p.scratch[m] = reinterpret_cast<char*>(m == g->me ? g->scratch : g->peer[m]);
     p.flags = reinterpret_cast<uint64_t*>(g->segment_dev);
     p.fails = reinterpret_cast<uint64_t*>(g->segment_dev + kFailOffset);
     p.status = reinterpret_cast<uint64_t*>(g->segment_dev + kStatusOffset) + g->me;
-    p.dtype = static_cast<uint32_t>(*kernel_type(*t));
-    p.op = static_cast<uint32_t>(*kernel_op(find_op(a.op)->kind));
-    p.members = g->members;
+    p.dtype = static_cast<uint32_t>(dt);
     p.me = g->me;
     p.blocks = g->blocks;
     void* params[] = {&p};

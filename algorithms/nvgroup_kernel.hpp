@@ -27,6 +27,8 @@
 // inside a member and the grid needs no grid-wide barrier (but every block of every
 // member must be able to run: the grid is at most the device's multiprocessor count).
 //
+// Allreduce rounds take `chunk` elements of the vector, cut into k slices; the other modes
+// (Mode) take chunk/k elements of every member's block, one slice each.
 // Per round r (sequence number q), block b:
 //   1. wait until every member's done[b] >= q-1 (nobody still reads my scratch);
 //   2. copy my input's part b of every slice into my `in`; signal arrived[b] = q;
@@ -60,6 +62,11 @@ enum FlagWord : int { kArrived = 0, kReduced = 1, kDone = 2 };
 /// Element types the kernel reduces (as NCCL's: int8..float64, float16 and bfloat16).
 enum class DType : uint32_t { i8, u8, i32, u32, i64, u64, f16, bf16, f32, f64 };
 enum class ROp : uint32_t { sum, prod, min, max };
+/// What the kernel does with the same phases: allreduce (all four steps),
+/// reduce_scatter_block (steps 1-3, member m's slice being block m of the input, reduced
+/// straight into its output), allgather (step 2 puts member m's block into its `res`,
+/// then step 4).
+enum class Mode : uint32_t { allreduce, reduce_scatter_block, allgather };
 
 SC_NVG_HD uint32_t dtype_size(DType t) {
   switch (t) {
@@ -76,7 +83,7 @@ SC_NVG_HD uint32_t dtype_size(DType t) {
 struct Params {
   const void* send;            ///< this member's input, `count` elements
   void* recv;                  ///< this member's output, `count` elements (may be send)
-  uint64_t count;              ///< elements
+  uint64_t count;              ///< elements: allreduce, of the vector; the others, of one block
   uint64_t chunk;              ///< elements per round: the size of each `in` and `res`
   uint64_t seq;                ///< the first round's number (>= 1); rounds go seq, seq+1, ...
   char* scratch[kMaxMembers];  ///< member m's scratch: in = [0, chunk), res = [chunk, 2 chunk)
@@ -88,7 +95,7 @@ struct Params {
   uint32_t members;            ///< k, 1..kMaxMembers
   uint32_t me;                 ///< this member's index
   uint32_t blocks;             ///< grid size, 1..kMaxBlocks; equal on every member
-  uint32_t pad;
+  uint32_t mode;               ///< Mode
 };
 
 // ---- 16-bit floating point, converted through float (round to nearest even) ------------
@@ -233,18 +240,69 @@ SC_NVG_HD void signal(const Params& p, uint32_t b, int word, uint64_t q, bool fa
   if (tid == 0) store_release(flag_at(p, p.me, b, word), q | (failed ? kFailBit : 0));
 }
 
-// [lo, hi) of part b of slice s in a round of m elements.
+// The round's k slices. Slice s of round r: `len` elements (0 past the data), at
+// `scratch` in each member's `in` and `res`, taken from `in_off` of the caller's input
+// and written to `out_off` of its output (kNone: not by this member).
+inline constexpr uint64_t kNone = ~0ull;
+struct Slice {
+  uint64_t scratch, in_off, out_off, len;
+};
+
+// The round's slot length (elements of each slice's place in `in` and `res`) and rounds.
+SC_NVG_HD uint64_t slot(const Params& p, uint64_t r) {
+  if (p.mode == static_cast<uint32_t>(Mode::allreduce)) {
+    const uint64_t base = r * p.chunk;
+    const uint64_t m = p.count - base < p.chunk ? p.count - base : p.chunk;
+    return (m + p.members - 1) / p.members;
+  }
+  const uint64_t l = p.chunk / p.members;
+  return l ? l : 1;
+}
+SC_NVG_HD uint64_t rounds_of(const Params& p) {
+  if (p.count == 0) return 0;
+  if (p.mode == static_cast<uint32_t>(Mode::allreduce)) return (p.count + p.chunk - 1) / p.chunk;
+  const uint64_t l = slot(p, 0);
+  return (p.count + l - 1) / l;
+}
+
+SC_NVG_HD Slice slice_of(const Params& p, uint64_t r, uint32_t s) {
+  const uint64_t L = slot(p, r);
+  Slice x{s * L, kNone, kNone, 0};
+  switch (static_cast<Mode>(p.mode)) {
+    case Mode::allreduce: {  // the round's m elements, cut in k
+      const uint64_t base = r * p.chunk;
+      const uint64_t m = p.count - base < p.chunk ? p.count - base : p.chunk;
+      const uint64_t lo = s * L < m ? s * L : m;
+      x.len = m - lo < L ? m - lo : L;
+      x.in_off = x.out_off = base + lo;
+      break;
+    }
+    case Mode::reduce_scatter_block: {  // block s's elements [r L, r L + L)
+      x.len = p.count - r * L < L ? p.count - r * L : L;
+      x.in_off = s * p.count + r * L;
+      if (s == p.me) x.out_off = r * L;
+      break;
+    }
+    case Mode::allgather: {  // member s's block, the same part of it
+      x.len = p.count - r * L < L ? p.count - r * L : L;
+      if (s == p.me) x.in_off = r * L;
+      x.out_off = s * p.count + r * L;
+      break;
+    }
+  }
+  return x;
+}
+
+// [lo, hi) of part b of a slice of `len` elements in slots of L (blocks share a slot alike
+// on every member, whatever the slice's length).
 struct Range {
   uint64_t lo, hi;
 };
-SC_NVG_HD Range part(uint64_t m, uint32_t members, uint32_t blocks, uint32_t s, uint32_t b) {
-  const uint64_t slice = (m + members - 1) / members;
-  const uint64_t s_lo = slice * s < m ? slice * s : m;
-  const uint64_t s_hi = s_lo + slice < m ? s_lo + slice : m;
-  const uint64_t per = (slice + blocks - 1) / blocks;
-  uint64_t lo = s_lo + per * b, hi = lo + per;
-  if (lo > s_hi) lo = s_hi;
-  if (hi > s_hi) hi = s_hi;
+SC_NVG_HD Range part(uint64_t L, uint64_t len, uint32_t blocks, uint32_t b) {
+  const uint64_t per = (L + blocks - 1) / blocks;
+  uint64_t lo = per * b, hi = lo + per;
+  if (lo > len) lo = len;
+  if (hi > len) hi = len;
   return Range{lo, hi};
 }
 
@@ -253,67 +311,93 @@ SC_NVG_HD void copy_range(T* dst, const T* src, Range r, uint32_t tid, uint32_t 
   for (uint64_t i = r.lo + tid; i < r.hi; i += nthreads) dst[i] = peer ? load_peer(src + i) : src[i];
 }
 
-// Reduces part `r` over the members' `in` areas into `res` (member order 0..k-1).
+// Reduces part `r` of the slice at `off` over the members' `in` areas into dst[i]
+// (member order 0..k-1).
 template <typename T>
-SC_NVG_HD void reduce_range(const Params& p, Range r, uint32_t tid, uint32_t nthreads) {
+SC_NVG_HD void reduce_range(const Params& p, uint64_t off, Range r, T* dst, uint32_t tid,
+                            uint32_t nthreads) {
   const ROp op = static_cast<ROp>(p.op);
-  T* res = reinterpret_cast<T*>(p.scratch[p.me]) + p.chunk;
   for (uint64_t i = r.lo + tid; i < r.hi; i += nthreads) {
-    T acc = load_peer(reinterpret_cast<const T*>(p.scratch[0]) + i);
+    T acc = load_peer(reinterpret_cast<const T*>(p.scratch[0]) + off + i);
     for (uint32_t m = 1; m < p.members; ++m)
-      acc = apply(op, acc, load_peer(reinterpret_cast<const T*>(p.scratch[m]) + i));
-    res[i] = acc;
+      acc = apply(op, acc, load_peer(reinterpret_cast<const T*>(p.scratch[m]) + off + i));
+    dst[i] = acc;
   }
 }
 
 // The 16-bit float types: stored as uint16_t, reduced through float, rounded per step.
 template <bool kBf16>
-SC_NVG_HD void reduce_range_16(const Params& p, Range r, uint32_t tid, uint32_t nthreads) {
+SC_NVG_HD void reduce_range_16(const Params& p, uint64_t off, Range r, uint16_t* dst, uint32_t tid,
+                               uint32_t nthreads) {
   const ROp op = static_cast<ROp>(p.op);
-  uint16_t* res = reinterpret_cast<uint16_t*>(p.scratch[p.me]) + p.chunk;
   for (uint64_t i = r.lo + tid; i < r.hi; i += nthreads) {
-    uint16_t acc = load_peer(reinterpret_cast<const uint16_t*>(p.scratch[0]) + i);
+    uint16_t acc = load_peer(reinterpret_cast<const uint16_t*>(p.scratch[0]) + off + i);
     for (uint32_t m = 1; m < p.members; ++m) {
-      const uint16_t x = load_peer(reinterpret_cast<const uint16_t*>(p.scratch[m]) + i);
+      const uint16_t x = load_peer(reinterpret_cast<const uint16_t*>(p.scratch[m]) + off + i);
       const float a = kBf16 ? bf16_to_float(acc) : half_to_float(acc);
       const float y = kBf16 ? bf16_to_float(x) : half_to_float(x);
       const float v = apply(op, a, y);
       acc = kBf16 ? float_to_bf16(v) : float_to_half(v);
     }
-    res[i] = acc;
+    dst[i] = acc;
   }
+}
+
+template <typename T>
+SC_NVG_HD void reduce_into(const Params& p, uint64_t off, Range r, T* dst, uint32_t tid, uint32_t nthreads) {
+  if (p.dtype == static_cast<uint32_t>(DType::f16))
+    reduce_range_16<false>(p, off, r, reinterpret_cast<uint16_t*>(dst), tid, nthreads);
+  else if (p.dtype == static_cast<uint32_t>(DType::bf16))
+    reduce_range_16<true>(p, off, r, reinterpret_cast<uint16_t*>(dst), tid, nthreads);
+  else
+    reduce_range<T>(p, off, r, dst, tid, nthreads);
 }
 
 template <typename T>
 SC_NVG_HD void run_block_typed(const Params& p, uint32_t b, uint32_t tid, uint32_t nthreads,
                                uint32_t* failed_shared) {
   bool failed = false;
-  const uint64_t rounds = p.count == 0 ? 0 : (p.count + p.chunk - 1) / p.chunk;
+  const uint64_t rounds = rounds_of(p);
   const uint32_t k = p.members;
+  const Mode mode = static_cast<Mode>(p.mode);
+  const T* in = static_cast<const T*>(p.send);
+  T* out = static_cast<T*>(p.recv);
+  T* mine_in = reinterpret_cast<T*>(p.scratch[p.me]);
+  T* mine_res = mine_in + p.chunk;
   for (uint64_t r = 0; r < rounds; ++r) {
     const uint64_t q = p.seq + r;
-    const uint64_t base = r * p.chunk;
-    const uint64_t m = p.count - base < p.chunk ? p.count - base : p.chunk;
-    const T* in = static_cast<const T*>(p.send) + base;
-    T* out = static_cast<T*>(p.recv) + base;
-    T* mine_in = reinterpret_cast<T*>(p.scratch[p.me]);
+    const uint64_t L = slot(p, r);
     // 1-2: my scratch is free again (whatever became of the previous round: its
-    // failure was reported with it); my input in.
+    // failure was reported with it); my input in (allgather: straight into `res`).
     wait_all(p, b, kDone, q - 1, tid, failed_shared);
-    for (uint32_t s = 0; s < k; ++s) copy_range(mine_in, in, part(m, k, p.blocks, s, b), tid, nthreads, false);
-    signal(p, b, kArrived, q, failed, tid);
-    // 3: my slice, reduced over every member's input.
-    failed |= wait_all(p, b, kArrived, q, tid, failed_shared);
-    const Range mine = part(m, k, p.blocks, p.me, b);
-    if (p.dtype == static_cast<uint32_t>(DType::f16)) reduce_range_16<false>(p, mine, tid, nthreads);
-    else if (p.dtype == static_cast<uint32_t>(DType::bf16)) reduce_range_16<true>(p, mine, tid, nthreads);
-    else reduce_range<T>(p, mine, tid, nthreads);
+    for (uint32_t s = 0; s < k; ++s) {
+      const Slice x = slice_of(p, r, s);
+      if (x.in_off == kNone) continue;
+      T* dst = (mode == Mode::allgather ? mine_res : mine_in) + x.scratch;
+      copy_range(dst, in + x.in_off, part(L, x.len, p.blocks, b), tid, nthreads, false);
+    }
+    if (mode != Mode::allgather) {
+      signal(p, b, kArrived, q, failed, tid);
+      // 3: my slice, reduced over every member's input: into `res` (allreduce), or
+      // into my output (reduce_scatter_block, which then is through with the round).
+      failed |= wait_all(p, b, kArrived, q, tid, failed_shared);
+      const Slice x = slice_of(p, r, p.me);
+      const Range mine = part(L, x.len, p.blocks, b);
+      reduce_into<T>(p, x.scratch, mine,
+                     mode == Mode::allreduce ? mine_res + x.scratch : out + x.out_off, tid, nthreads);
+      if (mode == Mode::reduce_scatter_block) {
+        signal(p, b, kDone, q, failed, tid);
+        continue;
+      }
+    }
     signal(p, b, kReduced, q, failed, tid);
     // 4: every member's slice into my output.
     failed |= wait_all(p, b, kReduced, q, tid, failed_shared);
-    for (uint32_t s = 0; s < k; ++s)
-      copy_range(out, reinterpret_cast<const T*>(p.scratch[s]) + p.chunk, part(m, k, p.blocks, s, b),
-                 tid, nthreads, true);
+    for (uint32_t s = 0; s < k; ++s) {
+      const Slice x = slice_of(p, r, s);
+      copy_range(out + x.out_off, reinterpret_cast<const T*>(p.scratch[s]) + p.chunk + x.scratch,
+                 part(L, x.len, p.blocks, b), tid, nthreads, true);
+    }
     signal(p, b, kDone, q, failed, tid);
   }
   if (failed && tid == 0) store_release(p.status, 1);

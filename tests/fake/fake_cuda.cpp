@@ -873,6 +873,7 @@ const char* check_nvgroup(const void* params, unsigned gx, unsigned bx) {
   if (p.members == 0 || p.members > streamcoll::nvgroup::kMaxMembers || p.me >= p.members)
     return "members/me out of range";
   if (p.chunk == 0 || p.seq == 0) return "chunk or seq is 0";
+  if (p.mode > static_cast<uint32_t>(streamcoll::nvgroup::Mode::allgather)) return "unknown mode";
   if (!p.flags || !p.fails || !p.status) return "null flags, fails or status";
   for (uint32_t m = 0; m < p.members; ++m)
     if (!p.scratch[m]) return "a null scratch pointer";
@@ -939,11 +940,15 @@ CUresult launch_host_kernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                    static_cast<const char*>(params[0]) + f->param_bytes);  // copied at launch
   std::vector<RangeUse> ranges;
   if (f->host == nvgroup_allreduce_host) {
-    const auto& p = *reinterpret_cast<const streamcoll::nvgroup::Params*>(l->params.data());
-    const uintptr_t bytes = p.count * streamcoll::nvgroup::dtype_size(static_cast<streamcoll::nvgroup::DType>(p.dtype));
+    namespace nv = streamcoll::nvgroup;
+    const auto& p = *reinterpret_cast<const nv::Params*>(l->params.data());
+    const uintptr_t block = p.count * nv::dtype_size(static_cast<nv::DType>(p.dtype));
+    const auto mode = static_cast<nv::Mode>(p.mode);
+    const uintptr_t in_bytes = mode == nv::Mode::reduce_scatter_block ? block * p.members : block;
+    const uintptr_t out_bytes = mode == nv::Mode::allgather ? block * p.members : block;
     const auto in = reinterpret_cast<uintptr_t>(p.send), out = reinterpret_cast<uintptr_t>(p.recv);
-    if (in != out) ranges.push_back({in, in + bytes, false});
-    ranges.push_back({out, out + bytes, true});
+    if (!overlap(in, in + in_bytes, out, out + out_bytes)) ranges.push_back({in, in + in_bytes, false});
+    ranges.push_back({out, out + out_bytes, true});
   }
   const std::string name = std::string(k->name) + " (host kernel)";
   enqueue(s, {}, nullptr, [l] {

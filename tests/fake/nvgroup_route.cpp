@@ -5,7 +5,8 @@
 // fewer GPUs than ranks) and STREAMCOLL_ROUTE=allreduce:nvgroup forces the route.
 //
 //   nvgroup_route MODE
-//   route    MPI_Allreduce of every datatype streamcoll maps to the kernel's types, with
+//   route    MPI_Allreduce (and MPI_Reduce_scatter_block likewise; MPI_Allgather of
+//            every type, MPI_SHORT too, as bytes) of every datatype streamcoll maps to the kernel's types, with
 //            MPI_SUM/PROD/MIN/MAX, counts 1, 7, 1000 and 100003 (odd, not divisible by
 //            the group size; several rounds with the test's chunk), in place and not,
 //            classic (the host must see the result complete: fake_cuda_host_access)
@@ -101,6 +102,58 @@ int one(MPI_Comm comm, const TypeCase& t, const OpCase& op, size_t n, bool in_pl
   return rc;
 }
 
+// MPI_Reduce_scatter_block (n per block) or MPI_Allgather (n per rank) on device buffers,
+// checked like one(): route, completion, exact result, nothing else written.
+template <class T>
+void blocks(MPI_Comm comm, bool rsb, const TypeCase& t, const OpCase& op, size_t n, bool in_place,
+            void* stream, unsigned salt) {
+  const int me = comm_rank(comm), p = comm_size(comm);
+  const size_t blk = n * sizeof(T), in_bytes = rsb ? blk * p : blk, out_bytes = rsb ? blk : blk * p;
+  std::vector<char> in, want;
+  if (rsb) {
+    in = bytes_of(inputs<T>(me, n * p, op.kind, salt));
+    const auto all = bytes_of(reduced<T>(p, n * p, op.kind, salt));
+    want.assign(all.begin() + static_cast<long>(me * blk), all.begin() + static_cast<long>((me + 1) * blk));
+  } else {
+    in = pattern(me, 0, blk, salt);
+    for (int q = 0; q < p; ++q) {
+      const auto b = pattern(q, 0, blk, salt);
+      want.insert(want.end(), b.begin(), b.end());
+    }
+  }
+  // In place: rsb's input is the whole receive buffer (only its first block is written);
+  // allgather's is this rank's block of it.
+  const size_t recv_bytes = (in_place && rsb ? in_bytes : out_bytes) + sizeof(T);
+  char* send = static_cast<char*>(dev_alloc(in_bytes));
+  char* recv = static_cast<char*>(dev_alloc(recv_bytes));
+  std::memset(recv, 0x5a, recv_bytes);
+  std::memcpy(!in_place ? send : rsb ? recv : recv + me * blk, in.data(), in_bytes);
+  const std::string label = std::string(rsb ? "MPI_Reduce_scatter_block " : "MPI_Allgather ") + t.name +
+                            (rsb ? std::string(" ") + op.name : "") + " count " + std::to_string(n) +
+                            (in_place ? " in place" : "") + (stream ? " on a stream" : "");
+  const char* coll = rsb ? "reduce_scatter_block" : "allgather";
+  const unsigned long long before = stat_calls(coll, g_expect.c_str(), "device");
+  const void* sb = in_place ? MPI_IN_PLACE : send;
+  const int rc = rsb ? MPI_Reduce_scatter_block(sb, recv, static_cast<int>(n), t.type, op.op, comm)
+                     : MPI_Allgather(sb, static_cast<int>(n), t.type, recv, static_cast<int>(n), t.type, comm);
+  check(rc == MPI_SUCCESS, label + ": MPI_SUCCESS");
+  check(stat_calls(coll, g_expect.c_str(), "device") == before + 1, label + ": route " + g_expect);
+  if (stream) {
+    check(api.stream_sync(static_cast<CUstream_st*>(stream)) == 0, label + ": stream completes");
+  } else {
+    const unsigned long long races = cu("races");
+    api.host_access(recv, recv_bytes - sizeof(T), 0);
+    check(cu("races") == races, label + ": complete when the call returns");
+  }
+  check(std::memcmp(recv, want.data(), out_bytes) == 0, label + ": exact");
+  if (in_place && rsb)
+    check(std::memcmp(recv + blk, in.data() + blk, in_bytes - blk) == 0, label + ": the rest of recvbuf untouched");
+  check(static_cast<unsigned char>(recv[recv_bytes - sizeof(T)]) == 0x5a, label + ": nothing written past the end");
+  if (!in_place) check(std::memcmp(send, in.data(), in_bytes) == 0, label + ": input unchanged");
+  api.free(send);
+  api.free(recv);
+}
+
 void route_mode(MPI_Comm comm) {
   const unsigned long long races0 = cu("races");
   CUstream_st* s = api.stream_create(0);
@@ -120,6 +173,22 @@ void route_mode(MPI_Comm comm) {
                    false, ++salt);
           });
         }
+  // reduce_scatter_block: every type and op; allgather: every type (any size moves).
+  for (const TypeCase& t : types())
+    for (size_t n : {size_t{1}, size_t{7}, size_t{3001}})
+      for (int variant = 0; variant < 2; ++variant) {
+        const bool in_place = (variant + n) % 2 == 1;
+        const bool on_stream = variant == 1;
+        with_type(t.tag, [&](auto x) {
+          using T = decltype(x);
+          for (const OpCase& op : kOps)
+            blocks<T>(on_stream ? attached : comm, true, t, op, n, in_place, on_stream ? s : nullptr, ++salt);
+          blocks<T>(on_stream ? attached : comm, false, t, kOps[0], n, !in_place, on_stream ? s : nullptr, ++salt);
+        });
+      }
+  blocks<short>(comm, false, {"MPI_SHORT", MPI_SHORT, Tag::shrt}, kOps[0], 999, false, nullptr, ++salt);
+  blocks<double>(comm, true, {"MPI_DOUBLE", MPI_DOUBLE, Tag::dbl}, kOps[0], size_t{1} << 18, false, nullptr, ++salt);
+  blocks<double>(attached, false, {"MPI_DOUBLE", MPI_DOUBLE, Tag::dbl}, kOps[0], size_t{1} << 18, true, s, ++salt);
   one<float>(comm, {"MPI_FLOAT", MPI_FLOAT, Tag::flt}, kOps[0], size_t{1} << 20, false, nullptr, false, ++salt);
   one<double>(attached, {"MPI_DOUBLE", MPI_DOUBLE, Tag::dbl}, kOps[3], size_t{1} << 20, true, s, false, ++salt);
   // Non-blocking calls take the next rule (pmpi here), exact.

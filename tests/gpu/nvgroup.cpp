@@ -1,9 +1,10 @@
 // nvgroup: route nvgroup on a real GPU, 1 to 4 ranks sharing GPU 0 (CUDA IPC between
-// processes on one device), STREAMCOLL_ROUTE=allreduce:nvgroup:chunk=64K (set by meson, so
+// processes on one device), STREAMCOLL_ROUTE=<each>:nvgroup:chunk=64K (set by meson, so
 // that large calls take many rounds).
 //
-// MPI_Allreduce on device buffers over int, float, double, uint8 and int64 with every op
-// the route takes, counts 1, 7, 1000 and 256 Ki, in place and not, classic and with a
+// MPI_Allreduce, MPI_Reduce_scatter_block and MPI_Allgather on device buffers over int,
+// float, double, uint8 and int64 with every op the route takes, counts 1, 7, 1000 and
+// 64 Ki, in place and not, classic and with a
 // stream attached; per call: counted on route nvgroup (MPI_Iallreduce: on the next rule,
 // pmpi), and the result equals the one computed on the host from every rank's input.
 // Classic: the input is written by a kernel on the program's stream, synchronised before
@@ -57,11 +58,13 @@ struct Runner {
     const std::vector<Type> types = {GT_TYPE(MPI_INT, int_kind<int>()), GT_TYPE(MPI_FLOAT, Kind::f32),
                                      GT_TYPE(MPI_DOUBLE, Kind::f64), GT_TYPE(MPI_UINT8_T, Kind::u8),
                                      GT_TYPE(MPI_INT64_T, Kind::i64)};
-    for (const Type& type : types)
-      for (const Op& op : nccl_ops())
-        for (size_t n : {size_t(1), size_t(7), size_t(1000), size_t(1) << 18})
-          for (bool in_place : {false, true})
-            run(Case{Coll::allreduce, type, op, n, false, in_place}, comm, attached, where);
+    const Op no_op{MPI_OP_NULL, "-", OpKind::sum};
+    for (Coll coll : {Coll::allreduce, Coll::reduce_scatter_block, Coll::allgather})
+      for (const Type& type : types)
+        for (const Op& op : reduces(coll) ? nccl_ops() : std::vector<Op>{no_op})
+          for (size_t n : {size_t(1), size_t(7), size_t(1000), size_t(1) << 16})
+            for (bool in_place : {false, true})
+              run(Case{coll, type, op, n, false, in_place}, comm, attached, where);
     run(Case{Coll::allreduce, types[1], nccl_ops()[0], 1000, true, false}, comm, attached, where);
   }
 };

@@ -37,7 +37,8 @@ struct Group {
         flags(static_cast<size_t>(kMaxMembers) * kMaxBlocks * kFlagWords, 0),
         fails(kMaxMembers, 0), status(kMaxMembers, 0) {}
 
-  Params params(uint32_t me, const void* send, void* recv, uint64_t count, DType t, ROp op) {
+  Params params(uint32_t me, const void* send, void* recv, uint64_t count, DType t, ROp op,
+                Mode mode) {
     Params p{};
     p.send = send;
     p.recv = recv;
@@ -53,6 +54,7 @@ struct Group {
     p.members = k;
     p.me = me;
     p.blocks = blocks;
+    p.mode = static_cast<uint32_t>(mode);
     return p;
   }
 
@@ -60,15 +62,19 @@ struct Group {
   // buffer). `gives_up`: that member's host does not run its kernel and writes its
   // failure word instead.
   void run(std::vector<std::vector<char>>& in, std::vector<std::vector<char>>& out, uint64_t count,
-           DType t, ROp op, int gives_up = -1) {
-    const uint64_t rounds = (count + chunk - 1) / chunk;
+           DType t, ROp op, int gives_up = -1, Mode mode = Mode::allreduce,
+           uint64_t in_stride = 0) {
+    Params probe = params(0, nullptr, nullptr, count, t, op, mode);
+    const uint64_t rounds = rounds_of(probe);
     std::vector<std::thread> th;
     for (uint32_t m = 0; m < k; ++m) {
       if (static_cast<int>(m) == gives_up) {
         __atomic_store_n(&fails[m], seq + rounds - 1, __ATOMIC_RELEASE);
         continue;
       }
-      Params p = params(m, in[m].data(), out[m].data(), count, t, op);
+      // in_stride: member m's input starts m * in_stride bytes into in[m] (in-place
+      // allgather: its own block of the output).
+      Params p = params(m, in[m].data() + m * in_stride, out[m].data(), count, t, op, mode);
       th.emplace_back([p] {
         for (uint32_t b = 0; b < p.blocks; ++b) {
           uint32_t failed = 0;
@@ -192,6 +198,58 @@ void check_case(uint32_t k, uint32_t blocks, uint64_t chunk, DType t, ROp op, ui
   }
 }
 
+// reduce_scatter_block: member m's input is k blocks of `count`; it gets block m of the
+// reduction. allgather: member m's input is one block; everyone gets the k blocks in
+// member order. In place as MPI has it: the input in the output buffer (allgather: at
+// the member's block), reduce_scatter_block writing only the first block.
+void check_blocks(Mode mode, uint32_t k, uint32_t blocks, uint64_t chunk, DType t, ROp op,
+                  uint64_t count, bool in_place, Group* reuse = nullptr) {
+  const uint32_t es = dtype_size(t);
+  Group local(k, blocks, chunk, es);
+  Group& g = reuse ? *reuse : local;
+  const bool rsb = mode == Mode::reduce_scatter_block;
+  const uint64_t in_elems = rsb ? k * count : count, out_elems = rsb ? count : k * count;
+  std::vector<std::vector<char>> in(k), out(k);
+  for (uint32_t m = 0; m < k; ++m) {
+    out[m].assign((in_place && rsb ? in_elems : out_elems) * es + 1, static_cast<char>(0x5a));
+    std::vector<char> v(in_elems * es);
+    for (uint64_t i = 0; i < in_elems; ++i) store(t, v.data() + i * es, value(op, m, i, is_signed(t)));
+    if (in_place) {
+      std::memcpy(out[m].data() + (rsb ? 0 : m * count * es), v.data(), v.size());
+      in[m] = out[m];  // the kernel reads `in` as recv itself: same buffer below
+    } else {
+      in[m] = v;
+    }
+  }
+  if (in_place) g.run(out, out, count, t, op, -1, mode, rsb ? 0 : count * es);
+  else g.run(in, out, count, t, op, -1, mode);
+  const std::vector<char> red = rsb ? reference(t, op, k, k * count) : std::vector<char>();
+  for (uint32_t m = 0; m < k; ++m) {
+    std::vector<char> want;
+    if (rsb) {
+      want.assign(red.begin() + static_cast<long>(m * count * es), red.begin() + static_cast<long>((m + 1) * count * es));
+    } else {
+      for (uint32_t q = 0; q < k; ++q)
+        for (uint64_t i = 0; i < count; ++i) {
+          char buf[8];
+          store(t, buf, value(op, q, i, is_signed(t)));
+          want.insert(want.end(), buf, buf + es);
+        }
+    }
+    const std::string what = std::string(rsb ? "reduce_scatter_block" : "allgather") + " k=" +
+                             std::to_string(k) + " blocks=" + std::to_string(blocks) + " chunk=" +
+                             std::to_string(chunk) + " " + name(t) + " " + name(op) + " count=" +
+                             std::to_string(count) + (in_place ? " in place" : "") + " member " +
+                             std::to_string(m);
+    INFO(what);
+    CHECK(std::memcmp(out[m].data(), want.data(), want.size()) == 0);
+    if (in_place && rsb)  // the rest of the buffer (the input's other blocks) untouched
+      CHECK(std::memcmp(out[m].data() + count * es, in[m].data() + count * es, (k - 1) * count * es) == 0);
+    CHECK(out[m].back() == static_cast<char>(0x5a));
+    CHECK(g.status[m] == 0);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("nvgroup kernel: 16-bit float conversions round to nearest even") {
@@ -240,5 +298,26 @@ TEST_CASE("nvgroup kernel: a member whose host gives up does not hang the others
     // The next call on the same group works again, on every member.
     for (auto& s : g.status) s = 0;
     check_case(3, 4, 32, DType::i32, ROp::sum, 333, false, &g);
+  }
+}
+
+TEST_CASE("nvgroup kernel: reduce_scatter_block and allgather, every type, in place and not") {
+  const DType types[] = {DType::i8, DType::u8,   DType::i32, DType::u32, DType::i64,
+                         DType::u64, DType::f16, DType::bf16, DType::f32, DType::f64};
+  for (uint32_t k : {1u, 2u, 3u, 4u})
+    for (DType t : types)
+      for (uint64_t count : {0ull, 1ull, 7ull, 301ull}) {
+        for (ROp op : {ROp::sum, ROp::prod, ROp::min, ROp::max})
+          check_blocks(Mode::reduce_scatter_block, k, 3, 64, t, op, count, (count + k) % 2 == 0);
+        check_blocks(Mode::allgather, k, 3, 64, t, ROp::sum, count, (count + k) % 2 == 1);
+      }
+  // Many rounds, wide grids, 8 members, and calls in turn on one group.
+  check_blocks(Mode::reduce_scatter_block, 8, 5, 40, DType::f32, ROp::sum, 1001, false);
+  check_blocks(Mode::allgather, 8, 7, 40, DType::i64, ROp::sum, 999, true);
+  Group g(3, 4, 60, 4);
+  for (int i = 0; i < 12; ++i) {
+    check_blocks(Mode::reduce_scatter_block, 3, 4, 60, DType::i32, ROp::sum, 5 + 17 * i, i % 2, &g);
+    check_blocks(Mode::allgather, 3, 4, 60, DType::i32, ROp::sum, 9 + 13 * i, i % 3 == 0, &g);
+    check_case(3, 4, 60, DType::i32, ROp::max, 11 + 29 * i, i % 2, &g);
   }
 }
