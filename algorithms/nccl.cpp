@@ -346,6 +346,22 @@ class NcclComm {
     return rc;
   }
 
+  /// An operation's end, seen by a query that found it done. An abort on this rank ends
+  /// NCCL's kernels early, so after one (`aborted_before`: this rank had aborted before
+  /// the query, or has by now) done is not done: the abort is the operation's error. Without one the
+  /// kernels ran to their end, with every rank's part (a peer's failure stalls them, it
+  /// does not end them): the operation succeeded, and a notice or asynchronous error
+  /// taken in now concerns a later operation (the next call, or the stream-ordered
+  /// operations already enqueued, report it), not this one, which every other rank
+  /// may have completed too.
+  int completed(bool aborted_before) {
+    // An abort from another thread (the watchdog) between the caller's look and its query
+    // may have ended the kernels just before the query: after the query, look again.
+    if (aborted_before || aborted()) return poll();
+    check_faults(true);
+    return MPI_SUCCESS;
+  }
+
   /// check_faults() as an MPI error code, for the calls and waits of operations: an
   /// abort is reported by them (not again by the next call).
   int poll() {
@@ -393,10 +409,9 @@ class NcclComm {
   /// current. A failed query means this rank's part is lost: its peers are told.
   int wait(CUevent e, CUstream s) {
     for (unsigned i = 1;; ++i) {
+      const bool aborted_before = aborted();
       CUresult r = e ? driver().cuEventQuery(e) : driver().cuStreamQuery(s);
-      // An abort ends NCCL's kernels too, and a failure may end them early: done with an
-      // asynchronous error pending, or after an abort, is not done.
-      if (r == CUDA_SUCCESS) return poll();
+      if (r == CUDA_SUCCESS) return completed(aborted_before);
       if (r != CUDA_ERROR_NOT_READY)
         return fail_collectively(
             fail(Failure::cuda, cuda::describe(e ? "cuEventQuery" : "cuStreamQuery", r)),
@@ -454,11 +469,14 @@ class NcclComm {
     std::unique_lock<std::shared_timed_mutex> excl(use_, std::defer_lock);
     if (!excl.try_lock_for(std::chrono::seconds(1)))
       what += " (a thread is still inside NCCL; aborting anyway)";
+    // Aborted before ncclCommAbort ends the kernels: a thread that finds an operation
+    // done must find the abort too (completed()), or it would take the end an abort
+    // forced for the operation's own.
+    aborted_.store(true, std::memory_order_release);
     lib->ncclCommAbort(comm);
     log_error("%s; NCCL communicator of %d ranks aborted: the operation fails on every rank, "
               "and the communicator's calls take the next route from its next blocking call",
               what.c_str(), size);
-    aborted_.store(true, std::memory_order_release);
   }
 
   std::mutex mu_;                // the event pool, last_
@@ -664,9 +682,10 @@ class NcclRequest final : public ManagedRequest {
     if (stream_mode_) return on_wait();  // the stream waits: complete at once
     if (finished()) return;
     ScopedContext scope(comm_->cuctx);
+    const bool aborted_before = comm_->aborted();
     CUresult r = driver().cuEventQuery(done_);
     if (r == CUDA_SUCCESS) {
-      error_ = comm_->poll();
+      error_ = comm_->completed(aborted_before);
       finish();
     } else if (r != CUDA_ERROR_NOT_READY) {
       error_ = fail(Failure::cuda, cuda::describe("cuEventQuery", r));

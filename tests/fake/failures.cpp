@@ -8,6 +8,8 @@
 //          ht PARAM     route ht with algo=PARAM (rd, ring, rabenseifner, mpi)
 //          bc PARAM     route blueconnect, backend=PARAM, on the hierarchy 2x... of the
 //                       rank count (allreduce, reduce_scatter_block, allgather)
+//          nvgroup      route nvgroup (allreduce, reduce_scatter_block, allgather; the
+//                       ranks on one fake GPU: FAKE_CUDA_BUS_ID=same)
 //          pmpi         route pmpi: the MPI (not CUDA-aware) on staged GPU buffers
 //
 // For each collective the route carries, each way of calling it (blocking; MPI_I* +
@@ -55,7 +57,8 @@ const char* const kCudaApis[] = {
     "cuMemHostAlloc", "cuMemcpyAsync", "cuMemcpyDtoDAsync", "cuMemAllocAsync", "cuEventCreate",
     "cuEventRecord", "cuEventQuery", "cuEventSynchronize", "cuStreamCreate", "cuStreamWaitEvent",
     "cuStreamQuery", "cuStreamSynchronize", "cuStreamWaitValue32", "cuLaunchKernel",
-    "cuModuleLoadData", "cuMemHostGetDevicePointer", "cuDevicePrimaryCtxRetain"};
+    "cuModuleLoadData", "cuMemHostGetDevicePointer", "cuDevicePrimaryCtxRetain", "cuMemAlloc",
+    "cuIpcGetMemHandle", "cuIpcOpenMemHandle", "cuMemHostRegister"};
 const char* const kNcclApis[] = {"ncclAllReduce", "ncclReduce", "ncclBroadcast", "ncclAllGather",
                                  "ncclReduceScatter", "ncclSend", "ncclRecv", "ncclGroupEnd"};
 
@@ -86,10 +89,14 @@ struct Outcome {
   size_t bad = 0, first = 0;
 };
 Outcome call_once(MPI_Comm comm, Kind k, How how, bool in_place);
+std::string describe(const Outcome& o);
 
 // A fresh duplicate of MPI_COMM_WORLD for one try. MPI_I* calls are routed from what an
-// earlier blocking call of theirs agreed: one clean blocking call first.
-MPI_Comm fresh(const Setup& s, Kind k, How how, bool in_place) {
+// earlier blocking call of theirs agreed: one clean blocking call first. It must succeed
+// on `fail_rank` (the failure is armed there after it); on another rank it may fail
+// instead when that rank is still in it while `fail_rank` has gone on to the try and
+// failed (its abort and notice end this rank's operation too), but never succeed wrong.
+MPI_Comm fresh(const Setup& s, Kind k, How how, bool in_place, int fail_rank = -1) {
   MPI_Comm comm;
   MPI_Comm_dup(MPI_COMM_WORLD, &comm);
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
@@ -98,7 +105,9 @@ MPI_Comm fresh(const Setup& s, Kind k, How how, bool in_place) {
     check(streamcoll_comm_attach_stream(comm, g_stream) == MPI_SUCCESS, "attach the stream");
   if (how == How::nonblocking) {
     const Outcome o = call_once(comm, k, How::blocking, in_place);
-    check(o.rc == MPI_SUCCESS && o.right, "the blocking call before MPI_I* calls is right");
+    const bool ok = o.rc == MPI_SUCCESS ? o.right : fail_rank >= 0 && g_rank != fail_rank;
+    check(ok, std::string("the blocking call before MPI_I* calls is right (") + kind_name(k) + ", " +
+                  describe(o) + ")");
   }
   return comm;
 }
@@ -128,7 +137,11 @@ Outcome call_once(MPI_Comm comm, Kind k, How how, bool in_place) {
 }
 
 std::string describe(const Outcome& o) {
-  return "rc " + std::to_string(o.rc) + " (class " + std::to_string(error_class(o.rc)) + "), " +
+  char text[MPI_MAX_ERROR_STRING] = {0};
+  int len = 0;
+  if (o.rc != MPI_SUCCESS) MPI_Error_string(o.rc, text, &len);
+  return "rc " + std::to_string(o.rc) + " (class " + std::to_string(error_class(o.rc)) +
+         (o.rc != MPI_SUCCESS ? std::string(": ") + text : std::string()) + "), " +
          (o.right ? "right" : std::to_string(o.bad) + " wrong elements from " + std::to_string(o.first));
 }
 
@@ -150,7 +163,7 @@ bool one_try(const Setup& s, Kind k, How how, bool in_place, bool nccl_api, cons
     return nth < 8;  // reproducing one try: skip the others (walking a few calls on)
   std::snprintf(g_now, sizeof g_now, "%s", label.c_str());
   alarm(60);
-  MPI_Comm comm = fresh(s, k, how, in_place);
+  MPI_Comm comm = fresh(s, k, how, in_place, fail_rank);
   const unsigned long long before = fired_count();
   if (g_rank == fail_rank) arm(nccl_api, api_name, nth);
   const Outcome o = call_once(comm, k, how, in_place);
@@ -292,6 +305,11 @@ int main(int argc, char** argv) {
     s.hows = {How::blocking};
     if (param.find("sched") == std::string::npos) s.hows.push_back(How::stream);
     s.nccl = true;
+  } else if (route == "nvgroup") {
+    for (const char* c : {"allreduce", "reduce_scatter_block", "allgather"})
+      s.spec += std::string(s.spec.empty() ? "" : ",") + c + ":nvgroup:chunk=4K:blocks=4";
+    s.kinds = {Kind::allreduce, Kind::rsb, Kind::allgather};
+    s.hows = {How::blocking, How::stream};
   } else if (route == "pmpi") {
     s.spec = "*:pmpi";
     s.kinds = all;

@@ -456,7 +456,10 @@ void nccl_async(const Nccl& n) {
   }
   check(all_not_ready, label + ": queries say NOT_READY while the other rank has not joined (" +
                            std::to_string(polls) + " polls)");
-  check(longest < 0.1, label + ": no query blocked (longest " + std::to_string(longest) + " s)");
+  // A query that blocked would wait for rank 1, which joins only after this loop (the
+  // test would hang); short of that, a long query is the scheduler on a loaded machine
+  // (0.25 s seen with other jobs on the 2 cores): the bound is loose on purpose.
+  check(longest < 1.0, label + ": no query blocked (longest " + std::to_string(longest) + " s)");
   check(cnt("async_launched") == launched0 + 1, label + ": the operation was launched");
   check(cnt("async_held_queries") > held0, label + ": counted as held by async work");
   check(cnt("async_pending") >= 1, label + ": async work pending");
