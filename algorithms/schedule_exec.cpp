@@ -1,5 +1,7 @@
 #include "algorithms/schedule_exec.hpp"
 
+#include "core/datatypes.hpp"
+
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +15,7 @@ ScheduleRun::ScheduleRun(std::shared_ptr<const Schedule> s, const void* send, vo
       recv_(static_cast<char*>(recv)),
       type_(type),
       extent_(extent),
+      reduce_type_(reduction_type(type)),
       op_(op),
       comm_(comm),
       tag_(tag) {
@@ -76,7 +79,7 @@ void ScheduleRun::finish_round() {
       std::memmove(dst, src, o.count * static_cast<uint64_t>(extent_));
     } else {
       // inoutbuf = inbuf (op) inoutbuf, as MPI_Reduce_local defines it.
-      PMPI_Reduce_local(src, dst, static_cast<int>(o.count), type_, op_);
+      PMPI_Reduce_local(src, dst, static_cast<int>(o.count), reduce_type_, op_);
     }
   }
   posted_ = false;

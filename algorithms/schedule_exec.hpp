@@ -70,6 +70,7 @@ class ScheduleRun {
   char* tmp_ = nullptr;
   MPI_Datatype type_;
   int extent_;
+  MPI_Datatype reduce_type_;  // the type its reductions use (core/datatypes.hpp, reduction_type)
   MPI_Op op_;
   MPI_Comm comm_;
   int tag_;

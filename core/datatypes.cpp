@@ -130,4 +130,19 @@ Numeric numeric(const TypeInfo& t) {
   }
 }
 
+MPI_Datatype reduction_type(MPI_Datatype t) {
+  const TypeInfo* info = find_type(t);
+  if (!info) return t;
+  const Numeric n = numeric(*info);
+  if (n != Numeric::signed_int && n != Numeric::unsigned_int) return t;
+  const bool u = n == Numeric::unsigned_int;
+  switch (info->size) {
+    case 1: return u ? MPI_UINT8_T : MPI_INT8_T;
+    case 2: return u ? MPI_UINT16_T : MPI_INT16_T;
+    case 4: return u ? MPI_UINT32_T : MPI_INT32_T;
+    case 8: return u ? MPI_UINT64_T : MPI_INT64_T;
+    default: return t;
+  }
+}
+
 }  // namespace streamcoll

@@ -59,6 +59,14 @@ enum class Numeric : uint8_t { signed_int, unsigned_int, ieee_float, bfloat16, o
 /// and MPI_C_BOOL -> other.
 Numeric numeric(const TypeInfo& t);
 
+/// The type to reduce `t` as with PMPI_Reduce_local: for an integer type of 1, 2, 4 or
+/// 8 bytes, the fixed-width type of its size and signedness (MPI_UNSIGNED_LONG ->
+/// MPI_UINT64_T, MPI_OFFSET -> MPI_INT64_T); `t` itself otherwise. Open MPI 4.1 reduces
+/// MPI_UNSIGNED_LONG with MIN and MAX as signed, and MPI_OFFSET as unsigned; its
+/// fixed-width types reduce right, and every op defined on an integer type is defined on
+/// them.
+MPI_Datatype reduction_type(MPI_Datatype t);
+
 /// Whether MPI defines `op` on datatypes of class `cls` (MPI-4.0 section 6.9.2).
 bool op_defined_for(OpKind op, TypeClass cls);
 

@@ -1,6 +1,8 @@
 // Pure call logic: which buffers count, sizes, invalid-argument screening, eligibility.
 #include <doctest/doctest.h>
 
+#include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -313,4 +315,46 @@ TEST_CASE("eligibility") {
   CHECK(eligibility(b) == Verdict::eligible);
   for (Verdict v : {Verdict::eligible, Verdict::user_op, Verdict::mixed_memory})
     CHECK(std::string(describe(v)).size() > 3);
+}
+
+TEST_CASE("reduction_type: every integer type reduces MIN, MAX and SUM right at its extremes") {
+  // Two values per type: the top bit set (+5), and 7. Expected results from the bits, as
+  // the type's size and signedness say (two's complement), not from the MPI.
+  int checked = 0;
+  for (const TypeInfo& t : all_types()) {
+    const Numeric n = numeric(t);
+    if ((n != Numeric::signed_int && n != Numeric::unsigned_int) || t.size > 8) continue;
+    CAPTURE(t.name);
+    const MPI_Datatype r = reduction_type(t.type);
+    int size = 0;
+    PMPI_Type_size(r, &size);
+    CHECK(size == t.size);
+    const int bits = 8 * t.size;
+    const uint64_t mask = bits == 64 ? ~0ull : (1ull << bits) - 1;
+    const uint64_t big = (1ull << (bits - 1)) | 5, small = 7;
+    auto as_signed = [&](uint64_t v) {
+      return bits == 64 ? static_cast<int64_t>(v) : static_cast<int64_t>(v << (64 - bits)) >> (64 - bits);
+    };
+    const bool u = n == Numeric::unsigned_int;
+    const bool big_wins = u ? big > small : as_signed(big) > as_signed(small);
+    struct Case {
+      MPI_Op op;
+      uint64_t want;
+    } cases[] = {{MPI_MAX, big_wins ? big : small},
+                 {MPI_MIN, big_wins ? small : big},
+                 {MPI_SUM, (big + small) & mask}};
+    for (const Case& c : cases) {
+      unsigned char a[8] = {0}, b[8] = {0}, w[8] = {0};
+      std::memcpy(a, &big, static_cast<size_t>(t.size));  // little-endian: the low bytes
+      std::memcpy(b, &small, static_cast<size_t>(t.size));
+      std::memcpy(w, &c.want, static_cast<size_t>(t.size));
+      REQUIRE(PMPI_Reduce_local(a, b, 1, r, c.op) == MPI_SUCCESS);
+      CHECK(std::memcmp(b, w, static_cast<size_t>(t.size)) == 0);
+    }
+    ++checked;
+  }
+  CHECK(checked >= 10);
+  CHECK(reduction_type(MPI_UNSIGNED_LONG) == (sizeof(long) == 8 ? MPI_UINT64_T : MPI_UINT32_T));
+  CHECK(reduction_type(MPI_DOUBLE) == MPI_DOUBLE);
+  CHECK(reduction_type(MPI_2INT) == MPI_2INT);
 }
