@@ -74,6 +74,10 @@
 #include "core/progress.hpp"
 #include "core/runtime.hpp"
 #include "core/topology.hpp"
+#include "algorithms/ht.hpp"
+#if STREAMCOLL_HAVE_NVGROUP
+#include "algorithms/nvgroup.hpp"
+#endif
 #if STREAMCOLL_HAVE_NCCL
 #include "algorithms/nccl.hpp"
 #include "algorithms/nccl_map.hpp"
@@ -82,7 +86,13 @@
 namespace streamcoll {
 namespace {
 
-enum class Backend : uint8_t { sched, mpi, nccl };
+enum class Backend : uint8_t { sched, mpi, nccl, nvgroup, ht };
+
+// The backend of `level`: one per level, innermost first; the last serves every level
+// above the list's end (so one name serves them all).
+Backend backend_at(const std::vector<Backend>& b, int level) {
+  return b[std::min(static_cast<size_t>(level), b.size() - 1)];
+}
 
 // One hierarchy in use on a communicator, with what the mpi backend needs.
 struct Layout {
@@ -91,8 +101,10 @@ struct Layout {
   std::vector<MPI_Comm> sub;   // per level, MPI_COMM_NULL until the mpi backend needs it
   std::vector<uint64_t> next_ticket;                   // application thread
   std::unique_ptr<std::atomic<uint64_t>[]> turn;       // per level: ticket allowed to start
-  // GPU buffers (backend nccl): route nccl on each level's sub-communicator.
-  enum { unset, ready, off } gpu = unset;
+  // GPU buffers: a route (nccl, nvgroup, ht) on each level's sub-communicator.
+  enum Ready : uint8_t { unset, ready, off };
+  Ready gpu = unset;  // the sub-communicators, their contexts, the device, the classic stream
+  std::map<std::pair<int, Backend>, Ready> stage_ready;  // per level and backend, agreed
   std::vector<CommContext*> sub_ctx;  // the sub-communicators' contexts (owned by MPI)
 #if STREAMCOLL_HAVE_CUDA
   int device = -1;
@@ -286,7 +298,7 @@ class BcOp {
       for (size_t i = L; i-- > 0;) parts_.push_back({static_cast<int>(i), false});
     for (Part& pt : parts_) {
       const size_t l = static_cast<size_t>(pt.stage);
-      pt.backend = backends.size() == 1 ? backends[0] : backends[l];
+      pt.backend = backend_at(backends, static_cast<int>(l));
       if (pt.backend == Backend::mpi) pt.ticket = lay_->next_ticket[l]++;
     }
     for (const Part& pt : parts_)
@@ -491,63 +503,121 @@ std::string factors_text(const std::vector<int>& f) {
 
 const config::RouteChoice kNoParams{};
 
-// Collective over the communicator (a blocking call): the sub-communicators, their
-// contexts and NCCL communicators. Every rank uses them or none does.
-bool set_up_gpu(Layout& lay, BcComm& bc, const CollArgs& a, const CallEnv& env) {
-  lay.gpu = Layout::off;
-  Route* nccl = find_route(RouteId::nccl);
-  const cuda::Driver& d = cuda::driver();
-  int ok = nccl && d.usable && env.device >= 0;
-  if (ok && d.cuDeviceGet(&lay.cudev, env.device) == CUDA_SUCCESS &&
-      d.cuDevicePrimaryCtxRetain(&lay.cuctx, lay.cudev) == CUDA_SUCCESS) {
-    lay.device = env.device;
-    cuda::ScopedContext scope(lay.cuctx);
-    if (d.cuStreamCreate(&lay.classic, CU_STREAM_DEFAULT) != CUDA_SUCCESS) {
-      lay.classic = nullptr;
-      ok = 0;
-    }
-  } else {
-    lay.cuctx = nullptr;
-    ok = 0;
+Route* stage_route(Backend b) {
+  switch (b) {
+    case Backend::nccl: return find_route(RouteId::nccl);
+    case Backend::nvgroup: return find_route(RouteId::nvgroup);
+    case Backend::ht: return find_route(RouteId::ht);
+    default: return nullptr;
   }
+}
+
+// The parameters a level's route runs with: none, but for nvgroup the rule's chunk= and
+// blocks=, and cross=none (the level is one group: nvgroup must not decompose it again).
+config::RouteChoice stage_choice(Backend b, const config::RouteChoice& choice) {
+  config::RouteChoice c;
+  if (b != Backend::nvgroup) return c;
+  c.route = RouteId::nvgroup;
+  for (const char* key : {"chunk", "blocks"})
+    if (auto v = choice.param(key)) c.params.emplace_back(key, std::string(*v));
+  c.params.emplace_back("cross", "none");
+  return c;
+}
+
+// Collective over the communicator (a blocking call; bc.mu held): the sub-communicators
+// and their contexts (once per layout), then each level's route set up on its
+// sub-communicator (once per level and backend), every outcome agreed, so that every
+// rank answers alike. Then, per call, whether each level's route takes the call's stage
+// (its datatype and op), a local answer from agreed state. True when every level can run.
+bool gpu_levels(Layout& lay, BcComm& bc, const CollArgs& a, const CallEnv& env,
+                const std::vector<Backend>& backends, const config::RouteChoice& choice) {
   auto agree = [&](int mine) {
     int all = 0;
     return PMPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, bc.p2p) == MPI_SUCCESS && all;
   };
-  // On a refusal, the levels already set up let go of their NCCL communicators (freeing a
-  // sub-communicator frees its context); the mpi backend makes them again if it needs them.
-  auto give_up = [&] {
-    lay.sub_ctx.clear();
-    for (MPI_Comm& c : lay.sub)
-      if (c != MPI_COMM_NULL) PMPI_Comm_free(&c);
-    return false;
-  };
-  if (!lay.has_subs() && !lay.make_subs(bc.p2p, bc.rank)) ok = 0;
-  if (!agree(ok)) return give_up();
-  lay.sub_ctx.assign(lay.sub.size(), nullptr);
-  for (size_t l = 0; l < lay.sub.size(); ++l) {
-    lay.sub_ctx[l] = comm_context(lay.sub[l], true);
-    if (!agree(lay.sub_ctx[l] != nullptr)) return give_up();
+  if (lay.gpu == Layout::unset) {
+    lay.gpu = Layout::off;
+    const cuda::Driver& d = cuda::driver();
+    int ok = d.usable && env.device >= 0;
+    if (ok && d.cuDeviceGet(&lay.cudev, env.device) == CUDA_SUCCESS &&
+        d.cuDevicePrimaryCtxRetain(&lay.cuctx, lay.cudev) == CUDA_SUCCESS) {
+      lay.device = env.device;
+      cuda::ScopedContext scope(lay.cuctx);
+      if (d.cuStreamCreate(&lay.classic, CU_STREAM_DEFAULT) != CUDA_SUCCESS) {
+        lay.classic = nullptr;
+        ok = 0;
+      }
+    } else {
+      lay.cuctx = nullptr;
+      ok = 0;
+    }
+    // On a refusal, the levels let go of their sub-communicators (freeing one frees its
+    // context); the mpi backend makes them again if it needs them.
+    auto give_up = [&] {
+      lay.sub_ctx.clear();
+      for (MPI_Comm& c : lay.sub)
+        if (c != MPI_COMM_NULL) PMPI_Comm_free(&c);
+      return false;
+    };
+    if (!lay.has_subs() && !lay.make_subs(bc.p2p, bc.rank)) ok = 0;
+    if (!agree(ok)) return give_up();
+    lay.sub_ctx.assign(lay.sub.size(), nullptr);
+    for (size_t l = 0; l < lay.sub.size(); ++l) {
+      lay.sub_ctx[l] = comm_context(lay.sub[l], true);
+      if (!agree(lay.sub_ctx[l] != nullptr)) return give_up();
+    }
+    lay.gpu = Layout::ready;
   }
-  // Route nccl sets itself up on each sub-communicator (collective there), probed with
-  // the call's own kind of stage, whose datatype and op gpu_supports() has checked.
+  if (lay.gpu != Layout::ready) return false;
+  // Each level's route, probed with the call's own kind of stage.
   CollArgs probe = a;
   probe.coll = a.coll == Coll::allgather ? Coll::allgather : Coll::reduce_scatter_block;
   probe.nonblocking = false;
-  for (size_t l = 0; l < lay.sub.size(); ++l) {
-    probe.comm = lay.sub[l];
-    ok = nccl->accepts(probe, *lay.sub_ctx[l], kNoParams, env);
-    if (!agree(ok)) return give_up();
+  for (int l = 0; l < lay.h.levels(); ++l) {
+    const Backend b = backend_at(backends, l);
+    if (b == Backend::sched) continue;
+    Route* route = stage_route(b);
+    CommContext& sub = *lay.sub_ctx[static_cast<size_t>(l)];
+    probe.comm = lay.sub[static_cast<size_t>(l)];
+    Layout::Ready& ready = lay.stage_ready[{l, b}];
+    if (ready == Layout::unset) {  // collective: the route sets itself up there
+      ready = agree(route && route->accepts(probe, sub, stage_choice(b, choice), env)) ? Layout::ready
+                                                                                      : Layout::off;
+      if (ready == Layout::off)
+        SC_INFO("blueconnect: level %d of %s: its backend cannot run on its communicator; GPU "
+                "calls go elsewhere", l, lay.h.describe().c_str());
+    }
+    if (ready != Layout::ready || !route->accepts(probe, sub, stage_choice(b, choice), env))
+      return false;
+    if (a.coll == Coll::allreduce && l + 1 == lay.h.levels()) {  // the fused top: allreduce
+      probe.coll = Coll::allreduce;
+      if (!route->accepts(probe, sub, stage_choice(b, choice), env)) return false;
+    }
   }
-  lay.gpu = Layout::ready;
   return true;
 }
 
+// A failure a level's route found after its stage had returned (ht's engine, nvgroup's
+// kernels): taken here, for this call to report.
+int take_late(Layout& lay) {
+  int rc = MPI_SUCCESS;
+  for (CommContext* sub : lay.sub_ctx) {
+    if (!sub) continue;
+    const int late = sub->async_error->exchange(MPI_SUCCESS);
+    if (rc == MPI_SUCCESS && late != MPI_SUCCESS) rc = late;
+#if STREAMCOLL_HAVE_NVGROUP
+    if (nvgroup_stage::take_failure(*sub) && rc == MPI_SUCCESS)
+      rc = fail(Failure::peer, "blueconnect: a stage on route nvgroup failed on a rank of its group");
+#endif
+  }
+  return rc;
+}
+
 int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_ptr,
-            const CallEnv& env, const std::vector<Backend>& backends, bool ring_only) {
+            const CallEnv& env, const std::vector<Backend>& backends, bool ring_only,
+            const config::RouteChoice& choice) {
   Layout& lay = *lay_ptr;
   const cuda::Driver& d = cuda::driver();
-  Route* nccl = find_route(RouteId::nccl);
   cuda::ScopedContext scope(lay.cuctx);
   const int p = bc.size, me = bc.rank;
   const MPI_Datatype type = a.coll == Coll::allgather ? a.recvtype : a.datatype;
@@ -619,17 +689,25 @@ int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_pt
   }
   std::shared_ptr<const Prepared> prep = bc.prepare(lay_ptr, a.coll, vec, from_send, ring_only);
   const auto& stages = prep->plan.stages;
-  auto stage = [&](const bc::Stage& st, bool reduce_scatter) {
+  // A stage on a route (nccl, nvgroup, ht) of the level's sub-communicator, enqueued on s.
+  // `fused`: the outermost level of an allreduce, its reduce-scatter and all-gather as one
+  // allreduce of the segment.
+  auto stage = [&](const bc::Stage& st, bool reduce_scatter, bool fused) {
     CommContext& sub = *lay.sub_ctx[static_cast<size_t>(st.level)];
-    if (lost) {  // no data to take part with: the level's peers are told
-      nccl_stage::fail_collectively(sub, rc, "blueconnect: a stage could not run on this rank");
-      return;
-    }
+    const Backend b = backend_at(backends, st.level);
     CollArgs c{};
     c.nonblocking = false;
     c.comm = lay.sub[static_cast<size_t>(st.level)];
     const int count = static_cast<int>(st.block_len(st.me));
-    if (reduce_scatter) {
+    if (fused) {
+      c.coll = Coll::allreduce;
+      const char* in = (from_send && st.level == 0 ? input : work) + st.seg_off * ext;
+      c.recvbuf = work + st.seg_off * ext;
+      c.sendbuf = in == c.recvbuf ? MPI_IN_PLACE : in;
+      c.count = static_cast<int>(st.seg_len);
+      c.datatype = type;
+      c.op = a.op;
+    } else if (reduce_scatter) {
       c.coll = Coll::reduce_scatter_block;
       c.sendbuf = (from_send && st.level == 0 ? input : work) + st.seg_off * ext;
       c.recvbuf = work + st.block_off(st.me) * ext;
@@ -643,9 +721,21 @@ int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_pt
       c.sendcount = c.recvcount = count;
       c.sendtype = c.recvtype = type;
     }
+    if (lost) {  // no data to take part with: the level's peers are told
+      if (b == Backend::nccl) {
+        nccl_stage::fail_collectively(sub, rc, "blueconnect: a stage could not run on this rank");
+#if STREAMCOLL_HAVE_NVGROUP
+      } else if (b == Backend::nvgroup) {
+        nvgroup_stage::give_up(sub, c);
+#endif
+      } else {
+        ht_stage::stand_in(sub, c, stage_env);  // its part on scratch, marked unusable
+      }
+      return;
+    }
     // Even after a failure of this rank's (its data is then garbage, and the outcome
     // allreduce below says so everywhere): the level's peers need its part.
-    const int src = nccl->run(c, sub, kNoParams, stage_env);
+    const int src = stage_route(b)->run(c, sub, stage_choice(b, choice), stage_env);
     if (rc == MPI_SUCCESS) rc = src;
   };
   // A stage on backend sched (classic calls only): the segment to pinned host memory, the
@@ -689,16 +779,21 @@ int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_pt
     }
   };
   auto run_stage = [&](const bc::Stage& st, bool reduce_scatter) {
-    const Backend b = backends.size() == 1 ? backends[0] : backends[static_cast<size_t>(st.level)];
-    if (b == Backend::sched)
+    if (backend_at(backends, st.level) == Backend::sched)
       host_stage(st, reduce_scatter);
     else
-      stage(st, reduce_scatter);
+      stage(st, reduce_scatter, false);
   };
+  // An allreduce's outermost stage on a route: one allreduce of the segment (the
+  // cross-group step on each rank's slice), not a reduce-scatter and an all-gather.
+  const bool fuse_top = a.coll == Coll::allreduce && !stages.empty() &&
+                        backend_at(backends, stages.back().level) != Backend::sched;
+  const size_t rs_end = stages.size() - (fuse_top ? 1 : 0);
   if (a.coll != Coll::allgather)
-    for (const bc::Stage& st : stages) run_stage(st, true);
+    for (size_t i = 0; i < rs_end; ++i) run_stage(stages[i], true);
+  if (fuse_top) stage(stages.back(), true, true);
   if (a.coll != Coll::reduce_scatter_block)
-    for (size_t i = stages.size(); i-- > 0;) run_stage(stages[i], false);
+    for (size_t i = rs_end; i-- > 0;) run_stage(stages[i], false);
   switch (a.coll) {
     case Coll::allreduce: copy(recv, work, n * ext); break;
     case Coll::reduce_scatter_block: copy(recv, work + prep->plan.final_off * ext, blk); break;
@@ -717,6 +812,9 @@ int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_pt
     if (int wrc = nccl_stage::wait_stream(lay.sub_ctx, s); wrc != MPI_SUCCESS && rc == MPI_SUCCESS)
       rc = wrc;
   }
+  // What the levels' routes found after their stages returned: this call's (classic:
+  // its stages are done now) or an earlier stream-ordered call's.
+  if (int late = take_late(lay); late != MPI_SUCCESS && rc == MPI_SUCCESS) rc = late;
   // The outcome over the whole communicator: a part that failed anywhere spoils the
   // result everywhere (stages mix every rank's data).
   int mine = rc != MPI_SUCCESS ? 1 : 0, any = 0;
@@ -754,15 +852,15 @@ class BlueConnectRoute final : public Route {
     std::vector<Backend> backends;
     bool ring_only = false;
     if (!parse_params(choice, gpu, &backends, &ring_only)) return false;
-    bool any_nccl = false, any_sched = false, any_mpi = false;
+    bool any_route = false, any_sched = false, any_mpi = false;
     for (Backend b : backends) {
-      any_nccl = any_nccl || b == Backend::nccl;
+      any_route = any_route || (b != Backend::sched && b != Backend::mpi);
       any_sched = any_sched || b == Backend::sched;
       any_mpi = any_mpi || b == Backend::mpi;
     }
-    if (!gpu && any_nccl) return false;  // nccl: GPU buffers only
-    // GPU buffers: nccl stages, and host stages (sched) for classic calls only.
-    if (gpu && (any_mpi || (any_sched && env.has_stream) || a.nonblocking || !gpu_supports(a)))
+    if (!gpu && any_route) return false;  // nccl, nvgroup, ht: GPU buffers only
+    // GPU buffers: stages on routes, and host stages (sched) for classic calls only.
+    if (gpu && (any_mpi || (any_sched && env.has_stream) || a.nonblocking || !gpu_supports(a, backends)))
       return false;
 
     auto& slot = ctx.route_state[static_cast<int>(RouteId::blueconnect)];
@@ -779,7 +877,7 @@ class BlueConnectRoute final : public Route {
     }
     std::shared_ptr<Layout> lay = layout(bc, choice);
     if (!lay) return false;
-    if (backends.size() != 1 && static_cast<int>(backends.size()) != lay->h.levels()) {
+    if (static_cast<int>(backends.size()) > lay->h.levels()) {
       log_once(bc, "blueconnect: backend= names " + std::to_string(backends.size()) +
                        " levels, the hierarchy " + lay->h.describe() + " has " +
                        std::to_string(lay->h.levels()) + "; calls go elsewhere");
@@ -787,13 +885,8 @@ class BlueConnectRoute final : public Route {
     }
 #if STREAMCOLL_HAVE_CUDA && STREAMCOLL_HAVE_NCCL
     if (gpu) {
-      if (lay->gpu == Layout::unset) {
-        std::lock_guard<std::mutex> lock(bc.mu);
-        if (!set_up_gpu(*lay, bc, a, env))
-          SC_INFO("blueconnect: route nccl is not usable on every level of %s; GPU calls go "
-                  "elsewhere", lay->h.describe().c_str());
-      }
-      return lay->gpu == Layout::ready;
+      std::lock_guard<std::mutex> lock(bc.mu);
+      return gpu_levels(*lay, bc, a, env, backends, choice);
     }
 #endif
     bool need_subs = false;
@@ -822,18 +915,20 @@ class BlueConnectRoute final : public Route {
     auto& slot = ctx.route_state[static_cast<int>(RouteId::blueconnect)];
     if (!slot) return true;
     BcComm& bc = *static_cast<BcState&>(*slot).comm;
-    Route* nccl = find_route(RouteId::nccl);
-    std::vector<std::shared_ptr<Layout>> lays;
+    std::vector<std::pair<CommContext*, Route*>> stages;
     {
       std::lock_guard<std::mutex> lock(bc.mu);
-      for (auto& [key, lay] : bc.layouts)
-        if (lay && lay->gpu == Layout::ready) lays.push_back(lay);
+      for (auto& [key, lay] : bc.layouts) {
+        if (!lay || lay->gpu != Layout::ready) continue;
+        if (lay->device != local.device) return false;
+        for (auto& [level_backend, ready] : lay->stage_ready)
+          if (ready == Layout::ready)
+            stages.emplace_back(lay->sub_ctx[static_cast<size_t>(level_backend.first)],
+                                stage_route(level_backend.second));
+      }
     }
-    for (auto& lay : lays) {
-      if (lay->device != local.device) return false;
-      for (CommContext* sub : lay->sub_ctx)
-        if (sub && nccl && !nccl->able_here(a, *sub, local)) return false;
-    }
+    for (auto& [sub, route] : stages)
+      if (sub && route && !route->able_here(a, *sub, local)) return false;
 #else
     (void)ctx, (void)local;
 #endif
@@ -866,7 +961,7 @@ class BlueConnectRoute final : public Route {
         PMPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, bc->p2p);
         return rc;
       }
-      return run_gpu(a, *bc, lay, env, backends, ring_only);
+      return run_gpu(a, *bc, lay, env, backends, ring_only, choice);
     }
 #endif
     BcOp::Call call{};
@@ -895,9 +990,31 @@ class BlueConnectRoute final : public Route {
   }
 
  private:
-  // Whether route nccl can carry the stages of `a` (datatype and op).
-  static bool gpu_supports(const CollArgs& a) {
+  // Whether the levels' routes can carry the stages of `a` (datatype and op): nccl by
+  // NCCL's types and ops, nvgroup by its kernels', ht any the route gets (predefined).
+  static bool gpu_supports(const CollArgs& a, const std::vector<Backend>& backends) {
 #if STREAMCOLL_HAVE_CUDA && STREAMCOLL_HAVE_NCCL
+    bool ok = true;
+    for (Backend b : backends) {
+      if (b == Backend::nvgroup) {
+#if STREAMCOLL_HAVE_NVGROUP
+        ok = ok && nvgroup_stage::supports(a);
+#else
+        ok = false;  // not in this build
+#endif
+      } else if (b == Backend::nccl || b == Backend::sched) {
+        ok = ok && nccl_supports(a);
+      }
+    }
+    return ok;
+#else
+    (void)a, (void)backends;
+    return false;
+#endif
+  }
+
+#if STREAMCOLL_HAVE_CUDA && STREAMCOLL_HAVE_NCCL
+  static bool nccl_supports(const CollArgs& a) {
     if (a.coll == Coll::allgather)
       return nccl::supports(Coll::allgather, MemKind::device, find_type(a.recvtype), nullptr) ==
              nccl::Support::ok;
@@ -907,11 +1024,8 @@ class BlueConnectRoute final : public Route {
                nccl::Support::ok &&
            (a.coll != Coll::allreduce ||
             nccl::supports(Coll::allgather, MemKind::device, t, nullptr) == nccl::Support::ok);
-#else
-    (void)a;
-    return false;
-#endif
   }
+#endif
 
   // backend= (default: nccl for GPU buffers, sched otherwise) and algo=.
   static bool parse_params(const config::RouteChoice& choice, bool gpu,
@@ -926,6 +1040,8 @@ class BlueConnectRoute final : public Route {
       if (name == "sched") backends->push_back(Backend::sched);
       else if (name == "mpi") backends->push_back(Backend::mpi);
       else if (name == "nccl") backends->push_back(Backend::nccl);
+      else if (name == "nvgroup") backends->push_back(Backend::nvgroup);
+      else if (name == "ht") backends->push_back(Backend::ht);
       else return false;
     }
     *ring_only = choice.param("algo").value_or("auto") == "ring";

@@ -50,6 +50,7 @@
 #include <tuple>
 #include <vector>
 
+#include "algorithms/ht.hpp"
 #include "algorithms/pmpi.hpp"
 #include "algorithms/route.hpp"
 #include "algorithms/schedule.hpp"
@@ -1257,6 +1258,26 @@ Route* ht_route() {
   static HtRoute r;
   return &r;
 }
+
+namespace ht_stage {
+
+void stand_in(CommContext& ctx, const CollArgs& a, const CallEnv& env) {
+#if !STREAMCOLL_HAVE_CUDA
+  (void)ctx, (void)a, (void)env;  // no GPU calls in this build
+#else
+  auto& slot = ctx.route_state[static_cast<int>(RouteId::ht)];
+  if (!slot) return;
+  const std::shared_ptr<HtComm>& hc = static_cast<HtState&>(*slot).comm;
+  const int extent = element_size(a);
+  const config::RouteChoice none{};
+  const Algo algo = choose_algo(a, none, call_bytes(a, hc->size, extent, extent), hc->size);
+  const bool status = algo == Algo::mpi && env.agreed_mem == MemKind::device;
+  const uint64_t bytes = call_bytes(a, hc->size, extent, extent);
+  streamcoll::stand_in(a, hc, algo, extent, bytes, status, MPI_SUCCESS);
+#endif
+}
+
+}  // namespace ht_stage
 
 void ht_shutdown() {
   progress::stop();  // finishes every operation in flight

@@ -7,9 +7,15 @@
 // Group: every rank of the communicator, when they all run on one node (ctx.nodes == 1),
 // there are at most kMaxMembers of them, and every rank can reach every other rank's GPU:
 // the same GPU (CUDA IPC between processes on one device), or a GPU this rank's driver
-// sees (cuDeviceGetByPCIBusId) with peer access (cuDeviceCanAccessPeer). Communicators
-// over several nodes or groups decline (the table's next rule); see README for how
-// BlueConnect's decomposition would host the route as an intra-group stage.
+// sees (cuDeviceGetByPCIBusId) with peer access (cuDeviceCanAccessPeer).
+//
+// Several groups (a communicator over several nodes, or a hierarchy imposed by the rule's
+// hierarchy= or STREAMCOLL_HIERARCHY with two levels or more): the route is BlueConnect's
+// decomposition (algorithms/blueconnect.cpp) with this route's kernels as the stage
+// backend of its innermost level: reduce-scatter inside each group (the kernel's first
+// half), the cross-group step on each rank's slice by route nccl or ht (cross=, one
+// allreduce across the groups at the outermost level), all-gather inside each group (the
+// kernel's second half). The groups are the hierarchy's innermost level.
 //
 // Set-up, per communicator, at its first blocking call routed here (collective; every
 // rank gets there at the same call, and the outcome is agreed, so either every rank
@@ -25,16 +31,24 @@
 //      IPC handles;
 //   4. PMPI_Allreduce(MIN, ok): ready, or off for good (the calls take the next rule).
 //
-// Per call (blocking calls only, classic or stream-attributed):
+// Per call (blocking calls; MPI_I* below):
 //   classic   the kernel on an internal stream ordered after the legacy stream (as a
 //             legacy-stream copy would be); the host waits for it and reads the status
 //             word, so a failure seen by the kernel is this call's error.
 //   attached  the kernel on the communicator's stream; returns at once. A failure the
 //             kernel saw is reported by the next call on the communicator.
-// MPI_I* calls decline (the table's next rule): the kernel of each member waits for its
-// peers' kernels, so operations of two communicators started in different orders on
-// different ranks (which MPI allows for non-blocking calls) could wait for each other on
-// the GPU, the hazard NCCL's user guide describes for its own kernels.
+// MPI_I* calls (only with STREAMCOLL_NVGROUP_NONBLOCKING=1; otherwise the table's next
+// rule): each member's kernel waits for its peers' kernels, so operations of two
+// communicators started in different orders on different ranks, which MPI allows for
+// non-blocking calls, could wait for each other on the GPU (the hazard NCCL's user guide
+// describes for its own kernels); a program that starts them in one order everywhere may
+// say so. Classic: the kernel goes on the internal stream, and the request completes once
+// an event behind it has (its own status word says whether it failed). Stream-ordered:
+// the kernel goes on a side stream that waits for the attached stream, and MPI_Wait makes
+// the attached stream wait for it (the host does not).
+// The kernels of one communicator run one after the other on this rank's GPU, whatever
+// streams they go on (each waits for an event behind the previous one): every kernel
+// waits for the previous call's rounds, and two resident at once could starve each other.
 //
 // Failures stay collective: a rank that cannot launch its kernel (or whose stream fails)
 // writes its failure word in the flags segment (Group::give_up: once its own earlier
@@ -55,6 +69,7 @@
 #include <thread>
 #include <vector>
 
+#include "algorithms/nvgroup.hpp"
 #include "algorithms/nvgroup_kernel.hpp"
 #include "algorithms/route.hpp"
 #include "core/coll_args.hpp"
@@ -62,10 +77,14 @@
 #include "core/datatypes.hpp"
 #include "core/errors.hpp"
 #include "core/log.hpp"
+#include "core/requests.hpp"
+#include "core/runtime.hpp"
 #include "core/stats.hpp"
+#include "core/topology.hpp"
 
 namespace streamcoll {
 
+Route* blueconnect_route();
 extern const unsigned char kNvgroupFatbin[];
 extern const unsigned long kNvgroupFatbin_size;
 
@@ -126,6 +145,7 @@ std::optional<nvgroup::ROp> kernel_op(OpKind k) {
 bool driver_has_entry_points() {
   const cuda::Driver& d = driver();
   return d.usable && d.cuModuleLoadData && d.cuModuleGetFunction && d.cuLaunchKernel &&
+         d.cuEventSynchronize && d.cuStreamWaitEvent && d.cuMemHostAlloc && d.cuMemFreeHost &&
          d.cuDeviceGetAttribute && d.cuDeviceGetByPCIBusId && d.cuDeviceCanAccessPeer &&
          d.cuMemAlloc && d.cuMemFree && d.cuIpcGetMemHandle && d.cuIpcOpenMemHandle &&
          d.cuIpcCloseMemHandle && d.cuMemHostRegister && d.cuMemHostUnregister &&
@@ -196,7 +216,46 @@ struct Group : std::enable_shared_from_this<Group> {
   uint32_t members = 0, me = 0, blocks = 0;
   uint64_t next_seq = 1;  // the next round's number
   uint64_t last_seq = 0;  // the last round launched (or failed)
-  std::mutex mu;          // next_seq, failure words
+  std::mutex mu;          // next_seq, failure words, status words
+  CUstream side = nullptr;  // stream-ordered MPI_I*: after the attached stream
+  // Status words of classic MPI_I* calls, one per call in flight (a request completes
+  // only once its kernel is done, so its word is free again after it): pinned,
+  // device-mapped pages of kStatusPerPage words, made as needed.
+  struct StatusWord {
+    uint64_t* host;
+    CUdeviceptr dev;
+  };
+  std::vector<void*> status_pages;
+  std::vector<StatusWord> free_status;
+  static constexpr size_t kStatusPerPage = 512;
+
+  // A cleared status word, or {nullptr, 0} when no page can be had; cuctx is current.
+  StatusWord take_status() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (free_status.empty()) {
+      const cuda::Driver& d = driver();
+      void* page = nullptr;
+      CUdeviceptr dev = 0;
+      if (d.cuMemHostAlloc(&page, kStatusPerPage * sizeof(uint64_t), CU_MEMHOSTALLOC_DEVICEMAP) !=
+          CUDA_SUCCESS)
+        return StatusWord{nullptr, 0};
+      if (d.cuMemHostGetDevicePointer(&dev, page, 0) != CUDA_SUCCESS) {
+        d.cuMemFreeHost(page);
+        return StatusWord{nullptr, 0};
+      }
+      status_pages.push_back(page);
+      for (size_t i = 0; i < kStatusPerPage; ++i)
+        free_status.push_back(StatusWord{static_cast<uint64_t*>(page) + i, dev + i * sizeof(uint64_t)});
+    }
+    StatusWord w = free_status.back();
+    free_status.pop_back();
+    __atomic_store_n(w.host, 0, __ATOMIC_RELEASE);
+    return w;
+  }
+  void give_status(StatusWord w) {
+    std::lock_guard<std::mutex> lock(mu);
+    free_status.push_back(w);
+  }
 
   uint64_t* flags_host() const { return reinterpret_cast<uint64_t*>(segment); }
   uint64_t* fail_host(uint32_t m) const {
@@ -284,7 +343,9 @@ struct Group : std::enable_shared_from_this<Group> {
         if (p) d.cuIpcCloseMemHandle(p);
       if (scratch) d.cuMemFree(scratch);
       if (registered) d.cuMemHostUnregister(segment);
+      for (void* page : status_pages) d.cuMemFreeHost(page);
       if (classic) d.cuStreamDestroy(classic);
+      if (side) d.cuStreamDestroy(side);
       if (legacy) d.cuEventDestroy(legacy);
       if (last) d.cuEventDestroy(last);
       d.cuDevicePrimaryCtxRelease(cudev);
@@ -359,6 +420,8 @@ bool open_local(Group& g, int device, uint64_t chunk, Entry* e, std::string* why
     return *why = cuda::describe("cuDeviceGetAttribute (multiprocessors)", r), false;
   if ((r = d.cuStreamCreate(&g.classic, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS)
     return g.classic = nullptr, *why = cuda::describe("cuStreamCreate", r), false;
+  if ((r = d.cuStreamCreate(&g.side, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS)
+    return g.side = nullptr, *why = cuda::describe("cuStreamCreate", r), false;
   if ((r = d.cuEventCreate(&g.legacy, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS)
     return g.legacy = nullptr, *why = cuda::describe("cuEventCreate", r), false;
   if ((r = d.cuEventCreate(&g.last, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS)
@@ -482,103 +545,242 @@ void set_up(NvgroupState& st, const CallEnv& env, const CommContext& ctx,
   st.status = NvgroupState::ready;
 }
 
+// The kernel's parameters for `a` on `g`, all but the addresses; *rounds: how many.
+nvgroup::Params shape_of(const CollArgs& a, const Group& g, uint64_t* rounds) {
+  // The kernel's element type: the reduction's, or for allgather an unsigned type of the
+  // datatype's size (bytes when there is none).
+  nvgroup::Params p{};
+  const bool gather = a.coll == Coll::allgather;
+  const TypeInfo* t = find_type(gather ? a.recvtype : a.datatype);
+  uint64_t count = static_cast<uint64_t>(gather ? a.recvcount : a.count);  // per block but allreduce
+  nvgroup::DType dt;
+  if (!gather) {
+    dt = *kernel_type(*t);
+    p.op = static_cast<uint32_t>(*kernel_op(find_op(a.op)->kind));
+  } else if (t->size == 4 || t->size == 8) {
+    dt = t->size == 4 ? nvgroup::DType::u32 : nvgroup::DType::u64;
+  } else {
+    dt = nvgroup::DType::u8;
+    count *= static_cast<uint64_t>(t->size);
+  }
+  p.dtype = static_cast<uint32_t>(dt);
+  p.mode = static_cast<uint32_t>(a.coll == Coll::allreduce ? nvgroup::Mode::allreduce
+                                 : gather                  ? nvgroup::Mode::allgather
+                                                           : nvgroup::Mode::reduce_scatter_block);
+  p.count = count;
+  p.chunk = g.chunk_bytes / nvgroup::dtype_size(dt);
+  p.members = g.members;
+  p.me = g.me;
+  p.blocks = g.blocks;
+  *rounds = nvgroup::rounds_of(p);
+  return p;
+}
+
+// Rounds [seq, seq + rounds) for the next call, in call order (equal on every rank).
+uint64_t reserve(Group& g, uint64_t rounds) {
+  std::lock_guard<std::mutex> lock(g.mu);
+  const uint64_t seq = g.next_seq;
+  g.next_seq += rounds;
+  g.last_seq = seq + rounds - 1;
+  return seq;
+}
+
+// A classic MPI_I* call: complete once the event behind its kernel is (never blocking in
+// on_test), with the error its status word holds.
+class NvgroupRequest final : public ManagedRequest {
+ public:
+  NvgroupRequest(std::shared_ptr<Group> g, CUevent done, Group::StatusWord w, std::string what)
+      : g_(std::move(g)), done_(done), word_(w), what_(std::move(what)) {}
+  ~NvgroupRequest() override {
+    ScopedContext scope(g_->cuctx);
+    // Never completed (start_request failed): the kernel may still use the word.
+    if (!completed()) driver().cuEventSynchronize(done_);
+    driver().cuEventDestroy(done_);
+    g_->give_status(word_);
+  }
+  void on_test() override {
+    if (completed()) return;
+    ScopedContext scope(g_->cuctx);
+    const CUresult r = driver().cuEventQuery(done_);
+    if (r == CUDA_ERROR_NOT_READY) return;
+    finish(r);
+  }
+  void on_wait() override {
+    if (completed()) return;
+    ScopedContext scope(g_->cuctx);
+    finish(driver().cuEventSynchronize(done_));
+  }
+  void on_free() override { on_wait(); }
+  int error() const override { return error_; }
+
+ private:
+  void finish(CUresult r) {
+    if (r != CUDA_SUCCESS)
+      error_ = fail(Failure::cuda, cuda::describe((what_ + " (nvgroup)").c_str(), r));
+    else if (__atomic_load_n(word_.host, __ATOMIC_ACQUIRE))
+      error_ = fail(Failure::cuda, what_ + " (nvgroup): a rank of the group could not take its part");
+    complete();
+  }
+  std::shared_ptr<Group> g_;
+  CUevent done_;
+  Group::StatusWord word_;
+  std::string what_;
+  int error_ = MPI_SUCCESS;
+};
+
+// A stream-ordered MPI_I* call: MPI_Wait makes the attached stream wait for the event
+// behind the kernel (on the side stream) and completes at once.
+class NvgroupStreamRequest final : public ManagedRequest {
+ public:
+  NvgroupStreamRequest(std::shared_ptr<Group> g, CUevent done, CUstream user)
+      : g_(std::move(g)), done_(done), user_(user) {}
+  ~NvgroupStreamRequest() override {
+    ScopedContext scope(g_->cuctx);
+    driver().cuEventDestroy(done_);  // its last record stays valid for waits made on it
+  }
+  void on_test() override {
+    if (completed()) return;
+    ScopedContext scope(g_->cuctx);
+    if (CUresult r = driver().cuStreamWaitEvent(user_, done_, 0); r != CUDA_SUCCESS)
+      error_ = fail(Failure::cuda, cuda::describe("nvgroup: cuStreamWaitEvent (MPI_Wait)", r));
+    complete();
+  }
+  void on_wait() override { on_test(); }
+  void on_free() override { on_test(); }
+  int error() const override { return error_; }
+
+ private:
+  std::shared_ptr<Group> g_;
+  CUevent done_;
+  CUstream user_;
+  int error_ = MPI_SUCCESS;
+};
+
+// Whether `choice` on ctx means several groups (file comment): facts equal on every rank
+// (the rule, the settings agreed at MPI_Init, the communicator's layout).
+bool several_groups(const CommContext& ctx, const config::RouteChoice& choice) {
+  if (choice.param("cross").value_or("") == "none") return false;  // a stage of blueconnect
+  auto levels = [&](const std::vector<int>& f) {
+    long product = 1;
+    int n = 0;
+    for (int x : f) {
+      product *= x;
+      n += x > 1;
+    }
+    return product == ctx.size ? n : -1;
+  };
+  if (auto v = choice.param("hierarchy")) {
+    auto f = topo::parse_factors(*v);
+    return f && levels(*f) >= 2;
+  }
+  const std::vector<int>& env = Runtime::get().settings().hierarchy;
+  if (!env.empty() && levels(env) >= 0) return levels(env) >= 2;
+  return ctx.nodes > 1;
+}
+
+// The blueconnect rule that carries a call over several groups: this route's kernels
+// inside the groups (the innermost level), route cross= (nccl by default) above.
+config::RouteChoice across(const config::RouteChoice& choice) {
+  config::RouteChoice bc;
+  bc.route = RouteId::blueconnect;
+  const std::string cross(choice.param("cross").value_or("nccl"));
+  bc.params.emplace_back("backend", "nvgroup/" + cross);
+  for (const char* key : {"hierarchy", "chunk", "blocks"})
+    if (auto v = choice.param(key)) bc.params.emplace_back(key, std::string(*v));
+  return bc;
+}
+
+bool valid_cross(const config::RouteChoice& choice) {
+  const std::string_view c = choice.param("cross").value_or("nccl");
+  return c == "nccl" || c == "ht";
+}
+
 class NvgroupRoute final : public Route {
  public:
   RouteId id() const override { return RouteId::nvgroup; }
 
   bool able_here(const CollArgs& a, CommContext& ctx, const CallEnv& local) override {
-    (void)a;
     if (local.mem != MemKind::device || local.device < 0) return false;
     auto& slot = ctx.route_state[static_cast<int>(RouteId::nvgroup)];
     if (slot) {
       auto& st = static_cast<NvgroupState&>(*slot);
       if (st.status == NvgroupState::ready) return local.device == st.group->device;
     }
+    // Several groups: blueconnect's stages (its levels' routes on this rank's GPU).
+    if (ctx.route_state[static_cast<int>(RouteId::blueconnect)] &&
+        !blueconnect_route()->able_here(a, ctx, local))
+      return false;
     return driver_has_entry_points();
   }
 
   bool accepts(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,
                const CallEnv& agreed) override {
-    if (a.nonblocking) return false;
-    if (agreed.mem != MemKind::device || ctx.nodes != 1 || ctx.size > kMaxMembers) return false;
-    if (a.coll == Coll::allreduce || a.coll == Coll::reduce_scatter_block) {
-      const TypeInfo* t = find_type(a.datatype);
-      const OpInfo* op = find_op(a.op);
-      if (!t || !op || !kernel_type(*t) || !kernel_op(op->kind)) return false;
-    } else if (a.coll == Coll::allgather) {
-      const TypeInfo* t = find_type(a.recvtype);  // eligibility: contiguous, = sendtype
-      if (!t || t->size <= 0) return false;
-    } else {
+    if (a.nonblocking && !Runtime::get().settings().nvgroup_nonblocking) return false;
+    if (agreed.mem != MemKind::device) return false;
+    if (a.coll != Coll::allreduce && a.coll != Coll::reduce_scatter_block &&
+        a.coll != Coll::allgather)
       return false;
+    if (!nvgroup_stage::supports(a)) return false;
+    if (several_groups(ctx, choice)) {
+      if (a.nonblocking || !valid_cross(choice)) return false;
+      return blueconnect_route()->accepts(a, ctx, across(choice), agreed);
     }
+    if (ctx.nodes != 1 || ctx.size > kMaxMembers) return false;
     NvgroupState& st = state_of(ctx);
-    if (st.status == NvgroupState::unset) set_up(st, agreed, ctx, choice);
+    if (st.status == NvgroupState::unset) {
+      if (a.nonblocking) return false;  // set-up is collective: at a blocking call only
+      set_up(st, agreed, ctx, choice);
+    }
     return st.status == NvgroupState::ready;
   }
 
   int run(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,
           const CallEnv& env) override {
-    (void)choice;
+    if (several_groups(ctx, choice)) return blueconnect_route()->run(a, ctx, across(choice), env);
     bury(nullptr);  // frees what gone communicators left, once their peers are through
     std::shared_ptr<Group> g = state_of(ctx).group;
     const cuda::Driver& d = driver();
-    // The kernel's element type: the reduction's, or for allgather an unsigned type of
-    // the datatype's size (bytes when there is none).
-    nvgroup::Params p{};
-    const bool gather = a.coll == Coll::allgather;
-    const TypeInfo* t = find_type(gather ? a.recvtype : a.datatype);
-    uint64_t count = static_cast<uint64_t>(gather ? a.recvcount : a.count);  // per block but allreduce
-    nvgroup::DType dt;
-    if (!gather) {
-      dt = *kernel_type(*t);
-      p.op = static_cast<uint32_t>(*kernel_op(find_op(a.op)->kind));
-    } else if (t->size == 4 || t->size == 8) {
-      dt = t->size == 4 ? nvgroup::DType::u32 : nvgroup::DType::u64;
-    } else {
-      dt = nvgroup::DType::u8;
-      count *= static_cast<uint64_t>(t->size);
-    }
-    const uint64_t ts = nvgroup::dtype_size(dt);
-    const uint64_t chunk = g->chunk_bytes / ts;
-    p.mode = static_cast<uint32_t>(a.coll == Coll::allreduce ? nvgroup::Mode::allreduce
-                                   : gather                  ? nvgroup::Mode::allgather
-                                                             : nvgroup::Mode::reduce_scatter_block);
-    p.count = count;
-    p.chunk = chunk;
-    p.members = g->members;
-    const uint64_t rounds = nvgroup::rounds_of(p);
-    uint64_t seq;
-    {
-      std::lock_guard<std::mutex> lock(g->mu);
-      seq = g->next_seq;
-      g->next_seq += rounds;
-      g->last_seq = seq + rounds - 1;
-    }
+    uint64_t rounds = 0;
+    nvgroup::Params p = shape_of(a, *g, &rounds);
+    const uint64_t seq = reserve(*g, rounds);
+    const uint64_t ts = nvgroup::dtype_size(static_cast<nvgroup::DType>(p.dtype));
     // A failure the kernel of an earlier stream-ordered call saw: reported now.
     int late = MPI_SUCCESS;
     if (env.has_stream && __atomic_exchange_n(g->status_host(g->me), 0, __ATOMIC_ACQ_REL))
-      late = fail(Failure::cuda, "nvgroup: an earlier stream-ordered allreduce on this "
+      late = fail(Failure::cuda, "nvgroup: an earlier stream-ordered call on this "
                                  "communicator failed on a rank of the group");
     const std::string what = call_name(a.coll, a.nonblocking);
-    CUstream s = env.has_stream ? static_cast<CUstream>(env.stream) : g->classic;
+    const bool classic_request = a.nonblocking && !env.has_stream;
+    CUstream user = static_cast<CUstream>(env.stream);
+    CUstream s = !env.has_stream ? g->classic : a.nonblocking ? g->side : user;
     ScopedContext scope(g->cuctx);
     // This rank cannot take its part: its peers' kernels go on without it (they report
     // the call failed). Its own earlier kernels may still run: they never wait for a
     // failure word, only peers do, so writing it now cannot stop them.
+    Group::StatusWord word{nullptr, 0};
     auto lost = [&](int rc) {
+      if (word.host) g->give_status(word);
       g->give_up(seq + rounds - 1);
       if (!env.has_stream) d.cuStreamSynchronize(s);  // nothing may still use the buffers
+      if (a.nonblocking) *a.request = MPI_REQUEST_NULL;
       return rc;
     };
-    if (!env.has_stream) {
-      CUresult r = d.cuEventRecord(g->legacy, CU_STREAM_LEGACY);
+    // Ordered after the work the caller's semantics put before it: the legacy stream
+    // (classic), the attached stream (a stream-ordered MPI_I*, on the side stream); and
+    // after this communicator's previous kernel on this rank, whatever its stream.
+    if (!env.has_stream || a.nonblocking) {
+      CUresult r = d.cuEventRecord(g->legacy, env.has_stream ? user : CU_STREAM_LEGACY);
       if (r == CUDA_SUCCESS) r = d.cuStreamWaitEvent(s, g->legacy, 0);
       if (r != CUDA_SUCCESS)
-        return lost(fail(Failure::cuda, cuda::describe("cuStreamWaitEvent (legacy stream)", r)));
+        return lost(fail(Failure::cuda, cuda::describe("nvgroup: ordering the kernel's stream", r)));
     }
+    if (g->last_recorded && g->last_stream != s)
+      if (CUresult r = d.cuStreamWaitEvent(s, g->last, 0); r != CUDA_SUCCESS)
+        return lost(fail(Failure::cuda, cuda::describe("nvgroup: cuStreamWaitEvent (previous kernel)", r)));
     // In place: the input is in the output buffer (allgather: this rank's block of it).
+    const bool gather = a.coll == Coll::allgather;
     p.send = a.sendbuf != MPI_IN_PLACE ? a.sendbuf
-             : gather ? static_cast<const char*>(a.recvbuf) + g->me * count * ts
+             : gather ? static_cast<const char*>(a.recvbuf) + g->me * p.count * ts
                       : a.recvbuf;
     p.recv = a.recvbuf;
     p.seq = seq;
@@ -587,15 +789,47 @@ class NvgroupRoute final : public Route {
     p.flags = reinterpret_cast<uint64_t*>(g->segment_dev);
     p.fails = reinterpret_cast<uint64_t*>(g->segment_dev + kFailOffset);
     p.status = reinterpret_cast<uint64_t*>(g->segment_dev + kStatusOffset) + g->me;
-    p.dtype = static_cast<uint32_t>(dt);
-    p.me = g->me;
-    p.blocks = g->blocks;
+    CUevent done = nullptr;
+    if (a.nonblocking) {
+      if (classic_request) {
+        word = g->take_status();
+        if (!word.host)
+          return lost(fail(Failure::cuda, "nvgroup: cuMemHostAlloc (status words) failed"));
+        p.status = reinterpret_cast<uint64_t*>(word.dev);
+      }
+      if (CUresult r = d.cuEventCreate(&done, CU_EVENT_DISABLE_TIMING); r != CUDA_SUCCESS)
+        return lost(fail(Failure::cuda, cuda::describe("nvgroup: cuEventCreate", r)));
+    }
     void* params[] = {&p};
     if (CUresult r = d.cuLaunchKernel(g->fn, g->blocks, 1, 1, kThreads, 1, 1, 0, s, params, nullptr);
-        r != CUDA_SUCCESS)
+        r != CUDA_SUCCESS) {
+      if (done) d.cuEventDestroy(done);
       return lost(fail(Failure::cuda, cuda::describe((what + " (nvgroup kernel launch)").c_str(), r)));
+    }
     g->last_recorded = d.cuEventRecord(g->last, s) == CUDA_SUCCESS;
     g->last_stream = s;
+    if (a.nonblocking) {
+      // The kernel runs: the request is how the caller learns when its buffers are free.
+      // Without one the operation is lost to it, and a classic caller waits here.
+      CUresult r = d.cuEventRecord(done, s);
+      int rc = MPI_SUCCESS;
+      if (r != CUDA_SUCCESS) {
+        d.cuEventDestroy(done);
+        rc = fail(Failure::cuda, cuda::describe("nvgroup: cuEventRecord", r));
+      } else if (classic_request) {
+        rc = start_request(new NvgroupRequest(g, done, word, what), a.request);
+        word = Group::StatusWord{nullptr, 0};  // the request's now (or given back with it)
+      } else {
+        rc = start_request(new NvgroupStreamRequest(g, done, user), a.request);
+      }
+      if (rc != MPI_SUCCESS) {
+        if (word.host) g->give_status(word);
+        if (!env.has_stream) d.cuStreamSynchronize(s);
+        *a.request = MPI_REQUEST_NULL;
+        return rc;
+      }
+      return late;
+    }
     if (env.has_stream) return late;
     if (CUresult r = d.cuStreamSynchronize(s); r != CUDA_SUCCESS)
       return lost(fail(Failure::cuda, cuda::describe((what + " (nvgroup)").c_str(), r)));
@@ -611,6 +845,37 @@ Route* nvgroup_route() {
   static NvgroupRoute r;
   return &r;
 }
+
+namespace nvgroup_stage {
+
+bool supports(const CollArgs& a) {
+  if (a.coll == Coll::allgather) {
+    const TypeInfo* t = find_type(a.recvtype);  // eligibility: contiguous, = sendtype
+    return t && t->size > 0;
+  }
+  if (a.coll != Coll::allreduce && a.coll != Coll::reduce_scatter_block) return false;
+  const TypeInfo* t = find_type(a.datatype);
+  const OpInfo* op = find_op(a.op);
+  return t && op && kernel_type(*t) && kernel_op(op->kind);
+}
+
+void give_up(CommContext& ctx, const CollArgs& a) {
+  auto& slot = ctx.route_state[static_cast<int>(RouteId::nvgroup)];
+  if (!slot || static_cast<NvgroupState&>(*slot).status != NvgroupState::ready) return;
+  Group& g = *static_cast<NvgroupState&>(*slot).group;
+  uint64_t rounds = 0;
+  shape_of(a, g, &rounds);
+  if (rounds) g.give_up(reserve(g, rounds) + rounds - 1);
+}
+
+bool take_failure(CommContext& ctx) {
+  auto& slot = ctx.route_state[static_cast<int>(RouteId::nvgroup)];
+  if (!slot || static_cast<NvgroupState&>(*slot).status != NvgroupState::ready) return false;
+  Group& g = *static_cast<NvgroupState&>(*slot).group;
+  return __atomic_exchange_n(g.status_host(g.me), 0, __ATOMIC_ACQ_REL) != 0;
+}
+
+}  // namespace nvgroup_stage
 
 // At MPI_Finalize, after every communicator context is gone: what gone communicators left
 // (their peers are in MPI_Finalize too) and the kernels' modules.

@@ -29,6 +29,11 @@ const std::vector<Knob>& knobs() {
        "starts its non-blocking collectives on all communicators in one order on every "
        "rank (NCCL kernels of different communicators can otherwise deadlock); 0: they "
        "take the table's next rule"},
+      {"STREAMCOLL_NVGROUP_NONBLOCKING", "0",
+       "1: MPI_I* calls on GPU memory may take route nvgroup too (one group per "
+       "communicator); only for a program that starts its non-blocking collectives on all "
+       "communicators in one order on every rank (the group's kernels wait for each "
+       "other); 0: they take the table's next rule"},
       {"STREAMCOLL_MPI_CUDA_AWARE", "auto",
        "auto|yes|no: whether the MPI accepts GPU buffers (auto asks it: "
        "MPIX_Query_cuda_support, MPIX_GPU_query_support; not found means no); when it does "
@@ -112,6 +117,7 @@ Settings read_settings() {
   if (const char* v = get("STREAMCOLL_ROUTE")) s.route = v;
   if (const char* v = get("STREAMCOLL_NCCL_LIB")) s.nccl_lib = v;
   boolean("STREAMCOLL_NCCL_NONBLOCKING", &s.nccl_nonblocking);
+  boolean("STREAMCOLL_NVGROUP_NONBLOCKING", &s.nvgroup_nonblocking);
   if (const char* v = get("STREAMCOLL_MPI_CUDA_AWARE");
       v && !parse_cuda_aware(v, &s.mpi_cuda_aware))
     s.problems.push_back(std::string("STREAMCOLL_MPI_CUDA_AWARE='") + v +

@@ -52,6 +52,7 @@ struct Settings {
   std::string route;             ///< STREAMCOLL_ROUTE
   std::string nccl_lib;          ///< STREAMCOLL_NCCL_LIB (empty: libnccl.so.2)
   bool nccl_nonblocking = false; ///< STREAMCOLL_NCCL_NONBLOCKING: MPI_I* may take route nccl
+  bool nvgroup_nonblocking = false;  ///< STREAMCOLL_NVGROUP_NONBLOCKING: MPI_I* may take route nvgroup
   CudaAware mpi_cuda_aware = CudaAware::auto_detect;  ///< STREAMCOLL_MPI_CUDA_AWARE
   Threads thread_multiple = Threads::auto_detect;  ///< STREAMCOLL_THREAD_MULTIPLE
   bool progress_bind = true;     ///< STREAMCOLL_PROGRESS_BIND=auto (false: none)

@@ -190,12 +190,15 @@ const std::vector<ParamSpec>& route_params(RouteId r) {
       {"algo", {"rd", "rabenseifner", "ring", "mpi"}, ""}, {"chunk", {}, "size"}};
   static const std::vector<ParamSpec> blueconnect = {
       {"hierarchy", {}, "hierarchy"},
-      {"backend", {"sched", "mpi", "nccl"}, "list"},
+      {"backend", {"sched", "mpi", "nccl", "nvgroup", "ht"}, "list"},
       {"algo", {"auto", "ring"}, ""},
       {"chunk", {}, "size"}};
   static const std::vector<ParamSpec> chunked = {{"chunk", {}, "size"}};
   static const std::vector<ParamSpec> nvgroup = {
-      {"chunk", {}, "size"}, {"blocks", {"1", "2", "4", "8", "16", "32", "64", "128"}, ""}};
+      {"chunk", {}, "size"},
+      {"blocks", {"1", "2", "4", "8", "16", "32", "64", "128"}, ""},
+      {"cross", {"nccl", "ht"}, ""},
+      {"hierarchy", {}, "hierarchy"}};
   switch (r) {
     case RouteId::ht: return ht;
     case RouteId::blueconnect: return blueconnect;

@@ -28,7 +28,8 @@
 //   shared  as route (but the stream pipeline), with ranks sharing GPUs
 //           (FAKE_CUDA_BUS_ID=same, or mod:2 where some levels' groups have distinct GPUs
 //           and others not): route nccl declines a level, so blueconnect declines every
-//           call and pmpi carries it, right, with no NCCL operation run.
+//           call of a rule with a level on NCCL and pmpi carries it, right, with no NCCL
+//           operation run (backend=sched, host stages alone, it still carries).
 //   env     STREAMCOLL_ROUTE (allreduce, reduce_scatter_block, allgather on blueconnect,
 //           backend=nccl) on MPI_COMM_WORLD itself, 4 ranks, with MPI_Bcast on route nccl
 //           (the default table) between them; the hierarchy from the rule's hierarchy=,
@@ -37,7 +38,8 @@
 //
 // For every call: MPI_SUCCESS; counted on the expected route and memory "device"
 // (streamcoll_get_stats); for blueconnect, one NCCL reduce-scatter per level and
-// reduce-scatter stage, one all-gather per level and all-gather stage, no NCCL allreduce,
+// reduce-scatter stage, one all-gather per level and all-gather stage (but an allreduce's
+// outermost level on NCCL: one NCCL allreduce of its segment, no other NCCL allreduce),
 // and no call counted on route nccl (stages are not calls of their own); with a stream
 // attached, no host wait (no cuStreamSynchronize, cuStreamQuery, cuEventQuery,
 // cuEventSynchronize) and, with FAKE_CUDA_DEFER=1, work still pending on the stream after
@@ -142,6 +144,8 @@ struct Comm {
   std::string name;  // for messages
   int levels = 0;    // of its hierarchy (factors > 1)
   int nccl_levels = -1;  // levels whose stages run on NCCL (-1: all of them)
+  bool top_nccl = true;  // the outermost level runs on NCCL (an allreduce's: one allreduce)
+  bool nccl_pairs_only = false;  // NCCL on level 0 alone, a level of 2 ranks (r, r^1)
 };
 
 struct Call {
@@ -157,7 +161,12 @@ struct Call {
 streamcoll_stream_t g_stream = nullptr;
 
 void run(Call& s) {
-  if (g_shared) {
+  // Shared GPUs: NCCL declines, and with it every rule with a level on NCCL (host stages
+  // alone, backend=sched, need no NCCL: blueconnect still carries those).
+  // FAKE_CUDA_BUS_ID=mod:2: ranks r and r^1 (a level-0 group of 2) have distinct GPUs.
+  const char* bus = std::getenv("FAKE_CUDA_BUS_ID");
+  const bool mod2 = bus && std::string(bus) == "mod:2";
+  if (g_shared && s.c->nccl_levels != 0 && !(mod2 && s.c->nccl_pairs_only)) {
     if (std::strcmp(s.route, "blueconnect") == 0) s.route = "pmpi";
     s.v.legacy_input = false;  // the real MPI does not order itself after the legacy stream
   }
@@ -209,11 +218,14 @@ void run(Call& s) {
   if (bc) {
     const unsigned long long lv =
         static_cast<unsigned long long>(s.c->nccl_levels < 0 ? s.c->levels : s.c->nccl_levels);
-    const unsigned long long rs = s.coll == "allgather" ? 0 : lv, ag = s.coll == "reduce_scatter_block" ? 0 : lv;
+    // An allreduce whose outermost level is on NCCL: that level's two stages are one
+    // NCCL allreduce of the segment.
+    const unsigned long long ar = s.coll == "allreduce" && s.c->top_nccl && lv > 0 ? 1 : 0;
+    const unsigned long long rs = s.coll == "allgather" ? 0 : lv - ar, ag = s.coll == "reduce_scatter_block" ? 0 : lv - ar;
     check(nc("ncclReduceScatter") - rs0 == rs && nc("ncclAllGather") - ag0 == ag &&
-              nc("ncclAllReduce") == ar0,
+              nc("ncclAllReduce") - ar0 == ar,
           L + ": stages: " + std::to_string(rs) + " NCCL reduce-scatters and " + std::to_string(ag) +
-              " all-gathers (got " + std::to_string(nc("ncclReduceScatter") - rs0) + " and " +
+              " all-gathers and " + std::to_string(ar) + " allreduces (got " + std::to_string(nc("ncclReduceScatter") - rs0) + " and " +
               std::to_string(nc("ncclAllGather") - ag0) + ", " +
               std::to_string(nc("ncclAllReduce") - ar0) + " allreduces)");
     check(stat_calls(nullptr, "nccl", nullptr) == nccl0, L + ": stages not counted as calls on route nccl");
@@ -391,6 +403,10 @@ Comm routed(MPI_Comm base, const std::string& name, const std::string& hier,
         start = i + 1;
       }
     c.nccl_levels = items == 1 ? (n ? c.levels : 0) : n;
+    const size_t last = backend.rfind('/');
+    c.top_nccl = backend.substr(last == std::string::npos ? 0 : last + 1) == "nccl";
+    c.nccl_pairs_only = items > 1 && n == 1 && backend.compare(0, 5, "nccl/") == 0 &&
+                        hier.compare(0, 2, "2x") == 0;
   }
   const std::string spec = "*:blueconnect:hierarchy=" + hier + ":backend=" + backend;
   check(api.set_route(c.comm, spec.c_str()) == MPI_SUCCESS, "streamcoll_comm_set_route(" + spec + ")");
@@ -670,12 +686,13 @@ int main(int argc, char** argv) {
     if (discovered) {
       // How many levels discovery found here (one node: at least the node level; a NUMA
       // level where the machine has one): the reduce-scatter stages of a first call.
-      const unsigned long long rs0 = nc("ncclReduceScatter");
+      const unsigned long long rs0 = nc("ncclReduceScatter"), ar0 = nc("ncclAllReduce");
       Buf x(1000 * 4);
       std::memset(x.get(), 0, 1000 * 4);
       check(MPI_Allreduce(MPI_IN_PLACE, x.get(), 1000, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD) == MPI_SUCCESS,
             "discovered hierarchy: a first MPI_Allreduce");
-      world.levels = static_cast<int>(nc("ncclReduceScatter") - rs0);
+      // (The outermost level's stages are one NCCL allreduce.)
+      world.levels = static_cast<int>(nc("ncclReduceScatter") - rs0 + nc("ncclAllReduce") - ar0);
       check(world.levels >= 1 && stat_calls("allreduce", "blueconnect", "device") == 1,
             "discovered hierarchy: the first call on blueconnect, in stages");
       if (g_rank == 0) std::printf("discovered hierarchy: %d level(s)\n", world.levels);
@@ -719,9 +736,14 @@ int main(int argc, char** argv) {
     edge_cases(two);
     other_rules();
     first_call_allgather(two);
-    if (g_shared)
+    // Shared GPUs: NCCL ran nothing, but the level-0 stages of nccl/sched rules (other_rules)
+    // where those groups have distinct GPUs (mod:2).
+    const char* bus = std::getenv("FAKE_CUDA_BUS_ID");
+    if (g_shared && !(bus && std::string(bus) == "mod:2"))
       check(nc("ncclReduceScatter") + nc("ncclAllGather") + nc("ncclAllReduce") == 0,
             "shared GPUs: NCCL ran no operation");
+    if (g_shared)
+      check(nc("ncclAllReduce") == 0, "shared GPUs: NCCL ran no allreduce (no level above 0)");
     check(nc("mismatches") == 0, "every rank ran the same NCCL operations");
     check(nc("errors") == 0, "the fake NCCL saw no bad argument");
     for (Comm& c : comms) MPI_Comm_free(&c.comm);

@@ -8,8 +8,10 @@
 //          ht PARAM     route ht with algo=PARAM (rd, ring, rabenseifner, mpi)
 //          bc PARAM     route blueconnect, backend=PARAM, on the hierarchy 2x... of the
 //                       rank count (allreduce, reduce_scatter_block, allgather)
-//          nvgroup      route nvgroup (allreduce, reduce_scatter_block, allgather; the
-//                       ranks on one fake GPU: FAKE_CUDA_BUS_ID=same)
+//          nvgroup [X]  route nvgroup (allreduce, reduce_scatter_block, allgather; the
+//                       ranks on one fake GPU: FAKE_CUDA_BUS_ID=same); MPI_I* too when
+//                       STREAMCOLL_NVGROUP_NONBLOCKING=1. With X: groups of 2 ranks
+//                       (hierarchy 2x...), the step across them on route X (cross=X)
 //          pmpi         route pmpi: the MPI (not CUDA-aware) on staged GPU buffers
 //
 // For each collective the route carries, each way of calling it (blocking; MPI_I* +
@@ -306,10 +308,20 @@ int main(int argc, char** argv) {
     if (param.find("sched") == std::string::npos) s.hows.push_back(How::stream);
     s.nccl = true;
   } else if (route == "nvgroup") {
+    // PARAM: cross=PARAM over groups of 2 (hierarchy 2x...); none: one group.
+    std::string extra;
+    if (!param.empty()) {
+      std::string h = "2";
+      for (int p = g_size / 2; p > 1; p /= 2) h += "x2";
+      extra = ":hierarchy=" + h + ":cross=" + param;
+      s.nccl = param == "nccl";
+    }
     for (const char* c : {"allreduce", "reduce_scatter_block", "allgather"})
-      s.spec += std::string(s.spec.empty() ? "" : ",") + c + ":nvgroup:chunk=4K:blocks=4";
+      s.spec += std::string(s.spec.empty() ? "" : ",") + c + ":nvgroup:chunk=4K:blocks=4" + extra;
     s.kinds = {Kind::allreduce, Kind::rsb, Kind::allgather};
     s.hows = {How::blocking, How::stream};
+    const char* nb = std::getenv("STREAMCOLL_NVGROUP_NONBLOCKING");
+    if (param.empty() && nb && std::strcmp(nb, "1") == 0) s.hows.push_back(How::nonblocking);
   } else if (route == "pmpi") {
     s.spec = "*:pmpi";
     s.kinds = all;

@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,7 @@ std::vector<TypeCase> types() {
 
 int g_device = 0;
 std::string g_expect = "nvgroup";
+std::string g_nb_expect = "pmpi";  // where MPI_I* calls go (main: from the environment)
 
 void* dev_alloc(size_t bytes) { return api.malloc_device(g_device, bytes ? bytes : 1); }
 
@@ -66,7 +68,7 @@ int one(MPI_Comm comm, const TypeCase& t, const OpCase& op, size_t n, bool in_pl
   const std::string label = std::string(nonblocking ? "MPI_Iallreduce " : "MPI_Allreduce ") + t.name +
                             " " + op.name + " count " + std::to_string(n) +
                             (in_place ? " in place" : "") + (stream ? " on a stream" : "");
-  const std::string route = nonblocking ? "pmpi" : g_expect;
+  const std::string route = nonblocking ? g_nb_expect : g_expect;
   const char* coll = nonblocking ? "iallreduce" : "allreduce";
   const unsigned long long before = stat_calls(coll, route.c_str(), "device");
   int rc;
@@ -154,6 +156,92 @@ void blocks(MPI_Comm comm, bool rsb, const TypeCase& t, const OpCase& op, size_t
   api.free(recv);
 }
 
+// Several MPI_I* calls in flight at once on one communicator (allreduce of two types,
+// in place and not, reduce_scatter_block, allgather), completed by one MPI_Waitall over
+// them and an ordinary request, in reverse order; or polled with MPI_Testall. Each exact;
+// classic: complete when the wait returns; on a stream: once the stream is.
+void in_flight(MPI_Comm comm, CUstream_st* stream, unsigned salt) {
+  const int me = comm_rank(comm), p = comm_size(comm);
+  struct Pending {
+    std::string label;
+    char* send;
+    char* recv;
+    size_t bytes;
+    std::vector<char> want;
+  };
+  std::vector<Pending> calls;
+  std::vector<MPI_Request> reqs;
+  const unsigned long long before = stat_calls(nullptr, "nvgroup", "device");
+  auto start = [&](const std::string& label, std::vector<char> in, std::vector<char> want,
+                   bool in_place, const std::function<int(const void*, void*, MPI_Request*)>& f) {
+    Pending c{label, static_cast<char*>(dev_alloc(in.size())), nullptr, want.size(), std::move(want)};
+    c.recv = static_cast<char*>(dev_alloc(std::max(c.bytes, in.size())));
+    std::memcpy(in_place ? c.recv : c.send, in.data(), in.size());
+    MPI_Request r = MPI_REQUEST_NULL;
+    check(f(in_place ? MPI_IN_PLACE : c.send, c.recv, &r) == MPI_SUCCESS, label + ": starts");
+    reqs.push_back(r);
+    calls.push_back(std::move(c));
+  };
+  const size_t n = 3001;
+  start("MPI_Iallreduce MPI_INT MPI_SUM", bytes_of(inputs<int>(me, n, Op::sum, salt)),
+        bytes_of(reduced<int>(p, n, Op::sum, salt)), false, [&](const void* sb, void* rb, MPI_Request* r) {
+          return MPI_Iallreduce(sb, rb, static_cast<int>(n), MPI_INT, MPI_SUM, comm, r);
+        });
+  start("MPI_Iallreduce MPI_DOUBLE MPI_MAX in place", bytes_of(inputs<double>(me, 7, Op::max, salt + 1)),
+        bytes_of(reduced<double>(p, 7, Op::max, salt + 1)), true, [&](const void* sb, void* rb, MPI_Request* r) {
+          return MPI_Iallreduce(sb, rb, 7, MPI_DOUBLE, MPI_MAX, comm, r);
+        });
+  {
+    const auto all = bytes_of(reduced<float>(p, 100 * static_cast<size_t>(p), Op::prod, salt + 2));
+    start("MPI_Ireduce_scatter_block MPI_FLOAT MPI_PROD",
+          bytes_of(inputs<float>(me, 100 * static_cast<size_t>(p), Op::prod, salt + 2)),
+          std::vector<char>(all.begin() + me * 400, all.begin() + (me + 1) * 400), false,
+          [&](const void* sb, void* rb, MPI_Request* r) {
+            return MPI_Ireduce_scatter_block(sb, rb, 100, MPI_FLOAT, MPI_PROD, comm, r);
+          });
+  }
+  {
+    std::vector<char> want;
+    for (int q = 0; q < p; ++q) {
+      const auto b = pattern(q, 0, 999, salt + 3);
+      want.insert(want.end(), b.begin(), b.end());
+    }
+    start("MPI_Iallgather MPI_BYTE", pattern(me, 0, 999, salt + 3), want, false,
+          [&](const void* sb, void* rb, MPI_Request* r) {
+            return MPI_Iallgather(sb, 999, MPI_BYTE, rb, 999, MPI_BYTE, comm, r);
+          });
+  }
+  check(stat_calls(nullptr, "nvgroup", "device") == before + calls.size(), "MPI_I* calls on route nvgroup");
+  // An ordinary request among them: a self message.
+  int token = me, got = -1;
+  MPI_Request self[2];
+  MPI_Irecv(&got, 1, MPI_INT, 0, 7, MPI_COMM_SELF, &self[0]);
+  MPI_Isend(&token, 1, MPI_INT, 0, 7, MPI_COMM_SELF, &self[1]);
+  std::vector<MPI_Request> all(reqs.rbegin(), reqs.rend());
+  all.insert(all.begin() + 1, self, self + 2);
+  if (salt % 2) {
+    check(MPI_Waitall(static_cast<int>(all.size()), all.data(), MPI_STATUSES_IGNORE) == MPI_SUCCESS,
+          "MPI_Waitall");
+  } else {
+    int done = 0;
+    for (int i = 0; i < 10000000 && !done; ++i)
+      check(MPI_Testall(static_cast<int>(all.size()), all.data(), &done, MPI_STATUSES_IGNORE) == MPI_SUCCESS,
+            "MPI_Testall");
+    check(done != 0, "MPI_Testall completes them");
+  }
+  check(got == me, "the ordinary request completed too");
+  if (stream) check(api.stream_sync(stream) == 0, "the stream completes");
+  const unsigned long long races = cu("races");
+  for (Pending& c : calls) {
+    const std::string label = c.label + (stream ? " on a stream" : "") + " (in flight together)";
+    if (!stream) api.host_access(c.recv, c.bytes, 0);
+    check(std::memcmp(c.recv, c.want.data(), c.bytes) == 0, label + ": exact");
+    api.free(c.send);
+    api.free(c.recv);
+  }
+  check(cu("races") == races, "complete when the wait returns (classic) or the stream is");
+}
+
 void route_mode(MPI_Comm comm) {
   const unsigned long long races0 = cu("races");
   CUstream_st* s = api.stream_create(0);
@@ -191,8 +279,14 @@ void route_mode(MPI_Comm comm) {
   blocks<double>(attached, false, {"MPI_DOUBLE", MPI_DOUBLE, Tag::dbl}, kOps[0], size_t{1} << 18, true, s, ++salt);
   one<float>(comm, {"MPI_FLOAT", MPI_FLOAT, Tag::flt}, kOps[0], size_t{1} << 20, false, nullptr, false, ++salt);
   one<double>(attached, {"MPI_DOUBLE", MPI_DOUBLE, Tag::dbl}, kOps[3], size_t{1} << 20, true, s, false, ++salt);
-  // Non-blocking calls take the next rule (pmpi here), exact.
+  // Non-blocking calls: route nvgroup with STREAMCOLL_NVGROUP_NONBLOCKING=1 (one group),
+  // else the next rule (pmpi here); exact.
   one<int>(comm, {"MPI_INT", MPI_INT, Tag::int_}, kOps[0], 1000, false, nullptr, true, ++salt);
+  if (g_nb_expect == "nvgroup") {
+    one<double>(attached, {"MPI_DOUBLE", MPI_DOUBLE, Tag::dbl}, kOps[2], 4099, true, s, true, ++salt);
+    in_flight(comm, nullptr, ++salt);
+    in_flight(attached, s, ++salt);
+  }
   // Types and ops the kernel does not take: the next rule, exact.
   {
     const unsigned long long before = stat_calls("allreduce", "pmpi", "device");
@@ -345,6 +439,12 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 1;
   }
+  // MPI_I*: route nvgroup when the program says so, on one group (several: the next rule).
+  const char* nb = std::getenv("STREAMCOLL_NVGROUP_NONBLOCKING");
+  const char* hier = std::getenv("STREAMCOLL_HIERARCHY");
+  const char* rule = std::getenv("STREAMCOLL_ROUTE");
+  const bool groups = (hier && std::strchr(hier, 'x')) || (rule && std::strstr(rule, "hierarchy="));
+  if (nb && std::strcmp(nb, "1") == 0 && !groups) g_nb_expect = "nvgroup";
   const int devices = std::getenv("FAKE_CUDA_DEVICES") ? std::atoi(std::getenv("FAKE_CUDA_DEVICES")) : 1;
   g_device = g_rank % std::max(devices, 1);
   check(api.runtime_init() == 0, "runtime init");

@@ -5,14 +5,18 @@
 // MPI_Allreduce, MPI_Reduce_scatter_block and MPI_Allgather on device buffers over int,
 // float, double, uint8 and int64 with every op the route takes, counts 1, 7, 1000 and
 // 64 Ki, in place and not, classic and with a
-// stream attached; per call: counted on route nvgroup (MPI_Iallreduce: on the next rule,
-// pmpi), and the result equals the one computed on the host from every rank's input.
+// stream attached; per call: counted on route nvgroup (MPI_Iallreduce: on route nvgroup
+// with STREAMCOLL_NVGROUP_NONBLOCKING=1 on one group, else on the next rule, pmpi), and
+// the result equals the one computed on the host from every rank's input. With
+// STREAMCOLL_HIERARCHY=2x2 (meson: 4 ranks, cross=ht in the rule) the ranks form two
+// groups of two, joined by route ht.
 // Classic: the input is written by a kernel on the program's stream, synchronised before
 // the call; the result is read right after it. Attached: the input is written on the
 // stream by a kernel that runs after a 2 ms spin, with no host synchronisation; the result
 // is read by a kernel enqueued on the stream after the call.
 // Skips (exit 77) without a GPU, without the test kernels, or without route nvgroup in
 // this build (no nvcc).
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -31,6 +35,7 @@ struct Runner {
   cudaStream_t work;
   int rank, nranks;
   uint64_t seed = 1;
+  const char* nb_route = "pmpi";  // where MPI_I* calls go
 
   void run(Case c, MPI_Comm comm, cudaStream_t attached, const char* where) {
     c.seed = seed++;
@@ -47,7 +52,7 @@ struct Runner {
     else
       GT_CUDA(cudaMemcpy(b.h_out, b.d_recv, recv_bytes(c, nranks), cudaMemcpyDeviceToHost));
     const std::string d = c.describe();
-    const char* want = c.nonblocking ? "pmpi" : "nvgroup";
+    const char* want = c.nonblocking ? nb_route : "nvgroup";
     t.check(rc == MPI_SUCCESS, "%s [%s]: returned %d", d.c_str(), where, rc);
     t.check(route == want, "%s [%s]: ran on %s, expected %s", d.c_str(), where, route.c_str(), want);
     if (const auto diff = verify(b, c, rank, nranks))
@@ -66,6 +71,11 @@ struct Runner {
             for (bool in_place : {false, true})
               run(Case{coll, type, op, n, false, in_place}, comm, attached, where);
     run(Case{Coll::allreduce, types[1], nccl_ops()[0], 1000, true, false}, comm, attached, where);
+    if (std::string(nb_route) == "nvgroup")
+      for (Coll coll : {Coll::allreduce, Coll::reduce_scatter_block, Coll::allgather})
+        for (size_t n : {size_t(7), size_t(1) << 16})
+          run(Case{coll, types[2], reduces(coll) ? nccl_ops()[1] : no_op, n, true, n == 7}, comm, attached,
+              where);
   }
 };
 
@@ -87,6 +97,10 @@ int main(int argc, char** argv) {
     GT_CUDA(cudaStreamCreateWithFlags(&work, cudaStreamNonBlocking));
     GT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     Runner run{t, b, k, work, rank, nranks};
+    const char* nb = std::getenv("STREAMCOLL_NVGROUP_NONBLOCKING");
+    const char* hier = std::getenv("STREAMCOLL_HIERARCHY");
+    if (nb && std::string(nb) == "1" && !(hier && std::string(hier).find('x') != std::string::npos))
+      run.nb_route = "nvgroup";
     // The first call sets the route up; without it in this build the calls go to pmpi.
     {
       RouteProbe probe("allreduce");

@@ -149,6 +149,21 @@ TEST_CASE("blueconnect parameters: hierarchy, backends per level, stage algorith
   CHECK_FALSE(r->choice.param("hierarchy"));
 }
 
+TEST_CASE("nvgroup parameters: across groups, and as blueconnect's innermost backend") {
+  TuningTable t = parse_ok(
+      "allreduce * * * * device * nvgroup chunk=4M blocks=64 cross=ht hierarchy=4x2\n"
+      "allgather * * * * device * blueconnect backend=nvgroup/nccl\n");
+  const Rule* r = t.match(key(Coll::allreduce, 8, 8, MemKind::device));
+  REQUIRE(r);
+  CHECK(r->choice.route == RouteId::nvgroup);
+  CHECK(r->choice.param("cross") == std::string_view("ht"));
+  CHECK(r->choice.param("hierarchy") == std::string_view("4x2"));
+  CHECK(r->choice.param("blocks") == std::string_view("64"));
+  r = t.match(key(Coll::allgather, 8, 8, MemKind::device));
+  REQUIRE(r);
+  CHECK(r->choice.param("backend") == std::string_view("nvgroup/nccl"));
+}
+
 TEST_CASE("malformed tables name the line and the reason") {
   struct Case {
     const char* text;
@@ -170,7 +185,9 @@ TEST_CASE("malformed tables name the line and the reason") {
       {"allreduce * * * * device * nccl algo=rd\n", 1, "takes no parameter 'algo'"},
       {"allreduce * * * * device * blueconnect hierarchy=2x0\n", 1, "needs factors like 2x4"},
       {"allreduce * * * * host * blueconnect backend=ucx\n", 1,
-       "'backend' takes sched|mpi|nccl or a '/'-separated list of them, got 'ucx'"},
+       "'backend' takes sched|mpi|nccl|nvgroup|ht or a '/'-separated list of them, got 'ucx'"},
+      {"allreduce * * * * device * nvgroup cross=mpi\n", 1, "'cross' must be one of nccl|ht"},
+      {"allreduce * * * * device * nvgroup hierarchy=2x\n", 1, "needs factors like 2x4"},
       {"allreduce * * * * host * blueconnect backend=sched//mpi\n", 1, "got 'sched//mpi'"},
       {"allreduce * * * * host * blueconnect backend=\n", 1, "got ''"},
       {"allreduce * * * * host * blueconnect algo=rd\n", 1, "'algo' must be one of auto|ring"},
