@@ -31,6 +31,20 @@
 //      IPC handles;
 //   4. PMPI_Allreduce(MIN, ok): ready, or off for good (the calls take the next rule).
 //
+// Registered inputs (the kernel's side: nvgroup_kernel.hpp). A rank whose input buffer
+// lies in a CUDA IPC capable allocation (cudaMalloc's; not pool or managed memory)
+// registers the allocation in one of its kSlots slots of the flags segment (its IPC
+// handle, a generation), at the first call that passes it; each peer maps it at its next
+// call (cuIpcOpenMemHandle, into a device-mapped table the kernels read) and acknowledges
+// the generation. From then on, once every peer has acknowledged, the rank's kernel skips
+// copying its input into scratch and tells the peers (its input word) to read it in
+// place: per call, per rank, a local choice, so nothing needs agreeing. Allocations are
+// known by base address and buffer id (CU_POINTER_ATTRIBUTE_BUFFER_ID), so one freed and
+// another made at the same address is registered anew. A slot goes to another allocation
+// (least recently used) only once every member is past the last round that may read it;
+// a peer's old mapping is closed when it sees the new generation. A failure anywhere in
+// this (attributes, export, mapping, the table's memory) only means copying, as before.
+//
 // Per call (blocking calls; MPI_I* below):
 //   classic   the kernel on an internal stream ordered after the legacy stream (as a
 //             legacy-stream copy would be); the host waits for it and reads the status
@@ -60,6 +74,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -105,7 +120,20 @@ constexpr unsigned kThreads = 256;
 constexpr size_t kFlagsBytes = sizeof(uint64_t) * kMaxMembers * kMaxBlocks * kFlagWords;
 constexpr size_t kFailOffset = kFlagsBytes;
 constexpr size_t kStatusOffset = kFailOffset + sizeof(uint64_t) * kMaxMembers;
-constexpr size_t kSegmentBytes = (kStatusOffset + sizeof(uint64_t) * kMaxMembers + 4095) / 4096 * 4096;
+// Registered inputs (nvgroup_kernel.hpp): each member's registry of exported allocations,
+// reg[member][slot], written by its host; and acks[peer][member][slot], the generation of
+// that registration the peer's host has mapped (kNotMapped added when it could not).
+using nvgroup::kSlots;
+struct Registration {
+  uint64_t gen;  // 0: empty; written last (release)
+  uint64_t bytes;
+  CUipcMemHandle handle;
+};
+constexpr size_t kRegOffset = kStatusOffset + sizeof(uint64_t) * kMaxMembers;
+constexpr size_t kAckOffset = kRegOffset + sizeof(Registration) * kMaxMembers * kSlots;
+constexpr uint64_t kNotMapped = 1ull << 63;
+constexpr size_t kSegmentBytes =
+    (kAckOffset + sizeof(uint64_t) * kMaxMembers * kMaxMembers * kSlots + 4095) / 4096 * 4096;
 
 std::optional<nvgroup::DType> kernel_type(const TypeInfo& t) {
   using nvgroup::DType;
@@ -264,6 +292,128 @@ struct Group : std::enable_shared_from_this<Group> {
   uint64_t* status_host(uint32_t m) const {
     return reinterpret_cast<uint64_t*>(segment + kStatusOffset) + m;
   }
+  Registration* reg(uint32_t member, uint32_t slot) const {
+    return reinterpret_cast<Registration*>(segment + kRegOffset) + member * kSlots + slot;
+  }
+  uint64_t* ack(uint32_t peer, uint32_t member, uint32_t slot) const {
+    return reinterpret_cast<uint64_t*>(segment + kAckOffset) + (peer * kMaxMembers + member) * kSlots + slot;
+  }
+
+  // ---- registered inputs ----
+  bool direct = true;  // the rule allows them (direct=yes)
+  // This rank's registrations: the allocation in each slot, and the last round a kernel
+  // of any member may read it in (it may be given to another allocation once every member
+  // is past that round).
+  struct Own {
+    CUdeviceptr base = 0;
+    uint64_t bytes = 0;
+    unsigned long long id = 0;  // CU_POINTER_ATTRIBUTE_BUFFER_ID
+    uint64_t gen = 0;
+    uint64_t last_seq = 0;
+    uint64_t used = 0;  // for least-recently-used replacement
+  } own[kSlots];
+  uint64_t next_gen = 0, clock = 0;
+  std::vector<unsigned long long> not_exportable;  // buffer ids cuIpcGetMemHandle refused
+  // The peers' registrations as mapped here: the table the kernels read (pinned,
+  // device-mapped: Params::maps), the mappings and their generations.
+  uint64_t* maps_host = nullptr;
+  CUdeviceptr maps_dev = 0;
+  CUdeviceptr opened[kMaxMembers][kSlots] = {};
+  uint64_t opened_gen[kMaxMembers][kSlots] = {};
+
+  // Whether every member is past round q (its kernel's done flags, or its host gave up).
+  bool passed(uint64_t q) const {
+    for (uint32_t m = 0; m < members; ++m) {
+      if (__atomic_load_n(fail_host(m), __ATOMIC_ACQUIRE) >= q) continue;
+      for (uint32_t b = 0; b < blocks; ++b) {
+        const uint64_t v = __atomic_load_n(
+            flags_host() + (static_cast<uint64_t>(m) * kMaxBlocks + b) * kFlagWords + nvgroup::kDone,
+            __ATOMIC_ACQUIRE);
+        if ((v & ~nvgroup::kFailBit) < q) return false;
+      }
+    }
+    return true;
+  }
+
+  // Maps what the peers registered since the last call and says so (acks). A peer gives
+  // a slot to another allocation only once no kernel can still read the old one (passed),
+  // so the old mapping may go now. cuctx is current.
+  void map_peers() {
+    const cuda::Driver& d = driver();
+    for (uint32_t m = 0; m < members; ++m) {
+      if (m == me) continue;
+      for (uint32_t j = 0; j < static_cast<uint32_t>(kSlots); ++j) {
+        const uint64_t gen = __atomic_load_n(&reg(m, j)->gen, __ATOMIC_ACQUIRE);
+        if (gen == opened_gen[m][j]) continue;
+        maps_host[m * kSlots + j] = 0;
+        if (opened[m][j]) d.cuIpcCloseMemHandle(opened[m][j]);
+        opened[m][j] = 0;
+        opened_gen[m][j] = gen;
+        if (!gen) continue;
+        CUdeviceptr p = 0;
+        const bool ok = d.cuIpcOpenMemHandle(&p, reg(m, j)->handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) ==
+                        CUDA_SUCCESS;
+        if (ok) {
+          opened[m][j] = p;
+          __atomic_store_n(&maps_host[m * kSlots + j], static_cast<uint64_t>(p), __ATOMIC_RELEASE);
+        }
+        __atomic_store_n(ack(me, m, j), ok ? gen : gen | kNotMapped, __ATOMIC_RELEASE);
+      }
+    }
+  }
+
+  // The input word for an input of `bytes` at `ptr` that rounds up to `last` may read:
+  // the slot of its allocation once every peer has mapped it; 0 (copied through scratch)
+  // until then, or when it cannot be exported. Registers a new allocation, in a free slot
+  // or the least recently used one no kernel can still read. cuctx is current.
+  uint64_t input_word(const void* ptr, uint64_t bytes, uint64_t last) {
+    if (!direct || !maps_host || members < 2 || bytes == 0) return 0;
+    const cuda::Driver& d = driver();
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    unsigned long long id = 0;
+    bool ipc_capable = false;  // cudaMalloc memory; not pool (cudaMallocAsync) or managed memory
+    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                   CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                                   CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE};
+    void* data[] = {&base, &size, &id, &ipc_capable};
+    const auto addr = reinterpret_cast<CUdeviceptr>(ptr);
+    if (d.cuPointerGetAttributes(4, attrs, data, addr) != CUDA_SUCCESS || !base || !id ||
+        !ipc_capable || addr < base || addr + bytes > base + size)
+      return 0;
+    ++clock;
+    for (uint32_t j = 0; j < static_cast<uint32_t>(kSlots); ++j) {
+      Own& o = own[j];
+      if (o.base != base || o.id != id) continue;
+      o.used = clock;
+      for (uint32_t m = 0; m < members; ++m)
+        if (m != me && __atomic_load_n(ack(m, me, j), __ATOMIC_ACQUIRE) != o.gen) return 0;
+      o.last_seq = std::max(o.last_seq, last);
+      return nvgroup::input_word(j, addr - base);
+    }
+    if (std::find(not_exportable.begin(), not_exportable.end(), id) != not_exportable.end()) return 0;
+    int slot = -1;
+    for (uint32_t j = 0; j < static_cast<uint32_t>(kSlots); ++j)
+      if (!own[j].gen || passed(own[j].last_seq))
+        if (slot < 0 || !own[j].gen || (own[slot].gen && own[j].used < own[slot].used))
+          slot = static_cast<int>(j);
+    if (slot < 0) return 0;  // every slot may still be read: copy this time
+    Registration* r = reg(me, static_cast<uint32_t>(slot));
+    CUipcMemHandle h;
+    if (d.cuIpcGetMemHandle(&h, base) != CUDA_SUCCESS) {
+      if (not_exportable.size() >= 64) not_exportable.erase(not_exportable.begin());
+      not_exportable.push_back(id);
+      return 0;
+    }
+    __atomic_store_n(&r->gen, 0, __ATOMIC_RELEASE);  // being rewritten
+    r->bytes = size;
+    r->handle = h;
+    own[slot] = Own{base, size, id, ++next_gen, 0, clock};
+    SC_TRACE("nvgroup: input allocation %p (buffer id %llu) registered in slot %d",
+             reinterpret_cast<void*>(base), id, slot);
+    __atomic_store_n(&r->gen, own[slot].gen, __ATOMIC_RELEASE);
+    return 0;  // the peers map it at their next call
+  }
 
   // Whether no member can still touch what this rank shares: its own kernels are done
   // and every member is past the last round (or said it failed it).
@@ -342,6 +492,10 @@ struct Group : std::enable_shared_from_this<Group> {
       for (CUdeviceptr p : peer)
         if (p) d.cuIpcCloseMemHandle(p);
       if (scratch) d.cuMemFree(scratch);
+      for (auto& row : opened)
+        for (CUdeviceptr p : row)
+          if (p) d.cuIpcCloseMemHandle(p);
+      if (maps_host) d.cuMemFreeHost(maps_host);
       if (registered) d.cuMemHostUnregister(segment);
       for (void* page : status_pages) d.cuMemFreeHost(page);
       if (classic) d.cuStreamDestroy(classic);
@@ -432,6 +586,20 @@ bool open_local(Group& g, int device, uint64_t chunk, Entry* e, std::string* why
   g.chunk_bytes = chunk;
   if ((r = d.cuIpcGetMemHandle(&e->handle, g.scratch)) != CUDA_SUCCESS)
     return *why = cuda::describe("cuIpcGetMemHandle", r), false;
+  // The table of the peers' registered inputs mapped here; without it this rank copies
+  // its inputs through scratch and reads its peers' there (a local choice: the input
+  // words say which, call by call).
+  void* maps = nullptr;
+  const size_t maps_bytes = sizeof(uint64_t) * kMaxMembers * kSlots;
+  if (d.cuMemHostAlloc(&maps, maps_bytes, CU_MEMHOSTALLOC_DEVICEMAP) == CUDA_SUCCESS) {
+    std::memset(maps, 0, maps_bytes);
+    if (d.cuMemHostGetDevicePointer(&g.maps_dev, maps, 0) == CUDA_SUCCESS) {
+      g.maps_host = static_cast<uint64_t*>(maps);
+    } else {
+      d.cuMemFreeHost(maps);
+      g.maps_dev = 0;
+    }
+  }
   return true;
 }
 
@@ -501,6 +669,7 @@ void set_up(NvgroupState& st, const CallEnv& env, const CommContext& ctx,
     sms = std::min(sms, e.sms);
   }
   g->blocks = std::min(blocks_of(choice), static_cast<uint32_t>(sms));
+  g->direct = choice.param("direct").value_or("yes") != "no";
   // Reachability is each rank's own view; step 4 agrees on it.
   int ok = 1;
   for (int r = 0; r < ctx.size && ok; ++r)
@@ -789,6 +958,20 @@ class NvgroupRoute final : public Route {
     p.flags = reinterpret_cast<uint64_t*>(g->segment_dev);
     p.fails = reinterpret_cast<uint64_t*>(g->segment_dev + kFailOffset);
     p.status = reinterpret_cast<uint64_t*>(g->segment_dev + kStatusOffset) + g->me;
+    // Registered inputs: the peers' new registrations mapped, and this rank's input read
+    // in place where every peer has its allocation mapped (reduce_scatter_block: unless
+    // its output is another block of its input, which a peer reads).
+    if (g->maps_host) {
+      g->map_peers();
+      p.maps = reinterpret_cast<const uint64_t*>(g->maps_dev);
+      const uint64_t in_bytes = p.count * ts * (a.coll == Coll::reduce_scatter_block ? g->members : 1);
+      const auto in = reinterpret_cast<uintptr_t>(p.send), out = reinterpret_cast<uintptr_t>(p.recv);
+      const uint64_t out_bytes = p.count * ts;
+      const bool clash = a.coll == Coll::reduce_scatter_block && out < in + in_bytes &&
+                         in < out + out_bytes && out != in + g->me * out_bytes;
+      if (a.coll != Coll::allgather && !clash)
+        p.input = g->input_word(p.send, in_bytes, seq + rounds - 1);
+    }
     CUevent done = nullptr;
     if (a.nonblocking) {
       if (classic_request) {

@@ -31,14 +31,28 @@
 // (Mode) take chunk/k elements of every member's block, one slice each.
 // Per round r (sequence number q), block b:
 //   1. wait until every member's done[b] >= q-1 (nobody still reads my scratch);
-//   2. copy my input's part b of every slice into my `in`; signal arrived[b] = q;
+//   2. copy my input's part b of every slice into my `in` (not when my input is
+//      registered: below); write where my input is (input[b]); signal arrived[b] = q;
 //   3. wait for every member's arrived[b] >= q; reduce part b of my slice over the
-//      members' `in`, in member order 0..k-1 (the same order on every run), into my
-//      `res`; signal reduced[b] = q;
+//      members' inputs (their `in`, or their registered buffers), in member order
+//      0..k-1 (the same order on every run), into my `res`; signal reduced[b] = q;
 //   4. wait for every member's reduced[b] >= q; copy part b of every member's slice from
 //      its `res` into my output; signal done[b] = q.
 // In place (send == recv) is safe: a round's output elements are written in step 4,
 // after step 2 read them.
+//
+// Registered inputs (the paper's load-reduce-store over the members' own buffers): a
+// member whose input buffer every peer has mapped (CUDA IPC of its allocation, set up by
+// the hosts: algorithms/nvgroup.cpp) skips step 2's copy; its input word says which of
+// its registered allocations (slot) holds the input and at what byte offset, and the
+// peers read it there through Params::maps (their mappings). A member reads its peers'
+// input words only after their arrived flags (which release them), and never the word of
+// a member whose host gave up the round (the word is then an older round's): that
+// member's `in` is read instead. Its own input stays untouched until every member has
+// reduced the round (step 4 waits for every reduced flag), so the caller may reuse it
+// once the kernel is done. Allreduce (in place too) and reduce_scatter_block whose
+// output is its own block of the input or apart from it (the host checks) may register;
+// allgather always copies.
 #pragma once
 
 #include <stdint.h>
@@ -55,9 +69,16 @@ inline constexpr int kMaxMembers = 8;
 inline constexpr int kMaxBlocks = 128;
 /// Set in a flag by a member that could not take its part in the round.
 inline constexpr uint64_t kFailBit = 1ull << 63;
-/// Flag words per member and block: arrived, reduced, done, and one of padding.
+/// Flag words per member and block: arrived, reduced, done, and the input word.
 inline constexpr int kFlagWords = 4;
-enum FlagWord : int { kArrived = 0, kReduced = 1, kDone = 2 };
+enum FlagWord : int { kArrived = 0, kReduced = 1, kDone = 2, kInput = 3 };
+/// Registered allocations per member (input words name one of them).
+inline constexpr int kSlots = 32;
+/// The input word of an input at byte `offset` of the allocation in `slot`; 0 means
+/// "copied into scratch".
+SC_NVG_HD uint64_t input_word(uint32_t slot, uint64_t offset) {
+  return (static_cast<uint64_t>(slot) + 1) << 56 | offset;
+}
 
 /// Element types the kernel reduces (as NCCL's: int8..float64, float16 and bfloat16).
 enum class DType : uint32_t { i8, u8, i32, u32, i64, u64, f16, bf16, f32, f64 };
@@ -96,6 +117,16 @@ struct Params {
   uint32_t me;                 ///< this member's index
   uint32_t blocks;             ///< grid size, 1..kMaxBlocks; equal on every member
   uint32_t mode;               ///< Mode
+  uint64_t input;              ///< this member's input word (0: through its scratch)
+  const uint64_t* maps;        ///< [member * kSlots + slot]: that member's registered
+                               ///< allocation mapped here (0: not mapped); may be null
+};
+
+/// What a block's threads share: the failure seen by thread 0's waits, and where each
+/// member's input array starts (null: in its scratch), set after the arrived flags.
+struct Shared {
+  uint32_t failed;
+  const char* src[kMaxMembers];
 };
 
 // ---- 16-bit floating point, converted through float (round to nearest even) ------------
@@ -209,7 +240,7 @@ SC_NVG_HD uint64_t* flag_at(const Params& p, uint32_t member, uint32_t block, in
 /// failed round q. Thread 0 polls, the block then synchronises (its other threads read
 /// what the flags release).
 SC_NVG_HD bool wait_all(const Params& p, uint32_t b, int word, uint64_t q, uint32_t tid,
-                        uint32_t* failed_shared) {
+                        Shared* sh) {
   if (tid == 0) {
     uint32_t failed = 0;
     for (uint32_t m = 0; m < p.members; ++m) {
@@ -225,12 +256,36 @@ SC_NVG_HD bool wait_all(const Params& p, uint32_t b, int word, uint64_t q, uint3
       }
       if (v & kFailBit) failed = 1;
     }
-    *failed_shared = failed;
+    sh->failed = failed;
   }
   block_sync();
-  const bool failed = *failed_shared != 0;
+  const bool failed = sh->failed != 0;
   block_sync();
   return failed;
+}
+
+/// Thread 0, after wait_all(kArrived, q): where each member's input array is for round
+/// q (Shared::src); returns whether a member's registered input is not mapped here (its
+/// data cannot be read: the round fails rather than reduce garbage).
+SC_NVG_HD bool locate_inputs(const Params& p, uint32_t b, uint64_t q, Shared* sh) {
+  bool unmapped = false;
+  for (uint32_t m = 0; m < p.members; ++m) {
+    sh->src[m] = nullptr;
+    // Its kernel passed this round (not its host's failure word): its input word is this
+    // round's.
+    if ((load_acquire(flag_at(p, m, b, kArrived)) & ~kFailBit) < q) continue;
+    const uint64_t w = m == p.me ? p.input : load_acquire(flag_at(p, m, b, kInput));
+    if (!w) continue;
+    if (m == p.me) {
+      sh->src[m] = static_cast<const char*>(p.send);
+      continue;
+    }
+    const uint64_t slot = (w >> 56) - 1, off = w & ((1ull << 56) - 1);
+    const uint64_t base = p.maps && slot < static_cast<uint64_t>(kSlots) ? p.maps[m * kSlots + slot] : 0;
+    if (base) sh->src[m] = reinterpret_cast<const char*>(base + off);
+    else unmapped = true;
+  }
+  return unmapped;
 }
 
 /// Every thread of block b has written what the flag releases: fence, then thread 0 stores.
@@ -311,29 +366,28 @@ SC_NVG_HD void copy_range(T* dst, const T* src, Range r, uint32_t tid, uint32_t 
   for (uint64_t i = r.lo + tid; i < r.hi; i += nthreads) dst[i] = peer ? load_peer(src + i) : src[i];
 }
 
-// Reduces part `r` of the slice at `off` over the members' `in` areas into dst[i]
-// (member order 0..k-1).
+// Reduces part `r` of a slice over the members' inputs into dst[i] (member order
+// 0..k-1); in[m] is member m's slice (its `in` area or its registered input).
 template <typename T>
-SC_NVG_HD void reduce_range(const Params& p, uint64_t off, Range r, T* dst, uint32_t tid,
+SC_NVG_HD void reduce_range(const Params& p, const T* const* in, Range r, T* dst, uint32_t tid,
                             uint32_t nthreads) {
   const ROp op = static_cast<ROp>(p.op);
   for (uint64_t i = r.lo + tid; i < r.hi; i += nthreads) {
-    T acc = load_peer(reinterpret_cast<const T*>(p.scratch[0]) + off + i);
-    for (uint32_t m = 1; m < p.members; ++m)
-      acc = apply(op, acc, load_peer(reinterpret_cast<const T*>(p.scratch[m]) + off + i));
+    T acc = load_peer(in[0] + i);
+    for (uint32_t m = 1; m < p.members; ++m) acc = apply(op, acc, load_peer(in[m] + i));
     dst[i] = acc;
   }
 }
 
 // The 16-bit float types: stored as uint16_t, reduced through float, rounded per step.
 template <bool kBf16>
-SC_NVG_HD void reduce_range_16(const Params& p, uint64_t off, Range r, uint16_t* dst, uint32_t tid,
-                               uint32_t nthreads) {
+SC_NVG_HD void reduce_range_16(const Params& p, const uint16_t* const* in, Range r, uint16_t* dst,
+                               uint32_t tid, uint32_t nthreads) {
   const ROp op = static_cast<ROp>(p.op);
   for (uint64_t i = r.lo + tid; i < r.hi; i += nthreads) {
-    uint16_t acc = load_peer(reinterpret_cast<const uint16_t*>(p.scratch[0]) + off + i);
+    uint16_t acc = load_peer(in[0] + i);
     for (uint32_t m = 1; m < p.members; ++m) {
-      const uint16_t x = load_peer(reinterpret_cast<const uint16_t*>(p.scratch[m]) + off + i);
+      const uint16_t x = load_peer(in[m] + i);
       const float a = kBf16 ? bf16_to_float(acc) : half_to_float(acc);
       const float y = kBf16 ? bf16_to_float(x) : half_to_float(x);
       const float v = apply(op, a, y);
@@ -343,19 +397,27 @@ SC_NVG_HD void reduce_range_16(const Params& p, uint64_t off, Range r, uint16_t*
   }
 }
 
+// Slice x over the members' inputs: from Shared::src where set, else their `in` areas.
 template <typename T>
-SC_NVG_HD void reduce_into(const Params& p, uint64_t off, Range r, T* dst, uint32_t tid, uint32_t nthreads) {
+SC_NVG_HD void reduce_into(const Params& p, const Shared* sh, const Slice& x, Range r, T* dst,
+                           uint32_t tid, uint32_t nthreads) {
+  const T* in[kMaxMembers];
+  for (uint32_t m = 0; m < p.members; ++m)
+    in[m] = sh->src[m] ? reinterpret_cast<const T*>(sh->src[m]) + x.in_off
+                       : reinterpret_cast<const T*>(p.scratch[m]) + x.scratch;
   if (p.dtype == static_cast<uint32_t>(DType::f16))
-    reduce_range_16<false>(p, off, r, reinterpret_cast<uint16_t*>(dst), tid, nthreads);
+    reduce_range_16<false>(p, reinterpret_cast<const uint16_t* const*>(in), r,
+                           reinterpret_cast<uint16_t*>(dst), tid, nthreads);
   else if (p.dtype == static_cast<uint32_t>(DType::bf16))
-    reduce_range_16<true>(p, off, r, reinterpret_cast<uint16_t*>(dst), tid, nthreads);
+    reduce_range_16<true>(p, reinterpret_cast<const uint16_t* const*>(in), r,
+                          reinterpret_cast<uint16_t*>(dst), tid, nthreads);
   else
-    reduce_range<T>(p, off, r, dst, tid, nthreads);
+    reduce_range<T>(p, in, r, dst, tid, nthreads);
 }
 
 template <typename T>
 SC_NVG_HD void run_block_typed(const Params& p, uint32_t b, uint32_t tid, uint32_t nthreads,
-                               uint32_t* failed_shared) {
+                               Shared* sh) {
   bool failed = false;
   const uint64_t rounds = rounds_of(p);
   const uint32_t k = p.members;
@@ -369,22 +431,28 @@ SC_NVG_HD void run_block_typed(const Params& p, uint32_t b, uint32_t tid, uint32
     const uint64_t L = slot(p, r);
     // 1-2: my scratch is free again (whatever became of the previous round: its
     // failure was reported with it); my input in (allgather: straight into `res`).
-    wait_all(p, b, kDone, q - 1, tid, failed_shared);
-    for (uint32_t s = 0; s < k; ++s) {
+    wait_all(p, b, kDone, q - 1, tid, sh);
+    const bool direct = p.input != 0 && mode != Mode::allgather;  // registered: no copy
+    for (uint32_t s = 0; s < k && !direct; ++s) {
       const Slice x = slice_of(p, r, s);
       if (x.in_off == kNone) continue;
       T* dst = (mode == Mode::allgather ? mine_res : mine_in) + x.scratch;
       copy_range(dst, in + x.in_off, part(L, x.len, p.blocks, b), tid, nthreads, false);
     }
     if (mode != Mode::allgather) {
+      if (tid == 0) store_release(flag_at(p, p.me, b, kInput), direct ? p.input : 0);
       signal(p, b, kArrived, q, failed, tid);
       // 3: my slice, reduced over every member's input: into `res` (allreduce), or
       // into my output (reduce_scatter_block, which then is through with the round).
-      failed |= wait_all(p, b, kArrived, q, tid, failed_shared);
+      failed |= wait_all(p, b, kArrived, q, tid, sh);
+      if (tid == 0 && locate_inputs(p, b, q, sh)) sh->failed = 1;
+      block_sync();
+      failed |= sh->failed != 0;
       const Slice x = slice_of(p, r, p.me);
       const Range mine = part(L, x.len, p.blocks, b);
-      reduce_into<T>(p, x.scratch, mine,
+      reduce_into<T>(p, sh, x, mine,
                      mode == Mode::allreduce ? mine_res + x.scratch : out + x.out_off, tid, nthreads);
+      block_sync();  // Shared::src is rewritten next round
       if (mode == Mode::reduce_scatter_block) {
         signal(p, b, kDone, q, failed, tid);
         continue;
@@ -392,7 +460,7 @@ SC_NVG_HD void run_block_typed(const Params& p, uint32_t b, uint32_t tid, uint32
     }
     signal(p, b, kReduced, q, failed, tid);
     // 4: every member's slice into my output.
-    failed |= wait_all(p, b, kReduced, q, tid, failed_shared);
+    failed |= wait_all(p, b, kReduced, q, tid, sh);
     for (uint32_t s = 0; s < k; ++s) {
       const Slice x = slice_of(p, r, s);
       copy_range(out + x.out_off, reinterpret_cast<const T*>(p.scratch[s]) + p.chunk + x.scratch,
@@ -404,20 +472,19 @@ SC_NVG_HD void run_block_typed(const Params& p, uint32_t b, uint32_t tid, uint32
 }
 
 /// The whole of block `b`'s work for one call: `tid` of `nthreads` threads of the block;
-/// `failed_shared` is one word shared by the block's threads.
-SC_NVG_HD void run_block(const Params& p, uint32_t b, uint32_t tid, uint32_t nthreads,
-                         uint32_t* failed_shared) {
+/// `sh` is shared by the block's threads.
+SC_NVG_HD void run_block(const Params& p, uint32_t b, uint32_t tid, uint32_t nthreads, Shared* sh) {
   switch (static_cast<DType>(p.dtype)) {
-    case DType::i8: return run_block_typed<int8_t>(p, b, tid, nthreads, failed_shared);
-    case DType::u8: return run_block_typed<uint8_t>(p, b, tid, nthreads, failed_shared);
-    case DType::i32: return run_block_typed<int32_t>(p, b, tid, nthreads, failed_shared);
-    case DType::u32: return run_block_typed<uint32_t>(p, b, tid, nthreads, failed_shared);
-    case DType::i64: return run_block_typed<int64_t>(p, b, tid, nthreads, failed_shared);
-    case DType::u64: return run_block_typed<uint64_t>(p, b, tid, nthreads, failed_shared);
+    case DType::i8: return run_block_typed<int8_t>(p, b, tid, nthreads, sh);
+    case DType::u8: return run_block_typed<uint8_t>(p, b, tid, nthreads, sh);
+    case DType::i32: return run_block_typed<int32_t>(p, b, tid, nthreads, sh);
+    case DType::u32: return run_block_typed<uint32_t>(p, b, tid, nthreads, sh);
+    case DType::i64: return run_block_typed<int64_t>(p, b, tid, nthreads, sh);
+    case DType::u64: return run_block_typed<uint64_t>(p, b, tid, nthreads, sh);
     case DType::f16:
-    case DType::bf16: return run_block_typed<uint16_t>(p, b, tid, nthreads, failed_shared);
-    case DType::f32: return run_block_typed<float>(p, b, tid, nthreads, failed_shared);
-    case DType::f64: return run_block_typed<double>(p, b, tid, nthreads, failed_shared);
+    case DType::bf16: return run_block_typed<uint16_t>(p, b, tid, nthreads, sh);
+    case DType::f32: return run_block_typed<float>(p, b, tid, nthreads, sh);
+    case DType::f64: return run_block_typed<double>(p, b, tid, nthreads, sh);
   }
 }
 

@@ -8,6 +8,6 @@
 // reductions (grid-stride inside each part).
 extern "C" __global__ void __launch_bounds__(256)
 streamcoll_nvgroup_allreduce(streamcoll::nvgroup::Params p) {
-  __shared__ uint32_t failed;
-  streamcoll::nvgroup::run_block(p, blockIdx.x, threadIdx.x, blockDim.x, &failed);
+  __shared__ streamcoll::nvgroup::Shared sh;
+  streamcoll::nvgroup::run_block(p, blockIdx.x, threadIdx.x, blockDim.x, &sh);
 }

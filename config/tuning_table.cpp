@@ -198,6 +198,7 @@ const std::vector<ParamSpec>& route_params(RouteId r) {
       {"chunk", {}, "size"},
       {"blocks", {"1", "2", "4", "8", "16", "32", "64", "128"}, ""},
       {"cross", {"nccl", "ht"}, ""},
+      {"direct", {"yes", "no"}, ""},
       {"hierarchy", {}, "hierarchy"}};
   switch (r) {
     case RouteId::ht: return ht;

@@ -91,7 +91,11 @@
 //    runs the kernel's logic compiled for the host (algorithms/nvgroup_kernel.hpp) as
 //    work run beside the host (below), its grid's blocks in turn on one thread; a block
 //    waits only for the same block of other processes, which run their own. Counted:
-//    "host_kernels", "live_ipc_mappings", "live_registered" (gauges).
+//    "host_kernels", "nvgroup_direct_inputs" (launches whose input is read in place by
+//    the peers), "live_ipc_mappings", "live_registered" (gauges).
+//    FAKE_CUDA_MALLOC_SHM=1: fake_cuda_malloc(_device) memory is shared memory too, IPC
+//    capable like cudaMalloc's (CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE says 1 for
+//    shared memory only; cuMemAllocAsync memory never is, as on a real GPU).
 //  - Failures on demand: FAKE_CUDA_FAIL=<entry point>:N[,<entry point>:N...] makes the
 //    N-th call of each named entry point fail, on the local rank FAKE_CUDA_FAIL_RANK only
 //    when that is set; fake_cuda_fail_after(api, n) arms the n-th call from now at run
@@ -716,6 +720,42 @@ void* allocate(size_t bytes, int device, bool managed, bool async, bool pinned =
   return p;
 }
 
+std::atomic<unsigned> g_shm_seq{0};
+
+// Device memory as POSIX shared memory (page-rounded), so that cuIpcGetMemHandle can name
+// it and another process open it: cuMemAlloc's, and fake_cuda_malloc(_device)'s under
+// FAKE_CUDA_MALLOC_SHM=1 (cudaMalloc memory is IPC-capable on a real GPU). nullptr when
+// the system refuses.
+void* shm_allocate(size_t bytes, int device) {
+  char name[48];
+  snprintf(name, sizeof name, "/fake-cuda-%d-%u", static_cast<int>(getpid()), g_shm_seq.fetch_add(1));
+  const size_t len = (bytes + 4095) / 4096 * 4096;
+  const int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) return nullptr;
+  void* p = ftruncate(fd, static_cast<off_t>(len)) == 0
+                ? mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                : MAP_FAILED;
+  close(fd);
+  if (p == MAP_FAILED) {
+    shm_unlink(name);
+    return nullptr;
+  }
+  Alloc a{len, device, false, false, false, false, ++g_alloc_ids, 0u, Alloc::shm, {}};
+  a.kind = Alloc::shm;
+  a.shm_name = name;
+  g_allocs[reinterpret_cast<uintptr_t>(p)] = a;
+  count("live_allocs");
+  return p;
+}
+
+bool malloc_shm() {
+  static const bool on = [] {
+    const char* v = getenv("FAKE_CUDA_MALLOC_SHM");
+    return v && strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+
 void release(uintptr_t base) {
   auto it = g_allocs.find(base);
   if (it == g_allocs.end()) return;
@@ -852,8 +892,8 @@ namespace {
 void nvgroup_allreduce_host(const void* params) {
   const auto& p = *static_cast<const streamcoll::nvgroup::Params*>(params);
   for (uint32_t b = 0; b < p.blocks; ++b) {
-    uint32_t failed = 0;
-    streamcoll::nvgroup::run_block(p, b, 0, 1, &failed);
+    streamcoll::nvgroup::Shared sh{};
+    streamcoll::nvgroup::run_block(p, b, 0, 1, &sh);
   }
 }
 
@@ -877,6 +917,9 @@ const char* check_nvgroup(const void* params, unsigned gx, unsigned bx) {
   if (!p.flags || !p.fails || !p.status) return "null flags, fails or status";
   for (uint32_t m = 0; m < p.members; ++m)
     if (!p.scratch[m]) return "a null scratch pointer";
+  if (p.input && !p.maps) return "an input word without the maps table";
+  if (p.input && (p.input >> 56) > static_cast<uint64_t>(streamcoll::nvgroup::kSlots))
+    return "an input word naming no slot";
   return nullptr;
 }
 
@@ -939,6 +982,8 @@ CUresult launch_host_kernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
   l->params.assign(static_cast<const char*>(params[0]),
                    static_cast<const char*>(params[0]) + f->param_bytes);  // copied at launch
   std::vector<RangeUse> ranges;
+  const bool direct_input = f->host == nvgroup_allreduce_host &&
+                            reinterpret_cast<const streamcoll::nvgroup::Params*>(l->params.data())->input;
   if (f->host == nvgroup_allreduce_host) {
     namespace nv = streamcoll::nvgroup;
     const auto& p = *reinterpret_cast<const nv::Params*>(l->params.data());
@@ -967,6 +1012,7 @@ CUresult launch_host_kernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
     delete l;
   }, ranges, name);
   count("host_kernels");
+  if (direct_input) count("nvgroup_direct_inputs");
   return CUDA_SUCCESS;
 }
 
@@ -1055,6 +1101,9 @@ CUresult attribute(CUpointer_attribute attr, void* data, const Alloc* a, uintptr
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_BUFFER_ID:
       *static_cast<unsigned long long*>(data) = a ? a->id : 0;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:  // a boolean, as IS_MANAGED
+      *static_cast<bool*>(data) = a && a->kind == Alloc::shm;
       return CUDA_SUCCESS;
     default:
       return CUDA_ERROR_NOT_SUPPORTED;  // not modelled: fail loudly
@@ -1417,7 +1466,6 @@ FAKE_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, C
 // device address (cuMemHostGetDevicePointer: the host address).
 
 namespace {
-std::atomic<unsigned> g_shm_seq{0};
 
 struct IpcHandle {  // what the fake puts in CUipcMemHandle::reserved (64 bytes)
   uint32_t magic;
@@ -1436,24 +1484,8 @@ FAKE_EXPORT CUresult cuMemAlloc(CUdeviceptr* dptr, size_t bytes) {
   if (!dptr || bytes == 0) return ret("cuMemAlloc", CUDA_ERROR_INVALID_VALUE);
   CUcontext c = current_ctx();
   if (!c) return ret("cuMemAlloc", CUDA_ERROR_INVALID_CONTEXT);
-  char name[48];
-  snprintf(name, sizeof name, "/fake-cuda-%d-%u", static_cast<int>(getpid()), g_shm_seq.fetch_add(1));
-  const size_t len = (bytes + 4095) / 4096 * 4096;
-  const int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
-  if (fd < 0) return ret("cuMemAlloc", CUDA_ERROR_OUT_OF_MEMORY);
-  void* p = ftruncate(fd, static_cast<off_t>(len)) == 0
-                ? mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
-                : MAP_FAILED;
-  close(fd);
-  if (p == MAP_FAILED) {
-    shm_unlink(name);
-    return ret("cuMemAlloc", CUDA_ERROR_OUT_OF_MEMORY);
-  }
-  Alloc a{len, c->device, false, false, false, false, ++g_alloc_ids, 0u, Alloc::shm, {}};
-  a.kind = Alloc::shm;
-  a.shm_name = name;
-  g_allocs[reinterpret_cast<uintptr_t>(p)] = a;
-  count("live_allocs");
+  void* p = shm_allocate(bytes, c->device);
+  if (!p) return ret("cuMemAlloc", CUDA_ERROR_OUT_OF_MEMORY);
   *dptr = reinterpret_cast<CUdeviceptr>(p);
   return CUDA_SUCCESS;
 }
@@ -1850,12 +1882,14 @@ FAKE_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int 
 
 FAKE_EXPORT void* fake_cuda_malloc(size_t bytes) {
   LOCK();
-  return g_devices > 0 ? allocate(bytes, 0, false, false) : nullptr;
+  if (g_devices <= 0) return nullptr;
+  return malloc_shm() && bytes ? shm_allocate(bytes, 0) : allocate(bytes, 0, false, false);
 }
 
 FAKE_EXPORT void* fake_cuda_malloc_device(int device, size_t bytes) {
   LOCK();
-  return device >= 0 && device < g_devices ? allocate(bytes, device, false, false) : nullptr;
+  if (device < 0 || device >= g_devices) return nullptr;
+  return malloc_shm() && bytes ? shm_allocate(bytes, device) : allocate(bytes, device, false, false);
 }
 
 FAKE_EXPORT void* fake_cuda_malloc_pinned(size_t bytes) {

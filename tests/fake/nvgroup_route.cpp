@@ -12,7 +12,10 @@
 //            classic (the host must see the result complete: fake_cuda_host_access)
 //            and on an attached stream (complete once the stream is); one 1 Mi-element
 //            call; every call must take route nvgroup, and results must equal the
-//            reduction computed here. MPI_Iallreduce takes the next rule (pmpi), exact.
+//            reduction computed here. MPI_Iallreduce takes the next rule (pmpi), exact,
+//            or route nvgroup with STREAMCOLL_NVGROUP_NONBLOCKING=1 (in_flight below).
+//            Buffers used again and again (reused_buffers below): read in place by the
+//            peers once registered, with FAKE_CUDA_MALLOC_SHM=1.
 //   off      the route must be off on every rank (the environment makes set-up fail on
 //            one rank, or denies peer access): every call on pmpi, exact, none hangs.
 //   launch   FAKE_CUDA_FAIL=cuLaunchKernel:N on one rank: that call fails on every rank
@@ -242,6 +245,57 @@ void in_flight(MPI_Comm comm, CUstream_st* stream, unsigned salt) {
   check(cu("races") == races, "complete when the wait returns (classic) or the stream is");
 }
 
+// The same buffers again and again (as a training loop does): from their second or third
+// call on, each rank's input is read in place by its peers (registered: CUDA IPC of its
+// allocation, mapped by every peer) when the fake's device memory can be exported
+// (FAKE_CUDA_MALLOC_SHM=1); results exact throughout, in place and not; then more
+// buffers than a rank registers at once (slots taken over once no kernel reads them).
+void reused_buffers(MPI_Comm comm, CUstream_st* stream, unsigned salt) {
+  const int me = comm_rank(comm), p = comm_size(comm);
+  const unsigned long long direct0 = cu("nvgroup_direct_inputs");
+  const size_t n = 5003;
+  std::vector<char*> send, recv;
+  const int buffers = 36;  // more than a rank registers at once (nvgroup::kSlots, 32)
+  for (int i = 0; i < buffers; ++i) {
+    send.push_back(static_cast<char*>(dev_alloc(n * sizeof(double) * p)));
+    recv.push_back(static_cast<char*>(dev_alloc(n * sizeof(double) * p)));
+  }
+  auto call = [&](int b, bool rsb, bool in_place, unsigned s) {
+    const std::string label = std::string(rsb ? "MPI_Reduce_scatter_block" : "MPI_Allreduce") +
+                              " on reused buffers " + std::to_string(b) + (in_place ? " in place" : "") +
+                              (stream ? " on a stream" : "");
+    const size_t in_n = rsb ? n * p : n;
+    const auto in = inputs<double>(me, in_n, Op::sum, s);
+    const auto all = reduced<double>(p, in_n, Op::sum, s);
+    std::memcpy(in_place ? recv[b] : send[b], in.data(), in_n * sizeof(double));
+    const void* sb = in_place ? MPI_IN_PLACE : send[b];
+    const int rc = rsb ? MPI_Reduce_scatter_block(sb, recv[b], static_cast<int>(n), MPI_DOUBLE, MPI_SUM, comm)
+                       : MPI_Allreduce(sb, recv[b], static_cast<int>(n), MPI_DOUBLE, MPI_SUM, comm);
+    check(rc == MPI_SUCCESS, label + ": MPI_SUCCESS");
+    if (stream) check(api.stream_sync(stream) == 0, label + ": stream completes");
+    else api.host_access(recv[b], n * sizeof(double), 0);
+    const double* want = all.data() + (rsb ? static_cast<size_t>(me) * n : 0);
+    check(std::memcmp(recv[b], want, n * sizeof(double)) == 0, label + ": exact");
+    if (!in_place) check(std::memcmp(send[b], in.data(), in_n * sizeof(double)) == 0, label + ": input unchanged");
+  };
+  // Two inputs (send, and recv in place) of one allreduce, one of reduce_scatter_block:
+  // each registered at its first call, mapped by the peers at their next, read in place
+  // from its third at the latest (the peers' calls run a call behind at most: 6 of 10).
+  for (int i = 0; i < 6; ++i) call(0, false, i % 2 == 1, salt + i);
+  for (int i = 0; i < 4; ++i) call(1, true, false, salt + 10 + i);
+  const char* shm = std::getenv("FAKE_CUDA_MALLOC_SHM");
+  if (p > 1 && shm && std::strcmp(shm, "1") == 0 && g_expect == "nvgroup")
+    check(cu("nvgroup_direct_inputs") >= direct0 + 6, "inputs read in place by the peers");
+  // More inputs than a rank registers in turn: slots taken over, exact throughout.
+  for (int round = 0; round < 2; ++round)
+    for (int b = 0; b < buffers; ++b)
+      call(b, b % 3 == 0, b % 2 == 1 && b % 3 != 0, salt + 20 + round * buffers + b);
+  for (int i = 0; i < buffers; ++i) {
+    api.free(send[i]);
+    api.free(recv[i]);
+  }
+}
+
 void route_mode(MPI_Comm comm) {
   const unsigned long long races0 = cu("races");
   CUstream_st* s = api.stream_create(0);
@@ -287,6 +341,8 @@ void route_mode(MPI_Comm comm) {
     in_flight(comm, nullptr, ++salt);
     in_flight(attached, s, ++salt);
   }
+  reused_buffers(comm, nullptr, ++salt * 100);
+  reused_buffers(attached, s, ++salt * 100);
   // Types and ops the kernel does not take: the next rule, exact.
   {
     const unsigned long long before = stat_calls("allreduce", "pmpi", "device");

@@ -31,6 +31,10 @@ struct Group {
   std::vector<std::vector<char>> scratch;
   std::vector<uint64_t> flags, fails, status;
   uint64_t seq = 1;
+  // Registered inputs: members in `direct` hand their input in place (input word, slot
+  // (m + 1) % kSlots, offset 0), mapped for the others in `maps` unless in `unmapped`.
+  uint32_t direct = 0, unmapped = 0;
+  std::vector<uint64_t> maps = std::vector<uint64_t>(static_cast<size_t>(kMaxMembers) * kSlots, 0);
   Group(uint32_t k_, uint32_t blocks_, uint64_t chunk_, uint32_t esize_)
       : k(k_), blocks(blocks_), chunk(chunk_), esize(esize_),
         scratch(k_, std::vector<char>(2 * chunk_ * esize_)),
@@ -55,6 +59,7 @@ struct Group {
     p.me = me;
     p.blocks = blocks;
     p.mode = static_cast<uint32_t>(mode);
+    p.maps = maps.data();
     return p;
   }
 
@@ -75,10 +80,15 @@ struct Group {
       // in_stride: member m's input starts m * in_stride bytes into in[m] (in-place
       // allgather: its own block of the output).
       Params p = params(m, in[m].data() + m * in_stride, out[m].data(), count, t, op, mode);
+      const uint32_t slot = (m + 1) % kSlots;
+      if (direct >> m & 1u) {
+        p.input = input_word(slot, 0);
+        maps[m * kSlots + slot] = unmapped >> m & 1u ? 0 : reinterpret_cast<uint64_t>(p.send);
+      }
       th.emplace_back([p] {
         for (uint32_t b = 0; b < p.blocks; ++b) {
-          uint32_t failed = 0;
-          run_block(p, b, 0, 1, &failed);
+          Shared sh{};
+          run_block(p, b, 0, 1, &sh);
         }
       });
     }
@@ -170,10 +180,11 @@ const char* name(ROp o) {
 }
 
 void check_case(uint32_t k, uint32_t blocks, uint64_t chunk, DType t, ROp op, uint64_t count,
-                bool in_place, Group* reuse = nullptr) {
+                bool in_place, Group* reuse = nullptr, uint32_t direct = 0) {
   const uint32_t es = dtype_size(t);
   Group local(k, blocks, chunk, es);
   Group& g = reuse ? *reuse : local;
+  g.direct = direct;
   std::vector<std::vector<char>> in(k, std::vector<char>(count * es + 1)), out(k);
   for (uint32_t m = 0; m < k; ++m)
     for (uint64_t i = 0; i < count; ++i)
@@ -190,7 +201,7 @@ void check_case(uint32_t k, uint32_t blocks, uint64_t chunk, DType t, ROp op, ui
     const std::string what = "k=" + std::to_string(k) + " blocks=" + std::to_string(blocks) +
                              " chunk=" + std::to_string(chunk) + " " + name(t) + " " + name(op) +
                              " count=" + std::to_string(count) + (in_place ? " in place" : "") +
-                             " member " + std::to_string(m);
+                             " direct " + std::to_string(direct) + " member " + std::to_string(m);
     INFO(what);
     CHECK(std::memcmp(got.data(), want.data(), want.size()) == 0);
     CHECK(got[count * es] == (in_place ? 0 : 0x5a));  // nothing written past the end
@@ -203,10 +214,11 @@ void check_case(uint32_t k, uint32_t blocks, uint64_t chunk, DType t, ROp op, ui
 // member order. In place as MPI has it: the input in the output buffer (allgather: at
 // the member's block), reduce_scatter_block writing only the first block.
 void check_blocks(Mode mode, uint32_t k, uint32_t blocks, uint64_t chunk, DType t, ROp op,
-                  uint64_t count, bool in_place, Group* reuse = nullptr) {
+                  uint64_t count, bool in_place, Group* reuse = nullptr, uint32_t direct = 0) {
   const uint32_t es = dtype_size(t);
   Group local(k, blocks, chunk, es);
   Group& g = reuse ? *reuse : local;
+  g.direct = direct;
   const bool rsb = mode == Mode::reduce_scatter_block;
   const uint64_t in_elems = rsb ? k * count : count, out_elems = rsb ? count : k * count;
   std::vector<std::vector<char>> in(k), out(k);
@@ -320,4 +332,47 @@ TEST_CASE("nvgroup kernel: reduce_scatter_block and allgather, every type, in pl
     check_blocks(Mode::allgather, 3, 4, 60, DType::i32, ROp::sum, 9 + 13 * i, i % 3 == 0, &g);
     check_case(3, 4, 60, DType::i32, ROp::max, 11 + 29 * i, i % 2, &g);
   }
+}
+
+TEST_CASE("nvgroup kernel: registered inputs read in place, mixed with copied ones") {
+  const DType types[] = {DType::i8, DType::u64, DType::f16, DType::bf16, DType::f32, DType::f64};
+  for (uint32_t k : {1u, 2u, 3u, 4u})
+    for (DType t : types)
+      for (ROp op : {ROp::sum, ROp::prod, ROp::min, ROp::max})
+        for (uint32_t direct : {0xffu, 0x1u, 0x6u})
+          for (uint64_t count : {1ull, 7ull, 1001ull}) {
+            check_case(k, 3, 64, t, op, count, (count + direct) % 2 == 0, nullptr, direct);
+            // reduce_scatter_block, not in place (its output would be another
+            // member's input block): the host registers only then.
+            check_blocks(Mode::reduce_scatter_block, k, 3, 64, t, op, count, false, nullptr, direct);
+          }
+  // Allgather copies whatever the word says.
+  check_blocks(Mode::allgather, 3, 4, 64, DType::i32, ROp::sum, 777, false, nullptr, 0x7u);
+  // Calls in turn on one group, members registering or not from call to call.
+  Group g(4, 4, 50, 8);
+  for (int i = 0; i < 16; ++i) {
+    check_case(4, 4, 50, DType::f64, ROp::sum, 13 + 37 * i, i % 2, &g, static_cast<uint32_t>(i) & 0xfu);
+    check_blocks(Mode::reduce_scatter_block, 4, 4, 50, DType::i64, ROp::max, 9 + 11 * i, false, &g,
+                 static_cast<uint32_t>(i * 5) & 0xfu);
+  }
+  check_case(8, 5, 100, DType::f32, ROp::sum, 12345, true, nullptr, 0xa5u);
+}
+
+TEST_CASE("nvgroup kernel: a registered input a member has not mapped fails the call, no hang") {
+  Group g(3, 4, 32, 4);
+  g.direct = 0x2u;
+  g.unmapped = 0x2u;  // member 1 says "read me in place", nobody has its mapping
+  std::vector<std::vector<char>> in(3, std::vector<char>(400 * 4)), out = in;
+  g.run(in, out, 400, DType::i32, ROp::sum);
+  for (int m = 0; m < 3; ++m) CHECK(g.status[m] == 1);  // every member reports the failure
+  for (auto& s : g.status) s = 0;
+  g.unmapped = 0;
+  check_case(3, 4, 32, DType::i32, ROp::sum, 333, false, &g, 0x3u);  // then fine again
+  // A member whose host gives up while the others read in place.
+  g.direct = 0x5u;
+  g.run(in, out, 400, DType::i32, ROp::sum, 1);
+  CHECK(g.status[0] == 1);
+  CHECK(g.status[2] == 1);
+  for (auto& s : g.status) s = 0;
+  check_case(3, 4, 32, DType::i32, ROp::min, 100, true, &g, 0x7u);
 }
