@@ -209,6 +209,30 @@ const std::vector<ParamSpec>& route_params(RouteId r) {
   }
 }
 
+std::string Rule::to_string() const {
+  auto list = [](uint32_t mask, uint32_t all, int n, auto name_of) {
+    if (mask == all) return std::string("*");
+    std::string out;
+    for (int i = 0; i < n; ++i)
+      if (mask >> i & 1u) out += (out.empty() ? "" : ",") + std::string(name_of(i));
+    return out;
+  };
+  auto range = [](const Range& r) {
+    const uint64_t top = std::numeric_limits<uint64_t>::max();
+    if (r.lo == 0 && r.hi == top) return std::string("*");
+    if (r.hi == top) return std::to_string(r.lo) + "-";
+    if (r.lo == r.hi) return std::to_string(r.lo);
+    return std::to_string(r.lo) + "-" + std::to_string(r.hi);
+  };
+  std::string out = list(colls, kAllColls, kNumColls, [](int i) { return name(static_cast<Coll>(i)); });
+  for (const Range* r : {&bytes, &ranks, &nodes, &ppn}) out += " " + range(*r);
+  out += " " + list(mems, kAllMems, kNumMemKinds, [](int i) { return name(static_cast<MemKind>(i)); });
+  out += stream < 0 ? " *" : stream ? " yes" : " no";
+  out += " " + std::string(name(choice.route));
+  for (const auto& [k, v] : choice.params) out += " " + k + "=" + v;
+  return out;
+}
+
 TuningTable TuningTable::parse(std::string_view text, std::string_view source,
                                std::optional<ParseError>* error) {
   TuningTable t;

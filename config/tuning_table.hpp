@@ -78,6 +78,9 @@ struct Rule {
   RouteChoice choice;
   std::string origin;  ///< "file:line" or "STREAMCOLL_ROUTE", for messages
   bool matches(const CallKey& k) const;
+  /// The rule as a table line ("allreduce,bcast 0-64K * * * device * ht algo=rd"), which
+  /// parses back to the same rule.
+  std::string to_string() const;
 };
 
 struct ParseError {

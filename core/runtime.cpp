@@ -148,10 +148,6 @@ uint64_t Runtime::fingerprint() const {
   return h;
 }
 
-namespace {
-// The table the settings ask for: the file (or the embedded default, also when the file
-// is bad), with STREAMCOLL_ROUTE's rules in front. `log`: say what was wrong (from
-// start(), once MPI is up); quiet before MPI_Init.
 config::TuningTable effective_table(const config::Settings& s, bool log) {
   config::TuningTable table;
   std::optional<config::ParseError> err;
@@ -188,7 +184,6 @@ config::TuningTable effective_table(const config::Settings& s, bool log) {
   }
   return table;
 }
-}  // namespace
 
 void Runtime::load_table() { table_ = effective_table(settings_, true); }
 

@@ -27,6 +27,12 @@ inline std::atomic<uint32_t> g_passthrough{0};
 void set_application_thread_level(int level);
 int application_thread_level();
 
+/// The tuning table the settings ask for: STREAMCOLL_TUNING_FILE (or the embedded
+/// default, also when the file cannot be read or parsed), with STREAMCOLL_ROUTE's rules
+/// in front. `log`: say what was wrong (once MPI is up); quiet otherwise. Pure but for
+/// reading the file.
+config::TuningTable effective_table(const config::Settings& s, bool log);
+
 class Runtime {
  public:
   enum State : int { not_started = 0, running = 1, disabled = 2, stopped = 3 };

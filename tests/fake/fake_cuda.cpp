@@ -1142,6 +1142,25 @@ FAKE_EXPORT CUresult cuDeviceGet(CUdevice* device, int ordinal) {
   return CUDA_SUCCESS;
 }
 
+// For tools (streamcoll-info): "Fake GPU d", 80 GiB each.
+FAKE_EXPORT CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
+  LOCK();
+  count("cuDeviceGetName");
+  if (dev < 0 || dev >= g_devices) return ret("cuDeviceGetName", CUDA_ERROR_INVALID_DEVICE);
+  if (!name || len <= 0) return ret("cuDeviceGetName", CUDA_ERROR_INVALID_VALUE);
+  snprintf(name, static_cast<size_t>(len), "Fake GPU %d", dev);
+  return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDeviceTotalMem(size_t* bytes, CUdevice dev) {
+  LOCK();
+  count("cuDeviceTotalMem");
+  if (dev < 0 || dev >= g_devices) return ret("cuDeviceTotalMem", CUDA_ERROR_INVALID_DEVICE);
+  if (!bytes) return ret("cuDeviceTotalMem", CUDA_ERROR_INVALID_VALUE);
+  *bytes = size_t{80} << 30;
+  return CUDA_SUCCESS;
+}
+
 FAKE_EXPORT CUresult cuDeviceGetPCIBusId(char* bus, int len, CUdevice dev) {
   LOCK();
   count("cuDeviceGetPCIBusId");

@@ -295,3 +295,32 @@ TEST_CASE("match after a rule: the next matching rule, for a route that declined
   auto other = parse_ok("* * * * * * * pmpi\n");
   CHECK(t.match(k, &other.rules()[0]) == nullptr);
 }
+
+TEST_CASE("a rule written back as a table line parses to the same rule") {
+  TuningTable t = parse_ok(
+      "allreduce,bcast 0-64K 2-8 1 * device,managed yes ht algo=rd chunk=4M\n"
+      "* 65537- * 2- 4 * * nvgroup cross=ht hierarchy=4x2\n"
+      "reduce_scatter_block 100 * * * pinned no blueconnect backend=nvgroup/nccl\n"
+      "* * * * * * * pmpi\n");
+  std::string again;
+  for (const Rule& r : t.rules()) again += r.to_string() + "\n";
+  CAPTURE(again);
+  TuningTable u = parse_ok(again);
+  REQUIRE(u.rules().size() == t.rules().size());
+  for (size_t i = 0; i < t.rules().size(); ++i) {
+    const Rule &a = t.rules()[i], &b = u.rules()[i];
+    CHECK(a.colls == b.colls);
+    CHECK(a.bytes.lo == b.bytes.lo);
+    CHECK(a.bytes.hi == b.bytes.hi);
+    CHECK(a.ranks.lo == b.ranks.lo);
+    CHECK(a.ranks.hi == b.ranks.hi);
+    CHECK(a.nodes.lo == b.nodes.lo);
+    CHECK(a.ppn.hi == b.ppn.hi);
+    CHECK(a.mems == b.mems);
+    CHECK(a.stream == b.stream);
+    CHECK(a.choice.route == b.choice.route);
+    CHECK(a.choice.params == b.choice.params);
+  }
+  CHECK(t.rules()[0].to_string() == "allreduce,bcast 0-65536 2-8 1 * device,managed yes ht algo=rd chunk=4M");
+  CHECK(t.rules()[3].to_string() == "* * * * * * * pmpi");
+}

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# streamcoll-info on this node (no GPU, no driver) and against the fake CUDA driver (two
+# GPUs): exits 0, names every section, its JSON parses and holds what the text says (the
+# environment's values, the table's rules after STREAMCOLL_ROUTE, a bad table file named
+# with its line, the devices and their peer access), and a bad argument exits 2.
+#   info.sh BUILD_DIR
+set -euo pipefail
+build=$1
+info=$build/tools/streamcoll-info
+fail() { echo "FAIL: $*"; exit 1; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# Text, MPI initialised (a singleton), no CUDA driver on the search path.
+env -u LD_LIBRARY_PATH timeout 120 "$info" >"$tmp/text" 2>"$tmp/err" || { cat "$tmp/err"; fail "exit status"; }
+for section in streamcoll: mpi: cuda: nccl: topology: "tuning table:" environment:; do
+  grep -q "^$section" "$tmp/text" || fail "no section $section"
+done
+grep -q "thread level given: MPI_THREAD_" "$tmp/text" || fail "no thread level"
+grep -q "source: embedded default" "$tmp/text" || fail "not the embedded table"
+grep -q "STREAMCOLL_STATS: (unset; default 0)" "$tmp/text" || fail "no knob line"
+
+# JSON, with settings, a forced route and a malformed table file; no MPI.
+printf 'allreduce * * * * device * nccl\nbcast * * oops\n' >"$tmp/bad.table"
+STREAMCOLL_STATS=1 STREAMCOLL_ROUTE=allreduce:ht:algo=rd STREAMCOLL_TUNING_FILE="$tmp/bad.table" \
+  timeout 120 "$info" --json --no-mpi >"$tmp/json" || fail "--json exit status"
+python3 - "$tmp/json" <<'PY' || fail "JSON content"
+import json, sys
+r = json.load(open(sys.argv[1]))
+for k in ["streamcoll", "mpi", "cuda", "nccl", "topology", "tuning table", "environment"]:
+    assert k in r, k
+assert r["streamcoll"]["version"], "version"
+assert r["mpi"]["initialised"] is False, "--no-mpi"
+env = {e["name"]: e["value"] for e in r["environment"]}
+assert env["STREAMCOLL_STATS"] == "1" and env["STREAMCOLL_DEBUG"] is None, env
+t = r["tuning table"]
+assert "bad.table:2:" in t["source"] and "embedded default" in t["source"], t["source"]
+assert t["rules"][0] == "allreduce * * * * * * ht algo=rd", t["rules"]
+assert t["rules"][1].startswith("allreduce,reduce,bcast"), t["rules"]
+assert isinstance(r["topology"].get("cores", 1), (int, float)), r["topology"]
+PY
+
+# Against the fake driver: two GPUs, peer access between them.
+if [ -e "$build/tests/fake/cuda/libcuda.so.1" ]; then
+  LD_LIBRARY_PATH="$build/tests/fake/cuda" FAKE_CUDA_DEVICES=2 FAKE_CUDA_BUS_ID=same \
+    timeout 120 "$info" --json --no-mpi >"$tmp/fake" || fail "fake driver: exit status"
+  python3 - "$tmp/fake" <<'PY' || fail "fake driver: devices"
+import json, sys
+c = json.load(open(sys.argv[1]))["cuda"]
+assert c["driver usable"] is True, c
+d = c["devices"]
+assert [x["name"] for x in d] == ["Fake GPU 0", "Fake GPU 1"], d
+assert [x["pci bus id"] for x in d] == ["0000:01:00.0", "0000:02:00.0"], d
+assert d[0]["memory bytes"] == 80 * 2**30, d
+assert c["peer access"] == ["-1", "1-"], c
+PY
+fi
+
+set +e
+"$info" --bogus >/dev/null 2>&1
+[ $? -eq 2 ] || fail "a bad argument does not exit 2"
+echo "streamcoll-info: 1 passed, 0 failed"
