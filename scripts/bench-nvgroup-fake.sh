@@ -21,8 +21,8 @@ if mpirun --version 2>&1 | grep -q "Open MPI"; then
 fi
 echo "# scripts/bench-nvgroup-fake.sh $*"
 echo "# commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with local changes)'); $(date -u +%Y-%m-%dT%H:%M:%SZ); $(nproc) cores"
-echo "# fake CUDA driver (no GPU): FAKE_CUDA_DEFER=1 FAKE_CUDA_BUS_ID=same FAKE_CUDA_DEVICES=$np"
+echo "# fake CUDA driver (no GPU): FAKE_CUDA_DEFER=1 FAKE_CUDA_BUS_ID=same FAKE_CUDA_DEVICES=$np FAKE_CUDA_MALLOC_SHM=1 (inputs registered, read in place)"
 LD_PRELOAD="$build/libstreamcoll.so" LD_LIBRARY_PATH="$build/tests/fake/cuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
   STREAMCOLL_ROUTE=allreduce:nvgroup STREAMCOLL_NCCL_LIB=/nonexistent/libnccl.so.2 \
-  FAKE_CUDA_DEFER=1 FAKE_CUDA_BUS_ID=same FAKE_CUDA_DEVICES="$np" \
+  FAKE_CUDA_DEFER=1 FAKE_CUDA_BUS_ID=same FAKE_CUDA_DEVICES="$np" FAKE_CUDA_MALLOC_SHM=1 \
   mpirun "${mpi_args[@]}" "$build/tests/fake/fake_nvgroup_route" enqueue "$batches"
