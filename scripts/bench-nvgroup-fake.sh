@@ -5,6 +5,7 @@
 # of 100 calls. Statistics off (they cost a little per call). Keep a result with e.g.
 #   scripts/bench-nvgroup-fake.sh 2 2>&1 | tee bench/results/nvgroup_enqueue_fake_2ranks.txt
 #   scripts/bench-nvgroup-fake.sh [NP] [BATCHES (default 50)]
+# NVGROUP_PARAMS=":direct=no" (appended to the route) compares without registered inputs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 np=${1:-2}
@@ -19,10 +20,10 @@ if mpirun --version 2>&1 | grep -q "Open MPI"; then
   [ "$(id -u)" -eq 0 ] && mpi_args+=(--allow-run-as-root)
   export OMPI_MCA_btl_vader_single_copy_mechanism=none
 fi
-echo "# scripts/bench-nvgroup-fake.sh $*"
+echo "# ${NVGROUP_PARAMS:+NVGROUP_PARAMS=$NVGROUP_PARAMS }scripts/bench-nvgroup-fake.sh $*"
 echo "# commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with local changes)'); $(date -u +%Y-%m-%dT%H:%M:%SZ); $(nproc) cores"
 echo "# fake CUDA driver (no GPU): FAKE_CUDA_DEFER=1 FAKE_CUDA_BUS_ID=same FAKE_CUDA_DEVICES=$np FAKE_CUDA_MALLOC_SHM=1 (inputs registered, read in place)"
 LD_PRELOAD="$build/libstreamcoll.so" LD_LIBRARY_PATH="$build/tests/fake/cuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-  STREAMCOLL_ROUTE=allreduce:nvgroup STREAMCOLL_NCCL_LIB=/nonexistent/libnccl.so.2 \
+  STREAMCOLL_ROUTE="allreduce:nvgroup${NVGROUP_PARAMS:-}" STREAMCOLL_NCCL_LIB=/nonexistent/libnccl.so.2 \
   FAKE_CUDA_DEFER=1 FAKE_CUDA_BUS_ID=same FAKE_CUDA_DEVICES="$np" FAKE_CUDA_MALLOC_SHM=1 \
   mpirun "${mpi_args[@]}" "$build/tests/fake/fake_nvgroup_route" enqueue "$batches"

@@ -470,6 +470,11 @@ void enqueue_mode(MPI_Comm comm, int batches) {
   // Statistics are off (they cost per call): the fake's kernel launches say the route.
   check(cu("host_kernels") >= 100ull * static_cast<unsigned long long>(batches + 2),
         "the calls took route nvgroup (one kernel each)");
+  const char* shm = std::getenv("FAKE_CUDA_MALLOC_SHM");
+  const char* route = std::getenv("STREAMCOLL_ROUTE");
+  if (p > 1 && shm && std::strcmp(shm, "1") == 0 && !(route && std::strstr(route, "direct=no")))
+    check(cu("nvgroup_direct_inputs") >= 100ull * static_cast<unsigned long long>(batches),
+          "the inputs were read in place (registered) from the first batches on");
   std::sort(us.begin(), us.end());
   if (me == 0 && !us.empty())
     std::printf("enqueue us/call (stream-ordered MPI_Allreduce, 8 B, %d ranks, %zu calls): "
