@@ -40,6 +40,12 @@ set -euo pipefail
 # script was started; a relative BUILD_DIR is relative to the source tree, as for
 # scripts/build.sh.
 root=$(cd "$(dirname "$0")/.." && pwd)
+# `meson install` installs this script as bin/streamcoll-autotune with the line below
+# filled in (the library directory, relative to the prefix): it then runs the installed
+# tools beside it, builds nothing, and ignores BUILD_DIR. In the source tree it stays as is.
+installed_libdir="@STREAMCOLL_LIBDIR@"
+installed=1
+case $installed_libdir in @*) installed=0 ;; esac
 
 nps="2 4" colls=allreduce mems=host streams=no routes="" tie=0.05 out="" plot=1 verify=1 build_it=1
 bench_opts=()
@@ -83,19 +89,30 @@ routes_for() {  # the candidates for memory kind $1 and collective $2
   # would only let noise pick between one algorithm's two names
   case $2 in allgather|reduce_scatter_block) r="pmpi ht:algo=rd ht:algo=ring" ;; esac
   [ "$1" = device ] && r="nccl $r"
-  [ "$1" = device ] && [ "$2" = allreduce ] && grep -q 'STREAMCOLL_HAVE_NVGROUP=1' "$build/build.ninja" &&
-    r="nvgroup $r"
+  [ "$1" = device ] && [ "$2" = allreduce ] && [ $have_nvgroup = 1 ] && r="nvgroup $r"
   echo "$r"
 }
 printf '%s' "${bench_opts[*]:-}" | grep -q -- '--max-bytes' || bench_opts+=(--max-bytes 64M)
 out=${out:-autotune-$(date -u +%Y%m%d-%H%M%S)}
 mkdir -p "$out"
 case $out in /*) ;; *) out=$PWD/$out ;; esac  # ranks on other nodes get absolute paths
-build=${BUILD_DIR:-build}
-[ $build_it = 1 ] && "$root/scripts/build.sh" >/dev/null
-case $build in /*) ;; *) build=$root/$build ;; esac
-lib=$build/libstreamcoll.so
-for f in "$lib" "$build/bench/sc_bench" "$build/bench/sc_tune"; do
+if [ $installed = 1 ]; then
+  lib=$root/$installed_libdir/libstreamcoll.so
+  sc_bench=$root/bin/sc_bench sc_tune=$root/bin/sc_tune sc_model=$root/bin/sc_model
+  plot_py=$root/share/streamcoll/plot_routes.py
+  have_nvgroup=0
+  "$root/bin/streamcoll-info" --json --no-mpi 2>/dev/null | grep -q '"nvgroup kernels":true' && have_nvgroup=1
+else
+  build=${BUILD_DIR:-build}
+  [ $build_it = 1 ] && "$root/scripts/build.sh" >/dev/null
+  case $build in /*) ;; *) build=$root/$build ;; esac
+  lib=$build/libstreamcoll.so
+  sc_bench=$build/bench/sc_bench sc_tune=$build/bench/sc_tune sc_model=$build/bench/sc_model
+  plot_py=$root/scripts/plot_routes.py
+  have_nvgroup=0
+  grep -q 'STREAMCOLL_HAVE_NVGROUP=1' "$build/build.ninja" && have_nvgroup=1
+fi
+for f in "$lib" "$sc_bench" "$sc_tune"; do
   [ -e "$f" ] || { echo "autotune.sh: $f is missing (build first, or drop --no-build)" >&2; exit 2; }
 done
 
@@ -134,7 +151,7 @@ bench() {
     done
   fi
   local cmd=(env "${envs[@]}" "$mpirun" "${mpi_args[@]}" "${pass[@]}" "${extra[@]}"
-             -np "$np" "$build/bench/sc_bench" "$@" --csv "$csv" --append)
+             -np "$np" "$sc_bench" "$@" --csv "$csv" --append)
   say "\$ ${cmd[*]}"
   local rc=0
   "${cmd[@]}" >>"$log" 2>&1 || rc=$?
@@ -175,16 +192,16 @@ if [ ${#measured[@]} -eq 0 ]; then
 fi
 
 say "\$ sc_tune table --tie $tie --out $out/table.txt $out/measured.csv"
-"$build/bench/sc_tune" table --tie "$tie" --out "$out/table.txt" "$out/measured.csv" 2>&1 | tee -a "$log"
+"$sc_tune" table --tie "$tie" --out "$out/table.txt" "$out/measured.csv" 2>&1 | tee -a "$log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || { say "FAIL: sc_tune table"; exit 1; }
 
 # A machine profile for the scale model (sc_model predict), fitted to the ht rows of
 # allreduce (known host algorithms); informative, so a failure here is only reported.
-if [ ! -x "$build/bench/sc_model" ]; then
+if [ ! -x "$sc_model" ]; then
   say "note: no profile fitted: sc_model was not built (it needs toml++)"
 elif grep -Eq '^allreduce,([^,]*,){7}ht:algo=(rd|rabenseifner|ring),' "$out/measured.csv"; then
   say "\$ sc_model fit --in $out/measured.csv --out $out/profile.toml"
-  "$build/bench/sc_model" fit --in "$out/measured.csv" --out "$out/profile.toml" >>"$log" 2>&1 ||
+  "$sc_model" fit --in "$out/measured.csv" --out "$out/profile.toml" >>"$log" 2>&1 ||
     say "note: sc_model fit wrote no profile (see $log)"
   grep -E '^level|^copy|^no device' "$log" | tail -n 3 || true
 fi
@@ -195,7 +212,7 @@ if [ $plot = 1 ]; then
     if "$p" -c 'import matplotlib' 2>/dev/null; then py=$p; break; fi
   done
   if [ -n "$py" ]; then
-    "$py" "$root/scripts/plot_routes.py" --tie "$tie" --out-dir "$out" --prefix autotune \
+    "$py" "$plot_py" --tie "$tie" --out-dir "$out" --prefix autotune \
       "$out/measured.csv" 2>&1 | tee -a "$log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || { say "FAIL: plot_routes.py"; exit 1; }
   else
@@ -214,7 +231,7 @@ if [ $verify = 1 ]; then
     done
   done
   say "\$ sc_tune check --table $out/table.txt --measured $out/measured.csv $out/verify.csv"
-  "$build/bench/sc_tune" check --tie "$tie" --table "$out/table.txt" \
+  "$sc_tune" check --tie "$tie" --table "$out/table.txt" \
     --measured "$out/measured.csv" "$out/verify.csv" 2>&1 | tee -a "$log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || { say "FAIL: the loaded table does not route as written"; exit 1; }
 fi
