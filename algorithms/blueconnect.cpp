@@ -518,7 +518,7 @@ config::RouteChoice stage_choice(Backend b, const config::RouteChoice& choice) {
   config::RouteChoice c;
   if (b != Backend::nvgroup) return c;
   c.route = RouteId::nvgroup;
-  for (const char* key : {"chunk", "blocks"})
+  for (const char* key : {"chunk", "blocks", "direct"})
     if (auto v = choice.param(key)) c.params.emplace_back(key, std::string(*v));
   c.params.emplace_back("cross", "none");
   return c;

@@ -854,7 +854,7 @@ config::RouteChoice across(const config::RouteChoice& choice) {
   bc.route = RouteId::blueconnect;
   const std::string cross(choice.param("cross").value_or("nccl"));
   bc.params.emplace_back("backend", "nvgroup/" + cross);
-  for (const char* key : {"hierarchy", "chunk", "blocks"})
+  for (const char* key : {"hierarchy", "chunk", "blocks", "direct"})
     if (auto v = choice.param(key)) bc.params.emplace_back(key, std::string(*v));
   return bc;
 }

@@ -192,7 +192,10 @@ const std::vector<ParamSpec>& route_params(RouteId r) {
       {"hierarchy", {}, "hierarchy"},
       {"backend", {"sched", "mpi", "nccl", "nvgroup", "ht"}, "list"},
       {"algo", {"auto", "ring"}, ""},
-      {"chunk", {}, "size"}};
+      {"chunk", {}, "size"},
+      // for the levels on nvgroup (its parameters)
+      {"blocks", {"1", "2", "4", "8", "16", "32", "64", "128"}, ""},
+      {"direct", {"yes", "no"}, ""}};
   static const std::vector<ParamSpec> chunked = {{"chunk", {}, "size"}};
   static const std::vector<ParamSpec> nvgroup = {
       {"chunk", {}, "size"},
