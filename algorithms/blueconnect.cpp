@@ -13,7 +13,8 @@
 //   allgather             the rank's block into its tree-order slot, all-gather stages
 //                         k..0, the blocks permuted into rank order
 // Each stage runs on a backend of its own, per level, from the table's backend= (one
-// name for every level, or one per level innermost first, joined by '/'):
+// name per level innermost first, joined by '/'; the last serves every level above the
+// list's end, so one name serves them all):
 //   sched  streamcoll's schedules (algorithms/schedule.hpp: recursive halving/doubling
 //          for a power-of-two group, the ring otherwise; algo=ring forces rings) on
 //          PMPI_ point-to-point over a private duplicate of the communicator
@@ -28,20 +29,27 @@
 // communicator size, or a non-uniform discovered hierarchy, make the route decline (the
 // call goes to pmpi).
 //
-// GPU buffers (blocking calls; backend nccl by default): each nccl stage is route nccl's
+// GPU buffers (blocking calls; backend nccl by default): each stage is a route's
 // reduce-scatter or all-gather on the level's sub-communicator, in NCCL's in-place forms,
 // all on one stream: the attached stream (stream semantics: the host does not wait) or,
 // for a classic call, a stream of ours ordered after the legacy default stream, which the
-// call then waits for. A classic call may run levels on backend sched instead (host
-// transfer: the segment to pinned memory, the stage's schedule on the calling thread, the
-// result back), e.g. nccl/sched: NCCL inside the node, the host across nodes. MPI_I*
-// calls, backend mpi, and sched stages with an attached stream are not carried for GPU
-// buffers (the call goes elsewhere). Route nccl must be usable on every level.
+// call then waits for. The routes: nccl; nvgroup (the level is one NVLink group: route
+// nvgroup's kernel halves; this is how route nvgroup spans several groups); ht (the host
+// transfer, stream-ordered like the others). An allreduce's outermost level on a route is
+// one allreduce of its segment. Each level's route is set up on its sub-communicator at
+// the first call that needs it, and agreed (a level whose route cannot run makes the rule
+// decline on every rank). A classic call may run levels on backend sched instead (host
+// transfer on the calling thread: the segment to pinned memory, the stage's schedule, the
+// result back), e.g. nccl/sched. MPI_I* calls, backend mpi, and sched stages with an
+// attached stream are not carried for GPU buffers (the call goes elsewhere).
 //
 // Failures stay collective (GPU buffers). A rank whose part of a stage fails still runs
 // every later stage (with whatever its data is), so that no level waits for it: an NCCL
 // stage it cannot enter aborts that level's NCCL communicator and tells the level's peers
-// (route nccl's notices), a host stage whose input copy failed runs its schedule tainted;
+// (route nccl's notices), an nvgroup stage gives its rounds up (the failure word), an ht
+// stage runs its part on scratch marked unusable, a host stage whose input copy failed
+// runs its schedule tainted; failures the levels' routes find after their stages returned
+// are taken at the end of the call (classic) or by the next call (stream-ordered);
 // and a call ends with one small allreduce of the ranks' outcomes over the communicator,
 // so that every rank reports an error when any part failed, never a value built on one.
 // Host buffers have no local failure points (schedules carry a peer's taint anyway).
