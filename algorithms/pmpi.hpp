@@ -6,63 +6,65 @@
 #include <mpi.h>
 
 #include "core/coll_args.hpp"
+#include "core/next_mpi.hpp"
 
 namespace streamcoll {
 
-/// The real PMPI_ call for `a`, unchanged: its result, its errors, its request.
+/// The real call for `a`, unchanged: its result, its errors, its request. The next MPI_
+/// definition (another PMPI tool's, else the MPI's: core/next_mpi.hpp).
 inline int run_pmpi(const CollArgs& a) {
   if (a.fortran) return a.fortran->run(a.fortran);
   if (a.nonblocking) {
     switch (a.coll) {
       case Coll::allreduce:
-        return PMPI_Iallreduce(a.sendbuf, a.recvbuf, a.count, a.datatype, a.op, a.comm,
+        return SC_NEXT(MPI_Iallreduce)(a.sendbuf, a.recvbuf, a.count, a.datatype, a.op, a.comm,
                                a.request);
       case Coll::reduce:
-        return PMPI_Ireduce(a.sendbuf, a.recvbuf, a.count, a.datatype, a.op, a.root, a.comm,
+        return SC_NEXT(MPI_Ireduce)(a.sendbuf, a.recvbuf, a.count, a.datatype, a.op, a.root, a.comm,
                             a.request);
       case Coll::bcast:
-        return PMPI_Ibcast(a.recvbuf, a.count, a.datatype, a.root, a.comm, a.request);
+        return SC_NEXT(MPI_Ibcast)(a.recvbuf, a.count, a.datatype, a.root, a.comm, a.request);
       case Coll::allgather:
-        return PMPI_Iallgather(a.sendbuf, a.sendcount, a.sendtype, a.recvbuf, a.recvcount,
+        return SC_NEXT(MPI_Iallgather)(a.sendbuf, a.sendcount, a.sendtype, a.recvbuf, a.recvcount,
                                a.recvtype, a.comm, a.request);
       case Coll::allgatherv:
-        return PMPI_Iallgatherv(a.sendbuf, a.sendcount, a.sendtype, a.recvbuf, a.recvcounts,
+        return SC_NEXT(MPI_Iallgatherv)(a.sendbuf, a.sendcount, a.sendtype, a.recvbuf, a.recvcounts,
                                 a.displs, a.recvtype, a.comm, a.request);
       case Coll::reduce_scatter_block:
-        return PMPI_Ireduce_scatter_block(a.sendbuf, a.recvbuf, a.count, a.datatype, a.op,
+        return SC_NEXT(MPI_Ireduce_scatter_block)(a.sendbuf, a.recvbuf, a.count, a.datatype, a.op,
                                           a.comm, a.request);
       case Coll::reduce_scatter:
-        return PMPI_Ireduce_scatter(a.sendbuf, a.recvbuf, a.recvcounts, a.datatype, a.op,
+        return SC_NEXT(MPI_Ireduce_scatter)(a.sendbuf, a.recvbuf, a.recvcounts, a.datatype, a.op,
                                     a.comm, a.request);
       case Coll::alltoall:
-        return PMPI_Ialltoall(a.sendbuf, a.sendcount, a.sendtype, a.recvbuf, a.recvcount,
+        return SC_NEXT(MPI_Ialltoall)(a.sendbuf, a.sendcount, a.sendtype, a.recvbuf, a.recvcount,
                               a.recvtype, a.comm, a.request);
       case Coll::barrier:
-        return PMPI_Ibarrier(a.comm, a.request);
+        return SC_NEXT(MPI_Ibarrier)(a.comm, a.request);
     }
   }
   switch (a.coll) {
     case Coll::allreduce:
-      return PMPI_Allreduce(a.sendbuf, a.recvbuf, a.count, a.datatype, a.op, a.comm);
+      return SC_NEXT(MPI_Allreduce)(a.sendbuf, a.recvbuf, a.count, a.datatype, a.op, a.comm);
     case Coll::reduce:
-      return PMPI_Reduce(a.sendbuf, a.recvbuf, a.count, a.datatype, a.op, a.root, a.comm);
+      return SC_NEXT(MPI_Reduce)(a.sendbuf, a.recvbuf, a.count, a.datatype, a.op, a.root, a.comm);
     case Coll::bcast:
-      return PMPI_Bcast(a.recvbuf, a.count, a.datatype, a.root, a.comm);
+      return SC_NEXT(MPI_Bcast)(a.recvbuf, a.count, a.datatype, a.root, a.comm);
     case Coll::allgather:
-      return PMPI_Allgather(a.sendbuf, a.sendcount, a.sendtype, a.recvbuf, a.recvcount,
+      return SC_NEXT(MPI_Allgather)(a.sendbuf, a.sendcount, a.sendtype, a.recvbuf, a.recvcount,
                             a.recvtype, a.comm);
     case Coll::allgatherv:
-      return PMPI_Allgatherv(a.sendbuf, a.sendcount, a.sendtype, a.recvbuf, a.recvcounts,
+      return SC_NEXT(MPI_Allgatherv)(a.sendbuf, a.sendcount, a.sendtype, a.recvbuf, a.recvcounts,
                              a.displs, a.recvtype, a.comm);
     case Coll::reduce_scatter_block:
-      return PMPI_Reduce_scatter_block(a.sendbuf, a.recvbuf, a.count, a.datatype, a.op, a.comm);
+      return SC_NEXT(MPI_Reduce_scatter_block)(a.sendbuf, a.recvbuf, a.count, a.datatype, a.op, a.comm);
     case Coll::reduce_scatter:
-      return PMPI_Reduce_scatter(a.sendbuf, a.recvbuf, a.recvcounts, a.datatype, a.op, a.comm);
+      return SC_NEXT(MPI_Reduce_scatter)(a.sendbuf, a.recvbuf, a.recvcounts, a.datatype, a.op, a.comm);
     case Coll::alltoall:
-      return PMPI_Alltoall(a.sendbuf, a.sendcount, a.sendtype, a.recvbuf, a.recvcount,
+      return SC_NEXT(MPI_Alltoall)(a.sendbuf, a.sendcount, a.sendtype, a.recvbuf, a.recvcount,
                            a.recvtype, a.comm);
     case Coll::barrier:
-      return PMPI_Barrier(a.comm);
+      return SC_NEXT(MPI_Barrier)(a.comm);
   }
   return MPI_ERR_INTERN;
 }

@@ -1,8 +1,10 @@
 // The collective wrappers: take the pass-through fast path when it holds (one atomic load
-// and a few compares, then a tail call to PMPI_), otherwise translate the arguments for
-// the dispatcher. Routing is in shim/dispatch.cpp.
+// and a few compares, then a tail call to the next MPI_ definition: another PMPI tool's,
+// or the MPI's; core/next_mpi.hpp), otherwise translate the arguments for the dispatcher.
+// Routing is in shim/dispatch.cpp.
 #include <mpi.h>
 
+#include "core/next_mpi.hpp"
 #include "shim/dispatch.hpp"
 #include "shim/export.hpp"
 
@@ -92,24 +94,24 @@ int barrier(MPI_Comm c, MPI_Request* q, bool nb) {
 SC_EXPORT int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count,
                             MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
   if (pass_through(Coll::allreduce, comm, sendbuf, recvbuf))
-    return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+    return SC_NEXT(MPI_Allreduce)(sendbuf, recvbuf, count, datatype, op, comm);
   return allreduce(sendbuf, recvbuf, count, datatype, op, comm, nullptr, false);
 }
 SC_EXPORT int MPI_Reduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype,
                          MPI_Op op, int root, MPI_Comm comm) {
   if (pass_through(Coll::reduce, comm, sendbuf, recvbuf))
-    return PMPI_Reduce(sendbuf, recvbuf, count, datatype, op, root, comm);
+    return SC_NEXT(MPI_Reduce)(sendbuf, recvbuf, count, datatype, op, root, comm);
   return reduce(sendbuf, recvbuf, count, datatype, op, root, comm, nullptr, false);
 }
 SC_EXPORT int MPI_Bcast(void* buffer, int count, MPI_Datatype datatype, int root, MPI_Comm comm) {
   if (pass_through(Coll::bcast, comm, buffer, buffer))
-    return PMPI_Bcast(buffer, count, datatype, root, comm);
+    return SC_NEXT(MPI_Bcast)(buffer, count, datatype, root, comm);
   return bcast(buffer, count, datatype, root, comm, nullptr, false);
 }
 SC_EXPORT int MPI_Allgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype,
                             void* recvbuf, int recvcount, MPI_Datatype recvtype, MPI_Comm comm) {
   if (pass_through(Coll::allgather, comm, sendbuf, recvbuf))
-    return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
+    return SC_NEXT(MPI_Allgather)(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
   return dispatch(gather_like(Coll::allgather, sendbuf, sendcount, sendtype, recvbuf, recvcount,
                               recvtype, comm, nullptr, false));
 }
@@ -122,7 +124,7 @@ SC_EXPORT int MPI_Allgatherv(const void* sendbuf, int sendcount, MPI_Datatype se
 SC_EXPORT int MPI_Reduce_scatter_block(const void* sendbuf, void* recvbuf, int recvcount,
                                        MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
   if (pass_through(Coll::reduce_scatter_block, comm, sendbuf, recvbuf))
-    return PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm);
+    return SC_NEXT(MPI_Reduce_scatter_block)(sendbuf, recvbuf, recvcount, datatype, op, comm);
   return reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm, nullptr, false);
 }
 SC_EXPORT int MPI_Reduce_scatter(const void* sendbuf, void* recvbuf, const int recvcounts[],
@@ -132,12 +134,12 @@ SC_EXPORT int MPI_Reduce_scatter(const void* sendbuf, void* recvbuf, const int r
 SC_EXPORT int MPI_Alltoall(const void* sendbuf, int sendcount, MPI_Datatype sendtype,
                            void* recvbuf, int recvcount, MPI_Datatype recvtype, MPI_Comm comm) {
   if (pass_through(Coll::alltoall, comm, sendbuf, recvbuf))
-    return PMPI_Alltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
+    return SC_NEXT(MPI_Alltoall)(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
   return dispatch(gather_like(Coll::alltoall, sendbuf, sendcount, sendtype, recvbuf, recvcount,
                               recvtype, comm, nullptr, false));
 }
 SC_EXPORT int MPI_Barrier(MPI_Comm comm) {
-  if (pass_through(Coll::barrier, comm, &comm, &comm)) return PMPI_Barrier(comm);
+  if (pass_through(Coll::barrier, comm, &comm, &comm)) return SC_NEXT(MPI_Barrier)(comm);
   return barrier(comm, nullptr, false);
 }
 
@@ -146,26 +148,26 @@ SC_EXPORT int MPI_Iallreduce(const void* sendbuf, void* recvbuf, int count,
                              MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
                              MPI_Request* request) {
   if (request && pass_through(Coll::allreduce, comm, sendbuf, recvbuf))
-    return PMPI_Iallreduce(sendbuf, recvbuf, count, datatype, op, comm, request);
+    return SC_NEXT(MPI_Iallreduce)(sendbuf, recvbuf, count, datatype, op, comm, request);
   return allreduce(sendbuf, recvbuf, count, datatype, op, comm, request, true);
 }
 SC_EXPORT int MPI_Ireduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype,
                           MPI_Op op, int root, MPI_Comm comm, MPI_Request* request) {
   if (request && pass_through(Coll::reduce, comm, sendbuf, recvbuf))
-    return PMPI_Ireduce(sendbuf, recvbuf, count, datatype, op, root, comm, request);
+    return SC_NEXT(MPI_Ireduce)(sendbuf, recvbuf, count, datatype, op, root, comm, request);
   return reduce(sendbuf, recvbuf, count, datatype, op, root, comm, request, true);
 }
 SC_EXPORT int MPI_Ibcast(void* buffer, int count, MPI_Datatype datatype, int root, MPI_Comm comm,
                          MPI_Request* request) {
   if (request && pass_through(Coll::bcast, comm, buffer, buffer))
-    return PMPI_Ibcast(buffer, count, datatype, root, comm, request);
+    return SC_NEXT(MPI_Ibcast)(buffer, count, datatype, root, comm, request);
   return bcast(buffer, count, datatype, root, comm, request, true);
 }
 SC_EXPORT int MPI_Iallgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype,
                              void* recvbuf, int recvcount, MPI_Datatype recvtype, MPI_Comm comm,
                              MPI_Request* request) {
   if (request && pass_through(Coll::allgather, comm, sendbuf, recvbuf))
-    return PMPI_Iallgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm,
+    return SC_NEXT(MPI_Iallgather)(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm,
                            request);
   return dispatch(gather_like(Coll::allgather, sendbuf, sendcount, sendtype, recvbuf, recvcount,
                               recvtype, comm, request, true));
@@ -180,7 +182,7 @@ SC_EXPORT int MPI_Ireduce_scatter_block(const void* sendbuf, void* recvbuf, int 
                                         MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
                                         MPI_Request* request) {
   if (request && pass_through(Coll::reduce_scatter_block, comm, sendbuf, recvbuf))
-    return PMPI_Ireduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm, request);
+    return SC_NEXT(MPI_Ireduce_scatter_block)(sendbuf, recvbuf, recvcount, datatype, op, comm, request);
   return reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm, request, true);
 }
 SC_EXPORT int MPI_Ireduce_scatter(const void* sendbuf, void* recvbuf, const int recvcounts[],
@@ -192,13 +194,13 @@ SC_EXPORT int MPI_Ialltoall(const void* sendbuf, int sendcount, MPI_Datatype sen
                             void* recvbuf, int recvcount, MPI_Datatype recvtype, MPI_Comm comm,
                             MPI_Request* request) {
   if (request && pass_through(Coll::alltoall, comm, sendbuf, recvbuf))
-    return PMPI_Ialltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm,
+    return SC_NEXT(MPI_Ialltoall)(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm,
                           request);
   return dispatch(gather_like(Coll::alltoall, sendbuf, sendcount, sendtype, recvbuf, recvcount,
                               recvtype, comm, request, true));
 }
 SC_EXPORT int MPI_Ibarrier(MPI_Comm comm, MPI_Request* request) {
   if (request && pass_through(Coll::barrier, comm, &comm, &comm))
-    return PMPI_Ibarrier(comm, request);
+    return SC_NEXT(MPI_Ibarrier)(comm, request);
   return barrier(comm, request, true);
 }

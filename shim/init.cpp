@@ -12,6 +12,7 @@
 #include "config/tuning_table.hpp"
 #include "core/comm_context.hpp"
 #include "core/log.hpp"
+#include "core/next_mpi.hpp"
 #include "core/runtime.hpp"
 #include "shim/dispatch.hpp"
 #include "shim/export.hpp"
@@ -36,12 +37,21 @@ int application_thread_level() { return g_app_level.load(); }
 
 namespace {
 
-int init_thread(int* argc, char*** argv, int required, int* provided) {
+// `plain`: the application called MPI_Init. The next MPI_Init (a PMPI tool's after
+// streamcoll, or the MPI's: core/next_mpi.hpp) gets it as it was, unless streamcoll must
+// ask for MPI_THREAD_MULTIPLE: then the next MPI_Init_thread does.
+int init_thread(int* argc, char*** argv, int required, int* provided, bool plain) {
   const int ask = streamcoll::Runtime::wants_thread_multiple()
                       ? std::max(required, static_cast<int>(MPI_THREAD_MULTIPLE))
                       : required;
   int got = MPI_THREAD_SINGLE;
-  int rc = PMPI_Init_thread(argc, argv, ask, &got);
+  int rc;
+  if (plain && ask == required) {
+    rc = SC_NEXT(MPI_Init)(argc, argv);
+    if (rc == MPI_SUCCESS) PMPI_Query_thread(&got);
+  } else {
+    rc = SC_NEXT(MPI_Init_thread)(argc, argv, ask, &got);
+  }
   if (rc != MPI_SUCCESS) return rc;
   const int told = std::min(required, got);
   streamcoll::set_application_thread_level(told);
@@ -53,26 +63,26 @@ int init_thread(int* argc, char*** argv, int required, int* provided) {
 
 SC_EXPORT int MPI_Init(int* argc, char*** argv) {
   // MPI_Init gives MPI_THREAD_SINGLE (MPI-4.0 section 11.2.1).
-  return init_thread(argc, argv, MPI_THREAD_SINGLE, nullptr);
+  return init_thread(argc, argv, MPI_THREAD_SINGLE, nullptr, true);
 }
 
 SC_EXPORT int MPI_Init_thread(int* argc, char*** argv, int required, int* provided) {
-  return init_thread(argc, argv, required, provided);
+  return init_thread(argc, argv, required, provided, false);
 }
 
 SC_EXPORT int MPI_Query_thread(int* provided) {
   const int level = g_app_level.load();
-  if (level < 0 || provided == nullptr) return PMPI_Query_thread(provided);
+  if (level < 0 || provided == nullptr) return SC_NEXT(MPI_Query_thread)(provided);
   int initialized = 0;
   PMPI_Initialized(&initialized);
-  if (!initialized) return PMPI_Query_thread(provided);  // the MPI reports the error
+  if (!initialized) return SC_NEXT(MPI_Query_thread)(provided);  // the MPI reports the error
   *provided = level;
   return MPI_SUCCESS;
 }
 
 SC_EXPORT int MPI_Finalize(void) {
   Runtime::get().stop();
-  return PMPI_Finalize();
+  return SC_NEXT(MPI_Finalize)();
 }
 
 SC_EXPORT int streamcoll_comm_set_route(MPI_Comm comm, const char* spec) {

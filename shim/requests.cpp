@@ -22,6 +22,7 @@
 
 #include <vector>
 
+#include "core/next_mpi.hpp"
 #include "core/requests.hpp"
 #include "shim/export.hpp"
 
@@ -57,43 +58,43 @@ void test_owned(int n, const MPI_Request* requests) {
 }  // namespace
 
 SC_EXPORT int MPI_Wait(MPI_Request* request, MPI_Status* status) {
-  if (!req::any_owned() || request == nullptr) return PMPI_Wait(request, status);
+  if (!req::any_owned() || request == nullptr) return SC_NEXT(MPI_Wait)(request, status);
   if (streamcoll::OwnedRequest* op = req::peek(*request)) req::complete_one(op);
-  return PMPI_Wait(request, status);
+  return SC_NEXT(MPI_Wait)(request, status);
 }
 
 SC_EXPORT int MPI_Test(MPI_Request* request, int* flag, MPI_Status* status) {
-  if (!req::any_owned() || request == nullptr) return PMPI_Test(request, flag, status);
+  if (!req::any_owned() || request == nullptr) return SC_NEXT(MPI_Test)(request, flag, status);
   if (streamcoll::OwnedRequest* op = req::peek(*request)) op->on_test();
-  return PMPI_Test(request, flag, status);
+  return SC_NEXT(MPI_Test)(request, flag, status);
 }
 
 SC_EXPORT int MPI_Request_get_status(MPI_Request request, int* flag, MPI_Status* status) {
-  if (!req::any_owned()) return PMPI_Request_get_status(request, flag, status);
+  if (!req::any_owned()) return SC_NEXT(MPI_Request_get_status)(request, flag, status);
   if (streamcoll::OwnedRequest* op = req::peek(request)) op->on_test();
-  return PMPI_Request_get_status(request, flag, status);
+  return SC_NEXT(MPI_Request_get_status)(request, flag, status);
 }
 
 SC_EXPORT int MPI_Waitall(int count, MPI_Request requests[], MPI_Status statuses[]) {
   if (!req::any_owned() || requests == nullptr || count <= 0)
-    return PMPI_Waitall(count, requests, statuses);
+    return SC_NEXT(MPI_Waitall)(count, requests, statuses);
   std::vector<req::Owned> owned = req::find(count, requests);
   if (!owned.empty()) req::complete_all(owned);
-  return PMPI_Waitall(count, requests, statuses);
+  return SC_NEXT(MPI_Waitall)(count, requests, statuses);
 }
 
 SC_EXPORT int MPI_Testall(int count, MPI_Request requests[], int* flag, MPI_Status statuses[]) {
   if (!req::any_owned() || requests == nullptr || count <= 0)
-    return PMPI_Testall(count, requests, flag, statuses);
+    return SC_NEXT(MPI_Testall)(count, requests, flag, statuses);
   test_owned(count, requests);
-  return PMPI_Testall(count, requests, flag, statuses);
+  return SC_NEXT(MPI_Testall)(count, requests, flag, statuses);
 }
 
 SC_EXPORT int MPI_Waitany(int count, MPI_Request requests[], int* index, MPI_Status* status) {
   if (!req::any_owned() || requests == nullptr || count <= 0 || index == nullptr)
-    return PMPI_Waitany(count, requests, index, status);
+    return SC_NEXT(MPI_Waitany)(count, requests, index, status);
   std::vector<req::Owned> owned = req::find(count, requests);
-  if (owned.empty()) return PMPI_Waitany(count, requests, index, status);
+  if (owned.empty()) return SC_NEXT(MPI_Waitany)(count, requests, index, status);
   std::vector<MPI_Request> ordinary = ordinary_only(count, requests, owned);
   // The status only changes with the answer (a test form that finds no active request
   // empties it).
@@ -105,7 +106,7 @@ SC_EXPORT int MPI_Waitany(int count, MPI_Request requests[], int* index, MPI_Sta
   }
   bool ordinary_active = true;
   for (req::Backoff b;; b.pause()) {
-    if (req::poll(owned) > 0) return PMPI_Waitany(count, requests, index, status);
+    if (req::poll(owned) > 0) return SC_NEXT(MPI_Waitany)(count, requests, index, status);
     if (!ordinary_active) continue;
     int flag = 0;
     const int rc = PMPI_Testany(count, ordinary.data(), index, &flag, st);
@@ -121,17 +122,17 @@ SC_EXPORT int MPI_Waitany(int count, MPI_Request requests[], int* index, MPI_Sta
 SC_EXPORT int MPI_Testany(int count, MPI_Request requests[], int* index, int* flag,
                           MPI_Status* status) {
   if (!req::any_owned() || requests == nullptr || count <= 0)
-    return PMPI_Testany(count, requests, index, flag, status);
+    return SC_NEXT(MPI_Testany)(count, requests, index, flag, status);
   test_owned(count, requests);
-  return PMPI_Testany(count, requests, index, flag, status);
+  return SC_NEXT(MPI_Testany)(count, requests, index, flag, status);
 }
 
 SC_EXPORT int MPI_Waitsome(int incount, MPI_Request requests[], int* outcount, int indices[],
                            MPI_Status statuses[]) {
   if (!req::any_owned() || requests == nullptr || incount <= 0 || outcount == nullptr)
-    return PMPI_Waitsome(incount, requests, outcount, indices, statuses);
+    return SC_NEXT(MPI_Waitsome)(incount, requests, outcount, indices, statuses);
   std::vector<req::Owned> owned = req::find(incount, requests);
-  if (owned.empty()) return PMPI_Waitsome(incount, requests, outcount, indices, statuses);
+  if (owned.empty()) return SC_NEXT(MPI_Waitsome)(incount, requests, outcount, indices, statuses);
   std::vector<MPI_Request> ordinary = ordinary_only(incount, requests, owned);
   // Statuses even when ignored: the MPI may then skip generalized requests' query
   // functions in a test form (Open MPI does), and with them their errors.
@@ -144,7 +145,7 @@ SC_EXPORT int MPI_Waitsome(int incount, MPI_Request requests[], int* outcount, i
   bool ordinary_active = true;
   for (req::Backoff b;; b.pause()) {
     if (req::poll(owned) > 0)
-      return PMPI_Waitsome(incount, requests, outcount, indices, statuses);
+      return SC_NEXT(MPI_Waitsome)(incount, requests, outcount, indices, statuses);
     if (!ordinary_active) continue;
     const int rc = PMPI_Testsome(incount, ordinary.data(), outcount, indices, st);
     if (rc != MPI_SUCCESS || (*outcount != MPI_UNDEFINED && *outcount > 0)) {
@@ -158,16 +159,16 @@ SC_EXPORT int MPI_Waitsome(int incount, MPI_Request requests[], int* outcount, i
 SC_EXPORT int MPI_Testsome(int incount, MPI_Request requests[], int* outcount, int indices[],
                            MPI_Status statuses[]) {
   if (!req::any_owned() || requests == nullptr || incount <= 0)
-    return PMPI_Testsome(incount, requests, outcount, indices, statuses);
+    return SC_NEXT(MPI_Testsome)(incount, requests, outcount, indices, statuses);
   test_owned(incount, requests);
-  return PMPI_Testsome(incount, requests, outcount, indices, statuses);
+  return SC_NEXT(MPI_Testsome)(incount, requests, outcount, indices, statuses);
 }
 
 SC_EXPORT int MPI_Request_free(MPI_Request* request) {
-  if (!req::any_owned() || request == nullptr) return PMPI_Request_free(request);
+  if (!req::any_owned() || request == nullptr) return SC_NEXT(MPI_Request_free)(request);
   if (streamcoll::OwnedRequest* op = req::peek(*request)) {
     req::complete_one(op);
     op->on_free();
   }
-  return PMPI_Request_free(request);
+  return SC_NEXT(MPI_Request_free)(request);
 }
