@@ -13,7 +13,13 @@
 // MPI_Request_f2c, and then the real binding with the caller's arguments, which turns
 // statuses (MPI_STATUS_IGNORE, MPI_STATUSES_IGNORE), LOGICAL flags, 1-based indices and
 // ierr into Fortran exactly as without streamcoll.
-// Not covered: the mpi_f08 bindings.
+// `use mpi_f08` callers (Open MPI's mpi_*_f08 symbols): the same wrappers. Open MPI's
+// f08 handles are one INTEGER (TYPE(MPI_Comm) and the rest hold MPI_VAL, passed by
+// reference like an INTEGER handle), its TYPE(MPI_Status) has the layout of the mpif.h
+// status array, and its f08 and mpif.h bindings share MPI_IN_PLACE, MPI_BOTTOM and the
+// status sentinels, so each f08 entry point runs the mpif.h wrapper (and so the MPI's
+// mpif.h binding, which its f08 binding calls too); the optional ierror, absent, is a
+// null pointer, replaced by a local one. MPICH's f08 bindings are not covered.
 #include <dlfcn.h>
 #include <mpi.h>
 
@@ -481,6 +487,33 @@ void req_waitsome(F* incount, F* requests, F* outcount, F* indices, F* statuses,
   SC_EXPORT void lower params { impl args; }        \
   SC_EXPORT void UPPER params { impl args; }
 
+// `use mpi_f08` (see the file comment): name_f08_ (gfortran) and the other manglings; the
+// optional ierror (the last argument) may be absent (null).
+template <class... A>
+struct F08 {
+  void (*impl)(A...);
+  void operator()(A... args) const {
+    F local = MPI_SUCCESS;
+    std::tuple<A...> t(args...);
+    F*& ierr = std::get<sizeof...(A) - 1>(t);
+    if (!ierr) ierr = &local;
+    std::apply(impl, t);
+  }
+};
+template <class... A>
+F08<A...> f08(void (*impl)(A...)) {
+  return F08<A...>{impl};
+}
+#define SC_FORTRAN_F08(lower, UPPER, impl, params, args)            \
+  SC_EXPORT void lower##_f08_ params { f08(&impl) args; }           \
+  SC_EXPORT void lower##_f08__ params { f08(&impl) args; }          \
+  SC_EXPORT void lower##_f08 params { f08(&impl) args; }            \
+  SC_EXPORT void UPPER##_F08 params { f08(&impl) args; }
+// Both bindings of one call.
+#define SC_FORTRAN_BOTH(lower, UPPER, impl, params, args) \
+  SC_FORTRAN(lower, UPPER, impl, params, args)            \
+  SC_FORTRAN_F08(lower, UPPER, impl, params, args)
+
 #define P6 (void* a, void* b, F* c, F* d, F* e, F* f, F* g)
 #define A6 (a, b, c, d, e, f, g)
 #define P7 (void* a, void* b, F* c, F* d, F* e, F* f, F* g, F* h)
@@ -495,40 +528,40 @@ void req_waitsome(F* incount, F* requests, F* outcount, F* indices, F* statuses,
 #define PGVI (void* a, F* b, F* c, void* d, F* e, F* f, F* g, F* h, F* i, F* j)
 #define AGVI (a, b, c, d, e, f, g, h, i, j)
 
-SC_FORTRAN(mpi_init, MPI_INIT, init, (F* a), (a))
-SC_FORTRAN(mpi_init_thread, MPI_INIT_THREAD, init_thread, (F* a, F* b, F* c), (a, b, c))
-SC_FORTRAN(mpi_query_thread, MPI_QUERY_THREAD, query_thread, (F* a, F* b), (a, b))
-SC_FORTRAN(mpi_allreduce, MPI_ALLREDUCE, allreduce, P6, A6)
-SC_FORTRAN(mpi_iallreduce, MPI_IALLREDUCE, iallreduce, P7, A7)
-SC_FORTRAN(mpi_reduce, MPI_REDUCE, reduce, P7, A7)
-SC_FORTRAN(mpi_ireduce, MPI_IREDUCE, ireduce, P8, A8)
-SC_FORTRAN(mpi_bcast, MPI_BCAST, bcast, (void* a, F* b, F* c, F* d, F* e, F* f),
+SC_FORTRAN_BOTH(mpi_init, MPI_INIT, init, (F* a), (a))
+SC_FORTRAN_BOTH(mpi_init_thread, MPI_INIT_THREAD, init_thread, (F* a, F* b, F* c), (a, b, c))
+SC_FORTRAN_BOTH(mpi_query_thread, MPI_QUERY_THREAD, query_thread, (F* a, F* b), (a, b))
+SC_FORTRAN_BOTH(mpi_allreduce, MPI_ALLREDUCE, allreduce, P6, A6)
+SC_FORTRAN_BOTH(mpi_iallreduce, MPI_IALLREDUCE, iallreduce, P7, A7)
+SC_FORTRAN_BOTH(mpi_reduce, MPI_REDUCE, reduce, P7, A7)
+SC_FORTRAN_BOTH(mpi_ireduce, MPI_IREDUCE, ireduce, P8, A8)
+SC_FORTRAN_BOTH(mpi_bcast, MPI_BCAST, bcast, (void* a, F* b, F* c, F* d, F* e, F* f),
            (a, b, c, d, e, f))
-SC_FORTRAN(mpi_ibcast, MPI_IBCAST, ibcast, (void* a, F* b, F* c, F* d, F* e, F* f, F* g),
+SC_FORTRAN_BOTH(mpi_ibcast, MPI_IBCAST, ibcast, (void* a, F* b, F* c, F* d, F* e, F* f, F* g),
            (a, b, c, d, e, f, g))
-SC_FORTRAN(mpi_allgather, MPI_ALLGATHER, allgather, PG, AG)
-SC_FORTRAN(mpi_iallgather, MPI_IALLGATHER, iallgather, PGI, AGI)
-SC_FORTRAN(mpi_allgatherv, MPI_ALLGATHERV, allgatherv, PGV, AGI)
-SC_FORTRAN(mpi_iallgatherv, MPI_IALLGATHERV, iallgatherv, PGVI, AGVI)
-SC_FORTRAN(mpi_reduce_scatter_block, MPI_REDUCE_SCATTER_BLOCK, reduce_scatter_block, P6, A6)
-SC_FORTRAN(mpi_ireduce_scatter_block, MPI_IREDUCE_SCATTER_BLOCK, ireduce_scatter_block, P7, A7)
-SC_FORTRAN(mpi_reduce_scatter, MPI_REDUCE_SCATTER, reduce_scatter, P6, A6)
-SC_FORTRAN(mpi_ireduce_scatter, MPI_IREDUCE_SCATTER, ireduce_scatter, P7, A7)
-SC_FORTRAN(mpi_alltoall, MPI_ALLTOALL, alltoall, PG, AG)
-SC_FORTRAN(mpi_ialltoall, MPI_IALLTOALL, ialltoall, PGI, AGI)
-SC_FORTRAN(mpi_barrier, MPI_BARRIER, barrier, (F* a, F* b), (a, b))
-SC_FORTRAN(mpi_ibarrier, MPI_IBARRIER, ibarrier, (F* a, F* b, F* c), (a, b, c))
-SC_FORTRAN(mpi_wait, MPI_WAIT, req_wait, (F* a, F* b, F* c), (a, b, c))
-SC_FORTRAN(mpi_test, MPI_TEST, req_test, (F* a, F* b, F* c, F* d), (a, b, c, d))
-SC_FORTRAN(mpi_request_get_status, MPI_REQUEST_GET_STATUS, req_get_status,
+SC_FORTRAN_BOTH(mpi_allgather, MPI_ALLGATHER, allgather, PG, AG)
+SC_FORTRAN_BOTH(mpi_iallgather, MPI_IALLGATHER, iallgather, PGI, AGI)
+SC_FORTRAN_BOTH(mpi_allgatherv, MPI_ALLGATHERV, allgatherv, PGV, AGI)
+SC_FORTRAN_BOTH(mpi_iallgatherv, MPI_IALLGATHERV, iallgatherv, PGVI, AGVI)
+SC_FORTRAN_BOTH(mpi_reduce_scatter_block, MPI_REDUCE_SCATTER_BLOCK, reduce_scatter_block, P6, A6)
+SC_FORTRAN_BOTH(mpi_ireduce_scatter_block, MPI_IREDUCE_SCATTER_BLOCK, ireduce_scatter_block, P7, A7)
+SC_FORTRAN_BOTH(mpi_reduce_scatter, MPI_REDUCE_SCATTER, reduce_scatter, P6, A6)
+SC_FORTRAN_BOTH(mpi_ireduce_scatter, MPI_IREDUCE_SCATTER, ireduce_scatter, P7, A7)
+SC_FORTRAN_BOTH(mpi_alltoall, MPI_ALLTOALL, alltoall, PG, AG)
+SC_FORTRAN_BOTH(mpi_ialltoall, MPI_IALLTOALL, ialltoall, PGI, AGI)
+SC_FORTRAN_BOTH(mpi_barrier, MPI_BARRIER, barrier, (F* a, F* b), (a, b))
+SC_FORTRAN_BOTH(mpi_ibarrier, MPI_IBARRIER, ibarrier, (F* a, F* b, F* c), (a, b, c))
+SC_FORTRAN_BOTH(mpi_wait, MPI_WAIT, req_wait, (F* a, F* b, F* c), (a, b, c))
+SC_FORTRAN_BOTH(mpi_test, MPI_TEST, req_test, (F* a, F* b, F* c, F* d), (a, b, c, d))
+SC_FORTRAN_BOTH(mpi_request_get_status, MPI_REQUEST_GET_STATUS, req_get_status,
            (F* a, F* b, F* c, F* d), (a, b, c, d))
-SC_FORTRAN(mpi_request_free, MPI_REQUEST_FREE, req_free, (F* a, F* b), (a, b))
-SC_FORTRAN(mpi_waitall, MPI_WAITALL, req_waitall, (F* a, F* b, F* c, F* d), (a, b, c, d))
-SC_FORTRAN(mpi_testall, MPI_TESTALL, req_testall, (F* a, F* b, F* c, F* d, F* e), (a, b, c, d, e))
-SC_FORTRAN(mpi_waitany, MPI_WAITANY, req_waitany, (F* a, F* b, F* c, F* d, F* e), (a, b, c, d, e))
-SC_FORTRAN(mpi_testany, MPI_TESTANY, req_testany, (F* a, F* b, F* c, F* d, F* e, F* f),
+SC_FORTRAN_BOTH(mpi_request_free, MPI_REQUEST_FREE, req_free, (F* a, F* b), (a, b))
+SC_FORTRAN_BOTH(mpi_waitall, MPI_WAITALL, req_waitall, (F* a, F* b, F* c, F* d), (a, b, c, d))
+SC_FORTRAN_BOTH(mpi_testall, MPI_TESTALL, req_testall, (F* a, F* b, F* c, F* d, F* e), (a, b, c, d, e))
+SC_FORTRAN_BOTH(mpi_waitany, MPI_WAITANY, req_waitany, (F* a, F* b, F* c, F* d, F* e), (a, b, c, d, e))
+SC_FORTRAN_BOTH(mpi_testany, MPI_TESTANY, req_testany, (F* a, F* b, F* c, F* d, F* e, F* f),
            (a, b, c, d, e, f))
-SC_FORTRAN(mpi_waitsome, MPI_WAITSOME, req_waitsome, (F* a, F* b, F* c, F* d, F* e, F* f),
+SC_FORTRAN_BOTH(mpi_waitsome, MPI_WAITSOME, req_waitsome, (F* a, F* b, F* c, F* d, F* e, F* f),
            (a, b, c, d, e, f))
-SC_FORTRAN(mpi_testsome, MPI_TESTSOME, req_testsome, (F* a, F* b, F* c, F* d, F* e, F* f),
+SC_FORTRAN_BOTH(mpi_testsome, MPI_TESTSOME, req_testsome, (F* a, F* b, F* c, F* d, F* e, F* f),
            (a, b, c, d, e, f))
