@@ -2,24 +2,37 @@
 // passes on unchanged (the pass-through of an intercepted call, route pmpi, MPI_Init and
 // MPI_Finalize, the wait/test family): another PMPI tool preloaded after streamcoll
 // (LD_PRELOAD=libstreamcoll.so:libtool.so) then still sees them, as interposing libraries
-// that chain do; without one it is the MPI library's own. Found once per call site with
-// dlsym(RTLD_NEXT, "MPI_..."), falling back to the PMPI_ entry point.
+// that chain do; without one it is the MPI library's own. Found once, when the library is
+// loaded, with dlsym(RTLD_NEXT, "MPI_..."), falling back to the PMPI_ entry point; a call
+// costs one load of the pointer, as a PMPI_ call through the GOT does.
 // A tool preloaded before streamcoll reaches it when that tool chains the same way (its
 // MPI_X calls the next MPI_X); one that calls PMPI_X goes straight to the MPI library
 // (streamcoll defines no PMPI_ names), so it belongs after streamcoll (README).
 #pragma once
 
+#include <mpi.h>
+
+// Every MPI function streamcoll passes on.
+#define STREAMCOLL_NEXT_FUNCTIONS(X)                                                     \
+  X(MPI_Init) X(MPI_Init_thread) X(MPI_Query_thread) X(MPI_Finalize)                     \
+  X(MPI_Allreduce) X(MPI_Reduce) X(MPI_Bcast) X(MPI_Allgather) X(MPI_Allgatherv)         \
+  X(MPI_Reduce_scatter_block) X(MPI_Reduce_scatter) X(MPI_Alltoall) X(MPI_Barrier)       \
+  X(MPI_Iallreduce) X(MPI_Ireduce) X(MPI_Ibcast) X(MPI_Iallgather) X(MPI_Iallgatherv)    \
+  X(MPI_Ireduce_scatter_block) X(MPI_Ireduce_scatter) X(MPI_Ialltoall) X(MPI_Ibarrier)   \
+  X(MPI_Wait) X(MPI_Test) X(MPI_Request_get_status) X(MPI_Waitall) X(MPI_Testall)        \
+  X(MPI_Waitany) X(MPI_Testany) X(MPI_Waitsome) X(MPI_Testsome) X(MPI_Request_free)
+
 namespace streamcoll::next {
 
-/// dlsym(RTLD_NEXT, name) from libstreamcoll, or `fallback` when there is none.
-void* find(const char* name, void* fallback);
+/// One pointer per function, of its PMPI_ type; set before any MPI call can be made.
+struct Table {
+#define STREAMCOLL_NEXT_MEMBER(fn) decltype(&P##fn) fn = &P##fn;
+  STREAMCOLL_NEXT_FUNCTIONS(STREAMCOLL_NEXT_MEMBER)
+#undef STREAMCOLL_NEXT_MEMBER
+};
+extern Table g;
 
 }  // namespace streamcoll::next
 
-/// The next `fn` (an MPI_ name) as a function pointer of PMPI_fn's type, resolved once.
-#define SC_NEXT(fn)                                                                       \
-  ([]() {                                                                                 \
-    static const auto next_ = reinterpret_cast<decltype(&P##fn)>(                         \
-        ::streamcoll::next::find(#fn, reinterpret_cast<void*>(&P##fn)));                  \
-    return next_;                                                                         \
-  }())
+/// The next `fn` (an MPI_ name of STREAMCOLL_NEXT_FUNCTIONS).
+#define SC_NEXT(fn) (::streamcoll::next::g.fn)
