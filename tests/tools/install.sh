@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A site installation, for real: `meson install` into a fresh tree (DESTDIR), Lmod's
 # `module load streamcoll` from it (the modulefile finds the tree from where it lies),
-# then, with only what the module set: streamcoll-info (its JSON parses and names the
-# installed prefix's tuning table), pkg-config streamcoll, an installed example compiled
+# then, with only what the module set: streamcoll-info (its JSON parses, with a tuning
+# table), pkg-config streamcoll, an installed example compiled
 # with mpicc and run by mpirun under streamcoll-exec (streamcoll's statistics prove it was
 # preloaded in the ranks, while mpirun and the shell never had LD_PRELOAD set), the
 # installed default table loaded by name, the installed autotuner writing a table, and
