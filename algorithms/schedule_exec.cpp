@@ -15,7 +15,6 @@ ScheduleRun::ScheduleRun(std::shared_ptr<const Schedule> s, const void* send, vo
       recv_(static_cast<char*>(recv)),
       type_(type),
       extent_(extent),
-      reduce_type_(reduction_type(type)),
       op_(op),
       comm_(comm),
       tag_(tag) {
@@ -79,7 +78,7 @@ void ScheduleRun::finish_round() {
       std::memmove(dst, src, o.count * static_cast<uint64_t>(extent_));
     } else {
       // inoutbuf = inbuf (op) inoutbuf, as MPI_Reduce_local defines it.
-      PMPI_Reduce_local(src, dst, static_cast<int>(o.count), reduce_type_, op_);
+      reduce_local(src, dst, static_cast<int>(o.count), type_, op_);
     }
   }
   posted_ = false;

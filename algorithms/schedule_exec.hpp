@@ -1,7 +1,9 @@
 // Runs a host schedule (algorithms/schedule.hpp) on PMPI_ point-to-point calls: one
 // round at a time, all of a round's sends and receives posted together, then its local
-// reductions (PMPI_Reduce_local, so every predefined datatype and op reduces exactly as
-// the MPI itself would) and copies.
+// reductions (core/datatypes.hpp reduce_local: PMPI_Reduce_local, so every predefined
+// datatype and op reduces as the MPI defines it, but for the MIN/MAX of unsigned types,
+// which Open MPI 4.1 and MPICH 4.0 get wrong in places and streamcoll computes itself)
+// and copies.
 //
 // The communicator should be streamcoll's private duplicate of the application's (so
 // that no message can match an application receive), and `tag` unique among the
@@ -70,7 +72,6 @@ class ScheduleRun {
   char* tmp_ = nullptr;
   MPI_Datatype type_;
   int extent_;
-  MPI_Datatype reduce_type_;  // the type its reductions use (core/datatypes.hpp, reduction_type)
   MPI_Op op_;
   MPI_Comm comm_;
   int tag_;

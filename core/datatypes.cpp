@@ -1,5 +1,6 @@
 #include "core/datatypes.hpp"
 
+#include <cstdint>
 #include <string_view>
 
 namespace streamcoll {
@@ -128,6 +129,31 @@ Numeric numeric(const TypeInfo& t) {
     default:
       return Numeric::other;
   }
+}
+
+namespace {
+template <class U>
+void unsigned_min_max(const void* in, void* inout, int count, bool max) {
+  const U* a = static_cast<const U*>(in);
+  U* b = static_cast<U*>(inout);
+  for (int i = 0; i < count; ++i)
+    if (max ? a[i] > b[i] : a[i] < b[i]) b[i] = a[i];
+}
+}  // namespace
+
+int reduce_local(const void* in, void* inout, int count, MPI_Datatype t, MPI_Op op) {
+  if ((op == MPI_MIN || op == MPI_MAX) && count > 0)
+    if (const TypeInfo* info = find_type(t); info && numeric(*info) == Numeric::unsigned_int) {
+      const bool max = op == MPI_MAX;
+      switch (info->size) {
+        case 1: unsigned_min_max<uint8_t>(in, inout, count, max); return MPI_SUCCESS;
+        case 2: unsigned_min_max<uint16_t>(in, inout, count, max); return MPI_SUCCESS;
+        case 4: unsigned_min_max<uint32_t>(in, inout, count, max); return MPI_SUCCESS;
+        case 8: unsigned_min_max<uint64_t>(in, inout, count, max); return MPI_SUCCESS;
+        default: break;
+      }
+    }
+  return PMPI_Reduce_local(in, inout, count, reduction_type(t), op);
 }
 
 MPI_Datatype reduction_type(MPI_Datatype t) {

@@ -67,6 +67,12 @@ Numeric numeric(const TypeInfo& t);
 /// them.
 MPI_Datatype reduction_type(MPI_Datatype t);
 
+/// inout[i] = in[i] (op) inout[i], as PMPI_Reduce_local(in, inout, count, t, op) defines
+/// it, for every predefined type and op: MIN and MAX of unsigned integer types computed
+/// here (MPICH 4.0's MPI_Reduce_local compares every unsigned type as signed, its
+/// fixed-width ones included), everything else by the MPI on reduction_type(t).
+int reduce_local(const void* in, void* inout, int count, MPI_Datatype t, MPI_Op op);
+
 /// Whether MPI defines `op` on datatypes of class `cls` (MPI-4.0 section 6.9.2).
 bool op_defined_for(OpKind op, TypeClass cls);
 

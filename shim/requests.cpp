@@ -20,6 +20,7 @@
 // The Fortran bindings of the same calls (shim/fortran.cpp) use the same polling.
 #include <mpi.h>
 
+#include <cstddef>
 #include <vector>
 
 #include "core/next_mpi.hpp"
