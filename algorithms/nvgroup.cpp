@@ -423,16 +423,7 @@ struct Group : std::enable_shared_from_this<Group> {
       ScopedContext scope(cuctx);
       if (driver().cuEventQuery(last) == CUDA_ERROR_NOT_READY) return false;
     }
-    for (uint32_t m = 0; m < members; ++m) {
-      if (__atomic_load_n(fail_host(m), __ATOMIC_ACQUIRE) >= last_seq) continue;
-      for (uint32_t b = 0; b < blocks; ++b) {
-        const uint64_t v = __atomic_load_n(
-            flags_host() + (static_cast<uint64_t>(m) * kMaxBlocks + b) * kFlagWords + nvgroup::kDone,
-            __ATOMIC_ACQUIRE);
-        if ((v & ~nvgroup::kFailBit) < last_seq) return false;
-      }
-    }
-    return true;
+    return passed(last_seq);
   }
 
   // This rank cannot take its part in rounds up to `q` (a call's kernel did not launch):
