@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# On the GPU node (../shared/gpu/README.md), from the project's root: runs the gpu test
+# suite, or the GPU benchmarks, from a build folder made on a CPU machine.
+#   scripts/gpu-node.sh tests|bench|mps OUTDIR [TEST NAME ...]
+# The build folder travels as .gpubuild (a copy of build/ without object files) and the
+# staged OpenMPI as .gpu/. The build's tests name absolute paths under the checkout they
+# were built in ($SC_BUILT_IN, default /work/main); a link there points at this checkout.
+# Tests run from build/meson-info/intro-tests.json (scripts/run-tests-json.py): the node's
+# meson need not read the build folder. Each log goes to OUTDIR.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+phase=$1 out=$2
+mkdir -p "$out"
+built_in=${SC_BUILT_IN:-/work/main}
+if [ "$(pwd -P)" != "$(cd "$built_in" 2>/dev/null && pwd -P)" ]; then
+  mkdir -p "$(dirname "$built_in")" && ln -sfn "$PWD" "$built_in"
+fi
+if [ -d .gpubuild ]; then rm -rf build && mv .gpubuild build; fi
+[ -d /tmp/mpiroot ] || bash .gpu/unpack.sh >/dev/null
+source .gpu/env.sh
+# run.sh and the benchmarks call mpirun by that name.
+mkdir -p /tmp/scbin && ln -sfn /tmp/mpiroot/usr/bin/mpirun.openmpi /tmp/scbin/mpirun
+export PATH=/tmp/scbin:$PATH
+{
+  echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) commit $(git rev-parse --short HEAD 2>/dev/null || cat .gpucommit 2>/dev/null)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+  nvidia-smi topo -m 2>&1 | head -5
+  mpirun --version 2>&1 | head -1
+  ls -l /usr/local/cuda/lib64/libnccl.so* 2>/dev/null; echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  nproc
+} > "$out/node.txt" 2>&1
+lib=$PWD/build/libstreamcoll.so
+mpi=(mpirun --oversubscribe --allow-run-as-root --bind-to none)
+case $phase in
+  tests)
+    build/tools/streamcoll-info > "$out/streamcoll_info.txt" 2>&1
+    python3 scripts/run-tests-json.py build gpu --timeout-cap "${SC_TEST_CAP:-150}" \
+      --log "$out/gpu_tests.log" "${@:3}" | tee "$out/gpu_tests_summary.txt"
+    ;;
+  bench)
+    export OMPI_MCA_btl_vader_single_copy_mechanism=none
+    run() { local f=$1; shift; echo "# $*" > "$out/$f"; timeout "${SC_BENCH_CAP:-200}" "$@" >> "$out/$f" 2>&1; echo "# rc=$?" >> "$out/$f"; }
+    run stream_latency_1rank.txt env LD_PRELOAD=$lib STREAMCOLL_STATS=1 "${mpi[@]}" -np 1 \
+      build/bench/stream_latency --max-bytes 16M --iters 300 --warmup 30
+    run ht_latency_1rank.txt env LD_PRELOAD=$lib STREAMCOLL_STATS=1 "${mpi[@]}" -np 1 \
+      build/bench/ht_latency --iters 100 --warmup 10
+    run ht_latency_2ranks.txt env LD_PRELOAD=$lib STREAMCOLL_STATS=1 "${mpi[@]}" -np 2 \
+      build/bench/ht_latency --iters 100 --warmup 10
+    for np in ${SC_MPS_NP:-2 4}; do
+      run sc_bench_allreduce_device_${np}ranks.txt env LD_PRELOAD=$lib STREAMCOLL_THREAD_MULTIPLE=1 \
+        "${mpi[@]}" -np $np build/bench/sc_bench --mem device --stream -b 8 -e 64M -f 4 \
+        -n 50 -w 5 --route ht,nvgroup --quiet
+    done
+    ;;
+  mps)
+    # The same under the CUDA MPS server: the ranks sharing the GPU then run their kernels
+    # side by side instead of in time slices (as ranks on GPUs of their own would).
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+    mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+    nvidia-cuda-mps-control -d >> "$out/node.txt" 2>&1 && echo "MPS server started" >> "$out/node.txt"
+    python3 scripts/run-tests-json.py build gpu --timeout-cap "${SC_TEST_CAP:-150}" \
+      --log "$out/gpu_tests_mps.log" "${@:3}" | tee "$out/gpu_tests_mps_summary.txt"
+    export OMPI_MCA_btl_vader_single_copy_mechanism=none
+    for np in ${SC_MPS_NP:-2 4}; do
+      echo "# MPS" > "$out/sc_bench_mps_${np}ranks.txt"
+      timeout "${SC_BENCH_CAP:-200}" env LD_PRELOAD=$lib STREAMCOLL_THREAD_MULTIPLE=1 \
+        "${mpi[@]}" -np $np build/bench/sc_bench --mem device --stream -b 8 -e 64M -f "${SC_MPS_FACTOR:-4}" \
+        -n 50 -w 5 --route "${SC_MPS_ROUTES:-ht,nvgroup}" --quiet >> "$out/sc_bench_mps_${np}ranks.txt" 2>&1
+      echo "# rc=$?" >> "$out/sc_bench_mps_${np}ranks.txt"
+    done
+    echo quit | nvidia-cuda-mps-control
+    ;;
+esac
