@@ -101,6 +101,10 @@ void no_wait(Tally& t, Buffers& b, const Kernels& k, MPI_Comm comm, cudaStream_t
       const std::string what = c.describe() + " [" + where + ", attached stream held by a kernel]";
       enqueue_late_input(b, k, c, rank, nranks, s, kSpinMs);
       RouteProbe p(c.stat_name());
+      // A blocking call agrees with the other ranks first (one small allreduce: shim/dispatch),
+      // so its host time includes waiting for the last rank to arrive; the barrier takes
+      // the ranks' skew (verifying the last call, GPU time slices) out of the measure.
+      MPI_Barrier(comm);
       const double t0 = now_ms();
       const int rc = issue(c, b.d_send, b.d_recv, comm, nullptr);
       const double ms = now_ms() - t0;

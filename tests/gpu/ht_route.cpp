@@ -115,6 +115,10 @@ struct NoWait {
     enqueue_late_input(b, k, c, rank, nranks, s, kSpinMs);
     RouteProbe p(c.stat_name());
     MPI_Request req = MPI_REQUEST_NULL;
+    // A blocking call agrees with the other ranks first (one small allreduce: shim/dispatch),
+    // so its host time includes waiting for the last rank to arrive; the barrier takes
+    // the ranks' skew (verifying the last call, GPU time slices) out of the measure.
+    MPI_Barrier(comm);
     const double t0 = now_ms();
     int rc = issue(c, b.d_send, b.d_recv, comm, nonblocking ? &req : nullptr);
     if (rc == MPI_SUCCESS && nonblocking) rc = MPI_Wait(&req, MPI_STATUS_IGNORE);

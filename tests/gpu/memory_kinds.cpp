@@ -59,9 +59,12 @@ TEST_CASE("a device-buffer allreduce is counted on device memory, with a correct
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
-  const cuda::Driver& drv = cuda::driver();
+  // The CUDA runtime first: streamcoll opens the driver only once the application has
+  // loaded it (cuda::driver() before any runtime call says "not loaded").
   int ndev = 0;
-  if (!drv.usable || cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+  const bool runtime_ok = cudaGetDeviceCount(&ndev) == cudaSuccess && ndev > 0;
+  const cuda::Driver& drv = cuda::driver();
+  if (!drv.usable || !runtime_ok) {
     std::printf("SKIP: no usable GPU (%s)\n", drv.usable ? "CUDA runtime sees no device"
                                                           : drv.reason.c_str());
     MPI_Finalize();

@@ -79,6 +79,10 @@ struct Steps {
     const std::string what = "MPI_Allreduce on S" + std::string(in_place ? " (in place)" : "");
     enqueue_late_input(b, k, c, rank, nranks, s, kSpinMs);
     RouteProbe p(c.stat_name());
+    // A blocking call agrees with the other ranks first (one small allreduce: shim/dispatch),
+    // so its host time includes waiting for the last rank to arrive; the barrier takes
+    // the ranks' skew (verifying the last call, GPU time slices) out of the measure.
+    MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = now_ms();
     const int rc = issue(c, b.d_send, b.d_recv, MPI_COMM_WORLD, nullptr);
     const double ms = now_ms() - t0;
