@@ -21,8 +21,8 @@
 // rank gets there at the same call, and the outcome is agreed, so either every rank
 // uses the route on this communicator or none does):
 //   1. local: the buffer's GPU, its primary context, a stream, the kernels' module (one
-//      per device and process), a scratch area of 2 x chunk bytes (cuMemAlloc) and its
-//      IPC handle;
+//      per device and process), a scratch area of 2 x chunk bytes and an inbox of flags
+//      (cuMemAlloc; the inbox zeroed) and its IPC handle;
 //   2. PMPI_Allgather of (ok, bus id, SM count, IPC handle): the group and the grid size
 //      (min of `blocks` and every member's SM count, so that every block can be resident:
 //      blocks wait for their peers' blocks) follow from it alike on every rank;
@@ -572,9 +572,17 @@ bool open_local(Group& g, int device, uint64_t chunk, Entry* e, std::string* why
   if ((r = d.cuEventCreate(&g.last, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS)
     return g.last = nullptr, *why = cuda::describe("cuEventCreate", r), false;
   if (!(g.fn = kernel_for(device, g.cudev, why))) return false;
-  if ((r = d.cuMemAlloc(&g.scratch, 2 * chunk)) != CUDA_SUCCESS)
+  if ((r = d.cuMemAlloc(&g.scratch, 2 * chunk + nvgroup::kInboxBytes)) != CUDA_SUCCESS)
     return g.scratch = 0, *why = cuda::describe("cuMemAlloc (nvgroup scratch)", r), false;
   g.chunk_bytes = chunk;
+  // The inbox starts at zero (no round passed), before any peer can learn its address.
+  {
+    const std::vector<uint64_t> zero(nvgroup::kInboxBytes / sizeof(uint64_t), 0);
+    r = d.cuMemcpyAsync(g.scratch + 2 * chunk, reinterpret_cast<CUdeviceptr>(zero.data()),
+                        nvgroup::kInboxBytes, g.classic);
+    if (r == CUDA_SUCCESS) r = d.cuStreamSynchronize(g.classic);
+    if (r != CUDA_SUCCESS) return *why = cuda::describe("zeroing the nvgroup inbox", r), false;
+  }
   if ((r = d.cuIpcGetMemHandle(&e->handle, g.scratch)) != CUDA_SUCCESS)
     return *why = cuda::describe("cuIpcGetMemHandle", r), false;
   // The table of the peers' registered inputs mapped here; without it this rank copies
@@ -947,6 +955,7 @@ class NvgroupRoute final : public Route {
     for (uint32_t m = 0; m < g->members; ++m)
       p.scratch[m] = reinterpret_cast<char*>(m == g->me ? g->scratch : g->peer[m]);
     p.flags = reinterpret_cast<uint64_t*>(g->segment_dev);
+    p.inbox = 2 * g->chunk_bytes;
     p.fails = reinterpret_cast<uint64_t*>(g->segment_dev + kFailOffset);
     p.status = reinterpret_cast<uint64_t*>(g->segment_dev + kStatusOffset) + g->me;
     // Registered inputs: the peers' new registrations mapped, and this rank's input read

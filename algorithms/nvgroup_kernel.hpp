@@ -9,13 +9,16 @@
 //
 // Memory, per member (set up by algorithms/nvgroup.cpp, mapped into every member by CUDA
 // IPC): a device scratch area of 2*chunk elements, `in` (the member's input for the
-// current round) then `res` (its reduced slice). Flags, one set per member and block
-// index, in host memory shared by the group's processes and mapped into the devices
-// (cuMemHostRegister): arrived (this round's input is in `in`), reduced (this round's
+// current round) then `res` (its reduced slice), then its inbox. Flags, one set per
+// member and block index: arrived (this round's input is in `in`), reduced (this round's
 // slice is in `res`), done (this member has read what it needs of the peers' scratch for
 // this round). A flag holds the number of the last round passed (rounds are numbered
 // across calls; a call's rounds continue the communicator's sequence), with kFailBit set
-// when the member saw a failure in the round. A member whose host cannot take its part
+// when the member saw a failure in the round. A member signals by writing its flag into
+// every member's inbox (device memory: remote stores, which the GPU posts without
+// waiting), and waits by polling its own inbox (local loads): no load crosses NVLink or
+// PCIe to wait. The done flags also go to host memory shared by the group's processes
+// and mapped into the devices (cuMemHostRegister), where the hosts read them. A member whose host cannot take its part
 // (its launch failed) writes the round in its failure word instead (`fails`, written by
 // that host only, so never overwritten by a kernel of its still running). A waiter that
 // sees either goes on with the protocol (so that nobody waits forever), sets kFailBit in
@@ -120,7 +123,15 @@ struct Params {
   uint64_t input;              ///< this member's input word (0: through its scratch)
   const uint64_t* maps;        ///< [member * kSlots + slot]: that member's registered
                                ///< allocation mapped here (0: not mapped); may be null
+  uint64_t inbox;              ///< byte offset of the inbox in every member's scratch:
+                               ///< [from member][block][kFlagWords], zeroed at set-up
 };
+
+/// Bytes of one member's inbox (after its scratch's 2*chunk bytes).
+inline constexpr uint64_t kInboxBytes = sizeof(uint64_t) * kMaxMembers * kMaxBlocks * kFlagWords;
+/// How many polls of an inbox flag between two looks at the hosts' failure words (host
+/// memory: a look crosses PCIe; a failure is rare and may be seen a little later).
+inline constexpr uint32_t kFailPollEvery = 32;
 
 /// What a block's threads share: the failure seen by thread 0's waits, and where each
 /// member's input array starts (null: in its scratch), set after the arrived flags.
@@ -231,8 +242,18 @@ inline T load_peer(const T* p) {
 void spin_pause();  // the host build provides it (a yield)
 #endif
 
+/// The host copy of member's flag (the done flags; the hosts read them).
 SC_NVG_HD uint64_t* flag_at(const Params& p, uint32_t member, uint32_t block, int word) {
   return p.flags + (static_cast<uint64_t>(member) * kMaxBlocks + block) * kFlagWords + word;
+}
+/// Member `from`'s flag as it arrives in member `at`'s inbox.
+SC_NVG_HD uint64_t* inbox_at(const Params& p, uint32_t at, uint32_t from, uint32_t block, int word) {
+  return reinterpret_cast<uint64_t*>(p.scratch[at] + p.inbox) +
+         (static_cast<uint64_t>(from) * kMaxBlocks + block) * kFlagWords + word;
+}
+/// Thread 0: this member's flag (or input word) into every member's inbox, itself too.
+SC_NVG_HD void post(const Params& p, uint32_t b, int word, uint64_t v) {
+  for (uint32_t m = 0; m < p.members; ++m) store_release(inbox_at(p, m, p.me, b, word), v);
 }
 
 /// Thread `tid` of `nthreads` in block `b`: waits until every member's flag `word` of
@@ -244,11 +265,12 @@ SC_NVG_HD bool wait_all(const Params& p, uint32_t b, int word, uint64_t q, uint3
   if (tid == 0) {
     uint32_t failed = 0;
     for (uint32_t m = 0; m < p.members; ++m) {
-      const uint64_t* f = flag_at(p, m, b, word);
+      const uint64_t* f = inbox_at(p, p.me, m, b, word);
       uint64_t v = load_acquire(f);
+      uint32_t polls = 0;
       while ((v & ~kFailBit) < q) {
-        if (load_acquire(p.fails + m) >= q) {  // its host gave up on this round
-          v = kFailBit;
+        if (++polls % kFailPollEvery == 0 && load_acquire(p.fails + m) >= q) {
+          v = kFailBit;  // its host gave up on this round
           break;
         }
         spin_pause();
@@ -273,8 +295,8 @@ SC_NVG_HD bool locate_inputs(const Params& p, uint32_t b, uint64_t q, Shared* sh
     sh->src[m] = nullptr;
     // Its kernel passed this round (not its host's failure word): its input word is this
     // round's.
-    if ((load_acquire(flag_at(p, m, b, kArrived)) & ~kFailBit) < q) continue;
-    const uint64_t w = m == p.me ? p.input : load_acquire(flag_at(p, m, b, kInput));
+    if ((load_acquire(inbox_at(p, p.me, m, b, kArrived)) & ~kFailBit) < q) continue;
+    const uint64_t w = m == p.me ? p.input : load_acquire(inbox_at(p, p.me, m, b, kInput));
     if (!w) continue;
     if (m == p.me) {
       sh->src[m] = static_cast<const char*>(p.send);
@@ -288,11 +310,16 @@ SC_NVG_HD bool locate_inputs(const Params& p, uint32_t b, uint64_t q, Shared* sh
   return unmapped;
 }
 
-/// Every thread of block b has written what the flag releases: fence, then thread 0 stores.
+/// Every thread of block b has written what the flag releases: fence, then thread 0 posts
+/// the flag to every member (the done flag to the hosts as well).
 SC_NVG_HD void signal(const Params& p, uint32_t b, int word, uint64_t q, bool failed, uint32_t tid) {
   fence();
   block_sync();
-  if (tid == 0) store_release(flag_at(p, p.me, b, word), q | (failed ? kFailBit : 0));
+  if (tid == 0) {
+    const uint64_t v = q | (failed ? kFailBit : 0);
+    post(p, b, word, v);
+    if (word == kDone) store_release(flag_at(p, p.me, b, word), v);
+  }
 }
 
 // The round's k slices. Slice s of round r: `len` elements (0 past the data), at
@@ -440,7 +467,7 @@ SC_NVG_HD void run_block_typed(const Params& p, uint32_t b, uint32_t tid, uint32
       copy_range(dst, in + x.in_off, part(L, x.len, p.blocks, b), tid, nthreads, false);
     }
     if (mode != Mode::allgather) {
-      if (tid == 0) store_release(flag_at(p, p.me, b, kInput), direct ? p.input : 0);
+      if (tid == 0) post(p, b, kInput, direct ? p.input : 0);
       signal(p, b, kArrived, q, failed, tid);
       // 3: my slice, reduced over every member's input: into `res` (allreduce), or
       // into my output (reduce_scatter_block, which then is through with the round).

@@ -23,7 +23,10 @@ namespace {
 
 using namespace streamcoll::nvgroup;
 
-// The group: scratch per member, flags, failure and status words.
+// Each member's inbox follows its 2 x chunk elements of scratch (8-byte aligned).
+uint64_t inbox_offset(uint64_t chunk, uint32_t esize) { return (2 * chunk * esize + 7) / 8 * 8; }
+
+// The group: scratch per member (with its inbox), flags, failure and status words.
 struct Group {
   uint32_t k, blocks;
   uint64_t chunk;  // elements
@@ -37,7 +40,7 @@ struct Group {
   std::vector<uint64_t> maps = std::vector<uint64_t>(static_cast<size_t>(kMaxMembers) * kSlots, 0);
   Group(uint32_t k_, uint32_t blocks_, uint64_t chunk_, uint32_t esize_)
       : k(k_), blocks(blocks_), chunk(chunk_), esize(esize_),
-        scratch(k_, std::vector<char>(2 * chunk_ * esize_)),
+        scratch(k_, std::vector<char>(inbox_offset(chunk_, esize_) + kInboxBytes)),
         flags(static_cast<size_t>(kMaxMembers) * kMaxBlocks * kFlagWords, 0),
         fails(kMaxMembers, 0), status(kMaxMembers, 0) {}
 
@@ -51,6 +54,7 @@ struct Group {
     p.seq = seq;
     for (uint32_t m = 0; m < k; ++m) p.scratch[m] = scratch[m].data();
     p.flags = flags.data();
+    p.inbox = inbox_offset(chunk, esize);
     p.fails = fails.data();
     p.status = &status[me];
     p.dtype = static_cast<uint32_t>(t);
