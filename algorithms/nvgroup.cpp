@@ -111,7 +111,11 @@ using nvgroup::kFlagWords;
 using nvgroup::kMaxBlocks;
 using nvgroup::kMaxMembers;
 
-constexpr uint64_t kDefaultChunk = 1 << 20;  // bytes per round (scratch: twice that)
+// Bytes per round (scratch: twice that). Each round costs a few flag exchanges whatever
+// its size: on an H100, 2 and 4 ranks sharing it under MPS, 16 MiB allreduces ran at 1.8x
+// (2 ranks) and 2.0x (4) the bandwidth of 1 MiB rounds, small ones alike
+// (bench/results/gpu_h100_2026-11-25).
+constexpr uint64_t kDefaultChunk = 4 << 20;
 constexpr uint32_t kDefaultBlocks = 32;
 constexpr unsigned kThreads = 256;
 

@@ -61,12 +61,16 @@ case $phase in
     python3 scripts/run-tests-json.py build gpu --timeout-cap "${SC_TEST_CAP:-150}" \
       --log "$out/gpu_tests_mps.log" "${@:3}" | tee "$out/gpu_tests_mps_summary.txt"
     export OMPI_MCA_btl_vader_single_copy_mechanism=none
+    # SC_MPS_LIBS: libraries to compare (default: this build's), one after the other.
     for np in ${SC_MPS_NP:-2 4}; do
-      echo "# MPS" > "$out/sc_bench_mps_${np}ranks.txt"
-      timeout "${SC_BENCH_CAP:-200}" env LD_PRELOAD=$lib STREAMCOLL_THREAD_MULTIPLE=1 \
+      : > "$out/sc_bench_mps_${np}ranks.txt"
+      for l in ${SC_MPS_LIBS:-$lib}; do
+      echo "# MPS, LD_PRELOAD=$l" >> "$out/sc_bench_mps_${np}ranks.txt"
+      timeout "${SC_BENCH_CAP:-200}" env LD_PRELOAD=$l STREAMCOLL_THREAD_MULTIPLE=1 \
         "${mpi[@]}" -np $np build/bench/sc_bench --mem device --stream -b 8 -e 64M -f "${SC_MPS_FACTOR:-4}" \
         -n 50 -w 5 --route "${SC_MPS_ROUTES:-ht,nvgroup}" --quiet >> "$out/sc_bench_mps_${np}ranks.txt" 2>&1
       echo "# rc=$?" >> "$out/sc_bench_mps_${np}ranks.txt"
+      done
     done
     echo quit | nvidia-cuda-mps-control
     ;;
