@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <unordered_map>
 
@@ -266,6 +268,30 @@ int raise(MPI_Comm comm, int rc) {
 
 }  // namespace
 
+bool reduce_in_place_broken(const char* library_version) {
+  // "MPICH Version:\t4.0.2\n...": MPICH 4.0 and 4.1 read MPI_IN_PLACE as the send buffer
+  // in a blocking MPI_Reduce at a root other than 0 once its reduce-scatter-gather
+  // algorithm runs (2 KiB and up), and crash (pmodels/mpich#6540, fixed by #6543 in 2023).
+  const char* v = std::strstr(library_version, "MPICH Version:");
+  if (!v) return false;
+  v += std::strlen("MPICH Version:");
+  while (*v == ' ' || *v == '\t') ++v;
+  int major = 0, minor = 0;
+  if (std::sscanf(v, "%d.%d", &major, &minor) != 2) return false;
+  return major == 4 && minor <= 1;
+}
+
+namespace {
+bool mpi_reduce_in_place_broken() {
+  static const bool broken = [] {
+    char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
+    int len = 0;
+    return PMPI_Get_library_version(lib, &len) == MPI_SUCCESS && reduce_in_place_broken(lib);
+  }();
+  return broken;
+}
+}  // namespace
+
 int run(const CollArgs& a, Backend& be, bool outcome, int own) {
   // What this rank stages: C calls with GPU buffers (Fortran calls go to the MPI's own
   // binding as they are).
@@ -355,6 +381,15 @@ int run(const CollArgs& a, Backend& be, bool outcome, int own) {
                   call_name(a.coll, false).c_str());
         return raise(a.comm, error_code(Failure::peer));
       }
+    }
+    // An in-place MPI_Reduce at a root other than 0 on a staged buffer: its input as a
+    // separate send buffer where the MPI cannot take MPI_IN_PLACE there (a copy, this
+    // rank's own affair).
+    std::vector<char> input;
+    if (b.coll == Coll::reduce && b.sendbuf == MPI_IN_PLACE && rank == b.root && b.root != 0 &&
+        stage_recv && host && !b.fortran && mpi_reduce_in_place_broken()) {
+      input.assign(hbase + recv_off, hbase + recv_off + x.recv.bytes());
+      b.sendbuf = at(static_cast<const void*>(input.data()), -x.recv.lo);
     }
     int rc = run_pmpi(b);
     if (rc == MPI_SUCCESS && !back.empty()) {

@@ -42,6 +42,12 @@ namespace streamcoll::host_staging {
 /// it was made through the C bindings.
 bool should_stage(MemKind mem, bool fortran, bool mpi_cuda_aware);
 
+/// Whether the MPI that MPI_Get_library_version describes as `library_version` crashes on
+/// a blocking MPI_Reduce with MPI_IN_PLACE at a root other than 0 (MPICH 4.0 and 4.1:
+/// pmodels/mpich#6540). A staged in-place reduce at such a root then hands the MPI a copy
+/// of its input as the send buffer instead.
+bool reduce_in_place_broken(const char* library_version);
+
 /// The outcome of STREAMCOLL_MPI_CUDA_AWARE: `query_ompi` is what
 /// MPIX_Query_cuda_support() returned, `query_mpich` what MPIX_GPU_query_support(CUDA)
 /// said; -1 where the MPI lacks the function. Neither known under auto: not aware

@@ -52,6 +52,18 @@ StagingExtents ext(const CollArgs& a, int rank, int size, TypeSpan s = kInt, Typ
 
 }  // namespace
 
+TEST_CASE("staging: which MPIs cannot take an in-place MPI_Reduce at a root other than 0") {
+  // MPI_Get_library_version's first line, as each MPI writes it.
+  CHECK(reduce_in_place_broken("MPICH Version:\t4.0.2\nMPICH Release date:\tThu May 26 2022"));
+  CHECK(reduce_in_place_broken("MPICH Version:      4.1.1\n"));
+  CHECK_FALSE(reduce_in_place_broken("MPICH Version:\t4.2.0\n"));
+  CHECK_FALSE(reduce_in_place_broken("MPICH Version:\t3.4.3\n"));
+  CHECK_FALSE(reduce_in_place_broken("MPICH Version:\t5.0.0\n"));
+  CHECK_FALSE(reduce_in_place_broken("Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4"));
+  CHECK_FALSE(reduce_in_place_broken("MPICH Version:\tgarbage"));
+  CHECK_FALSE(reduce_in_place_broken(""));
+}
+
 TEST_CASE("staging: only GPU memory, only without CUDA support, only C calls") {
   for (MemKind m : {MemKind::device, MemKind::managed, MemKind::mixed}) {
     CAPTURE(name(m));
