@@ -11,6 +11,7 @@
 using streamcoll::Coll;
 using streamcoll::CollArgs;
 using streamcoll::dispatch;
+using streamcoll::gather_counts;
 using streamcoll::pass_through;
 
 namespace {
@@ -93,24 +94,25 @@ int barrier(MPI_Comm c, MPI_Request* q, bool nb) {
 // Blocking.
 SC_EXPORT int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count,
                             MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
-  if (pass_through(Coll::allreduce, comm, sendbuf, recvbuf))
+  if (pass_through(Coll::allreduce, comm, sendbuf, recvbuf, count))
     return SC_NEXT(MPI_Allreduce)(sendbuf, recvbuf, count, datatype, op, comm);
   return allreduce(sendbuf, recvbuf, count, datatype, op, comm, nullptr, false);
 }
 SC_EXPORT int MPI_Reduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype,
                          MPI_Op op, int root, MPI_Comm comm) {
-  if (pass_through(Coll::reduce, comm, sendbuf, recvbuf))
+  if (pass_through(Coll::reduce, comm, sendbuf, recvbuf, count))
     return SC_NEXT(MPI_Reduce)(sendbuf, recvbuf, count, datatype, op, root, comm);
   return reduce(sendbuf, recvbuf, count, datatype, op, root, comm, nullptr, false);
 }
 SC_EXPORT int MPI_Bcast(void* buffer, int count, MPI_Datatype datatype, int root, MPI_Comm comm) {
-  if (pass_through(Coll::bcast, comm, buffer, buffer))
+  if (pass_through(Coll::bcast, comm, buffer, buffer, count))
     return SC_NEXT(MPI_Bcast)(buffer, count, datatype, root, comm);
   return bcast(buffer, count, datatype, root, comm, nullptr, false);
 }
 SC_EXPORT int MPI_Allgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype,
                             void* recvbuf, int recvcount, MPI_Datatype recvtype, MPI_Comm comm) {
-  if (pass_through(Coll::allgather, comm, sendbuf, recvbuf))
+  if (pass_through(Coll::allgather, comm, sendbuf, recvbuf,
+                   gather_counts(sendbuf, sendcount, recvcount)))
     return SC_NEXT(MPI_Allgather)(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
   return dispatch(gather_like(Coll::allgather, sendbuf, sendcount, sendtype, recvbuf, recvcount,
                               recvtype, comm, nullptr, false));
@@ -123,7 +125,7 @@ SC_EXPORT int MPI_Allgatherv(const void* sendbuf, int sendcount, MPI_Datatype se
 }
 SC_EXPORT int MPI_Reduce_scatter_block(const void* sendbuf, void* recvbuf, int recvcount,
                                        MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
-  if (pass_through(Coll::reduce_scatter_block, comm, sendbuf, recvbuf))
+  if (pass_through(Coll::reduce_scatter_block, comm, sendbuf, recvbuf, recvcount))
     return SC_NEXT(MPI_Reduce_scatter_block)(sendbuf, recvbuf, recvcount, datatype, op, comm);
   return reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm, nullptr, false);
 }
@@ -133,13 +135,14 @@ SC_EXPORT int MPI_Reduce_scatter(const void* sendbuf, void* recvbuf, const int r
 }
 SC_EXPORT int MPI_Alltoall(const void* sendbuf, int sendcount, MPI_Datatype sendtype,
                            void* recvbuf, int recvcount, MPI_Datatype recvtype, MPI_Comm comm) {
-  if (pass_through(Coll::alltoall, comm, sendbuf, recvbuf))
+  if (pass_through(Coll::alltoall, comm, sendbuf, recvbuf,
+                   gather_counts(sendbuf, sendcount, recvcount)))
     return SC_NEXT(MPI_Alltoall)(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
   return dispatch(gather_like(Coll::alltoall, sendbuf, sendcount, sendtype, recvbuf, recvcount,
                               recvtype, comm, nullptr, false));
 }
 SC_EXPORT int MPI_Barrier(MPI_Comm comm) {
-  if (pass_through(Coll::barrier, comm, &comm, &comm)) return SC_NEXT(MPI_Barrier)(comm);
+  if (pass_through(Coll::barrier, comm, &comm, &comm, 0)) return SC_NEXT(MPI_Barrier)(comm);
   return barrier(comm, nullptr, false);
 }
 
@@ -147,26 +150,27 @@ SC_EXPORT int MPI_Barrier(MPI_Comm comm) {
 SC_EXPORT int MPI_Iallreduce(const void* sendbuf, void* recvbuf, int count,
                              MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
                              MPI_Request* request) {
-  if (request && pass_through(Coll::allreduce, comm, sendbuf, recvbuf))
+  if (request && pass_through(Coll::allreduce, comm, sendbuf, recvbuf, count))
     return SC_NEXT(MPI_Iallreduce)(sendbuf, recvbuf, count, datatype, op, comm, request);
   return allreduce(sendbuf, recvbuf, count, datatype, op, comm, request, true);
 }
 SC_EXPORT int MPI_Ireduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype,
                           MPI_Op op, int root, MPI_Comm comm, MPI_Request* request) {
-  if (request && pass_through(Coll::reduce, comm, sendbuf, recvbuf))
+  if (request && pass_through(Coll::reduce, comm, sendbuf, recvbuf, count))
     return SC_NEXT(MPI_Ireduce)(sendbuf, recvbuf, count, datatype, op, root, comm, request);
   return reduce(sendbuf, recvbuf, count, datatype, op, root, comm, request, true);
 }
 SC_EXPORT int MPI_Ibcast(void* buffer, int count, MPI_Datatype datatype, int root, MPI_Comm comm,
                          MPI_Request* request) {
-  if (request && pass_through(Coll::bcast, comm, buffer, buffer))
+  if (request && pass_through(Coll::bcast, comm, buffer, buffer, count))
     return SC_NEXT(MPI_Ibcast)(buffer, count, datatype, root, comm, request);
   return bcast(buffer, count, datatype, root, comm, request, true);
 }
 SC_EXPORT int MPI_Iallgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype,
                              void* recvbuf, int recvcount, MPI_Datatype recvtype, MPI_Comm comm,
                              MPI_Request* request) {
-  if (request && pass_through(Coll::allgather, comm, sendbuf, recvbuf))
+  if (request && pass_through(Coll::allgather, comm, sendbuf, recvbuf,
+                              gather_counts(sendbuf, sendcount, recvcount)))
     return SC_NEXT(MPI_Iallgather)(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm,
                            request);
   return dispatch(gather_like(Coll::allgather, sendbuf, sendcount, sendtype, recvbuf, recvcount,
@@ -181,7 +185,7 @@ SC_EXPORT int MPI_Iallgatherv(const void* sendbuf, int sendcount, MPI_Datatype s
 SC_EXPORT int MPI_Ireduce_scatter_block(const void* sendbuf, void* recvbuf, int recvcount,
                                         MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
                                         MPI_Request* request) {
-  if (request && pass_through(Coll::reduce_scatter_block, comm, sendbuf, recvbuf))
+  if (request && pass_through(Coll::reduce_scatter_block, comm, sendbuf, recvbuf, recvcount))
     return SC_NEXT(MPI_Ireduce_scatter_block)(sendbuf, recvbuf, recvcount, datatype, op, comm, request);
   return reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm, request, true);
 }
@@ -193,14 +197,15 @@ SC_EXPORT int MPI_Ireduce_scatter(const void* sendbuf, void* recvbuf, const int 
 SC_EXPORT int MPI_Ialltoall(const void* sendbuf, int sendcount, MPI_Datatype sendtype,
                             void* recvbuf, int recvcount, MPI_Datatype recvtype, MPI_Comm comm,
                             MPI_Request* request) {
-  if (request && pass_through(Coll::alltoall, comm, sendbuf, recvbuf))
+  if (request && pass_through(Coll::alltoall, comm, sendbuf, recvbuf,
+                              gather_counts(sendbuf, sendcount, recvcount)))
     return SC_NEXT(MPI_Ialltoall)(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm,
                           request);
   return dispatch(gather_like(Coll::alltoall, sendbuf, sendcount, sendtype, recvbuf, recvcount,
                               recvtype, comm, request, true));
 }
 SC_EXPORT int MPI_Ibarrier(MPI_Comm comm, MPI_Request* request) {
-  if (request && pass_through(Coll::barrier, comm, &comm, &comm))
+  if (request && pass_through(Coll::barrier, comm, &comm, &comm, 0))
     return SC_NEXT(MPI_Ibarrier)(comm, request);
   return barrier(comm, request, true);
 }

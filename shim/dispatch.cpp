@@ -48,7 +48,7 @@
 //      decide():  MPI_COMM_NULL                               -> MPI_ERR_COMM
 //                 non-blocking call without a request         -> MPI_ERR_REQUEST
 //                 other invalid arguments, inter-communicator -> pmpi (MPI raises)
-//                 negative recvcounts[i] (v-variants)         -> MPI_ERR_COUNT
+//                 a negative count, recvcounts[i] too         -> MPI_ERR_COUNT
 //                 null data buffer with a predefined type     -> MPI_ERR_BUFFER
 //                 memory kind of the significant buffers (CUDA driver)
 //                 the communicator's stream, if any          streamext/
@@ -156,6 +156,18 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   }
   if (a.nonblocking && a.request == nullptr) {  // Open MPI 4.1 writes through it
     d.error = MPI_ERR_REQUEST;
+    d.error_comm = a.comm;
+    return d;
+  }
+  // A negative count (MPICH 4.0's MPI_Allreduce takes one without an error, and writes
+  // outside its buffers). sendcount means nothing with MPI_IN_PLACE.
+  const bool gather_like = a.coll == Coll::allgather || a.coll == Coll::allgatherv ||
+                           a.coll == Coll::alltoall;
+  if (a.coll != Coll::barrier && !a.fortran &&
+      (gather_like ? (a.sendbuf != MPI_IN_PLACE && a.sendcount < 0) ||
+                         (a.coll != Coll::allgatherv && a.recvcount < 0)
+                   : a.coll != Coll::reduce_scatter && a.count < 0)) {
+    d.error = MPI_ERR_COUNT;
     d.error_comm = a.comm;
     return d;
   }

@@ -13,11 +13,19 @@ namespace streamcoll {
 /// The pass-through fast path, checked by each wrapper before anything else: when it
 /// holds, the wrapper tail-calls the PMPI_ function itself. It holds when nothing can
 /// route the collective (g_passthrough) and the arguments need no screening by
-/// streamcoll (a valid communicator, non-null buffers, a request for a non-blocking
-/// call; v-variants never take it, their counts are screened in dispatch()).
-inline bool pass_through(Coll c, MPI_Comm comm, const void* sendbuf, const void* recvbuf) {
+/// streamcoll (a valid communicator, non-null buffers, no negative count, a request for a
+/// non-blocking call; v-variants never take it, their counts are screened in dispatch()).
+/// `counts`: the call's significant counts OR-ed together (negative if one of them is).
+inline bool pass_through(Coll c, MPI_Comm comm, const void* sendbuf, const void* recvbuf,
+                         int counts) {
   return (g_passthrough.load(std::memory_order_relaxed) >> static_cast<int>(c) & 1u) &&
-         comm != MPI_COMM_NULL && sendbuf != nullptr && recvbuf != nullptr;
+         comm != MPI_COMM_NULL && sendbuf != nullptr && recvbuf != nullptr && counts >= 0;
+}
+
+/// The significant counts of a gather-like call, for pass_through (sendcount is ignored
+/// with MPI_IN_PLACE, and may then be anything).
+inline int gather_counts(const void* sendbuf, int sendcount, int recvcount) {
+  return (sendbuf == MPI_IN_PLACE ? 0 : sendcount) | recvcount;
 }
 
 /// Everything else: screens, classifies, routes and runs one call, and records its

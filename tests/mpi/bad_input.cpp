@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -142,16 +143,43 @@ int main(int argc, char** argv) {
       {"ialltoall MPI_COMM_NULL", "ialltoall", [&](const Api& m) { return m.ialltoall(b, 1, I, o, 1, I, N, &req); }},
   };
 
+  // MPICH 4.0 takes negative counts of MPI_Allreduce, MPI_Reduce, MPI_Reduce_scatter_block
+  // and their MPI_I* forms without an error (MPI_Allreduce then writes outside its
+  // buffers): streamcoll raises MPI_ERR_COUNT itself, as Open MPI does; the real call is
+  // not made there.
+  char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
+  int lib_len = 0;
+  MPI_Get_library_version(lib, &lib_len);
+  if (std::strstr(lib, "MPICH Version:"))
+    for (Case& c : cases)
+      if (!c.shim_raises && c.name.find(" negative ") != std::string::npos &&
+          c.name.find("count") != std::string::npos)
+        c.shim_raises = MPI_ERR_COUNT;
+
   int passed = 0, failed = 0;
   for (const Case& c : cases) {
     streamcoll_stat_t before{}, after{};
     if (check_stats && get) get(c.counter.c_str(), nullptr, nullptr, &before);
+    if (const char* only = std::getenv("BAD_INPUT_ONLY"); only && c.name.find(only) == std::string::npos)
+      continue;  // one case (or a few) alone, to find what a failure comes from
     if (std::getenv("BAD_INPUT_VERBOSE")) std::fprintf(stderr, "case: %s\n", c.name.c_str());
     if (c.shim_raises && !get) continue;  // no shim loaded: the real call would crash
-    int shim = error_class(c.call(kShim));
+    // A call the MPI accepts (MPICH 4.0 takes negative counts) may start a request: it is
+    // completed before the next call.
+    auto finish = [&](int rc) {
+      if (rc == MPI_SUCCESS && req != MPI_REQUEST_NULL) MPI_Wait(&req, MPI_STATUS_IGNORE);
+      req = MPI_REQUEST_NULL;
+      return rc;
+    };
+    req = MPI_REQUEST_NULL;
+    int shim = error_class(finish(c.call(kShim)));
     if (check_stats && get) get(c.counter.c_str(), nullptr, nullptr, &after);
-    int real = c.shim_raises ? c.shim_raises : error_class(c.call(kReal));
-    bool ok = shim == real && real != MPI_SUCCESS;
+    int real = c.shim_raises ? c.shim_raises : error_class(finish(c.call(kReal)));
+    // The same class as the MPI's; where the MPI takes the input without an error, the
+    // shim must too (said once, so that a case that tests nothing shows).
+    bool ok = shim == real;
+    if (ok && real == MPI_SUCCESS && rank == 0)
+      std::fprintf(stderr, "note: %s: the MPI accepts it, and so does the shim\n", c.name.c_str());
     if (!ok)
       std::fprintf(stderr, "rank %d FAIL %s: through the shim %s, real MPI %s\n", rank,
                    c.name.c_str(), class_name(shim).c_str(), class_name(real).c_str());
