@@ -94,11 +94,12 @@ struct TypeDesc {
   const char* name;
   Cls cls;
   Kernel k;
+  bool is_unsigned;  // an unsigned integer type
 };
 
 const std::vector<TypeDesc>& all_types() {
 #define TYPE(handle, ctype, cls) \
-  TypeDesc { handle, #handle, Cls::cls, kernel_of<ctype>() }
+  TypeDesc { handle, #handle, Cls::cls, kernel_of<ctype>(), std::is_unsigned_v<ctype> }
   static const std::vector<TypeDesc> types = {
       TYPE(MPI_SIGNED_CHAR, signed char, integer),
       TYPE(MPI_UNSIGNED_CHAR, unsigned char, integer),
@@ -161,6 +162,13 @@ void find_mpi_defects() {
   char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
   int len = 0;
   if (MPI_Get_library_version(lib, &len) != MPI_SUCCESS) return;
+  if (mpich_unsigned_minmax_as_signed(lib)) {
+    for (const TypeDesc& t : all_types())
+      if (t.is_unsigned && t.cls == Cls::integer)
+        for (Op op : {Op::max, Op::min})
+          g_defects.push_back({t.name, op, "MPICH 4.0 reduces unsigned integers as signed"});
+    return;
+  }
   int major = 0, minor = 0, release = 0;
   if (std::sscanf(lib, "Open MPI v%d.%d.%d", &major, &minor, &release) < 2) return;
   const int version = major * 10000 + minor * 100 + release;

@@ -145,13 +145,14 @@ struct TypeDesc {
   const char* name;
   Cls cls;
   Kernel k;
+  bool is_unsigned;  // an unsigned integer type
   // The route carries contiguous basic types only: the pair types go to pmpi.
   bool routable() const { return cls != Cls::pair; }
 };
 
 const std::vector<TypeDesc>& all_types() {
 #define TYPE(handle, ctype, cls) \
-  TypeDesc { handle, #handle, Cls::cls, kernel_of<ctype>() }
+  TypeDesc { handle, #handle, Cls::cls, kernel_of<ctype>(), std::is_unsigned_v<ctype> }
   static const std::vector<TypeDesc> types = {
       TYPE(MPI_SIGNED_CHAR, signed char, integer),
       TYPE(MPI_UNSIGNED_CHAR, unsigned char, integer),
@@ -203,9 +204,19 @@ const TypeDesc& type_named(const char* name) {
   std::abort();
 }
 
+bool mpich_defect() {
+  static const bool defect = [] {
+    char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
+    int len = 0;
+    return MPI_Get_library_version(lib, &len) == MPI_SUCCESS && mpich_unsigned_minmax_as_signed(lib);
+  }();
+  return defect;
+}
+
 bool tame_inputs(const TypeDesc& t, Op op) {
   return (op == Op::max || op == Op::min) &&
-         (std::strcmp(t.name, "MPI_UNSIGNED_LONG") == 0 || std::strcmp(t.name, "MPI_OFFSET") == 0);
+         (std::strcmp(t.name, "MPI_UNSIGNED_LONG") == 0 || std::strcmp(t.name, "MPI_OFFSET") == 0 ||
+          (t.is_unsigned && t.cls == Cls::integer && mpich_defect()));
 }
 
 // ------------------------------------------------------------------- buffers, comms

@@ -31,6 +31,16 @@ struct is_complex : std::false_type {};
 template <class F>
 struct is_complex<std::complex<F>> : std::true_type {};
 
+// Whether the MPI that MPI_Get_library_version describes as `lib` reduces every unsigned
+// integer type as signed in MAX and MIN, in its collectives and MPI_Reduce_local: MPICH
+// 4.0 (pmodels/mpich#6083). Its results for inputs above the signed range are wrong.
+inline bool mpich_unsigned_minmax_as_signed(const char* lib) {
+  const char* v = std::strstr(lib, "MPICH Version:");
+  int major = 0, minor = 0;
+  return v && std::sscanf(v + std::strlen("MPICH Version:"), " %d.%d", &major, &minor) == 2 &&
+         major == 4 && minor == 0;
+}
+
 inline uint64_t mix(uint64_t x) {  // splitmix64's finaliser
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
