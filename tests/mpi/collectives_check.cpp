@@ -157,11 +157,32 @@ struct MpiDefect {
   const char* why;
 };
 std::vector<MpiDefect> g_defects;
+// MPICH 4.0 and 4.1 crash on a blocking MPI_Reduce with MPI_IN_PLACE at a root other than
+// 0 (pmodels/mpich#6540): such a root passes its input in a send buffer instead.
+bool g_no_in_place_reduce_off_rank0 = false;
+// MPICH 4.0's MPI_Allgatherv on one rank copies the block to displacement 0 whatever
+// displs says (pmodels/mpich#6374): one-rank calls place it at 0.
+bool g_allgatherv_one_rank_at_0 = false;
+// MPICH 4.0's MPI_Alltoall in place on the pair types (MPI_DOUBLE_INT...: padded, extent >
+// size) fails with "message truncated" or moves the wrong elements; its MPI_Reduce_scatter
+// in place, with a rank's count 0 between others, stops on an internal assertion
+// (overlapping memcpy) at large sizes: those calls are not run in place.
+bool g_no_in_place_pairs = false;
+bool g_no_in_place_reduce_scatter = false;
 
 void find_mpi_defects() {
   char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
   int len = 0;
   if (MPI_Get_library_version(lib, &len) != MPI_SUCCESS) return;
+  if (const char* v = std::strstr(lib, "MPICH Version:")) {
+    int major = 0, minor = 0;
+    if (std::sscanf(v + std::strlen("MPICH Version:"), " %d.%d", &major, &minor) == 2 &&
+        major == 4 && minor <= 1) {
+      g_no_in_place_reduce_off_rank0 = true;
+      g_allgatherv_one_rank_at_0 = g_no_in_place_pairs = g_no_in_place_reduce_scatter =
+          minor == 0;
+    }
+  }
   if (mpich_unsigned_minmax_as_signed(lib)) {
     for (const TypeDesc& t : all_types())
       if (t.is_unsigned && t.cls == Cls::integer)
@@ -486,6 +507,7 @@ PendingPtr make_allreduce(const Comm& c, const TypeDesc& t, Op op, int n, bool i
 // Non-roots pass a null receive buffer (it is not significant there), and their own data
 // even in the in-place variant: only the root may use MPI_IN_PLACE.
 PendingPtr make_reduce(const Comm& c, const TypeDesc& t, Op op, int n, int root, bool in_place) {
+  if (g_no_in_place_reduce_off_rank0 && root != 0) in_place = false;
   PendingPtr p = new_pending("MPI_Reduce", "reduce", c, &t, op, n, root, in_place);
   const uint64_t salt = ++g_salt;
   const bool is_root = c.rank == root;
@@ -553,6 +575,7 @@ PendingPtr make_reduce_scatter_block(const Comm& c, const TypeDesc& t, Op op, in
 }
 
 PendingPtr make_reduce_scatter(const Comm& c, const TypeDesc& t, Op op, int base, bool in_place) {
+  if (g_no_in_place_reduce_scatter) in_place = false;
   PendingPtr p = new_pending("MPI_Reduce_scatter", "reduce_scatter", c, &t, op, base, -1, in_place);
   const uint64_t salt = ++g_salt;
   p->counts = uneven_counts(base, c.size);
@@ -626,7 +649,7 @@ PendingPtr make_allgatherv(const Comm& c, const TypeDesc& t, int base, bool in_p
   const uint64_t salt = ++g_salt;
   p->counts = uneven_counts(base, c.size);
   p->displs.assign(c.size, 0);
-  size_t end = 1;  // one gap element before the first block
+  size_t end = g_allgatherv_one_rank_at_0 && c.size == 1 ? 0 : 1;  // a gap before the first block
   for (int r = c.size - 1; r >= 0; --r) {
     p->displs[r] = static_cast<int>(end);
     end += p->counts[r] + 1 + r % 2;
@@ -660,6 +683,7 @@ PendingPtr make_allgatherv(const Comm& c, const TypeDesc& t, int base, bool in_p
 
 // Rank s sends element k of block d as global element d * blk + k of its input.
 PendingPtr make_alltoall(const Comm& c, const TypeDesc& t, int blk, bool in_place) {
+  if (g_no_in_place_pairs && t.cls == Cls::pair) in_place = false;
   PendingPtr p = new_pending("MPI_Alltoall", "alltoall", c, &t, Op::none, blk, -1, in_place);
   const uint64_t salt = ++g_salt;
   const size_t total = static_cast<size_t>(blk) * c.size;
@@ -1163,10 +1187,31 @@ int main(int argc, char** argv) {
   g_tally.init(world.rank);
   find_streamcoll();
   find_mpi_defects();
-  if (world.rank == 0)
-    for (const MpiDefect& d : g_defects)
-      std::fprintf(stderr, "collectives_check: note: %s with %s gets inputs in [0, 100] only: %s\n",
-                   d.type, describe(d.op).name, d.why);
+  if (world.rank == 0) {
+    // One line per defect: the types it narrows (MAX and MIN alike).
+    std::vector<std::string> whys, types;
+    for (const MpiDefect& d : g_defects) {
+      size_t i = 0;
+      while (i < whys.size() && whys[i] != d.why) ++i;
+      if (i == whys.size()) whys.push_back(d.why), types.emplace_back();
+      if (types[i].find(d.type) == std::string::npos) types[i] += (types[i].empty() ? "" : " ") + std::string(d.type);
+    }
+    for (size_t i = 0; i < whys.size(); ++i)
+      std::fprintf(stderr, "collectives_check: note: MAX and MIN of %s get inputs in [0, 100] only: %s\n",
+                   types[i].c_str(), whys[i].c_str());
+    if (g_no_in_place_reduce_off_rank0)
+      std::fprintf(stderr, "collectives_check: note: MPI_Reduce at roots other than 0 is not run in "
+                           "place (MPICH 4.0/4.1 crash on it: pmodels/mpich#6540)\n");
+    if (g_no_in_place_pairs)
+      std::fprintf(stderr, "collectives_check: note: MPI_Alltoall of the pair types is not run "
+                           "in place (MPICH 4.0 truncates or misplaces them)\n");
+    if (g_no_in_place_reduce_scatter)
+      std::fprintf(stderr, "collectives_check: note: MPI_Reduce_scatter is not run in place "
+                           "(MPICH 4.0 stops on an internal assertion)\n");
+    if (g_allgatherv_one_rank_at_0)
+      std::fprintf(stderr, "collectives_check: note: MPI_Allgatherv on one rank puts its block at "
+                           "displacement 0 (MPICH 4.0 ignores displs there: pmodels/mpich#6374)\n");
+  }
   check_layouts();
 
   // A duplicate of world, and the ranks of each parity in reverse order.
