@@ -163,7 +163,7 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   // outside its buffers). sendcount means nothing with MPI_IN_PLACE.
   const bool gather_like = a.coll == Coll::allgather || a.coll == Coll::allgatherv ||
                            a.coll == Coll::alltoall;
-  if (a.coll != Coll::barrier && !a.fortran &&
+  if (a.coll != Coll::barrier &&
       (gather_like ? (a.sendbuf != MPI_IN_PLACE && a.sendcount < 0) ||
                          (a.coll != Coll::allgatherv && a.recvcount < 0)
                    : a.coll != Coll::reduce_scatter && a.count < 0)) {
@@ -364,6 +364,7 @@ int dispatch_described(const CollArgs& a, Runtime& rt);
 }  // namespace
 
 int dispatch(const CollArgs& a) {
+  if (g_in_binding) return run_pmpi(a);  // beneath a Fortran call streamcoll has routed
   Runtime& rt = Runtime::get();
   if (!rt.active()) return run_pmpi(a);
   // A non-blocking bcast/gather-like call that this rank describes with a derived datatype,

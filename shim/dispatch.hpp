@@ -10,6 +10,12 @@
 
 namespace streamcoll {
 
+/// Nonzero while this thread is inside the MPI's own Fortran binding, called by one of
+/// streamcoll's Fortran wrappers (shim/fortran.cpp). MPICH's binding calls the C MPI_
+/// functions, which are streamcoll's own: they then go straight to the next MPI_
+/// definition, so that a Fortran call is routed (and agreed on) once, not twice.
+inline thread_local int g_in_binding __attribute__((tls_model("initial-exec"))) = 0;
+
 /// The pass-through fast path, checked by each wrapper before anything else: when it
 /// holds, the wrapper tail-calls the PMPI_ function itself. It holds when nothing can
 /// route the collective (g_passthrough) and the arguments need no screening by
@@ -18,8 +24,9 @@ namespace streamcoll {
 /// `counts`: the call's significant counts OR-ed together (negative if one of them is).
 inline bool pass_through(Coll c, MPI_Comm comm, const void* sendbuf, const void* recvbuf,
                          int counts) {
-  return (g_passthrough.load(std::memory_order_relaxed) >> static_cast<int>(c) & 1u) &&
-         comm != MPI_COMM_NULL && sendbuf != nullptr && recvbuf != nullptr && counts >= 0;
+  return ((g_passthrough.load(std::memory_order_relaxed) >> static_cast<int>(c) & 1u) &&
+          comm != MPI_COMM_NULL && sendbuf != nullptr && recvbuf != nullptr && counts >= 0) ||
+         g_in_binding;
 }
 
 /// The significant counts of a gather-like call, for pass_through (sendcount is ignored

@@ -89,6 +89,14 @@ const void* c_buf(const void* p) {
 }
 void* c_buf(void* p) { return const_cast<void*>(c_buf(static_cast<const void*>(p))); }
 
+// Inside the MPI's own Fortran binding (shim/dispatch.hpp: g_in_binding).
+struct BindingScope {
+  BindingScope() { ++streamcoll::g_in_binding; }
+  ~BindingScope() { --streamcoll::g_in_binding; }
+  BindingScope(const BindingScope&) = delete;
+  BindingScope& operator=(const BindingScope&) = delete;
+};
+
 // The real Fortran call with its arguments, run by the pmpi route.
 template <class... A>
 struct Real final : FortranCall {
@@ -96,6 +104,7 @@ struct Real final : FortranCall {
   Real(Fn fn, F* ierr, A... args) : FortranCall{&invoke}, fn_(fn), args_(args...), ierr_(ierr) {}
   static int invoke(const FortranCall* self) {
     const Real* r = static_cast<const Real*>(self);
+    BindingScope scope;
     std::apply(r->fn_, r->args_);
     return *r->ierr_;
   }
@@ -104,9 +113,20 @@ struct Real final : FortranCall {
   F* ierr_;
 };
 
+// The MPI's Fortran binding `base`: called, it runs inside a BindingScope; `.fn` is the
+// bare function (Real calls it in one).
 template <class Fn>
-Fn real(const char* base) {
-  return reinterpret_cast<Fn>(resolve(base));
+struct Bound {
+  Fn fn;
+  template <class... X>
+  void operator()(X... x) const {
+    BindingScope scope;
+    fn(x...);
+  }
+};
+template <class Fn>
+Bound<Fn> real(const char* base) {
+  return Bound<Fn>{reinterpret_cast<Fn>(resolve(base))};
 }
 
 // Dispatches a call made through the Fortran bindings. Blocking calls go to the MPI's own
@@ -191,27 +211,27 @@ void query_thread(F* provided, F* ierr) {
 // One implementation per call; the macro below exports it under the four usual names.
 void allreduce(void* s, void* r, F* n, F* t, F* op, F* comm, F* ierr) {
   static const auto fn = real<void (*)(void*, void*, F*, F*, F*, F*, F*)>("pmpi_allreduce");
-  Real call(fn, ierr, s, r, n, t, op, comm, ierr);
+  Real call(fn.fn, ierr, s, r, n, t, op, comm, ierr);
   CollArgs a = reduction(Coll::allreduce, s, r, *n, *t, *op, *comm, false);
   run(a, call, ierr, nullptr);
 }
 void iallreduce(void* s, void* r, F* n, F* t, F* op, F* comm, F* req, F* ierr) {
   static const auto fn = real<void (*)(void*, void*, F*, F*, F*, F*, F*, F*)>("pmpi_iallreduce");
-  Real call(fn, ierr, s, r, n, t, op, comm, req, ierr);
+  Real call(fn.fn, ierr, s, r, n, t, op, comm, req, ierr);
   CollArgs a = reduction(Coll::allreduce, s, r, *n, *t, *op, *comm, true);
   MPI_Request scratch;
   run(a, call, ierr, &scratch, req);
 }
 void reduce(void* s, void* r, F* n, F* t, F* op, F* root, F* comm, F* ierr) {
   static const auto fn = real<void (*)(void*, void*, F*, F*, F*, F*, F*, F*)>("pmpi_reduce");
-  Real call(fn, ierr, s, r, n, t, op, root, comm, ierr);
+  Real call(fn.fn, ierr, s, r, n, t, op, root, comm, ierr);
   CollArgs a = reduction(Coll::reduce, s, r, *n, *t, *op, *comm, false);
   a.root = *root;
   run(a, call, ierr, nullptr);
 }
 void ireduce(void* s, void* r, F* n, F* t, F* op, F* root, F* comm, F* req, F* ierr) {
   static const auto fn = real<void (*)(void*, void*, F*, F*, F*, F*, F*, F*, F*)>("pmpi_ireduce");
-  Real call(fn, ierr, s, r, n, t, op, root, comm, req, ierr);
+  Real call(fn.fn, ierr, s, r, n, t, op, root, comm, req, ierr);
   CollArgs a = reduction(Coll::reduce, s, r, *n, *t, *op, *comm, true);
   a.root = *root;
   MPI_Request scratch;
@@ -219,14 +239,14 @@ void ireduce(void* s, void* r, F* n, F* t, F* op, F* root, F* comm, F* req, F* i
 }
 void bcast(void* b, F* n, F* t, F* root, F* comm, F* ierr) {
   static const auto fn = real<void (*)(void*, F*, F*, F*, F*, F*)>("pmpi_bcast");
-  Real call(fn, ierr, b, n, t, root, comm, ierr);
+  Real call(fn.fn, ierr, b, n, t, root, comm, ierr);
   CollArgs a = reduction(Coll::bcast, nullptr, b, *n, *t, PMPI_Op_c2f(MPI_OP_NULL), *comm, false);
   a.root = *root;
   run(a, call, ierr, nullptr);
 }
 void ibcast(void* b, F* n, F* t, F* root, F* comm, F* req, F* ierr) {
   static const auto fn = real<void (*)(void*, F*, F*, F*, F*, F*, F*)>("pmpi_ibcast");
-  Real call(fn, ierr, b, n, t, root, comm, req, ierr);
+  Real call(fn.fn, ierr, b, n, t, root, comm, req, ierr);
   CollArgs a = reduction(Coll::bcast, nullptr, b, *n, *t, PMPI_Op_c2f(MPI_OP_NULL), *comm, true);
   a.root = *root;
   MPI_Request scratch;
@@ -234,14 +254,14 @@ void ibcast(void* b, F* n, F* t, F* root, F* comm, F* req, F* ierr) {
 }
 void allgather(void* s, F* sc, F* st, void* r, F* rc, F* rt, F* comm, F* ierr) {
   static const auto fn = real<void (*)(void*, F*, F*, void*, F*, F*, F*, F*)>("pmpi_allgather");
-  Real call(fn, ierr, s, sc, st, r, rc, rt, comm, ierr);
+  Real call(fn.fn, ierr, s, sc, st, r, rc, rt, comm, ierr);
   CollArgs a = gather_like(Coll::allgather, s, *sc, *st, r, *rc, *rt, *comm, false);
   run(a, call, ierr, nullptr);
 }
 void iallgather(void* s, F* sc, F* st, void* r, F* rc, F* rt, F* comm, F* req, F* ierr) {
   static const auto fn =
       real<void (*)(void*, F*, F*, void*, F*, F*, F*, F*, F*)>("pmpi_iallgather");
-  Real call(fn, ierr, s, sc, st, r, rc, rt, comm, req, ierr);
+  Real call(fn.fn, ierr, s, sc, st, r, rc, rt, comm, req, ierr);
   CollArgs a = gather_like(Coll::allgather, s, *sc, *st, r, *rc, *rt, *comm, true);
   MPI_Request scratch;
   run(a, call, ierr, &scratch, req);
@@ -249,7 +269,7 @@ void iallgather(void* s, F* sc, F* st, void* r, F* rc, F* rt, F* comm, F* req, F
 void allgatherv(void* s, F* sc, F* st, void* r, F* rcs, F* ds, F* rt, F* comm, F* ierr) {
   static const auto fn =
       real<void (*)(void*, F*, F*, void*, F*, F*, F*, F*, F*)>("pmpi_allgatherv");
-  Real call(fn, ierr, s, sc, st, r, rcs, ds, rt, comm, ierr);
+  Real call(fn.fn, ierr, s, sc, st, r, rcs, ds, rt, comm, ierr);
   CollArgs a = gather_like(Coll::allgatherv, s, *sc, *st, r, 0, *rt, *comm, false);
   a.recvcounts = rcs;
   a.displs = ds;
@@ -259,7 +279,7 @@ void iallgatherv(void* s, F* sc, F* st, void* r, F* rcs, F* ds, F* rt, F* comm, 
                  F* ierr) {
   static const auto fn =
       real<void (*)(void*, F*, F*, void*, F*, F*, F*, F*, F*, F*)>("pmpi_iallgatherv");
-  Real call(fn, ierr, s, sc, st, r, rcs, ds, rt, comm, req, ierr);
+  Real call(fn.fn, ierr, s, sc, st, r, rcs, ds, rt, comm, req, ierr);
   CollArgs a = gather_like(Coll::allgatherv, s, *sc, *st, r, 0, *rt, *comm, true);
   a.recvcounts = rcs;
   a.displs = ds;
@@ -269,14 +289,14 @@ void iallgatherv(void* s, F* sc, F* st, void* r, F* rcs, F* ds, F* rt, F* comm, 
 void reduce_scatter_block(void* s, void* r, F* n, F* t, F* op, F* comm, F* ierr) {
   static const auto fn =
       real<void (*)(void*, void*, F*, F*, F*, F*, F*)>("pmpi_reduce_scatter_block");
-  Real call(fn, ierr, s, r, n, t, op, comm, ierr);
+  Real call(fn.fn, ierr, s, r, n, t, op, comm, ierr);
   CollArgs a = reduction(Coll::reduce_scatter_block, s, r, *n, *t, *op, *comm, false);
   run(a, call, ierr, nullptr);
 }
 void ireduce_scatter_block(void* s, void* r, F* n, F* t, F* op, F* comm, F* req, F* ierr) {
   static const auto fn =
       real<void (*)(void*, void*, F*, F*, F*, F*, F*, F*)>("pmpi_ireduce_scatter_block");
-  Real call(fn, ierr, s, r, n, t, op, comm, req, ierr);
+  Real call(fn.fn, ierr, s, r, n, t, op, comm, req, ierr);
   CollArgs a = reduction(Coll::reduce_scatter_block, s, r, *n, *t, *op, *comm, true);
   MPI_Request scratch;
   run(a, call, ierr, &scratch, req);
@@ -284,7 +304,7 @@ void ireduce_scatter_block(void* s, void* r, F* n, F* t, F* op, F* comm, F* req,
 void reduce_scatter(void* s, void* r, F* rcs, F* t, F* op, F* comm, F* ierr) {
   static const auto fn =
       real<void (*)(void*, void*, F*, F*, F*, F*, F*)>("pmpi_reduce_scatter");
-  Real call(fn, ierr, s, r, rcs, t, op, comm, ierr);
+  Real call(fn.fn, ierr, s, r, rcs, t, op, comm, ierr);
   CollArgs a = reduction(Coll::reduce_scatter, s, r, 0, *t, *op, *comm, false);
   a.recvcounts = rcs;
   run(a, call, ierr, nullptr);
@@ -292,7 +312,7 @@ void reduce_scatter(void* s, void* r, F* rcs, F* t, F* op, F* comm, F* ierr) {
 void ireduce_scatter(void* s, void* r, F* rcs, F* t, F* op, F* comm, F* req, F* ierr) {
   static const auto fn =
       real<void (*)(void*, void*, F*, F*, F*, F*, F*, F*)>("pmpi_ireduce_scatter");
-  Real call(fn, ierr, s, r, rcs, t, op, comm, req, ierr);
+  Real call(fn.fn, ierr, s, r, rcs, t, op, comm, req, ierr);
   CollArgs a = reduction(Coll::reduce_scatter, s, r, 0, *t, *op, *comm, true);
   a.recvcounts = rcs;
   MPI_Request scratch;
@@ -300,21 +320,21 @@ void ireduce_scatter(void* s, void* r, F* rcs, F* t, F* op, F* comm, F* req, F* 
 }
 void alltoall(void* s, F* sc, F* st, void* r, F* rc, F* rt, F* comm, F* ierr) {
   static const auto fn = real<void (*)(void*, F*, F*, void*, F*, F*, F*, F*)>("pmpi_alltoall");
-  Real call(fn, ierr, s, sc, st, r, rc, rt, comm, ierr);
+  Real call(fn.fn, ierr, s, sc, st, r, rc, rt, comm, ierr);
   CollArgs a = gather_like(Coll::alltoall, s, *sc, *st, r, *rc, *rt, *comm, false);
   run(a, call, ierr, nullptr);
 }
 void ialltoall(void* s, F* sc, F* st, void* r, F* rc, F* rt, F* comm, F* req, F* ierr) {
   static const auto fn =
       real<void (*)(void*, F*, F*, void*, F*, F*, F*, F*, F*)>("pmpi_ialltoall");
-  Real call(fn, ierr, s, sc, st, r, rc, rt, comm, req, ierr);
+  Real call(fn.fn, ierr, s, sc, st, r, rc, rt, comm, req, ierr);
   CollArgs a = gather_like(Coll::alltoall, s, *sc, *st, r, *rc, *rt, *comm, true);
   MPI_Request scratch;
   run(a, call, ierr, &scratch, req);
 }
 void barrier(F* comm, F* ierr) {
   static const auto fn = real<void (*)(F*, F*)>("pmpi_barrier");
-  Real call(fn, ierr, comm, ierr);
+  Real call(fn.fn, ierr, comm, ierr);
   CollArgs a;
   a.coll = Coll::barrier;
   a.comm = PMPI_Comm_f2c(*comm);
@@ -322,7 +342,7 @@ void barrier(F* comm, F* ierr) {
 }
 void ibarrier(F* comm, F* req, F* ierr) {
   static const auto fn = real<void (*)(F*, F*, F*)>("pmpi_ibarrier");
-  Real call(fn, ierr, comm, req, ierr);
+  Real call(fn.fn, ierr, comm, req, ierr);
   CollArgs a;
   a.coll = Coll::barrier;
   a.nonblocking = true;

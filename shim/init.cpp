@@ -41,6 +41,10 @@ namespace {
 // streamcoll, or the MPI's: core/next_mpi.hpp) gets it as it was, unless streamcoll must
 // ask for MPI_THREAD_MULTIPLE: then the next MPI_Init_thread does.
 int init_thread(int* argc, char*** argv, int required, int* provided, bool plain) {
+  // Beneath streamcoll's Fortran MPI_INIT (MPICH's binding calls C): that wrapper asks for
+  // the thread level and starts streamcoll itself.
+  if (streamcoll::g_in_binding)
+    return plain ? SC_NEXT(MPI_Init)(argc, argv) : SC_NEXT(MPI_Init_thread)(argc, argv, required, provided);
   const int ask = streamcoll::Runtime::wants_thread_multiple()
                       ? std::max(required, static_cast<int>(MPI_THREAD_MULTIPLE))
                       : required;
@@ -81,7 +85,7 @@ SC_EXPORT int MPI_Query_thread(int* provided) {
 }
 
 SC_EXPORT int MPI_Finalize(void) {
-  Runtime::get().stop();
+  if (!streamcoll::g_in_binding) Runtime::get().stop();
   return SC_NEXT(MPI_Finalize)();
 }
 

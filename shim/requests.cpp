@@ -25,6 +25,7 @@
 
 #include "core/next_mpi.hpp"
 #include "core/requests.hpp"
+#include "shim/dispatch.hpp"
 #include "shim/export.hpp"
 
 namespace req = streamcoll::requests;
@@ -59,25 +60,25 @@ void test_owned(int n, const MPI_Request* requests) {
 }  // namespace
 
 SC_EXPORT int MPI_Wait(MPI_Request* request, MPI_Status* status) {
-  if (!req::any_owned() || request == nullptr) return SC_NEXT(MPI_Wait)(request, status);
+  if (streamcoll::g_in_binding || !req::any_owned() || request == nullptr) return SC_NEXT(MPI_Wait)(request, status);
   if (streamcoll::OwnedRequest* op = req::peek(*request)) req::complete_one(op);
   return SC_NEXT(MPI_Wait)(request, status);
 }
 
 SC_EXPORT int MPI_Test(MPI_Request* request, int* flag, MPI_Status* status) {
-  if (!req::any_owned() || request == nullptr) return SC_NEXT(MPI_Test)(request, flag, status);
+  if (streamcoll::g_in_binding || !req::any_owned() || request == nullptr) return SC_NEXT(MPI_Test)(request, flag, status);
   if (streamcoll::OwnedRequest* op = req::peek(*request)) op->on_test();
   return SC_NEXT(MPI_Test)(request, flag, status);
 }
 
 SC_EXPORT int MPI_Request_get_status(MPI_Request request, int* flag, MPI_Status* status) {
-  if (!req::any_owned()) return SC_NEXT(MPI_Request_get_status)(request, flag, status);
+  if (streamcoll::g_in_binding || !req::any_owned()) return SC_NEXT(MPI_Request_get_status)(request, flag, status);
   if (streamcoll::OwnedRequest* op = req::peek(request)) op->on_test();
   return SC_NEXT(MPI_Request_get_status)(request, flag, status);
 }
 
 SC_EXPORT int MPI_Waitall(int count, MPI_Request requests[], MPI_Status statuses[]) {
-  if (!req::any_owned() || requests == nullptr || count <= 0)
+  if (streamcoll::g_in_binding || !req::any_owned() || requests == nullptr || count <= 0)
     return SC_NEXT(MPI_Waitall)(count, requests, statuses);
   std::vector<req::Owned> owned = req::find(count, requests);
   if (!owned.empty()) req::complete_all(owned);
@@ -85,14 +86,14 @@ SC_EXPORT int MPI_Waitall(int count, MPI_Request requests[], MPI_Status statuses
 }
 
 SC_EXPORT int MPI_Testall(int count, MPI_Request requests[], int* flag, MPI_Status statuses[]) {
-  if (!req::any_owned() || requests == nullptr || count <= 0)
+  if (streamcoll::g_in_binding || !req::any_owned() || requests == nullptr || count <= 0)
     return SC_NEXT(MPI_Testall)(count, requests, flag, statuses);
   test_owned(count, requests);
   return SC_NEXT(MPI_Testall)(count, requests, flag, statuses);
 }
 
 SC_EXPORT int MPI_Waitany(int count, MPI_Request requests[], int* index, MPI_Status* status) {
-  if (!req::any_owned() || requests == nullptr || count <= 0 || index == nullptr)
+  if (streamcoll::g_in_binding || !req::any_owned() || requests == nullptr || count <= 0 || index == nullptr)
     return SC_NEXT(MPI_Waitany)(count, requests, index, status);
   std::vector<req::Owned> owned = req::find(count, requests);
   if (owned.empty()) return SC_NEXT(MPI_Waitany)(count, requests, index, status);
@@ -122,7 +123,7 @@ SC_EXPORT int MPI_Waitany(int count, MPI_Request requests[], int* index, MPI_Sta
 
 SC_EXPORT int MPI_Testany(int count, MPI_Request requests[], int* index, int* flag,
                           MPI_Status* status) {
-  if (!req::any_owned() || requests == nullptr || count <= 0)
+  if (streamcoll::g_in_binding || !req::any_owned() || requests == nullptr || count <= 0)
     return SC_NEXT(MPI_Testany)(count, requests, index, flag, status);
   test_owned(count, requests);
   return SC_NEXT(MPI_Testany)(count, requests, index, flag, status);
@@ -130,7 +131,7 @@ SC_EXPORT int MPI_Testany(int count, MPI_Request requests[], int* index, int* fl
 
 SC_EXPORT int MPI_Waitsome(int incount, MPI_Request requests[], int* outcount, int indices[],
                            MPI_Status statuses[]) {
-  if (!req::any_owned() || requests == nullptr || incount <= 0 || outcount == nullptr)
+  if (streamcoll::g_in_binding || !req::any_owned() || requests == nullptr || incount <= 0 || outcount == nullptr)
     return SC_NEXT(MPI_Waitsome)(incount, requests, outcount, indices, statuses);
   std::vector<req::Owned> owned = req::find(incount, requests);
   if (owned.empty()) return SC_NEXT(MPI_Waitsome)(incount, requests, outcount, indices, statuses);
@@ -159,14 +160,14 @@ SC_EXPORT int MPI_Waitsome(int incount, MPI_Request requests[], int* outcount, i
 
 SC_EXPORT int MPI_Testsome(int incount, MPI_Request requests[], int* outcount, int indices[],
                            MPI_Status statuses[]) {
-  if (!req::any_owned() || requests == nullptr || incount <= 0)
+  if (streamcoll::g_in_binding || !req::any_owned() || requests == nullptr || incount <= 0)
     return SC_NEXT(MPI_Testsome)(incount, requests, outcount, indices, statuses);
   test_owned(incount, requests);
   return SC_NEXT(MPI_Testsome)(incount, requests, outcount, indices, statuses);
 }
 
 SC_EXPORT int MPI_Request_free(MPI_Request* request) {
-  if (!req::any_owned() || request == nullptr) return SC_NEXT(MPI_Request_free)(request);
+  if (streamcoll::g_in_binding || !req::any_owned() || request == nullptr) return SC_NEXT(MPI_Request_free)(request);
   if (streamcoll::OwnedRequest* op = req::peek(*request)) {
     req::complete_one(op);
     op->on_free();
