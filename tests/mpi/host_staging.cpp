@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <vector>
@@ -334,6 +335,18 @@ TEST_CASE("allgather and alltoall, in place") {
 }
 
 TEST_CASE("allgatherv: gaps stay untouched, negative displacements, empty blocks") {
+  // MPICH 4.0's MPI_Allgatherv on one rank puts the block at displacement 0 whatever
+  // displs says (pmodels/mpich#6374): the reference itself is wrong there.
+  char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
+  int len = 0;
+  MPI_Get_library_version(lib, &len);
+  int major = 0, minor = 0;
+  const char* v = std::strstr(lib, "MPICH Version:");
+  if (g_size == 1 && v && std::sscanf(v + 14, " %d.%d", &major, &minor) == 2 && major == 4 &&
+      minor == 0) {
+    MESSAGE("skipped on one rank: MPICH 4.0 ignores displs there (pmodels/mpich#6374)");
+    return;
+  }
   std::vector<int> counts(g_size), displs(g_size);
   int span = 0;
   for (int i = 0; i < g_size; ++i) {
