@@ -213,6 +213,18 @@ bool mpich_defect() {
   return defect;
 }
 
+bool mpich_reduce_in_place_broken() {
+  static const bool broken = [] {
+    char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
+    int len = 0, major = 0, minor = 0;
+    MPI_Get_library_version(lib, &len);
+    const char* v = std::strstr(lib, "MPICH Version:");
+    return v && std::sscanf(v + std::strlen("MPICH Version:"), " %d.%d", &major, &minor) == 2 &&
+           major == 4 && minor <= 1;
+  }();
+  return broken;
+}
+
 bool tame_inputs(const TypeDesc& t, Op op) {
   return (op == Op::max || op == Op::min) &&
          (std::strcmp(t.name, "MPI_UNSIGNED_LONG") == 0 || std::strcmp(t.name, "MPI_OFFSET") == 0 ||
@@ -498,7 +510,10 @@ PendingPtr make(const Comm& c, const Case& cs) {
   const size_t n = static_cast<size_t>(cs.count), sz = static_cast<size_t>(c.size);
   const Op op = cs.op;
   const int me = c.rank, root = cs.root;
-  const bool ip = cs.in_place;
+  // MPICH 4.0/4.1 crash on a blocking in-place MPI_Reduce at a root other than 0 (the
+  // pmpi reference, and the MPI's own path: pmodels/mpich#6540): not in place there.
+  const bool ip = cs.in_place &&
+                  !(cs.coll == Coll::reduce && cs.root != 0 && mpich_reduce_in_place_broken());
   const MPI_Datatype dt = t.handle;
   const MPI_Op mop = handle_of(op);
   const MPI_Comm h = c.handle;
