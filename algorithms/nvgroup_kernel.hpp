@@ -16,14 +16,14 @@
 // across calls; a call's rounds continue the communicator's sequence), with kFailBit set
 // when the member saw a failure in the round. A member signals by writing its flag into
 // every member's inbox (device memory: remote stores, which the GPU posts without
-// waiting), and waits by polling its own inbox (local loads): no load crosses NVLink or
-// PCIe to wait. The done flags also go to host memory shared by the group's processes
-// and mapped into the devices (cuMemHostRegister), where the hosts read them. A member whose host cannot take its part
-// (its launch failed) writes the round in its failure word instead (`fails`, written by
-// that host only, so never overwritten by a kernel of its still running). A waiter that
-// sees either goes on with the protocol (so that nobody waits forever), sets kFailBit in
-// its own flags (so the failure reaches every member) and reports the call failed
-// through its status word.
+// waiting), and waits by polling its own inbox (local loads; only every 32nd poll also
+// looks at the hosts' failure words across PCIe). The done flags also go to host memory
+// shared by the group's processes and mapped into the devices (cuMemHostRegister), where
+// the hosts read them. A member whose host cannot take its part (its launch failed)
+// writes the round in its failure word instead (`fails`, written by that host only, so
+// never overwritten by a kernel of its still running). A waiter that sees either goes on
+// with the protocol (so that nobody waits forever), sets kFailBit in its own flags (so
+// the failure reaches every member) and reports the call failed through its status word.
 //
 // Block b handles, in every round and every phase, the b-th part of each slice: it waits
 // only for the flags of block b of the other members, so blocks never wait for each other
