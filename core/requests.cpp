@@ -70,7 +70,7 @@ void Backoff::pause() {
 
 void progress() {
   int flag = 0;
-  PMPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_SELF, &flag, MPI_STATUS_IGNORE);
+  PMPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE);
 }
 
 int poll(std::vector<Owned>& owned) {

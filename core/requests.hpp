@@ -117,7 +117,9 @@ class Backoff {
   unsigned n_ = 0;
 };
 
-/// Drives MPI's progress once, with no other effect (PMPI_Iprobe on MPI_COMM_SELF).
+/// Drives MPI's progress once, with no other effect: PMPI_Iprobe(MPI_ANY_SOURCE,
+/// MPI_ANY_TAG) on MPI_COMM_WORLD (it matches nothing). On MPI_COMM_SELF it progressed
+/// Open MPI but not MPICH 4.0, whose waits on streamcoll's requests then hung.
 void progress();
 /// One round of polling, never blocking: on_test() to each owned request not yet seen
 /// complete, then progress(). Returns the number of requests of `owned` complete.

@@ -27,6 +27,7 @@ if [ ${#tests[@]} -eq 0 ]; then
          host-routes-preload-np2 pmpi-tool-stacking-np2 fortran-preload-np1 fortran-linked-np3
          fake-cuda-selftest-memops-immediate fake-bc-np4 fake-divergent-random-np3
          fake-failures-pmpi-np2 fake-per-thread-ht-np2 fake-lifetime-many-np2
+         fake-progress-waits-ht-np2 fake-progress-waits-nccl-np2
          thread-level-device-rule-driver-np2)
 fi
 rc=0
