@@ -25,7 +25,8 @@ if [ ${#tests[@]} -eq 0 ]; then
          thread-level-default-np2 thread-level-ht-rule-np2 thread-level-forced-np2
          thread-level-off-np2 thread-level-device-rule-no-driver-np2
          host-routes-preload-np2 pmpi-tool-stacking-np2 fortran-preload-np1 fortran-linked-np3
-         fake-cuda-selftest-memops-immediate fake-bc-np4 fake-divergent-random-np3
+         fake-cuda-selftest-memops-immediate fake-nccl-np2 fake-nccl-shared-gpu-np3
+         fake-bc-np4 fake-divergent-random-np3
          fake-failures-pmpi-np2 fake-per-thread-ht-np2 fake-lifetime-many-np2
          fake-progress-waits-ht-np2 fake-progress-waits-nccl-np2
          thread-level-device-rule-driver-np2)
