@@ -174,10 +174,8 @@ void find_mpi_defects() {
   char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
   int len = 0;
   if (MPI_Get_library_version(lib, &len) != MPI_SUCCESS) return;
-  if (const char* v = std::strstr(lib, "MPICH Version:")) {
-    int major = 0, minor = 0;
-    if (std::sscanf(v + std::strlen("MPICH Version:"), " %d.%d", &major, &minor) == 2 &&
-        major == 4 && minor <= 1) {
+  if (int major = 0, minor = 0; mpich_version(lib, &major, &minor)) {
+    if (major == 4 && minor <= 1) {
       g_no_in_place_reduce_off_rank0 = true;
       g_allgatherv_one_rank_at_0 = g_no_in_place_pairs = g_no_in_place_reduce_scatter =
           minor == 0;

@@ -218,9 +218,7 @@ bool mpich_reduce_in_place_broken() {
     char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
     int len = 0, major = 0, minor = 0;
     MPI_Get_library_version(lib, &len);
-    const char* v = std::strstr(lib, "MPICH Version:");
-    return v && std::sscanf(v + std::strlen("MPICH Version:"), " %d.%d", &major, &minor) == 2 &&
-           major == 4 && minor <= 1;
+    return mpich_version(lib, &major, &minor) && major == 4 && minor <= 1;
   }();
   return broken;
 }

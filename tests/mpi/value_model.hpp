@@ -31,14 +31,19 @@ struct is_complex : std::false_type {};
 template <class F>
 struct is_complex<std::complex<F>> : std::true_type {};
 
-// Whether the MPI that MPI_Get_library_version describes as `lib` reduces every unsigned
-// integer type as signed in MAX and MIN, in its collectives and MPI_Reduce_local: MPICH
-// 4.0 (pmodels/mpich#6083). Its results for inputs above the signed range are wrong.
-inline bool mpich_unsigned_minmax_as_signed(const char* lib) {
+// The MPICH version that MPI_Get_library_version wrote into `lib` ("MPICH Version:" and
+// spaces or a tab, then "4.0.2"); false for any other MPI.
+inline bool mpich_version(const char* lib, int* major, int* minor) {
   const char* v = std::strstr(lib, "MPICH Version:");
+  return v && std::sscanf(v + std::strlen("MPICH Version:"), " %d.%d", major, minor) == 2;
+}
+
+// Whether that MPI reduces every unsigned integer type as signed in MAX and MIN, in its
+// collectives and MPI_Reduce_local: MPICH 4.0 (pmodels/mpich#6083). Its results for
+// inputs above the signed range are wrong.
+inline bool mpich_unsigned_minmax_as_signed(const char* lib) {
   int major = 0, minor = 0;
-  return v && std::sscanf(v + std::strlen("MPICH Version:"), " %d.%d", &major, &minor) == 2 &&
-         major == 4 && minor == 0;
+  return mpich_version(lib, &major, &minor) && major == 4 && minor == 0;
 }
 
 inline uint64_t mix(uint64_t x) {  // splitmix64's finaliser
