@@ -468,7 +468,9 @@ void req_waitany(F* count, F* requests, F* index, F* status, F* ierr) {
     if (!ordinary_active) continue;
     F flag = 0;  // a LOGICAL: .false. is 0 for every compiler; .true. is not 0
     test(count, ordinary.data(), index, &flag, status, ierr);
-    if (*ierr != MPI_SUCCESS || (flag != 0 && *index != MPI_UNDEFINED)) {
+    // With the flag set, a 1-based index, or none active: MPI_UNDEFINED, which MPICH
+    // before 4.1.1 answers as MPI_UNDEFINED + 1 (pmodels/mpich#6402), so "not an index".
+    if (*ierr != MPI_SUCCESS || (flag != 0 && *index >= 1)) {
       f_write_back(ordinary, o.owned, requests);
       return;
     }

@@ -143,3 +143,20 @@ void sc_req_finish(void) {
   if (g_comm != MPI_COMM_NULL) MPI_Comm_free(&g_comm);
   if (runtime_fini) runtime_fini();
 }
+
+/* *defect = 1 when this MPI's Fortran MPI_WAITANY and MPI_TESTANY return MPI_UNDEFINED + 1,
+ * not MPI_UNDEFINED, once every request is null: MPICH before 4.1.1 adds 1 to the C index
+ * unconditionally (pmodels/mpich#6402), with or without streamcoll, whose wrappers pass
+ * the MPI's answer on unchanged. Says so on stderr (rank 0). */
+void sc_req_undefined_defect(MPI_Fint *defect) {
+  char lib[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0, major = 0, minor = 0, patch = 0;
+  MPI_Get_library_version(lib, &len);
+  const char *v = strstr(lib, "MPICH Version:");
+  int n = v ? sscanf(v + strlen("MPICH Version:"), " %d.%d.%d", &major, &minor, &patch) : 0;
+  *defect = n >= 2 && (major < 4 || (major == 4 && (minor == 0 || (minor == 1 && patch < 1))));
+  if (*defect && g_rank == 0)
+    fprintf(stderr, "fortran_requests: note: MPI_WAITANY/MPI_TESTANY answer MPI_UNDEFINED + 1 once "
+                    "all requests are null (MPICH before 4.1.1: pmodels/mpich#6402); taken as "
+                    "MPI_UNDEFINED\n");
+}
