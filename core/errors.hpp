@@ -30,4 +30,9 @@ int fail(Failure f, const std::string& detail);
 /// The MPI error code for `f`, without logging. Same threading rule as fail().
 int error_code(Failure f);
 
+/// streamcoll's string for `code` when it is one of its codes whose string the MPI
+/// cannot give back (checked when the code is made), else null: MPI_Error_string answers
+/// with it (shim/init.cpp). Thread-safe.
+const char* lost_error_string(int code);
+
 }  // namespace streamcoll

@@ -20,7 +20,8 @@
   X(MPI_Iallreduce) X(MPI_Ireduce) X(MPI_Ibcast) X(MPI_Iallgather) X(MPI_Iallgatherv)    \
   X(MPI_Ireduce_scatter_block) X(MPI_Ireduce_scatter) X(MPI_Ialltoall) X(MPI_Ibarrier)   \
   X(MPI_Wait) X(MPI_Test) X(MPI_Request_get_status) X(MPI_Waitall) X(MPI_Testall)        \
-  X(MPI_Waitany) X(MPI_Testany) X(MPI_Waitsome) X(MPI_Testsome) X(MPI_Request_free)
+  X(MPI_Waitany) X(MPI_Testany) X(MPI_Waitsome) X(MPI_Testsome) X(MPI_Request_free)    \
+  X(MPI_Error_string)
 
 namespace streamcoll::next {
 

@@ -1,8 +1,9 @@
-// MPI_Init, MPI_Init_thread, MPI_Finalize, and the library's C API.
+// MPI_Init, MPI_Init_thread, MPI_Finalize, MPI_Error_string, and the library's C API.
 #include <mpi.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -11,6 +12,7 @@
 #include "config/env.hpp"
 #include "config/tuning_table.hpp"
 #include "core/comm_context.hpp"
+#include "core/errors.hpp"
 #include "core/log.hpp"
 #include "core/next_mpi.hpp"
 #include "core/runtime.hpp"
@@ -82,6 +84,17 @@ SC_EXPORT int MPI_Query_thread(int* provided) {
   if (!initialized) return SC_NEXT(MPI_Query_thread)(provided);  // the MPI reports the error
   *provided = level;
   return MPI_SUCCESS;
+}
+
+// streamcoll's own error codes under an MPI that cannot give their strings back
+// (core/errors.hpp); every other code goes on unchanged.
+SC_EXPORT int MPI_Error_string(int code, char* text, int* len) {
+  if (const char* own = streamcoll::lost_error_string(code); own && text && len) {
+    std::snprintf(text, MPI_MAX_ERROR_STRING, "%s", own);
+    *len = static_cast<int>(std::strlen(text));
+    return MPI_SUCCESS;
+  }
+  return SC_NEXT(MPI_Error_string)(code, text, len);
 }
 
 SC_EXPORT int MPI_Finalize(void) {
