@@ -427,12 +427,30 @@ void allreduce(const Ctx& c, const TypeCase& t, const OpCase& op, size_t count, 
   run(s);
 }
 
+// Whether an in-place MPI_Reduce at `root` reaches the MPI as it is (route pmpi with the
+// MPI taken as CUDA-aware: no staging) where the MPI crashes on it
+// (mpi_in_place_reduce_off_root0_crashes): such roots make the call not in place (each
+// says so once). Asked by the root only.
+bool mpi_crashes_on_in_place_reduce(const Ctx& c, int root) {
+  static const char* aware = std::getenv("STREAMCOLL_MPI_CUDA_AWARE");
+  const bool crashes = root != 0 && std::strcmp(c.route, "pmpi") == 0 && aware &&
+                       std::strcmp(aware, "yes") == 0 && mpi_in_place_reduce_off_root0_crashes();
+  static bool said = false;
+  if (crashes && !said) {
+    said = true;
+    std::fprintf(stderr, "nccl_route: note: no in-place MPI_Reduce at roots other than 0 handed to "
+                         "the MPI unstaged (MPICH 4.0/4.1 crash on it: pmodels/mpich#6540)\n");
+  }
+  return crashes;
+}
+
 template <class T>
 void reduce(const Ctx& c, const TypeCase& t, const OpCase& op, size_t count, int root,
             const Variant& v, unsigned salt) {
   const int me = comm_rank(c.comm), p = comm_size(c.comm);
   const size_t bytes = count * sizeof(T);
-  const bool is_root = me == root, in_place = v.in_place && is_root;
+  const bool is_root = me == root;
+  const bool in_place = v.in_place && is_root && !mpi_crashes_on_in_place_reduce(c, root);
   // Non-roots: recvbuf is insignificant; half of the calls pass NULL, the others a buffer
   // that must stay untouched.
   const bool null_recv = !is_root && (salt % 2 == 0);
