@@ -24,7 +24,9 @@
 #     --no-plot           no PNGs (they need python3-matplotlib)
 #     --no-verify         do not run the check against the loaded table
 #     --no-build          use the build folder as it is (the CI test does)
-# Environment: BUILD_DIR (default build), MPIRUN (default mpirun), MPIRUN_ARGS (extra
+# Environment: BUILD_DIR (default build), MPIRUN (default: the launcher of the MPI the
+# library is built for, mpirun.openmpi or mpiexec.mpich where those exist, else mpirun),
+# MPIRUN_ARGS (extra
 # arguments for every mpirun, e.g. "--hostfile hosts --map-by ppr:4:node"), PYTHON (a
 # python3 with matplotlib, for the plots; default: python3, then /usr/bin/python3).
 #
@@ -44,6 +46,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 # filled in (the library directory, relative to the prefix): it then runs the installed
 # tools beside it, builds nothing, and ignores BUILD_DIR. In the source tree it stays as is.
 installed_libdir="@STREAMCOLL_LIBDIR@"
+installed_mpi="@MPI@"  # the MPI it is built for
 installed=1
 case $installed_libdir in @*) installed=0 ;; esac
 
@@ -119,16 +122,17 @@ done
 # The measurements force each route and the check loads the new table: routes forced or
 # tables named from outside would only get in the way.
 unset STREAMCOLL_ROUTE STREAMCOLL_TUNING_FILE STREAMCOLL_DISABLE
-mpirun=${MPIRUN:-mpirun}
-mpi_args=() openmpi=0
-if $mpirun --version 2>&1 | grep -q "Open MPI"; then
-  openmpi=1
-  mpi_args+=(--oversubscribe --bind-to none)
-  [ "$(id -u)" -eq 0 ] && mpi_args+=(--allow-run-as-root)
-  export OMPI_MCA_btl_vader_single_copy_mechanism=none
-  # ranks may outnumber cores here; a spinning waiter would starve the progress thread
-  export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
+# The launcher of the MPI the library is built for (scripts/mpi-launcher.sh; installed:
+# the flavor filled in above, and the helper beside the plotting script).
+if [ $installed = 1 ]; then
+  source "$root/share/streamcoll/mpi-launcher.sh"
+  mpi_launcher "$installed_mpi"
+else
+  source "$root/scripts/mpi-launcher.sh"
+  mpi_launcher "$(mpi_flavor_of "$build")"
 fi
+# ranks may outnumber cores here; a spinning waiter would starve the progress thread
+[ "$mpirun_kind" = openmpi ] && export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
 read -r -a extra <<<"${MPIRUN_ARGS:-}"
 log=$out/log.txt
 : >"$log"
@@ -144,13 +148,9 @@ bench() {
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done
   shift
   envs=(LD_PRELOAD="$lib" STREAMCOLL_STATS=1 "${envs[@]}")
-  local pass=()  # Open MPI: hand the variables to ranks on other nodes too
-  if [ $openmpi = 1 ]; then
-    for v in "${envs[@]%%=*}" $(compgen -e | grep -E '^(STREAMCOLL_|NCCL_)' || true); do
-      pass+=(-x "$v")
-    done
-  fi
-  local cmd=(env "${envs[@]}" "$mpirun" "${mpi_args[@]}" "${pass[@]}" "${extra[@]}"
+  # the variables for ranks on other nodes too
+  mpi_pass "${envs[@]%%=*}" $(compgen -e | grep -E '^(STREAMCOLL_|NCCL_)' || true)
+  local cmd=(env "${envs[@]}" "$mpirun" "${mpirun_args[@]}" "${mpirun_pass[@]}" "${extra[@]}"
              -np "$np" "$sc_bench" "$@" --csv "$csv" --append)
   say "\$ ${cmd[*]}"
   local rc=0

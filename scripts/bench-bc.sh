@@ -34,14 +34,12 @@ lib=$build/libstreamcoll.so
 bench=$build/bench/hier_latency
 
 cores=$(nproc)
-mpi_version=$(mpirun --version 2>&1 | head -n 1)
+source scripts/mpi-launcher.sh
+mpi_launcher "$(mpi_flavor_of "$build")"
+mpi_version=$("$mpirun" --version 2>&1 | head -n 1)
 envs=(LD_PRELOAD="$lib" STREAMCOLL_STATS=1)
-extra=()
-if echo "$mpi_version" | grep -q "Open MPI"; then
-  envs+=(OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_mpi_yield_when_idle=1)
-  extra+=(--oversubscribe --bind-to none)
-  [ "$(id -u)" -eq 0 ] && extra+=(--allow-run-as-root)
-fi
+extra=("${mpirun_args[@]}")
+[ "$mpirun_kind" = openmpi ] && envs+=(OMPI_MCA_mpi_yield_when_idle=1)
 commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with local changes)')"
 os=$(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME" || uname -s)
 tmp=$(mktemp -d)
@@ -53,11 +51,11 @@ mkdir -p bench/results
 run_one() {
   local np=$1 out=$2
   shift 2
-  echo "# env ${envs[*]} mpirun -np $np ${extra[*]} $bench $*" >>"$out"
+  echo "# env ${envs[*]} $mpirun -np $np ${extra[*]} $bench $*" >>"$out"
   echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg) (other work on the machine perturbs the numbers)" >>"$out"
   echo "## np $np: hier_latency $*" >&2
   local st=0
-  env "${envs[@]}" timeout 400 mpirun -np "$np" "${extra[@]}" "$bench" "$@" >>"$out" 2>&1 || st=$?
+  env "${envs[@]}" timeout 400 "$mpirun" -np "$np" "${extra[@]}" "$bench" "$@" >>"$out" 2>&1 || st=$?
   echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$out"
   if [ "$st" -ne 0 ]; then
     echo "# exit status $st" >>"$out"

@@ -8,9 +8,9 @@
 #   scripts/bench-coll.sh 4 --coll allreduce -e 1M --route pmpi --route ht:algo=rd \
 #       --route blueconnect:hierarchy=2x2:backend=sched --csv allreduce_np4.csv
 #   scripts/bench-coll.sh 8 --mem device --stream --route nccl --route ht:algo=rd --json out.json
-# With Open MPI the ranks may outnumber the cores (--oversubscribe --bind-to none,
-# OMPI_MCA_mpi_yield_when_idle=1), and LD_PRELOAD, STREAMCOLL_* and NCCL_* are passed to
-# every node with -x. BUILD_DIR (default build) picks the build. The output is the
+# The launcher is the build's MPI's (scripts/mpi-launcher.sh): with Open MPI the ranks may
+# outnumber the cores (--oversubscribe --bind-to none, OMPI_MCA_mpi_yield_when_idle=1);
+# LD_PRELOAD, STREAMCOLL_* and NCCL_* are passed to every node (-x, or Hydra's -genvlist). BUILD_DIR (default build) picks the build. The output is the
 # record: keep it with e.g. `scripts/bench-coll.sh 4 ... 2>&1 | tee result.txt`.
 # Exit status: sc_bench's (0; 1 a wrong result; 2 a bad option; 77 --mem device without
 # a usable GPU: "SKIP: ...").
@@ -30,17 +30,13 @@ build=${BUILD_DIR:-build}
 case $build in /*) ;; *) build=$PWD/$build ;; esac
 lib=$build/libstreamcoll.so
 export LD_PRELOAD=$lib STREAMCOLL_STATS=1
-mpi_args=(-np "$np")
-if mpirun --version 2>&1 | grep -q "Open MPI"; then
-  mpi_args+=(--oversubscribe --bind-to none)
-  [ "$(id -u)" -eq 0 ] && mpi_args+=(--allow-run-as-root)
-  export OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-  for v in $(compgen -e | grep -E '^(LD_PRELOAD|STREAMCOLL_|NCCL_)' || true); do
-    mpi_args+=(-x "$v")
-  done
-fi
+source scripts/mpi-launcher.sh
+mpi_launcher "$(mpi_flavor_of "$build")"
+[ "$mpirun_kind" = openmpi ] && export OMPI_MCA_mpi_yield_when_idle=1
+mpi_pass $(compgen -e | grep -E '^(LD_PRELOAD|STREAMCOLL_|NCCL_)' || true)
+mpi_args=("${mpirun_args[@]}" "${mpirun_pass[@]}" -np "$np")
 echo "# commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with local changes)'); $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-echo "# LD_PRELOAD=$lib STREAMCOLL_STATS=1 mpirun ${mpi_args[*]} $build/bench/sc_bench $*"
+echo "# LD_PRELOAD=$lib STREAMCOLL_STATS=1 $mpirun ${mpi_args[*]} $build/bench/sc_bench $*"
 rc=0
-mpirun "${mpi_args[@]}" "$build/bench/sc_bench" "$@" || rc=$?
+"$mpirun" "${mpi_args[@]}" "$build/bench/sc_bench" "$@" || rc=$?
 exit $rc

@@ -23,15 +23,12 @@ case $np in 1|2) ;; *) echo "bench-ht.sh: NP must be 1 or 2 (got '$np')" >&2; ex
 scripts/build.sh >/dev/null
 build=${BUILD_DIR:-build}
 case $build in /*) lib=$build/libstreamcoll.so ;; *) lib=$PWD/$build/libstreamcoll.so ;; esac
-mpi_args=(-np "$np")
-if mpirun --version 2>&1 | grep -q "Open MPI"; then
-  mpi_args+=(--oversubscribe --bind-to none)
-  [ "$(id -u)" -eq 0 ] && mpi_args+=(--allow-run-as-root)
-  export OMPI_MCA_btl_vader_single_copy_mechanism=none
-fi
+source scripts/mpi-launcher.sh
+mpi_launcher "$(mpi_flavor_of "$build")"
+mpi_args=("${mpirun_args[@]}" -np "$np")
 echo "# commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with local changes)'); $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-echo "# mpirun ${mpi_args[*]} $build/bench/ht_latency $*"
+echo "# $mpirun ${mpi_args[*]} $build/bench/ht_latency $*"
 rc=0
 LD_PRELOAD="$lib" STREAMCOLL_STATS=1 \
-  mpirun "${mpi_args[@]}" "$build/bench/ht_latency" "$@" || rc=$?
+  "$mpirun" "${mpi_args[@]}" "$build/bench/ht_latency" "$@" || rc=$?
 exit $rc

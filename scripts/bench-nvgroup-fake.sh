@@ -14,16 +14,13 @@ scripts/build.sh >/dev/null
 build=${BUILD_DIR:-build}
 case $build in /*) ;; *) build=$PWD/$build ;; esac
 [ -x "$build/tests/fake/fake_nvgroup_route" ] || { echo "no $build/tests/fake/fake_nvgroup_route (built without nvcc?)" >&2; exit 1; }
-mpi_args=(-np "$np")
-if mpirun --version 2>&1 | grep -q "Open MPI"; then
-  mpi_args+=(--oversubscribe --bind-to none)
-  [ "$(id -u)" -eq 0 ] && mpi_args+=(--allow-run-as-root)
-  export OMPI_MCA_btl_vader_single_copy_mechanism=none
-fi
+source scripts/mpi-launcher.sh
+mpi_launcher "$(mpi_flavor_of "$build")"
+mpi_args=("${mpirun_args[@]}" -np "$np")
 echo "# ${NVGROUP_PARAMS:+NVGROUP_PARAMS=$NVGROUP_PARAMS }scripts/bench-nvgroup-fake.sh $*"
 echo "# commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with local changes)'); $(date -u +%Y-%m-%dT%H:%M:%SZ); $(nproc) cores"
 echo "# fake CUDA driver (no GPU): FAKE_CUDA_DEFER=1 FAKE_CUDA_BUS_ID=same FAKE_CUDA_DEVICES=$np FAKE_CUDA_MALLOC_SHM=1 (inputs registered, read in place)"
 LD_PRELOAD="$build/libstreamcoll.so" LD_LIBRARY_PATH="$build/tests/fake/cuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
   STREAMCOLL_ROUTE="allreduce:nvgroup${NVGROUP_PARAMS:-}" STREAMCOLL_NCCL_LIB=/nonexistent/libnccl.so.2 \
   FAKE_CUDA_DEFER=1 FAKE_CUDA_BUS_ID=same FAKE_CUDA_DEVICES="$np" FAKE_CUDA_MALLOC_SHM=1 \
-  mpirun "${mpi_args[@]}" "$build/tests/fake/fake_nvgroup_route" enqueue "$batches"
+  "$mpirun" "${mpi_args[@]}" "$build/tests/fake/fake_nvgroup_route" enqueue "$batches"

@@ -18,14 +18,11 @@ shift || true
 scripts/build.sh >/dev/null
 build=${BUILD_DIR:-build}
 case $build in /*) lib=$build/libstreamcoll.so ;; *) lib=$PWD/$build/libstreamcoll.so ;; esac
-mpi_args=(-np "$np")
-if mpirun --version 2>&1 | grep -q "Open MPI"; then
-  mpi_args+=(--oversubscribe --bind-to none)
-  [ "$(id -u)" -eq 0 ] && mpi_args+=(--allow-run-as-root)
-  export OMPI_MCA_btl_vader_single_copy_mechanism=none
-fi
+source scripts/mpi-launcher.sh
+mpi_launcher "$(mpi_flavor_of "$build")"
+mpi_args=("${mpirun_args[@]}" -np "$np")
 echo "# commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with local changes)'); $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-echo "# mpirun ${mpi_args[*]} $build/bench/stream_latency $*"
+echo "# $mpirun ${mpi_args[*]} $build/bench/stream_latency $*"
 # Variables reach the local ranks through mpirun's own environment.
 LD_PRELOAD="$lib" STREAMCOLL_STATS=1 \
-  mpirun "${mpi_args[@]}" "$build/bench/stream_latency" "$@"
+  "$mpirun" "${mpi_args[@]}" "$build/bench/stream_latency" "$@"

@@ -10,11 +10,7 @@ scripts/build.sh
 build=${BUILD_DIR:-build}
 case $build in /*) lib=$build/libstreamcoll.so ;; *) lib=$PWD/$build/libstreamcoll.so ;; esac
 np=${NP:-4}
-mpi_args=(-np "$np")
-if mpirun --version 2>&1 | grep -q "Open MPI"; then
-  mpi_args+=(--oversubscribe --bind-to none)
-  [ "$(id -u)" -eq 0 ] && mpi_args+=(--allow-run-as-root)
-  export OMPI_MCA_btl_vader_single_copy_mechanism=none
-fi
+source scripts/mpi-launcher.sh
+mpi_launcher "$(mpi_flavor_of "$build")"
 LD_PRELOAD="$lib" STREAMCOLL_STATS=1 \
-  mpirun "${mpi_args[@]}" "$build/examples/demo" "$@"
+  "$mpirun" "${mpirun_args[@]}" -np "$np" "$build/examples/demo" "$@"

@@ -5,17 +5,17 @@
 #       linked   the program is linked with libstreamcoll
 #       plain    no streamcoll at all (the reference)
 # In preload and linked modes the program is told to prove interception through the
-# statistics (STREAMCOLL_STATS=1, STREAMCOLL_EXPECT_INTERCEPT=1).
+# statistics (STREAMCOLL_STATS=1, STREAMCOLL_EXPECT_INTERCEPT=1). The launcher is the one
+# of the MPI the build folder of $STREAMCOLL_LIB is for, or $MPIRUN
+# (scripts/mpi-launcher.sh).
 set -euo pipefail
 mode=$1 np=$2 prog=$3
 shift 3
-mpirun=${MPIRUN:-mpirun}
-args=(-np "$np")
+# shellcheck source=../../scripts/mpi-launcher.sh
+source "$(dirname "$0")/../../scripts/mpi-launcher.sh"
+mpi_launcher "$(mpi_flavor_of "$(dirname "$STREAMCOLL_LIB")")"
 envs=()
-if "$mpirun" --version 2>&1 | grep -q "Open MPI"; then
-  args+=(--oversubscribe --allow-run-as-root --bind-to none)
-  envs+=(OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1)
-fi
+[ "$mpirun_kind" = openmpi ] && envs+=(OMPI_MCA_rmaps_base_oversubscribe=1)
 case $mode in
   preload) envs+=(LD_PRELOAD="$STREAMCOLL_LIB" STREAMCOLL_STATS=1 STREAMCOLL_EXPECT_INTERCEPT=1) ;;
   linked) envs+=(STREAMCOLL_STATS=1 STREAMCOLL_EXPECT_INTERCEPT=1) ;;
@@ -24,4 +24,4 @@ case $mode in
 esac
 # Variables reach every rank through the environment of mpirun itself (Open MPI and
 # MPICH both forward it for local ranks); -x would be Open MPI only.
-exec env "${envs[@]}" timeout 600 "$mpirun" "${args[@]}" "$prog" "$@"
+exec env "${envs[@]}" timeout 600 "$mpirun" "${mpirun_args[@]}" -np "$np" "$prog" "$@"

@@ -62,11 +62,9 @@ allreduce  16K-     *  *  *  host  *  ht  algo=ring
 TABLE
 sed -e 's/algo=rd$/algo=X/; s/algo=rabenseifner$/algo=rd/; s/algo=ring$/algo=rabenseifner/; s/algo=X$/algo=ring/' \
   "$out/algos.txt" >"$out/algos-rotated.txt"
-launch=(mpirun -np 2)
-if mpirun --version 2>&1 | grep -q "Open MPI"; then
-  launch+=(--oversubscribe --bind-to none)
-  [ "$(id -u)" -eq 0 ] && launch+=(--allow-run-as-root)
-fi
+source "$src/scripts/mpi-launcher.sh"
+mpi_launcher "$(mpi_flavor_of "$build")"
+launch=("$mpirun" "${mpirun_args[@]}" -np 2)
 LD_PRELOAD=$build/libstreamcoll.so STREAMCOLL_STATS=1 STREAMCOLL_TUNING_FILE=$out/algos.txt \
   OMPI_MCA_mpi_yield_when_idle=1 timeout 300 "${launch[@]}" "$build/bench/sc_bench" \
   --coll allreduce -e 64K -n 5 --route table --csv "$out/algos.csv" --quiet >"$out/algos.out" 2>&1 ||

@@ -7,12 +7,10 @@ set -euo pipefail
 build=$1 out=$2
 rm -rf "$out" && mkdir -p "$out"
 fail() { echo "FAIL: $*"; exit 1; }
-mpi_args=(-np 2)
-if mpirun --version 2>&1 | grep -q "Open MPI"; then
-  mpi_args+=(--oversubscribe --bind-to none)
-  [ "$(id -u)" -eq 0 ] && mpi_args+=(--allow-run-as-root)
-  export OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-fi
+source "$(dirname "$0")/../../scripts/mpi-launcher.sh"
+mpi_launcher "$(mpi_flavor_of "$build")"
+mpi_args=("${mpirun_args[@]}" -np 2)
+[ "$mpirun_kind" = openmpi ] && export OMPI_MCA_mpi_yield_when_idle=1
 # 3x3 needs 9 ranks: blueconnect declines every call of a 2-rank communicator.
 cat >"$out/table.txt" <<'TABLE'
 allreduce  0-1K  *  *  *  host  *  blueconnect  hierarchy=3x3
@@ -24,7 +22,7 @@ run() {
   local csv=$1
   shift
   env LD_PRELOAD="$build/libstreamcoll.so" STREAMCOLL_STATS=1 "$@" \
-    timeout 300 mpirun "${mpi_args[@]}" "$build/bench/sc_bench" --coll allreduce -e 4K -n 5 \
+    timeout 300 "$mpirun" "${mpi_args[@]}" "$build/bench/sc_bench" --coll allreduce -e 4K -n 5 \
     --route table --csv "$csv" --quiet >"$csv.out" 2>&1 || { cat "$csv.out"; fail "sc_bench failed"; }
   cut -d, -f11 "$csv" | tail -n +2 | sort | uniq -c | tr -s ' '
 }

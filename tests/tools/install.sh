@@ -3,7 +3,7 @@
 # `module load streamcoll` from it (the modulefile finds the tree from where it lies),
 # then, with only what the module set: streamcoll-info (its JSON parses, with a tuning
 # table), pkg-config streamcoll, an installed example compiled
-# with mpicc and run by mpirun under streamcoll-exec (streamcoll's statistics prove it was
+# with the MPI's mpicc and run by its mpirun under streamcoll-exec (streamcoll's statistics prove it was
 # preloaded in the ranks, while mpirun and the shell never had LD_PRELOAD set), the
 # installed default table loaded by name, the installed autotuner writing a table, and
 # `module unload` putting the environment back.
@@ -43,23 +43,32 @@ read -r inc _ <<<"$(pkg-config --cflags-only-I streamcoll)"
 [ "${inc#-I}" -ef "$prefix/include" ] && [ -e "${inc#-I}/streamcoll/streamext.h" ] ||
   fail "pkg-config --cflags: $inc"
 
-mpicc $(pkg-config --cflags streamcoll) "$prefix/share/streamcoll/examples/allreduce.c" -o "$tmp/allreduce" ||
-  fail "mpicc of the installed example"
-mpi_args=(-np 2)
-if mpirun --version 2>&1 | grep -q "Open MPI"; then mpi_args+=(--oversubscribe --allow-run-as-root); fi
+# The MPI the installation is for (pkg-config's mpi variable) picks the compiler wrapper
+# and the launcher (the installed share/streamcoll/mpi-launcher.sh) where several MPIs are
+# installed (Debian: mpicc.openmpi and mpicc.mpich); MPICC and MPIRUN override.
+flavor=$(pkg-config --variable=mpi streamcoll)
+source "$prefix/share/streamcoll/mpi-launcher.sh"
+mpi_launcher "$flavor"
+case $flavor in openmpi | mpich) mpicc=mpicc.$flavor ;; *) mpicc=mpicc ;; esac
+command -v "$mpicc" >/dev/null || mpicc=mpicc
+mpicc=${MPICC:-$mpicc}
+echo "MPI: $flavor ($mpicc, $mpirun)"
+"$mpicc" $(pkg-config --cflags streamcoll) "$prefix/share/streamcoll/examples/allreduce.c" -o "$tmp/allreduce" ||
+  fail "$mpicc of the installed example"
+mpi_args=("${mpirun_args[@]}" -np 2)
 STREAMCOLL_STATS=1 STREAMCOLL_TUNING_FILE="$prefix/share/streamcoll/default.table" \
-  timeout 120 mpirun "${mpi_args[@]}" streamcoll-exec "$tmp/allreduce" >"$tmp/run.log" 2>&1 ||
+  timeout 120 "$mpirun" "${mpi_args[@]}" streamcoll-exec "$tmp/allreduce" >"$tmp/run.log" 2>&1 ||
   { cat "$tmp/run.log"; fail "mpirun streamcoll-exec"; }
 grep -q "allreduce over 2 ranks: 3 (right)" "$tmp/run.log" || { cat "$tmp/run.log"; fail "the example's result"; }
 grep -q "streamcoll statistics" "$tmp/run.log" || { cat "$tmp/run.log"; fail "streamcoll was not preloaded in the ranks"; }
 grep -q "STREAMCOLL_TUNING_FILE\|cannot open" "$tmp/run.log" && { cat "$tmp/run.log"; fail "the installed default table did not load"; }
 # Without the wrapper the same program runs without streamcoll (nothing preloaded globally).
-STREAMCOLL_STATS=1 timeout 120 mpirun "${mpi_args[@]}" "$tmp/allreduce" >"$tmp/plain.log" 2>&1 ||
+STREAMCOLL_STATS=1 timeout 120 "$mpirun" "${mpi_args[@]}" "$tmp/allreduce" >"$tmp/plain.log" 2>&1 ||
   { cat "$tmp/plain.log"; fail "mpirun without the wrapper"; }
 grep -q "streamcoll statistics" "$tmp/plain.log" && fail "streamcoll loaded without streamcoll-exec"
 streamcoll-exec true || fail "streamcoll-exec true (a non-MPI program under the wrapper)"
 # The installed autotuner, on the installed tools: a tiny run writes a table that loads.
-(cd "$tmp" && timeout 300 streamcoll-autotune --np 2 --max-bytes 64 --iters 3 --warmup 1 --no-plot \
+(cd "$tmp" && MPIRUN=$mpirun timeout 300 streamcoll-autotune --np 2 --max-bytes 64 --iters 3 --warmup 1 --no-plot \
    --out tune >"$tmp/tune.log" 2>&1) || { tail -n 30 "$tmp/tune.log"; fail "streamcoll-autotune"; }
 grep -q "^allreduce" "$tmp/tune/table.txt" || fail "streamcoll-autotune wrote no allreduce rule"
 
