@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: unit tests and real mpirun runs (1-4 ranks, LD_PRELOAD and linked,
-# C and Fortran), then MPICH's reduced set. Ends with summary lines "tests: N passed, N
-# failed, N skipped" (and "mpich: ...").
+# C and Fortran), then the suite under MPICH (1-2 ranks, some at 3-4). Ends with summary
+# lines "tests: N passed, N failed, N skipped" (and "mpich: ...").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
@@ -13,7 +13,7 @@ if [ -f "$log" ]; then
   count() { grep -c "\"result\": \"$1\"" "$log" || true; }
   echo "tests: $(count OK) passed, $(( $(count FAIL) + $(count TIMEOUT) + $(count ERROR) )) failed, $(count SKIP) skipped"
 fi
-# The second MPI: MPICH's reduced set (scripts/test-mpich.sh), unless tests were named or
+# The second MPI: MPICH (scripts/test-mpich.sh), unless tests were named or
 # STREAMCOLL_TEST_MPICH=0.
 if [ $# -eq 0 ] && [ "${STREAMCOLL_TEST_MPICH:-1}" != 0 ]; then
   scripts/test-mpich.sh || rc=1
