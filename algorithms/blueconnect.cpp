@@ -80,6 +80,7 @@
 #include "core/log.hpp"
 #include "core/private_comm.hpp"
 #include "core/progress.hpp"
+#include "core/requests.hpp"
 #include "core/runtime.hpp"
 #include "core/topology.hpp"
 #include "algorithms/ht.hpp"
@@ -638,6 +639,8 @@ int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_pt
   CallEnv stage_env = env;
   stage_env.has_stream = true;  // enqueue on s; the host waits below for a classic call
   stage_env.stream = s;
+  std::atomic<int> stage_tasks{0};  // a classic call's stages still with the engine
+  if (!env.has_stream) stage_env.stage_tasks = &stage_tasks;
 
   auto* recv = static_cast<char*>(a.recvbuf);
   const char* send = in_place ? nullptr : static_cast<const char*>(a.sendbuf);
@@ -819,6 +822,10 @@ int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_pt
     // rank abort that level, which ends its kernels.
     if (int wrc = nccl_stage::wait_stream(lay.sub_ctx, s); wrc != MPI_SUCCESS && rc == MPI_SUCCESS)
       rc = wrc;
+    // And the engine's side of the ht stages: a failure it finds after letting the stream
+    // go on (the copy back) is recorded before it lets go of the stage. The stream is
+    // streamcoll's own, so each stage's work ends.
+    for (requests::Backoff b; stage_tasks.load(std::memory_order_acquire) > 0;) b.pause();
   }
   // What the levels' routes found after their stages returned: this call's (classic:
   // its stages are done now) or an earlier stream-ordered call's.

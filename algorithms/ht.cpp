@@ -755,8 +755,10 @@ class DeviceRequest final : public ManagedRequest {
 class DeviceTask final : public progress::Task {
  public:
   DeviceTask(std::shared_ptr<HtComm> comm, Staging st, std::unique_ptr<HostPart> part,
-             DeviceRequest* req)
-      : comm_(std::move(comm)), st_(st), part_(std::move(part)), req_(req) {}
+             DeviceRequest* req, std::atomic<int>* stage_tasks)
+      : comm_(std::move(comm)), st_(st), part_(std::move(part)), req_(req), stage_tasks_(stage_tasks) {
+    if (stage_tasks_) stage_tasks_->fetch_add(1, std::memory_order_relaxed);
+  }
 
   bool step() override {
     const cuda::Driver& d = cuda::driver();
@@ -815,6 +817,8 @@ class DeviceTask final : public progress::Task {
     st_.release();
     if (req_) req_->finish(rc);
     else if (rc != MPI_SUCCESS) report_async(rc);
+    // The last use of this call's state: its stage caller may go on (CallEnv::stage_tasks).
+    if (stage_tasks_) stage_tasks_->fetch_sub(1, std::memory_order_release);
     return true;
   }
 
@@ -833,6 +837,7 @@ class DeviceTask final : public progress::Task {
   Staging st_;
   std::unique_ptr<HostPart> part_;
   DeviceRequest* req_;  // classic MPI_I* only: null for stream-ordered calls
+  std::atomic<int>* stage_tasks_;  // CallEnv::stage_tasks, or null
   int phase_ = 0;
   int own_ = MPI_SUCCESS;  // this rank's failure before the collective
   bool reported_ = false;
@@ -1084,7 +1089,7 @@ int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, Algo 
   // A stream-ordered request is completed by MPI_Wait itself (and may be freed by MPI
   // before the engine is done): the engine reports to it only in classic mode.
   DeviceRequest* report_to = env.has_stream ? nullptr : req;
-  auto* task = new DeviceTask(hc, st, std::move(part), report_to);
+  auto* task = new DeviceTask(hc, st, std::move(part), report_to, env.stage_tasks);
   if (!progress::submit(task)) {  // only after MPI_Finalize began: run it here
     log_error("ht: the progress engine is stopped; running the operation on this thread");
     while (!task->step()) {

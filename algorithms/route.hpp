@@ -3,6 +3,8 @@
 // whenever a route is absent from this build or declines the call.
 #pragma once
 
+#include <atomic>
+
 #include "config/tuning_table.hpp"
 #include "core/coll_args.hpp"
 #include "core/comm_context.hpp"
@@ -23,6 +25,12 @@ struct CallEnv {
   /// from it what every rank must do alike (e.g. exchange a failure status), while `mem`
   /// is this rank's own.
   MemKind agreed_mem = MemKind::host;
+  /// Set by a route whose classic call runs other routes' stream-ordered operations as
+  /// its stages (blueconnect): the count of those stages' work still with the progress
+  /// engine, which ends only after it has recorded any failure it found
+  /// (CommContext::async_error). The caller waits for 0 before it takes those failures, so
+  /// that they are this call's, not a later one's. Null otherwise.
+  std::atomic<int>* stage_tasks = nullptr;
 };
 
 class Route {
