@@ -38,4 +38,13 @@ if [ -f "$log" ]; then
   count() { grep -c "\"result\": \"$1\"" "$log" || true; }
   echo "mpich: $(count OK) passed, $(( $(count FAIL) + $(count TIMEOUT) + $(count ERROR) )) failed, $(count SKIP) skipped"
 fi
+# Both installations side by side under Lmod, when the Open MPI build is there too
+# (scripts/test.sh builds it first).
+source scripts/mpi-launcher.sh
+openmpi_build=${BUILD_DIR:-build}
+if [ $# -eq 0 ] && [ "$(mpi_flavor_of "$openmpi_build")" = openmpi ]; then
+  st=0
+  tests/tools/side_by_side.sh "$openmpi_build" "$build" || st=$?
+  [ $st -eq 0 ] || [ $st -eq 77 ] || rc=1
+fi
 exit $rc
