@@ -3,7 +3,8 @@
 # sudo). The CUDA toolkit is optional: the build uses /usr/local/cuda when it is there.
 set -euo pipefail
 pkgs=(build-essential pkg-config meson ninja-build openmpi-bin libopenmpi-dev libhwloc-dev
-      doctest-dev gfortran libtomlplusplus-dev python3-matplotlib lmod mpich libmpich-dev)
+      doctest-dev gfortran libtomlplusplus-dev python3-matplotlib lmod mpich libmpich-dev
+      iproute2)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

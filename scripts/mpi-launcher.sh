@@ -13,10 +13,17 @@
 #                       as root
 #       and, for Open MPI, exports OMPI_MCA_btl_vader_single_copy_mechanism=none (no
 #       CMA in containers) unless already set.
+#       With STREAMCOLL_CLUSTER set (scripts/cluster.sh run: the test cluster's state
+#       folder), mpirun_args also spread the ranks over the cluster's nodes: its hostfile,
+#       its launcher agent in ssh's place, its network only (Open MPI: plm_rsh_agent, btl
+#       self,vader,tcp on the cluster's subnet; Hydra: -launcher-exec, -iface, UCX on
+#       that interface).
 #   mpi_pass VAR...
 #       sets mpirun_pass: the arguments that hand these environment variables to ranks on
 #       other nodes (-x VAR each for Open MPI, -genvlist for Hydra). Ranks on the node of
-#       mpirun get its whole environment from either.
+#       mpirun get its whole environment from either. On the test cluster every exported
+#       variable goes too (its agent starts each node's daemon with a fresh environment,
+#       as sshd does).
 #   mpi_flavor_of DIR
 #       prints the MPI a build folder or an installation prefix is for (the mpi variable
 #       of its streamcoll.pc), or nothing.
@@ -54,11 +61,31 @@ mpi_launcher() {
     *HYDRA* | *Hydra*) mpirun_kind=hydra ;;
     *) mpirun_kind=other ;;
   esac
+  local c=${STREAMCOLL_CLUSTER:-}
+  if [ -n "$c" ]; then
+    [ -r "$c/hosts.openmpi" ] && [ -x "$c/agent" ] ||
+      { echo "mpi-launcher: STREAMCOLL_CLUSTER=$c is not a running test cluster (scripts/cluster.sh)" >&2; return 1; }
+    local subnet
+    subnet=$(cat "$c/subnet")
+    case $mpirun_kind in
+      openmpi)
+        mpirun_args+=(--hostfile "$c/hosts.openmpi" --mca plm_rsh_agent "$c/agent"
+                      --mca plm_rsh_no_tree_spawn 1 --mca btl self,vader,tcp
+                      --mca btl_tcp_if_include "$subnet" --mca oob_tcp_if_include "$subnet") ;;
+      hydra)
+        mpirun_args+=(-f "$c/hosts.hydra" -launcher ssh -launcher-exec "$c/agent" -iface eth0
+                      -genv UCX_NET_DEVICES eth0 -genv UCX_TLS tcp,self) ;;
+      *) echo "mpi-launcher: the test cluster needs Open MPI or MPICH's Hydra ($mpirun)" >&2; return 1 ;;
+    esac
+  fi
   return 0
 }
 
 mpi_pass() {
   mpirun_pass=()
+  if [ -n "${STREAMCOLL_CLUSTER:-}" ]; then  # everything exported, as Hydra does by default
+    set -- "$@" $(compgen -e | grep -v -x -E 'PWD|OLDPWD|SHLVL|_|HOSTNAME|BASH_FUNC_.*' || true)
+  fi
   [ $# -gt 0 ] || return 0
   case $mpirun_kind in
     openmpi)

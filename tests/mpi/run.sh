@@ -22,6 +22,7 @@ case $mode in
   plain) ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac
-# Variables reach every rank through the environment of mpirun itself (Open MPI and
-# MPICH both forward it for local ranks); -x would be Open MPI only.
-exec env "${envs[@]}" timeout 600 "$mpirun" "${mpirun_args[@]}" -np "$np" "$prog" "$@"
+# Variables reach the ranks of mpirun's node through its environment (Open MPI and MPICH
+# both forward it); on the test cluster mpi_pass hands them to the other nodes' ranks.
+mpi_pass "${envs[@]%%=*}"  # for ranks on other nodes (scripts/cluster.sh)
+exec env "${envs[@]}" timeout 600 "$mpirun" "${mpirun_args[@]}" "${mpirun_pass[@]}" -np "$np" "$prog" "$@"
