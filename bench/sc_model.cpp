@@ -32,6 +32,23 @@
 //       (config/machine_profile.hpp, fit_profile), prints the fit and its quality, writes
 //       the profile with the notes as comments.
 //
+//   sc_model hosts --profile FILE --ranks 4,8 [--sizes 4:16M] [--scale LEVEL=F]...
+//                  [--measured FILE.csv]... [--tie 0.05] [--csv FILE]
+//       The host routes on host buffers, from the profile's host path (ranks laid out
+//       GPUS_PER_NODE to a node, numbered node by node, as a by-slot mapping does):
+//       ht algo=rd, ht algo=rabenseifner, ht algo=ring (algorithms/schedule.cpp's
+//       recursive doubling, Rabenseifner and ring) and blueconnect backend=sched (stages
+//       by recursive halving/doubling on power-of-two levels, rings otherwise) with and
+//       without algo=ring (rings on every level). Per rank count: the modelled times at
+//       the powers of two of --sizes, and for every pair of routes the sizes where the
+//       cheaper one changes (config/crossovers.hpp; found on a grid of 8 steps per
+//       doubling). With --measured (sc_bench CSV): the same crossovers in the rows of
+//       allreduce on host buffers at that rank count, ranks per node and node count
+//       (ties within --tie not counting as crossings), each matched with the model's, and
+//       the ratio predicted / measured. --scale LEVEL=F multiplies that link level's
+//       bandwidths by F (level 1: the network between nodes; the profile taken to another
+//       link rate). --csv writes the modelled times as sc_bench CSV rows.
+//
 //   sc_model papers [--sierra FILE] [--minsky FILE]
 //       The models against the seed papers' machines (bench/profiles/sierra.toml,
 //       minsky192.toml): Aluminum's host-transfer vs NCCL crossovers at 64 and 2048 GPUs,
@@ -44,6 +61,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
@@ -51,6 +69,7 @@
 
 #include "algorithms/cost_model.hpp"
 #include "config/bench_csv.hpp"
+#include "config/crossovers.hpp"
 #include "config/machine_profile.hpp"
 #include "config/table_builder.hpp"
 
@@ -70,10 +89,13 @@ void usage(FILE* f) {
       "                        [--routes nccl,ht,blueconnect[,nvgroup]] [--nccl auto|ring|tree]\n"
       "                        [--tie 0.05] [--out TABLE] [--csv FILE]\n"
       "       sc_model fit --in FILE.csv... [--base PROFILE] [--gpus-per-node N] --out PROFILE\n"
+      "       sc_model hosts --profile FILE --ranks 4,8 [--sizes 4:16M] [--scale LEVEL=F]...\n"
+      "                      [--measured FILE.csv]... [--tie 0.05] [--csv FILE]\n"
       "       sc_model papers [--sierra FILE] [--minsky FILE]\n"
       "  predict  the modelled winner per (GPU count, size) on device buffers, as a map\n"
       "           and a tuning table\n"
       "  fit      a machine profile fitted to sc_bench rows of route ht\n"
+      "  hosts    the host routes' models and crossovers, against measured ones\n"
       "  papers   the models against the Aluminum and BlueConnect papers' machines\n");
 }
 
@@ -584,6 +606,229 @@ int cmd_fit(int argc, char** argv) {
   return 0;
 }
 
+// ---- hosts ------------------------------------------------------------------------------
+
+/// A host route and its model on the host path.
+struct HostRoute {
+  const char* route;  ///< table syntax, as sc_bench's route column writes it
+  const char* key;    ///< short name for the crossover lines
+  std::function<double(const Machine&, double)> seconds;
+};
+
+const std::vector<HostRoute>& host_routes() {
+  static const std::vector<HostRoute> routes = {
+      {"ht algo=rd", "rd",
+       [](const Machine& m, double n) { return md::recursive_doubling_allreduce(m.host, n, m.host_m).seconds(); }},
+      {"ht algo=rabenseifner", "rabenseifner",
+       [](const Machine& m, double n) { return md::rabenseifner_allreduce(m.host, n, m.host_m).seconds(); }},
+      {"ht algo=ring", "ring",
+       [](const Machine& m, double n) { return md::ring_allreduce(m.host, n, m.host_m).seconds(); }},
+      {"blueconnect backend=sched", "bc",
+       [](const Machine& m, double n) {
+         return md::blueconnect_allreduce(m.host, n, m.host_m, md::StageAlgo::automatic).seconds();
+       }},
+      {"blueconnect backend=sched algo=ring", "bc-ring",
+       [](const Machine& m, double n) {
+         return md::blueconnect_allreduce(m.host, n, m.host_m, md::StageAlgo::ring).seconds();
+       }},
+  };
+  return routes;
+}
+
+int cmd_hosts(int argc, char** argv) {
+  std::string profile_path, ranks_spec, sizes_spec = "4:16M", csv_path;
+  std::vector<std::string> measured_paths;
+  std::vector<std::pair<int, double>> scales;
+  double tie = 0.05;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "sc_model hosts: %s needs a value\n", a.c_str());
+      return 2;
+    }
+    const std::string v = argv[++i];
+    if (a == "--profile") profile_path = v;
+    else if (a == "--ranks") ranks_spec = v;
+    else if (a == "--sizes") sizes_spec = v;
+    else if (a == "--measured") measured_paths.push_back(v);
+    else if (a == "--csv") csv_path = v;
+    else if (a == "--scale") {
+      const size_t eq = v.find('=');
+      char* end = nullptr;
+      const double f = eq == std::string::npos ? 0 : std::strtod(v.c_str() + eq + 1, &end);
+      const int level = eq == std::string::npos ? -1 : std::atoi(v.substr(0, eq).c_str());
+      if (level < 0 || !(f > 0) || end != v.c_str() + v.size()) {
+        std::fprintf(stderr, "sc_model hosts: bad --scale '%s' (LEVEL=FACTOR, e.g. 1=10)\n", v.c_str());
+        return 2;
+      }
+      scales.push_back({level, f});
+    } else if (a == "--tie") {
+      char* end = nullptr;
+      tie = std::strtod(v.c_str(), &end);
+      if (end != v.c_str() + v.size() || !(tie >= 0 && tie < 1)) {
+        std::fprintf(stderr, "sc_model hosts: bad --tie '%s'\n", v.c_str());
+        return 2;
+      }
+    } else {
+      std::fprintf(stderr, "sc_model hosts: unknown option %s\n", a.c_str());
+      usage(stderr);
+      return 2;
+    }
+  }
+  if (profile_path.empty() || ranks_spec.empty()) {
+    std::fprintf(stderr, "sc_model hosts: --profile FILE and --ranks LIST are needed\n");
+    return 2;
+  }
+  auto prof = load(profile_path);
+  if (!prof) return 2;
+  for (const auto& [level, f] : scales) {
+    if (level >= static_cast<int>(prof->levels.size())) {
+      std::fprintf(stderr, "sc_model hosts: --scale %d=...: the profile has %zu levels\n", level,
+                   prof->levels.size());
+      return 2;
+    }
+    LevelProfile& l = prof->levels[static_cast<size_t>(level)];
+    for (double* g : {&l.gbps, &l.solo_gbps, &l.a2a_gbps, &l.host_gbps, &l.host_solo_gbps})
+      *g *= f;  // (0, "the same as another", stays 0)
+  }
+  std::vector<int> counts;
+  {
+    std::stringstream ss(ranks_spec);
+    std::string r;
+    while (std::getline(ss, r, ',')) {
+      const int g = std::atoi(r.c_str());
+      if (g < 2) {
+        std::fprintf(stderr, "sc_model hosts: bad rank count '%s' in --ranks\n", r.c_str());
+        return 2;
+      }
+      counts.push_back(g);
+    }
+  }
+  uint64_t slo, shi;
+  if (!parse_span(sizes_spec, ':', &slo, &shi)) {
+    std::fprintf(stderr, "sc_model hosts: bad --sizes '%s' (e.g. 4:16M)\n", sizes_spec.c_str());
+    return 2;
+  }
+  std::vector<BenchRow> rows;
+  for (const std::string& f : measured_paths) {
+    std::string text, err;
+    if (!read_file(f, &text)) {
+      std::fprintf(stderr, "sc_model hosts: cannot read %s\n", f.c_str());
+      return 2;
+    }
+    if (!parse_bench_csv(text, f, &rows, &err)) {
+      std::fprintf(stderr, "sc_model hosts: %s\n", err.c_str());
+      return 2;
+    }
+  }
+  const std::vector<HostRoute>& routes = host_routes();
+  std::printf("# sc_model hosts: allreduce on host buffers, alpha-beta-gamma model of the host routes\n");
+  std::printf("# command: %s\n", command_line(argc, argv).c_str());
+  std::printf("# profile: %s (%s)", profile_path.c_str(), prof->name.empty() ? "unnamed" : prof->name.c_str());
+  for (const auto& [level, f] : scales) std::printf(", level %d bandwidths x %g", level, f);
+  std::printf("\n");
+
+  std::string csv = std::string(bench_csv_header()) + "\n";
+  int matched = 0, within = 0, unmatched = 0;
+  double worst = 1;
+  for (int g : counts) {
+    Machine m;
+    std::string why;
+    if (!machine_for(*prof, g, &m, &why)) {
+      std::printf("\n# %d ranks: skipped (%s)\n", g, why.c_str());
+      continue;
+    }
+    std::printf("\n# %d ranks: %d node(s) x %d (%s)\n", g, m.nodes, m.ppn,
+                factors_text(m.host.factors).c_str());
+    std::printf("%10s", "bytes");
+    for (const HostRoute& r : routes) std::printf(" %14s", r.key);
+    std::printf("   (modelled us)\n");
+    for (uint64_t n = 1; n <= shi && n != 0; n *= 2) {
+      if (n < slo) continue;
+      std::printf("%10s", short_bytes(n).c_str());
+      for (const HostRoute& r : routes) {
+        const double t = r.seconds(m, double(n));
+        std::printf(" %14.1f", t * 1e6);
+        std::string spec = r.route;
+        std::replace(spec.begin(), spec.end(), ' ', ':');
+        char line[512];
+        std::snprintf(line, sizeof line,
+                      "allreduce,float,sum,host,0,%d,%d,%d,%s,%s,%s,%llu,%llu,0,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,1,%s\n",
+                      g, m.nodes, m.ppn, spec.c_str(), r.route, route_family(r.route).c_str(),
+                      static_cast<unsigned long long>(n), static_cast<unsigned long long>(n / 4),
+                      t * 1e6, t * 1e6, t * 1e6, t * 1e6, double(n) / t / 1e9,
+                      double(n) / t / 1e9 * 2.0 * (g - 1) / g, r.route);
+        csv += line;
+      }
+      std::printf("\n");
+    }
+    // The model on a fine grid, 8 points per doubling.
+    std::vector<double> grid;
+    for (double x = std::log2(double(slo)); x <= std::log2(double(shi)) + 1e-9; x += 0.125)
+      grid.push_back(std::exp2(x));
+    // The measured rows of this shape, by route and size.
+    std::map<std::string, std::map<uint64_t, double>> meas;
+    for (const BenchRow& r : rows)
+      if (r.coll == "allreduce" && r.mem == "host" && r.valid && r.ranks == g &&
+          r.nodes == m.nodes && r.ppn == m.ppn && r.bytes >= slo && r.bytes <= shi)
+        meas[r.route][r.bytes] = r.median_us;
+    std::printf("# crossovers (A<B at S: A is cheaper below S, B above)%s\n",
+                measured_paths.empty() ? "" : "; measured: the rows of this shape, ties within the tie skipped");
+    for (size_t i = 0; i < routes.size(); ++i)
+      for (size_t j = i + 1; j < routes.size(); ++j) {
+        const HostRoute &a = routes[i], &b = routes[j];
+        std::vector<double> ta, tb;
+        for (double n : grid) ta.push_back(a.seconds(m, n)), tb.push_back(b.seconds(m, n));
+        const auto pred = crossovers(grid, ta, tb, 0);
+        std::vector<Crossover> got;
+        const bool have = meas.count(a.route) && meas.count(b.route);
+        if (have) {
+          std::vector<double> sz, ma, mb;
+          for (const auto& [n, t] : meas[a.route])
+            if (meas[b.route].count(n)) sz.push_back(double(n)), ma.push_back(t), mb.push_back(meas[b.route][n]);
+          got = crossovers(sz, ma, mb, tie);
+        }
+        if (pred.empty() && got.empty()) continue;
+        std::printf("  %s vs %s:", a.key, b.key);
+        auto side = [&](bool a_below) {
+          return std::string(a_below ? a.key : b.key) + "<" + (a_below ? b.key : a.key);
+        };
+        if (!have) {
+          for (const Crossover& c : pred) std::printf("  %s at %s", side(c.a_below).c_str(), human(c.bytes).c_str());
+          std::printf("\n");
+          continue;
+        }
+        for (const CrossoverMatch& x : match_crossovers(pred, got)) {
+          std::printf("  %s model %s, measured %s", side(x.a_below).c_str(),
+                      x.predicted > 0 ? human(x.predicted).c_str() : "none",
+                      x.measured > 0 ? human(x.measured).c_str() : "none");
+          if (x.ratio() > 0) {
+            const double r = x.ratio(), off = std::max(r, 1 / r);
+            std::printf(" (x%.2f%s)", r, off <= 1.5 ? "" : ", beyond 1.5x");
+            ++matched;
+            within += off <= 1.5;
+            worst = std::max(worst, off);
+          } else {
+            ++unmatched;
+          }
+          std::printf(";");
+        }
+        std::printf("\n");
+      }
+  }
+  if (!measured_paths.empty())
+    std::printf("\n# %d crossovers matched, %d within 1.5x in size (worst x%.2f); %d on one side only\n",
+                matched, within, worst, unmatched);
+  if (!csv_path.empty()) {
+    if (!write_file(csv_path, csv)) {
+      std::fprintf(stderr, "sc_model hosts: cannot write %s\n", csv_path.c_str());
+      return 1;
+    }
+    std::printf("# modelled times written to %s (sc_bench CSV, median_us = modelled)\n", csv_path.c_str());
+  }
+  return 0;
+}
+
 // ---- papers -----------------------------------------------------------------------------
 
 /// The crossover of host-transfer (host path) and a device-path model, in bytes.
@@ -781,6 +1026,7 @@ int main(int argc, char** argv) {
   const std::string sub = argv[1];
   if (sub == "predict") return cmd_predict(argc, argv);
   if (sub == "fit") return cmd_fit(argc, argv);
+  if (sub == "hosts") return cmd_hosts(argc, argv);
   if (sub == "papers") return cmd_papers(argc, argv);
   std::fprintf(stderr, "sc_model: unknown command '%s'\n", sub.c_str());
   usage(stderr);
