@@ -198,6 +198,7 @@ std::string_view name(Algorithm a) {
     case Algorithm::double_binary_tree: return "double-tree";
     case Algorithm::host_transfer: return "host-transfer";
     case Algorithm::nvgroup: return "nvgroup";
+    case Algorithm::ccube: return "ccube";
   }
   return "?";
 }
@@ -567,6 +568,51 @@ Breakdown nvgroup_allreduce(const Hierarchy& h, double bytes, const Machine& m) 
   return nvgroup_allreduce(h, bytes, m, NVGroupOptions{});
 }
 
+Breakdown ccube_allreduce(const Hierarchy& h, double bytes, const Machine& m,
+                          const CcubeOptions& opt) {
+  Breakdown b;
+  if (!start(&b, Algorithm::ccube, h, bytes)) return b;
+  if (opt.chunks < 0 || opt.chunks > CcubeOptions::kMaxChunks) {
+    b.error = "ccube: chunks must be 0 (best) or 1.." + std::to_string(CcubeOptions::kMaxChunks);
+    return b;
+  }
+  const int p = h.ranks(), g = h.factors[0], q = p / g;
+  if (p <= 1 || bytes <= 0) {
+    finish(&b);
+    return b;
+  }
+  const int depth = floor_log2(g) + floor_log2(q);
+  const int kids = (g > 1 ? std::min(g - 1, 2) : 0) + (q > 1 ? std::min(q - 1, 2) : 0);
+  const Crossing x = slowest(h, levels_in_use(h), /*solo_outer=*/true);
+  // One round of chunks of c bytes.
+  auto round = [&](double c) { return Cost{x.alpha, 3 * c * x.beta, kids * c * m.gamma}; };
+  auto total = [&](int chunks) { return (chunks + 2 * depth - 1) * round(bytes / chunks).total(); };
+  int chunks = opt.chunks;
+  if (chunks == 0) {
+    chunks = 1;
+    double best_t = total(1);
+    for (int c = 2; c <= CcubeOptions::kMaxChunks; c *= 2) {
+      const double t = total(c);
+      if (cheaper(t, best_t)) {
+        best_t = t;
+        chunks = c;
+      }
+    }
+  }
+  const Cost r = round(bytes / chunks);
+  const int rounds = chunks + 2 * depth - 1;
+  b.stages.push_back(StageCost{"pipeline", std::to_string(chunks) + " chunks, " +
+                                               std::to_string(rounds) + " rounds",
+                               x.level, p, bytes / chunks,
+                               Cost{rounds * r.latency, rounds * r.bandwidth, rounds * r.reduction}});
+  finish(&b);
+  return b;
+}
+
+Breakdown ccube_allreduce(const Hierarchy& h, double bytes, const Machine& m) {
+  return ccube_allreduce(h, bytes, m, CcubeOptions{});
+}
+
 // ---- the catalogue ----------------------------------------------------------------------
 
 namespace {
@@ -578,6 +624,9 @@ Breakdown blueconnect_default(const Hierarchy& h, double n, const Machine& m) {
 }
 Breakdown nvgroup_default(const Hierarchy& h, double n, const Machine& m) {
   return nvgroup_allreduce(h, n, m);
+}
+Breakdown ccube_default(const Hierarchy& h, double n, const Machine& m) {
+  return ccube_allreduce(h, n, m);
 }
 }  // namespace
 
@@ -592,6 +641,7 @@ const std::vector<ModelEntry>& models() {
       {Algorithm::double_binary_tree, double_binary_tree_allreduce},
       {Algorithm::host_transfer, host_transfer_allreduce},
       {Algorithm::nvgroup, nvgroup_default},
+      {Algorithm::ccube, ccube_default},
   };
   return all;
 }

@@ -30,6 +30,11 @@
 //         NVIDIA developer blog, 2019 (double binary trees: allreduce as a pipelined
 //         reduce up and broadcast down two complementary binary trees, each carrying half
 //         of the data; logarithmic latency, full bandwidth).
+//   [CC]  M. Jo, J. Son, J. Kim et al. (KAIST), "C-Cube", section III: a tree allreduce
+//         whose broadcast down overlaps its reduction up chunk by chunk, the logical tree
+//         mapped onto the physical topology (edges inside a node first, one per node
+//         across). As for [NVG] and [BC], the text was not at hand: the cost below is
+//         derived for algorithms/schedule.cpp's ccube schedule, not transcribed.
 //   [AL]  N. Dryden, N. Maruyama, T. Moon, T. Benson, A. Yoo, M. Snir, B. Van Essen,
 //         "Aluminum: An Asynchronous, GPU-Aware Communication Library Optimized for
 //         Large-Scale Training of Deep Neural Networks on HPC Systems", MLHPC 2018,
@@ -174,9 +179,10 @@ enum class Algorithm {
   double_binary_tree,
   host_transfer,
   nvgroup,
+  ccube,
 };
 /// "ring", "rd", "rabenseifner", "two-level", "blueconnect", "tree", "double-tree",
-/// "host-transfer", "nvgroup"
+/// "host-transfer", "nvgroup", "ccube"
 std::string_view name(Algorithm a);
 
 /// A modelled allreduce: its phases in order and their sum.
@@ -319,6 +325,28 @@ struct NVGroupOptions {
 Breakdown nvgroup_allreduce(const Hierarchy& h, double bytes, const Machine& m,
                             const NVGroupOptions& opt);
 Breakdown nvgroup_allreduce(const Hierarchy& h, double bytes, const Machine& m);
+
+/// Options of ccube_allreduce.
+struct CcubeOptions {
+  /// Chunks: 0 = the cheapest power of two in 1..kMaxChunks (the model's best chunk).
+  int chunks = 0;
+  static constexpr int kMaxChunks = 4096;
+};
+
+/// C-Cube's overlapped tree ([CC]; the schedule of algorithms/schedule.cpp, ccube_tree):
+/// a binary tree inside each level-0 group (node) under its leader, a binary tree over
+/// the leaders; the vector in c chunks, each going up one tree edge per round and, from
+/// the root, down one per round, later chunks still going up. With
+/// D = ⌊lg p0⌋ + ⌊lg(p/p0)⌋ (the depth) the rounds are c + 2D - 1, each as long as its
+/// slowest part, in which a rank sends at most three chunks (one up, two down) and a
+/// parent reduces k chunks (its children: 2, or 4 at a leader with children on its node
+/// and across):
+///   (c + 2D - 1)·(α* + 3(n/c)·β* + k(n/c)·γ)
+/// α*, β*: level 0's when p = p0, else the larger of level 0's and the outer levels' (α,
+/// β_solo: one rank per node crosses). One chunk is the unpipelined tree, 2D rounds.
+Breakdown ccube_allreduce(const Hierarchy& h, double bytes, const Machine& m,
+                          const CcubeOptions& opt);
+Breakdown ccube_allreduce(const Hierarchy& h, double bytes, const Machine& m);
 
 // ---- the catalogue ----------------------------------------------------------------------
 

@@ -70,6 +70,17 @@ namespace {
 
 using sched::Algo;
 
+// The algorithm of a call with its parameters (the tuning table's algo= and chunk=).
+struct AlgoSel {
+  Algo algo = Algo::rd;
+  uint64_t chunk_bytes = 0;  // ccube: bytes per chunk (0: kCcubeChunk)
+  bool operator==(Algo a) const { return algo == a; }
+  bool operator!=(Algo a) const { return algo != a; }
+};
+
+// ccube's chunk when the table gives none (README, "C-Cube").
+constexpr uint64_t kCcubeChunk = 256 * 1024;
+
 // ---------------------------------------------------------------------------------------
 // Per communicator: the private duplicate, tags, the order of MPI-collective starts, and a
 // cache of schedules. Shared by the context and the operations in flight, so that an
@@ -88,13 +99,17 @@ struct HtComm : PrivateComm {
   /// operation's failure found on the engine goes, for the next call to report.
   std::shared_ptr<std::atomic<int>> async_error;
 
+  /// The node of every rank (CommContext::node_of), for ccube's tree.
+  std::vector<int> node_of;
+
   std::mutex cache_mu;
-  std::map<std::tuple<int, int, int, uint64_t, bool>, std::shared_ptr<const sched::Schedule>>
+  std::map<std::tuple<int, int, int, uint64_t, bool, uint64_t>,
+           std::shared_ptr<const sched::Schedule>>
       cache;
 
   std::shared_ptr<const sched::Schedule> schedule(const sched::Params& p) {
     auto key = std::make_tuple(static_cast<int>(p.coll), static_cast<int>(p.algo), p.root,
-                               p.count, p.in_place);
+                               p.count, p.in_place, p.chunk);
     std::lock_guard<std::mutex> lock(cache_mu);
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
@@ -112,7 +127,7 @@ struct HtState final : RouteState {
 // What the host collective of one call needs, in the schedule's terms.
 struct HostCall {
   Coll coll;
-  Algo algo;
+  AlgoSel algo;
   int root = 0;
   uint64_t count = 0;  // schedule.hpp's Params::count
   MPI_Datatype type;
@@ -123,6 +138,16 @@ struct HostCall {
   bool tainted = false;  // this rank's input is unusable (a local failure before the collective)
   bool status = false;   // algo=mpi: exchange the taint with the collective (every rank alike)
 };
+
+// The schedule's parameters for `h` on `hc`.
+sched::Params schedule_params(const HostCall& h, const HtComm& hc) {
+  sched::Params p{h.coll, h.algo.algo, hc.rank, hc.size, h.root, h.count, h.send == nullptr};
+  if (h.algo == Algo::ccube) {
+    p.chunk = std::max<uint64_t>(1, h.algo.chunk_bytes / static_cast<uint64_t>(std::max(h.extent, 1)));
+    p.node_of = &hc.node_of;
+  }
+  return p;
+}
 
 // The error a rank reports after its host collective: its own failure first, else a
 // peer's that reached it (taint), else success.
@@ -169,7 +194,7 @@ int run_blocking(const HostCall& h, HtComm& hc, MPI_Comm comm) {
     }
     return outcome(MPI_SUCCESS, rc, any != 0);
   }
-  sched::Params p{h.coll, h.algo, hc.rank, hc.size, h.root, h.count, h.send == nullptr};
+  const sched::Params p = schedule_params(h, hc);
   sched::ScheduleRun run(hc.schedule(p), h.send, h.recv, h.type, h.extent, h.op, hc.p2p,
                          hc.tag());
   if (h.tainted) run.taint();
@@ -187,8 +212,7 @@ class HostPart {
     if (h.algo == Algo::mpi) {
       ticket_ = comm_->next_ticket++;
     } else {
-      sched::Params p{h.coll, h.algo, comm_->rank, comm_->size, h.root, h.count,
-                      h.send == nullptr};
+      const sched::Params p = schedule_params(h, *comm_);
       run_ = std::make_unique<sched::ScheduleRun>(comm_->schedule(p), h.send, h.recv, h.type,
                                                   h.extent, h.op, comm_->p2p, comm_->tag());
       if (h.tainted) run_->taint();
@@ -265,14 +289,23 @@ class HostTask final : public progress::Task {
 // ---------------------------------------------------------------------------------------
 // The call in the schedule's terms.
 
-Algo choose_algo(const CollArgs& a, const config::RouteChoice& choice, uint64_t bytes, int size) {
+// ccube is an allreduce: the other collectives of an algo=ccube rule take the default.
+AlgoSel choose_algo(const CollArgs& a, const config::RouteChoice& choice, uint64_t bytes,
+                    int size) {
+  AlgoSel sel{sched::default_algo(a.coll, bytes, size), 0};
   if (auto v = choice.param("algo")) {
-    if (*v == "rd") return Algo::rd;
-    if (*v == "rabenseifner") return Algo::rabenseifner;
-    if (*v == "ring") return Algo::ring;
-    if (*v == "mpi") return Algo::mpi;
+    if (*v == "rd") sel.algo = Algo::rd;
+    if (*v == "rabenseifner") sel.algo = Algo::rabenseifner;
+    if (*v == "ring") sel.algo = Algo::ring;
+    if (*v == "mpi") sel.algo = Algo::mpi;
+    if (*v == "ccube" && a.coll == Coll::allreduce) sel.algo = Algo::ccube;
   }
-  return sched::default_algo(a.coll, bytes, size);
+  if (sel.algo == Algo::ccube) {
+    auto c = choice.param("chunk");
+    auto v = c ? config::parse_size(*c) : std::nullopt;
+    sel.chunk_bytes = v && *v > 0 ? *v : kCcubeChunk;
+  }
+  return sel;
 }
 
 MPI_Datatype call_type(const CollArgs& a) {
@@ -294,7 +327,7 @@ int element_size(const CollArgs& a) {
 // The host collective of a call: on the caller's buffers, or, with `staging`, in place on
 // a staging buffer that holds the call's whole vector (for reduce on a non-root rank the
 // staging buffer is the input and there is no result).
-HostCall host_call(const CollArgs& a, Algo algo, int rank, int extent, void* staging = nullptr) {
+HostCall host_call(const CollArgs& a, AlgoSel algo, int rank, int extent, void* staging = nullptr) {
   HostCall h;
   h.coll = a.coll;
   h.algo = algo;
@@ -949,7 +982,7 @@ int enqueue_staged(Staging* st, const Copies& c, CUstream stream, config::HtWait
 // with the legacy default stream, as a CUDA-aware MPI's blocking call would be. Without
 // pinned memory the staging buffer is pageable (slower copies, same result); a failed
 // copy in makes this rank take part tainted.
-int run_device_classic(const CollArgs& a, HtComm& hc, Algo algo, int extent, Device& gpu,
+int run_device_classic(const CollArgs& a, HtComm& hc, AlgoSel algo, int extent, Device& gpu,
                        bool status) {
   const cuda::Driver& d = cuda::driver();
   DeviceSide& ds = DeviceSide::get();
@@ -993,7 +1026,7 @@ int run_device_classic(const CollArgs& a, HtComm& hc, Algo algo, int extent, Dev
 // handed garbage as data, and ends by itself; nothing waits for it.
 class StandInTask final : public progress::Task {
  public:
-  StandInTask(const std::shared_ptr<HtComm>& hc, const CollArgs& a, Algo algo, int extent,
+  StandInTask(const std::shared_ptr<HtComm>& hc, const CollArgs& a, AlgoSel algo, int extent,
               uint64_t bytes, bool status)
       : scratch_(bytes ? bytes : 1) {
     HostCall h = host_call(a, algo, hc->rank, extent, scratch_.data());
@@ -1016,7 +1049,7 @@ class StandInTask final : public progress::Task {
 // the part runs anyway, tainted, on the engine (never blocking the caller: a non-blocking
 // start must not wait for other ranks), or on this thread when there is no engine.
 // Returns `rc`.
-int stand_in(const CollArgs& a, const std::shared_ptr<HtComm>& hc, Algo algo, int extent,
+int stand_in(const CollArgs& a, const std::shared_ptr<HtComm>& hc, AlgoSel algo, int extent,
              uint64_t bytes, bool status, int rc) {
   auto* task = new StandInTask(hc, a, algo, extent, bytes, status);
   if (!progress::submit(task)) {
@@ -1029,7 +1062,7 @@ int stand_in(const CollArgs& a, const std::shared_ptr<HtComm>& hc, Algo algo, in
 }
 
 // Stream-ordered (env.has_stream) or non-blocking: through the engine.
-int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, Algo algo,
+int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, AlgoSel algo,
                      int extent, Device& gpu, const CallEnv& env, config::HtWait mode,
                      bool status) {
   const cuda::Driver& d = cuda::driver();
@@ -1186,7 +1219,7 @@ class HtRoute final : public Route {
     auto& st = static_cast<HtState&>(*ctx.route_state[static_cast<int>(RouteId::ht)]);
     const std::shared_ptr<HtComm>& hc = st.comm;
     const int extent = element_size(a);
-    const Algo algo = choose_algo(a, choice, call_bytes(a, hc->size, extent, extent), hc->size);
+    const AlgoSel algo = choose_algo(a, choice, call_bytes(a, hc->size, extent, extent), hc->size);
     // algo=mpi on GPU memory (as agreed: every rank decides alike) exchanges the ranks'
     // failure flags with the collective; schedules carry them in their messages.
     const bool status = algo == Algo::mpi && env.agreed_mem == MemKind::device;
@@ -1247,6 +1280,7 @@ class HtRoute final : public Route {
     auto hc = std::make_shared<HtComm>();
     if (!hc->open(ctx, "ht")) return false;
     hc->async_error = ctx.async_error;
+    hc->node_of = ctx.node_of;
     auto state = std::make_unique<HtState>();
     state->comm = std::move(hc);
     ctx.route_state[static_cast<int>(RouteId::ht)] = std::move(state);
@@ -1275,7 +1309,7 @@ void stand_in(CommContext& ctx, const CollArgs& a, const CallEnv& env) {
   const std::shared_ptr<HtComm>& hc = static_cast<HtState&>(*slot).comm;
   const int extent = element_size(a);
   const config::RouteChoice none{};
-  const Algo algo = choose_algo(a, none, call_bytes(a, hc->size, extent, extent), hc->size);
+  const AlgoSel algo = choose_algo(a, none, call_bytes(a, hc->size, extent, extent), hc->size);
   const bool status = algo == Algo::mpi && env.agreed_mem == MemKind::device;
   const uint64_t bytes = call_bytes(a, hc->size, extent, extent);
   streamcoll::stand_in(a, hc, algo, extent, bytes, status, MPI_SUCCESS);

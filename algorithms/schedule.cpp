@@ -235,6 +235,56 @@ void allreduce_ring(Builder& b, int me, int p, uint64_t n, bool in_place) {
   }
 }
 
+// C-Cube (M. Jo, J. Son, J. Kim et al., "C-Cube: ..." (KAIST), section III): a reduction
+// up a tree whose broadcast down overlaps it chunk by chunk: the vector is cut into c
+// chunks; chunk k goes up one tree level per round and, once the root has it complete,
+// down one level per round, while later chunks are still on their way up. The tree is
+// ccube_tree's (the physical mapping). Rounds are global: with D the tree's height and d
+// a rank's depth, in round t a rank
+//   receives chunk t-(D-d-1) from each child and reduces it into its result (end of round),
+//   sends chunk t-(D-d) to its parent (its own data at a leaf),
+//   receives the finished chunk t-(D+d-1) from its parent,
+//   sends the finished chunk t-(D+d) to each child,
+// so every message is posted by both ends in the same round, and a rank's result chunk is
+// never sent in a round that receives into it (up at t = k+D-d, down at k+D+d-1, d >= 1).
+// The root finishes chunk k at the end of round k+D-1. Rounds: c + 2D - 1.
+// Per round a rank sends at most three chunks (one up, two down) and reduces two: the
+// cost (c + 2D - 1)·(α + 3(n/c)·β + 2(n/c)·γ) with binary trees inside and across nodes.
+// Every rank ends with the root's bits. tmp: one chunk per child.
+void allreduce_ccube(Builder& b, int me, int p, uint64_t n, uint64_t chunk, bool in_place,
+                     const std::vector<int>* node_of) {
+  const Tree t = ccube_tree(p, 0, node_of);
+  const uint64_t c = chunk == 0 || chunk >= n ? 1 : (n + chunk - 1) / chunk;
+  const Blocks bl{n, c};
+  const uint64_t slot = bl.len(0, 1);  // the longest chunk
+  const Loc res{Buf::recv};
+  const Loc own = in_place ? res : Loc{Buf::send};
+  const int64_t D = t.height, d = t.depth[static_cast<size_t>(me)];
+  const int parent = t.parent[static_cast<size_t>(me)];
+  const std::vector<int>& kids = t.children[static_cast<size_t>(me)];
+  const int64_t C = static_cast<int64_t>(c);
+  auto chunk_ok = [&](int64_t k) { return k >= 0 && k < C; };
+  auto at = [&](Loc l, int64_t k) { return l.at(bl.off(static_cast<uint64_t>(k))); };
+  auto len = [&](int64_t k) {
+    return bl.len(static_cast<uint64_t>(k), static_cast<uint64_t>(k) + 1);
+  };
+  for (int64_t r = 0; r < C + 2 * D - 1; ++r) {
+    b.round();
+    const int64_t ku = r - (D - d - 1), ks = r - (D - d), kd = r - (D + d - 1), kc = r - (D + d);
+    const bool up_in = !kids.empty() && chunk_ok(ku);
+    if (up_in)
+      for (size_t i = 0; i < kids.size(); ++i) b.recv(Loc{Buf::tmp, i * slot}, len(ku), kids[i]);
+    if (parent >= 0 && chunk_ok(ks)) b.send(at(kids.empty() ? own : res, ks), len(ks), parent);
+    if (parent >= 0 && chunk_ok(kd)) b.recv(at(res, kd), len(kd), parent);
+    if (chunk_ok(kc))
+      for (int kid : kids) b.send(at(res, kc), len(kc), kid);
+    if (up_in) {
+      b.copy(at(res, ku), at(own, ku), len(ku));
+      for (size_t i = 0; i < kids.size(); ++i) b.reduce(at(res, ku), Loc{Buf::tmp, i * slot}, len(ku));
+    }
+  }
+}
+
 // ---- reduce ----------------------------------------------------------------------------
 // Non-root ranks accumulate in tmp; the receive buffer is only used at the root.
 
@@ -609,8 +659,54 @@ Schedule build_stage_all_gather(const bc::Stage& st) {
   return s;
 }
 
+Tree ccube_tree(int size, int root, const std::vector<int>* node_of) {
+  Tree t;
+  const size_t P = static_cast<size_t>(std::max(size, 0));
+  t.parent.assign(P, -1);
+  t.depth.assign(P, 0);
+  t.children.assign(P, {});
+  if (P == 0) return t;
+  const bool mapped = node_of && node_of->size() == P;
+  // Nodes in the order of their lowest ranks, the root's first; the root leads its node.
+  std::vector<std::vector<int>> nodes;
+  std::vector<int> keys;
+  auto node_index = [&](int r) {
+    const int key = mapped ? (*node_of)[static_cast<size_t>(r)] : 0;
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (keys[i] == key) return i;
+    keys.push_back(key);
+    nodes.emplace_back();
+    return keys.size() - 1;
+  };
+  nodes.reserve(P);
+  node_index(root);
+  nodes[0].push_back(root);
+  for (int r = 0; r < size; ++r)
+    if (r != root) nodes[node_index(r)].push_back(r);
+  auto link = [&](int child, int parent) {
+    t.parent[static_cast<size_t>(child)] = parent;
+    t.children[static_cast<size_t>(parent)].push_back(child);
+  };
+  // Leaders' tree first, so a leader's children across nodes come before those on its node
+  // (they are the farther ones: their chunks start up the tree soonest).
+  for (size_t j = 1; j < nodes.size(); ++j) link(nodes[j][0], nodes[(j - 1) / 2][0]);
+  for (const auto& m : nodes)
+    for (size_t i = 1; i < m.size(); ++i) link(m[i], m[(i - 1) / 2]);
+  // Depths, parents before children: the leaders' heap order, then each node's.
+  for (size_t j = 1; j < nodes.size(); ++j) {
+    const int l = nodes[j][0];
+    t.depth[static_cast<size_t>(l)] = t.depth[static_cast<size_t>(t.parent[static_cast<size_t>(l)])] + 1;
+  }
+  for (const auto& m : nodes)
+    for (size_t i = 1; i < m.size(); ++i)
+      t.depth[static_cast<size_t>(m[i])] = t.depth[static_cast<size_t>(m[(i - 1) / 2])] + 1;
+  for (int d : t.depth) t.height = std::max(t.height, d);
+  return t;
+}
+
 std::string_view name(Algo a) {
   switch (a) {
+    case Algo::ccube: return "ccube";
     case Algo::rd: return "rd";
     case Algo::rabenseifner: return "rabenseifner";
     case Algo::ring: return "ring";
@@ -640,14 +736,18 @@ Schedule build(const Params& p) {
   const uint64_t n = p.count;
   // MPI_IN_PLACE is meaningful only at a reduce's root; other ranks read send.
   const bool in_place = p.in_place && (p.coll != Coll::reduce || p.rank == p.root);
+  // ccube is an allreduce; the table's route picks another algorithm for the others.
+  const Algo algo = p.algo == Algo::ccube && p.coll != Coll::allreduce ? Algo::rd : p.algo;
   switch (p.coll) {
     case Coll::allreduce:
       if (P == 1) {
         if (!in_place) b.copy(Loc{Buf::recv}, Loc{Buf::send}, n);
-      } else if (p.algo == Algo::rd) {
+      } else if (algo == Algo::rd) {
         allreduce_rd(b, me, P, n, in_place);
-      } else if (p.algo == Algo::rabenseifner) {
+      } else if (algo == Algo::rabenseifner) {
         allreduce_rabenseifner(b, me, P, n, in_place);
+      } else if (algo == Algo::ccube) {
+        allreduce_ccube(b, me, P, n, p.chunk, in_place, p.node_of);
       } else {
         allreduce_ring(b, me, P, n, in_place);
       }
@@ -655,9 +755,9 @@ Schedule build(const Params& p) {
     case Coll::reduce:
       if (P == 1) {
         if (!in_place) b.copy(Loc{Buf::recv}, Loc{Buf::send}, n);
-      } else if (p.algo == Algo::rd) {
+      } else if (algo == Algo::rd) {
         reduce_rd(b, me, P, p.root, n, in_place);
-      } else if (p.algo == Algo::rabenseifner) {
+      } else if (algo == Algo::rabenseifner) {
         reduce_rabenseifner(b, me, P, p.root, n, in_place);
       } else {
         reduce_ring(b, me, P, p.root, n, in_place);
@@ -665,17 +765,17 @@ Schedule build(const Params& p) {
       break;
     case Coll::bcast:
       if (P == 1) break;
-      if (p.algo == Algo::rd)
+      if (algo == Algo::rd)
         bcast_rd(b, me, P, p.root, n);
       else
         bcast_scatter_allgather(b, me, P, p.root, n,
-                                p.algo == Algo::ring || floor_pow2(P) != P);
+                                algo == Algo::ring || floor_pow2(P) != P);
       break;
     case Coll::allgather: {
       const Loc own = in_place ? Loc{Buf::recv, static_cast<uint64_t>(me) * n} : Loc{Buf::send};
       if (P == 1)
         b.copy(Loc{Buf::recv}, own, n);
-      else if (p.algo == Algo::ring)
+      else if (algo == Algo::ring)
         allgather_ring(b, me, P, n, own);
       else if (floor_pow2(P) == P)
         allgather_rd(b, me, P, n, own);
@@ -686,7 +786,7 @@ Schedule build(const Params& p) {
     case Coll::reduce_scatter_block:
       if (P == 1) {
         if (!in_place) b.copy(Loc{Buf::recv}, Loc{Buf::send}, n);
-      } else if (p.algo == Algo::ring) {
+      } else if (algo == Algo::ring) {
         rsb_ring(b, me, P, n, in_place);
       } else {
         rsb_halving(b, me, P, n, in_place);

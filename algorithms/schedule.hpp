@@ -21,6 +21,10 @@
 //   allgather  rd            recursive doubling (p a power of two), Bruck otherwise
 //              rabenseifner  as rd
 //              ring          ring                            (p-1)·α + n(p-1)/p·β
+//              ccube         C-Cube's overlapped pipelined tree (see ccube_tree)
+//                            (2h + c - 1)·(α + 3(n/c)·β + 2(n/c)·γ), h the tree's height,
+//                            c the chunks (allreduce only: route ht gives the others
+//                            default_algo's choice, build() rd)
 //   reduce_scatter_block
 //              rd            recursive halving               lg p·α + n(p-1)/p·(β+γ)
 //              rabenseifner  as rd
@@ -48,7 +52,7 @@ struct Stage;
 namespace streamcoll::sched {
 
 /// A host algorithm, as named by the tuning table's `algo=` parameter of route ht.
-enum class Algo : uint8_t { rd, rabenseifner, ring, mpi };
+enum class Algo : uint8_t { rd, rabenseifner, ring, mpi, ccube };
 std::string_view name(Algo a);
 
 /// The buffers a schedule addresses, in elements of the call's datatype.
@@ -108,7 +112,26 @@ struct Params {
   int root = 0;
   uint64_t count = 0;
   bool in_place = false;
+  /// ccube: elements per chunk (0, or >= count: one chunk, the unpipelined tree).
+  uint64_t chunk = 0;
+  /// ccube: the node of every rank (any integers; equal values share a node; size()
+  /// == size), for the tree's mapping; null or another size: all ranks on one node.
+  const std::vector<int>* node_of = nullptr;
 };
+
+/// The tree of the ccube algorithm (C-Cube's logical tree mapped onto the physical
+/// topology): the ranks of each node in a binary tree under the node's leader (the
+/// root on the root's node, else its lowest rank), and the leaders in a binary tree over
+/// the nodes (the root's node first, then in the order of their lowest ranks), so every
+/// node has one tree edge towards the root and at most two away from it across nodes.
+/// A leader has at most four children (two on its node, two leaders).
+struct Tree {
+  std::vector<int> parent;                 ///< -1 at the root
+  std::vector<int> depth;                  ///< 0 at the root
+  std::vector<std::vector<int>> children;  ///< in rank order of the heap layout
+  int height = 0;                          ///< the largest depth
+};
+Tree ccube_tree(int size, int root, const std::vector<int>* node_of);
 
 /// True for the collectives this file schedules (allreduce, reduce, bcast, allgather,
 /// reduce_scatter_block) with an algorithm other than `mpi`.

@@ -36,8 +36,9 @@
 //                  [--measured FILE.csv]... [--tie 0.05] [--csv FILE]
 //       The host routes on host buffers, from the profile's host path (ranks laid out
 //       GPUS_PER_NODE to a node, numbered node by node, as a by-slot mapping does):
-//       ht algo=rd, ht algo=rabenseifner, ht algo=ring (algorithms/schedule.cpp's
-//       recursive doubling, Rabenseifner and ring) and blueconnect backend=sched (stages
+//       ht algo=rd, ht algo=rabenseifner, ht algo=ring, ht algo=ccube (algorithms/
+//       schedule.cpp's recursive doubling, Rabenseifner, ring and C-Cube's tree, this at
+//       the model's best chunk count) and blueconnect backend=sched (stages
 //       by recursive halving/doubling on power-of-two levels, rings otherwise) with and
 //       without algo=ring (rings on every level). Per rank count: the modelled times at
 //       the powers of two of --sizes, and for every pair of routes the sizes where the
@@ -623,6 +624,8 @@ const std::vector<HostRoute>& host_routes() {
        [](const Machine& m, double n) { return md::rabenseifner_allreduce(m.host, n, m.host_m).seconds(); }},
       {"ht algo=ring", "ring",
        [](const Machine& m, double n) { return md::ring_allreduce(m.host, n, m.host_m).seconds(); }},
+      {"ht algo=ccube", "ccube",
+       [](const Machine& m, double n) { return md::ccube_allreduce(m.host, n, m.host_m).seconds(); }},
       {"blueconnect backend=sched", "bc",
        [](const Machine& m, double n) {
          return md::blueconnect_allreduce(m.host, n, m.host_m, md::StageAlgo::automatic).seconds();

@@ -187,7 +187,7 @@ std::optional<Range> parse_range(std::string_view s) {
 const std::vector<ParamSpec>& route_params(RouteId r) {
   static const std::vector<ParamSpec> none;
   static const std::vector<ParamSpec> ht = {
-      {"algo", {"rd", "rabenseifner", "ring", "mpi"}, ""}, {"chunk", {}, "size"}};
+      {"algo", {"rd", "rabenseifner", "ring", "mpi", "ccube"}, ""}, {"chunk", {}, "size"}};
   static const std::vector<ParamSpec> blueconnect = {
       {"hierarchy", {}, "hierarchy"},
       {"backend", {"sched", "mpi", "nccl", "nvgroup", "ht"}, "list"},

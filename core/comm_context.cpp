@@ -1,6 +1,7 @@
 #include "core/comm_context.hpp"
 
 #include <algorithm>
+#include <map>
 #include <mutex>
 #include <unordered_set>
 
@@ -43,18 +44,37 @@ bool build(CommContext* ctx) {
     return false;
   PMPI_Comm_rank(ctx->local, &ctx->local_rank);
   PMPI_Comm_size(ctx->local, &ctx->local_size);
-  // Nodes = number of local rank-0s; also the largest and smallest node.
-  int in[3] = {ctx->local_rank == 0 ? 1 : 0, ctx->local_size, -ctx->local_size};
-  int max[3] = {0, 0, 0};
-  int leaders = 0;
-  if (PMPI_Allreduce(&in[0], &leaders, 1, MPI_INT, MPI_SUM, comm) != MPI_SUCCESS ||
-      PMPI_Allreduce(&in[1], &max[1], 2, MPI_INT, MPI_MAX, comm) != MPI_SUCCESS)
+  // Every rank's node, named by the node's lowest rank in comm (local rank 0: the split
+  // kept comm's order); from them the nodes, the largest and the smallest node.
+  int lowest = ctx->rank;
+  {
+    MPI_Group local_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+    const int zero = 0;
+    if (PMPI_Comm_group(ctx->local, &local_group) != MPI_SUCCESS ||
+        PMPI_Comm_group(comm, &group) != MPI_SUCCESS ||
+        PMPI_Group_translate_ranks(local_group, 1, &zero, group, &lowest) != MPI_SUCCESS)
+      lowest = -1;  // every rank learns of it below and gives up alike
+    if (local_group != MPI_GROUP_NULL) PMPI_Group_free(&local_group);
+    if (group != MPI_GROUP_NULL) PMPI_Group_free(&group);
+  }
+  ctx->node_of.assign(static_cast<size_t>(ctx->size), 0);
+  if (PMPI_Allgather(&lowest, 1, MPI_INT, ctx->node_of.data(), 1, MPI_INT, comm) != MPI_SUCCESS)
     return false;
-  ctx->nodes = leaders;
-  ctx->ppn = max[1];
-  ctx->uniform = max[1] == -max[2];
+  std::map<int, int> per_node;
+  for (int n : ctx->node_of) {
+    if (n < 0 || n >= ctx->size) return false;
+    ++per_node[n];
+  }
+  int most = 0, fewest = ctx->size;
+  for (const auto& [node, ranks] : per_node) {
+    most = std::max(most, ranks);
+    fewest = std::min(fewest, ranks);
+  }
+  ctx->nodes = static_cast<int>(per_node.size());
+  ctx->ppn = most;
+  ctx->uniform = most == fewest;
   SC_INFO("communicator of %d ranks: %d node(s), %d..%d ranks per node", ctx->size, ctx->nodes,
-          -max[2], max[1]);
+          fewest, most);
   return true;
 }
 

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "config/tuning_table.hpp"
 #include "core/agreement.hpp"
@@ -36,6 +37,9 @@ struct CommContext {
   int nodes = 1;                   ///< nodes the communicator spans
   int ppn = 1;                     ///< largest number of its ranks on one node
   bool uniform = true;             ///< every node holds `ppn` ranks
+  /// Every rank's node, as the rank (in `comm`) of that node's lowest rank: equal on all
+  /// ranks (gathered when the context is made).
+  std::vector<int> node_of;
 
   /// Per collective: the facts agreed at the last blocking call of that collective on
   /// this communicator that could leave pmpi. Non-blocking calls are routed from them

@@ -13,7 +13,8 @@
 #                         or both (default no; a bare --stream means yes)
 #     --routes "R ..."    candidates in sc_bench --route syntax, for every memory kind
 #                         (default: host "pmpi ht:algo=rd ht:algo=rabenseifner
-#                         ht:algo=ring", without rabenseifner for allgather and
+#                         ht:algo=ring", ht:algo=ccube too for allreduce, without
+#                         rabenseifner for allgather and
 #                         reduce_scatter_block, where it is rd; device: the same and nccl,
 #                         and nvgroup for allreduce where the build has it: it declines
 #                         communicators over several nodes, which sc_bench notes)
@@ -90,7 +91,10 @@ routes_for() {  # the candidates for memory kind $1 and collective $2
   local r="pmpi ht:algo=rd ht:algo=rabenseifner ht:algo=ring"
   # ht's rabenseifner is its rd for these two (algorithms/schedule.hpp): measuring both
   # would only let noise pick between one algorithm's two names
-  case $2 in allgather|reduce_scatter_block) r="pmpi ht:algo=rd ht:algo=ring" ;; esac
+  case $2 in
+    allgather|reduce_scatter_block) r="pmpi ht:algo=rd ht:algo=ring" ;;
+    allreduce) r="$r ht:algo=ccube" ;;  # C-Cube's overlapped tree, its default chunk
+  esac
   [ "$1" = device ] && r="nccl $r"
   [ "$1" = device ] && [ "$2" = allreduce ] && [ $have_nvgroup = 1 ] && r="nvgroup $r"
   echo "$r"

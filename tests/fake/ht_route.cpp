@@ -559,7 +559,7 @@ void allgather(const Ctx& c, const char* tname, MPI_Datatype type, size_t count,
 // ---- test groups ----------------------------------------------------------------------------
 
 const size_t kCounts[] = {1, 7, 1000, 100000};
-const char* const kAlgos[] = {"rd", "rabenseifner", "ring", "mpi"};
+const char* const kAlgos[] = {"rd", "rabenseifner", "ring", "mpi", "ccube:chunk=1000"};
 
 std::vector<TypeCase> grid_types() {
   return {{"MPI_INT", MPI_INT, Tag::int_}, {"MPI_INT64_T", MPI_INT64_T, Tag::i64},

@@ -35,7 +35,7 @@ namespace {
 
 using SetRouteFn = int (*)(MPI_Comm, const char*);
 
-const char* const kAlgos[] = {"rd", "rabenseifner", "ring", "mpi"};
+const char* const kAlgos[] = {"rd", "rabenseifner", "ring", "mpi", "ccube:chunk=1000"};
 constexpr Coll kColls[] = {Coll::allreduce, Coll::reduce, Coll::bcast, Coll::allgather,
                            Coll::reduce_scatter_block};
 constexpr double kSpinMs = 50.0;

@@ -28,6 +28,7 @@ int world_size() {
 struct Layout {
   int nodes = 0, ppn = 0, local_size = 0;
   bool uniform = true;
+  std::vector<int> node_of;  // per rank: the lowest rank with its host name
 };
 Layout layout_by_name(MPI_Comm comm) {
   int size = 0, len = 0;
@@ -45,6 +46,12 @@ Layout layout_by_name(MPI_Comm comm) {
     l.uniform = l.uniform && n == count.begin()->second;
   }
   l.local_size = count[std::string(mine.data())];
+  std::map<std::string, int> lowest;
+  for (int r = 0; r < size; ++r) {
+    const std::string name(&all[static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME]);
+    lowest.emplace(name, r);
+    l.node_of.push_back(lowest[name]);
+  }
   return l;
 }
 }  // namespace
@@ -64,6 +71,7 @@ TEST_CASE("a context per communicator, with the node layout") {
   CHECK(w->ppn == want.ppn);
   CHECK(w->uniform == want.uniform);
   CHECK(w->local_size == want.local_size);
+  CHECK(w->node_of == want.node_of);
   CHECK(w->local != MPI_COMM_NULL);
 }
 
@@ -100,6 +108,7 @@ TEST_CASE("split communicators get their own layout") {
   CHECK(c->rank == hrank);
   CHECK(c->ppn == layout_by_name(half).ppn);
   CHECK(c->nodes == layout_by_name(half).nodes);
+  CHECK(c->node_of == layout_by_name(half).node_of);
   MPI_Comm_free(&half);
 }
 

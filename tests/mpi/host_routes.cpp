@@ -1546,7 +1546,9 @@ int main(int argc, char** argv) {
 
   // Communicators and their routes: ht, a duplicate per algorithm; blueconnect, per
   // hierarchy and backend (blueconnect_dup_params).
-  const char* algos[] = {"rd", "rabenseifner", "ring", "mpi"};
+  // ccube: its default chunk (one chunk below 256 KiB), and 1000 bytes (a chunk count that
+  // grows with the size, chunks not a whole number of 8-byte elements, a short last one).
+  const char* algos[] = {"rd", "rabenseifner", "ring", "mpi", "ccube", "ccube:chunk=1000"};
   std::vector<std::string> dup_specs, dup_labels;
   if (g_sc.blueconnect()) {
     for (const std::string& params : blueconnect_dup_params(world.size)) {

@@ -39,8 +39,8 @@ else
 fi
 
 # The check must catch a table that is not obeyed: every measured rule turned into
-# another route (pmpi <-> ht algo=ring, ht algo=rd|rabenseifner -> pmpi).
-sed -E -e '/^# fallback/,$b' -e 's/ pmpi$/ PLACEHOLDER/; s/ ht algo=(rd|rabenseifner|ring)$/ pmpi/; s/ PLACEHOLDER$/ ht algo=ring/' \
+# another route (pmpi <-> ht algo=ring, ht algo=rd|rabenseifner|ccube -> pmpi).
+sed -E -e '/^# fallback/,$b' -e 's/ pmpi$/ PLACEHOLDER/; s/ ht algo=(rd|rabenseifner|ring|ccube)$/ pmpi/; s/ PLACEHOLDER$/ ht algo=ring/' \
   "$out/table.txt" >"$out/swapped.txt"
 ! cmp -s "$out/table.txt" "$out/swapped.txt" || fail "the swapped table equals the table"
 if "$build/bench/sc_tune" check --table "$out/swapped.txt" --measured "$out/measured.csv" \

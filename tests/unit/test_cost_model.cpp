@@ -640,3 +640,35 @@ TEST_CASE("human_bytes: binary units, decimals only when not whole") {
   CHECK(human_bytes(1ull << 30) == "1 GiB");
   CHECK(human_bytes(1ull << 50) == "1024 TiB");
 }
+
+TEST_CASE("cost model: ccube, the overlapped pipelined tree") {
+  const Machine m{kG};
+  const double n = 1 << 20;
+  // One node of 8: depth lg 8 = 3, two children per parent, c + 2·3 - 1 rounds.
+  for (int c : {1, 4, 64}) {
+    const Breakdown b = ccube_allreduce(uniform({8}), n, m, CcubeOptions{c});
+    REQUIRE(b.error.empty());
+    const double chunk = n / c;
+    CHECK(b.seconds() == doctest::Approx((c + 5) * (kA + 3 * chunk * kB + 2 * chunk * kG)));
+  }
+  // 4 nodes of 4, one link level each (the outer slower): depth 2 + 2, a leader reduces
+  // 2 + 2 children, the rounds as long as the outer level's.
+  Hierarchy h = uniform({4, 4});
+  h.links[1] = LinkLevel{10 * kA, 10 * kB};
+  const Breakdown b = ccube_allreduce(h, n, m, CcubeOptions{16});
+  const double chunk = n / 16;
+  CHECK(b.seconds() == doctest::Approx((16 + 7) * (10 * kA + 3 * chunk * 10 * kB + 4 * chunk * kG)));
+  // The best chunk count is no worse than any fixed one, and more chunks pay off with size.
+  int best_small = 0, best_large = 0;
+  for (double bytes : {4096.0, double(1 << 26)}) {
+    const Breakdown best = ccube_allreduce(h, bytes, m);
+    for (int c = 1; c <= CcubeOptions::kMaxChunks; c *= 2)
+      CHECK(best.seconds() <= ccube_allreduce(h, bytes, m, CcubeOptions{c}).seconds() * (1 + 1e-12));
+    const std::string how = best.stages.at(0).how;
+    (bytes < 1e5 ? best_small : best_large) = std::stoi(how);
+  }
+  CHECK(best_small < best_large);
+  CHECK_FALSE(ccube_allreduce(h, n, m, CcubeOptions{-1}).error.empty());
+  CHECK(ccube_allreduce(uniform({1}), n, m).seconds() == 0);
+  CHECK(name(Algorithm::ccube) == "ccube");
+}

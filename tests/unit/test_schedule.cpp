@@ -25,6 +25,7 @@
 #include <deque>
 #include <functional>
 #include <numeric>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -385,6 +386,10 @@ std::vector<Cell> expected(const Params& p, int rank) {
 /// The most tmp a schedule may ask for.
 uint64_t tmp_bound(const Params& p) {
   const uint64_t n = p.count, all = n * static_cast<uint64_t>(p.size);
+  if (p.algo == Algo::ccube && p.coll == Coll::allreduce) {  // a chunk per child, <= 4
+    const uint64_t c = p.chunk == 0 || p.chunk >= n ? 1 : (n + p.chunk - 1) / p.chunk;
+    return 4 * ((n + c - 1) / c);
+  }
   switch (p.coll) {
     case Coll::allreduce:
     case Coll::reduce: return 2 * n;
@@ -871,4 +876,135 @@ TEST_CASE("schedule: BlueConnect message counts match the decomposition") {
       }
     }
   }
+}
+
+// ---- ccube (C-Cube's overlapped pipelined tree) --------------------------------------------
+
+namespace {
+
+// Node layouts for p ranks: all on one node; blocks of 2 and 3 (by-slot mapping); round
+// robin over 2 nodes (by-node mapping); one rank per node; uneven (1, 3, 2, ...).
+std::vector<std::pair<std::string, std::vector<int>>> layouts(int p) {
+  std::vector<std::pair<std::string, std::vector<int>>> v;
+  v.push_back({"one node", {}});
+  std::vector<int> b2, b3, rr, solo, uneven;
+  for (int r = 0; r < p; ++r) {
+    b2.push_back(r / 2);
+    b3.push_back(100 + r / 3);
+    rr.push_back(r % 2);
+    solo.push_back(r);
+  }
+  for (int r = 0, node = 0, left = 1; r < p; ++r) {
+    uneven.push_back(node);
+    if (--left == 0) left = 1 + (++node % 3);
+  }
+  v.push_back({"2 per node", b2});
+  v.push_back({"3 per node", b3});
+  v.push_back({"round robin over 2 nodes", rr});
+  v.push_back({"1 per node", solo});
+  v.push_back({"uneven nodes", uneven});
+  return v;
+}
+
+std::vector<uint64_t> ccube_chunks(uint64_t n) {
+  std::vector<uint64_t> v{0, 1, 2, 3, n / 2, n / 3 + 1, n, n + 5};
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("schedule: ccube allreduce, every rank count, count, chunk size, node layout, in place") {
+  int sims = 0, failures = 0;
+  for (int p : rank_counts()) {
+    for (const auto& [lname, nodes] : layouts(p)) {
+      for (uint64_t n : counts_for(p)) {
+        for (uint64_t chunk : ccube_chunks(n)) {
+          for (bool in_place : {false, true}) {
+            Params par;
+            par.algo = Algo::ccube;
+            par.size = p;
+            par.count = n;
+            par.chunk = chunk;
+            par.in_place = in_place;
+            par.node_of = nodes.empty() ? nullptr : &nodes;
+            std::string e = run_and_check(par);
+            if (e.empty() && (n == 100 || n == 1)) e = run_doubles(par);  // the same bits everywhere
+            ++sims;
+            if (!e.empty() && ++failures <= 8)
+              FAIL_CHECK(describe(par) << " chunk " << chunk << ", " << lname << ": " << e);
+          }
+        }
+      }
+    }
+  }
+  MESSAGE("ccube: " << sims << " allreduces simulated, " << failures << " failed");
+  CHECK(failures == 0);
+}
+
+TEST_CASE("schedule: ccube's tree maps onto the nodes; c chunks up and down every edge") {
+  for (int p : rank_counts()) {
+    for (const auto& [lname, nodes] : layouts(p)) {
+      const std::vector<int>* map = nodes.empty() ? nullptr : &nodes;
+      for (int root : {0, p - 1, p / 2}) {
+        const Tree t = ccube_tree(p, root, map);
+        INFO(p << " ranks, " << lname << ", root " << root);
+        auto node = [&](int r) { return map ? (*map)[static_cast<size_t>(r)] : 0; };
+        std::map<int, int> edges_in;  // per node: tree edges towards the root from another node
+        int roots = 0;
+        for (int r = 0; r < p; ++r) {
+          const int par = t.parent[static_cast<size_t>(r)];
+          CHECK(t.children[static_cast<size_t>(r)].size() <= 4);
+          if (par < 0) {
+            ++roots;
+            CHECK(r == root);
+            CHECK(t.depth[static_cast<size_t>(r)] == 0);
+            continue;
+          }
+          CHECK(t.depth[static_cast<size_t>(r)] == t.depth[static_cast<size_t>(par)] + 1);
+          if (node(par) != node(r)) ++edges_in[node(r)];
+          int across = 0;
+          for (int k : t.children[static_cast<size_t>(r)]) across += node(k) != node(r);
+          CHECK(across <= 2);
+        }
+        CHECK(roots == 1);
+        for (const auto& [n, e] : edges_in) CHECK(e == 1);  // one edge per node, its leader's
+        CHECK(edges_in.count(node(root)) == 0);
+        int height = 0;
+        for (int d : t.depth) height = std::max(height, d);
+        CHECK(t.height == height);
+        if (p > 1 && !map) {  // a complete binary tree: floor(lg p)
+          int lg = 0;
+          while ((2 << lg) <= p) ++lg;
+          CHECK(t.height == lg);
+        }
+      }
+      // Messages: c chunks up every tree edge and c down it, nothing else.
+      for (uint64_t c : {uint64_t{1}, uint64_t{4}, uint64_t{9}}) {
+        Params par;
+        par.algo = Algo::ccube;
+        par.size = p;
+        par.count = 72;
+        par.chunk = 72 / c;
+        par.node_of = map;
+        const Tree t = ccube_tree(p, 0, map);
+        for (int r = 0; r < p; ++r) {
+          par.rank = r;
+          const Schedule s = build(par);
+          std::map<int, int> sent, received;
+          for (const Op& o : s.ops) {
+            if (o.kind == Op::Kind::send) ++sent[o.peer];
+            if (o.kind == Op::Kind::recv) ++received[o.peer];
+          }
+          std::map<int, int> want;
+          if (t.parent[static_cast<size_t>(r)] >= 0) want[t.parent[static_cast<size_t>(r)]] = static_cast<int>(c);
+          for (int k : t.children[static_cast<size_t>(r)]) want[k] = static_cast<int>(c);
+          CHECK_MESSAGE(sent == want, p << " ranks, " << lname << ", rank " << r << ", " << c << " chunks");
+          CHECK_MESSAGE(received == want, p << " ranks, " << lname << ", rank " << r << ", " << c << " chunks");
+        }
+      }
+    }
+  }
+  CHECK(name(Algo::ccube) == "ccube");
 }

@@ -179,7 +179,7 @@ TEST_CASE("malformed tables name the line and the reason") {
       {"allreduce * * * * gpu * nccl\n", 1, "unknown memory kind 'gpu'"},
       {"allreduce * * * * device maybe nccl\n", 1, "stream must be yes, no or *"},
       {"allreduce * * * * device * mpich\n", 1, "unknown route 'mpich'"},
-      {"allreduce * * * * device * ht algo=tree\n", 1, "'algo' must be one of rd|rabenseifner|ring|mpi"},
+      {"allreduce * * * * device * ht algo=tree\n", 1, "'algo' must be one of rd|rabenseifner|ring|mpi|ccube"},
       {"allreduce * * * * device * ht chunk=big\n", 1, "'chunk' needs a byte size"},
       {"allreduce * * * * device * ht algo\n", 1, "is not key=value"},
       {"allreduce * * * * device * nccl algo=rd\n", 1, "takes no parameter 'algo'"},
