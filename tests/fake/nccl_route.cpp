@@ -369,15 +369,25 @@ int gpu_group() {
   return 0;  // a literal bus id: the same everywhere
 }
 
-// The route streamcoll must pick for supported calls on device buffers of `comm`.
+// The route streamcoll must pick for supported calls on device buffers of `comm`: nccl
+// unless two ranks share a GPU (the same fake bus id on the same host; on several nodes,
+// scripts/cluster.sh, the hosts differ by name).
 const char* route_for(MPI_Comm comm) {
   if (g_mode == "fail-init" || g_mode == "absent") return "pmpi";
-  const int p = comm_size(comm), mine = gpu_group();
-  std::vector<int> all(p);
-  MPI_Allgather(&mine, 1, MPI_INT, all.data(), 1, MPI_INT, comm);
+  const int p = comm_size(comm);
+  struct Gpu {
+    char host[MPI_MAX_PROCESSOR_NAME];
+    int group;
+  } mine{};
+  int len = 0;
+  MPI_Get_processor_name(mine.host, &len);
+  mine.group = gpu_group();
+  std::vector<Gpu> all(static_cast<size_t>(p));
+  MPI_Allgather(&mine, sizeof(Gpu), MPI_BYTE, all.data(), sizeof(Gpu), MPI_BYTE, comm);
   for (int i = 0; i < p; ++i)
     for (int j = i + 1; j < p; ++j)
-      if (all[i] == all[j]) return "pmpi";  // ranks share a GPU
+      if (all[i].group == all[j].group && std::strcmp(all[i].host, all[j].host) == 0)
+        return "pmpi";  // ranks share a GPU
   return "nccl";
 }
 
