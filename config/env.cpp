@@ -34,6 +34,11 @@ const std::vector<Knob>& knobs() {
        "communicator); only for a program that starts its non-blocking collectives on all "
        "communicators in one order on every rank (the group's kernels wait for each "
        "other); 0: they take the table's next rule"},
+      {"STREAMCOLL_DECISION_CACHE", "auto",
+       "auto|1|0: each communicator keeps the tuning table's rules per call signature "
+       "(collective, bytes, memory kind, stream), so a repeated call skips the table walk: "
+       "1 always, 0 never, auto when the table has 16 rules or more (below that the walk "
+       "costs less than the lookup)"},
       {"STREAMCOLL_MPI_CUDA_AWARE", "auto",
        "auto|yes|no: whether the MPI accepts GPU buffers (auto asks it: "
        "MPIX_Query_cuda_support, MPIX_GPU_query_support; not found means no); when it does "
@@ -118,6 +123,14 @@ Settings read_settings() {
   if (const char* v = get("STREAMCOLL_NCCL_LIB")) s.nccl_lib = v;
   boolean("STREAMCOLL_NCCL_NONBLOCKING", &s.nccl_nonblocking);
   boolean("STREAMCOLL_NVGROUP_NONBLOCKING", &s.nvgroup_nonblocking);
+  if (const char* v = get("STREAMCOLL_DECISION_CACHE")) {
+    bool on = false;
+    if (lower(v) == "auto") s.decision_cache = -1;
+    else if (parse_bool(v, &on)) s.decision_cache = on ? 1 : 0;
+    else
+      s.problems.push_back(std::string("STREAMCOLL_DECISION_CACHE='") + v +
+                           "' is not auto|1|0; using auto");
+  }
   if (const char* v = get("STREAMCOLL_MPI_CUDA_AWARE");
       v && !parse_cuda_aware(v, &s.mpi_cuda_aware))
     s.problems.push_back(std::string("STREAMCOLL_MPI_CUDA_AWARE='") + v +

@@ -42,6 +42,10 @@ enum class HtWait : uint8_t {
   kernel,       ///< the spin kernel
 };
 
+/// From this many rules a table walk costs more than a DecisionCache lookup (callgrind:
+/// 11 rules 214 instructions, 28 rules 384; a lookup 179; bench/results/decision_cost_*).
+inline constexpr size_t kDecisionCacheRules = 16;
+
 /// The settings the environment asks for, read once when the runtime starts.
 struct Settings {
   bool disable = false;          ///< STREAMCOLL_DISABLE: pass every call straight through
@@ -53,6 +57,9 @@ struct Settings {
   std::string nccl_lib;          ///< STREAMCOLL_NCCL_LIB (empty: libnccl.so.2)
   bool nccl_nonblocking = false; ///< STREAMCOLL_NCCL_NONBLOCKING: MPI_I* may take route nccl
   bool nvgroup_nonblocking = false;  ///< STREAMCOLL_NVGROUP_NONBLOCKING: MPI_I* may take route nvgroup
+  /// STREAMCOLL_DECISION_CACHE: cache the table walk per communicator: 1 always, 0 never,
+  /// -1 (auto) when the tuning table has kDecisionCacheRules rules or more.
+  int decision_cache = -1;
   CudaAware mpi_cuda_aware = CudaAware::auto_detect;  ///< STREAMCOLL_MPI_CUDA_AWARE
   Threads thread_multiple = Threads::auto_detect;  ///< STREAMCOLL_THREAD_MULTIPLE
   bool progress_bind = true;     ///< STREAMCOLL_PROGRESS_BIND=auto (false: none)

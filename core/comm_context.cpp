@@ -80,6 +80,50 @@ bool build(CommContext* ctx) {
 
 }  // namespace
 
+size_t DecisionCache::KeyHash::operator()(const config::CallKey& k) const {
+  uint64_t h = k.bytes * 0x9E3779B97F4A7C15ull;
+  h ^= (static_cast<uint64_t>(k.coll) << 1 | (k.stream ? 1u : 0u)) +
+       (static_cast<uint64_t>(k.mem) << 8) + (h << 6) + (h >> 2);
+  h ^= static_cast<uint64_t>(k.ranks) * 0xC2B2AE3D27D4EB4Full + static_cast<uint64_t>(k.nodes) +
+       (static_cast<uint64_t>(k.ppn) << 32);
+  return static_cast<size_t>(h ^ (h >> 29));
+}
+
+bool DecisionCache::KeyEq::operator()(const config::CallKey& a, const config::CallKey& b) const {
+  return a.coll == b.coll && a.bytes == b.bytes && a.ranks == b.ranks && a.nodes == b.nodes &&
+         a.ppn == b.ppn && a.mem == b.mem && a.stream == b.stream;
+}
+
+DecisionCache::Rules DecisionCache::lookup(const config::CallKey& key,
+                                           const std::shared_ptr<const config::TuningTable>& forced,
+                                           const config::TuningTable& table,
+                                           uint64_t table_generation) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (forced != forced_ || table_generation != generation_ || map_.size() >= kMaxKeys) {
+    map_.clear();
+    forced_ = forced;
+    generation_ = table_generation;
+  }
+  if (auto it = map_.find(key); it != map_.end()) {
+    hits_.fetch_add(1, std::memory_order_relaxed);
+    return it->second;
+  }
+  misses_.fetch_add(1, std::memory_order_relaxed);
+  Rules r;
+  if (forced) r.forced = forced->match(key);
+  if (!r.forced) {
+    for (const config::Rule* m = table.match(key); m; m = table.match(key, m)) {
+      if (r.count == kMaxRules) {
+        r.overflow = true;
+        break;
+      }
+      r.table[r.count++] = m;
+    }
+  }
+  map_.emplace(key, r);
+  return r;
+}
+
 CommContext* comm_context(MPI_Comm comm, bool create) {
   if (g_keyval == MPI_KEYVAL_INVALID) return nullptr;
   void* value = nullptr;

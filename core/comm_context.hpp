@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "config/tuning_table.hpp"
@@ -22,6 +24,47 @@ namespace streamcoll {
 /// the context: at MPI_Comm_free, or before MPI_Finalize, in context creation order.
 struct RouteState {
   virtual ~RouteState() = default;
+};
+
+/// The table walk of one communicator's calls, cached (Horovod's response cache, as a
+/// decision cache): for a call's CallKey, the rules that match it, in order: the forced
+/// routes' first match (streamcoll_comm_set_route, STREAMCOLL_ROUTE), else every match of
+/// the tuning table. A repeated key costs a hash lookup instead of the walk. Entries are
+/// dropped when the forced routes are replaced or the table reloaded (its generation), and
+/// die with the context (MPI_Comm_free). Only the table walk is cached: the agreement and
+/// the routes' own accepts() still run for every call, so no rank-local state is reused.
+/// Thread safety: lookup() takes an internal lock (calls on one communicator may come
+/// from several threads).
+class DecisionCache {
+ public:
+  static constexpr int kMaxRules = 8;    ///< matches kept per key (more: walk each time)
+  static constexpr size_t kMaxKeys = 4096;  ///< then the cache starts over
+  struct Rules {
+    const config::Rule* forced = nullptr;  ///< the forced routes' first match
+    const config::Rule* table[kMaxRules] = {};
+    int count = 0;                        ///< of table[]
+    bool overflow = false;                ///< more than kMaxRules table matches
+  };
+  /// The rules for `key` (walking `forced` and `table` on a miss).
+  Rules lookup(const config::CallKey& key,
+               const std::shared_ptr<const config::TuningTable>& forced,
+               const config::TuningTable& table, uint64_t table_generation);
+  uint64_t hits() const { return hits_.load(std::memory_order_relaxed); }
+  uint64_t misses() const { return misses_.load(std::memory_order_relaxed); }
+
+ private:
+  struct KeyHash {
+    size_t operator()(const config::CallKey& k) const;
+  };
+  struct KeyEq {
+    bool operator()(const config::CallKey& a, const config::CallKey& b) const;
+  };
+  std::mutex mu_;
+  // Held, so that its rules (and its address) outlive the entries that point into it.
+  std::shared_ptr<const config::TuningTable> forced_;
+  uint64_t generation_ = 0;
+  std::unordered_map<config::CallKey, Rules, KeyHash, KeyEq> map_;
+  std::atomic<uint64_t> hits_{0}, misses_{0};
 };
 
 struct CommContext {
@@ -59,6 +102,7 @@ struct CommContext {
 
   /// Per route, created by the route at its first call on the communicator.
   std::unique_ptr<RouteState> route_state[kNumRoutes];
+  DecisionCache decisions;  ///< the table walk of this communicator's calls
   uint64_t seq = 0;  ///< creation order in this process (contexts are torn down in it)
 
   /// Routes forced on this communicator (streamcoll_comm_set_route), matched before the

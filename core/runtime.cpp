@@ -185,7 +185,10 @@ config::TuningTable effective_table(const config::Settings& s, bool log) {
   return table;
 }
 
-void Runtime::load_table() { table_ = effective_table(settings_, true); }
+void Runtime::load_table() {
+  table_ = effective_table(settings_, true);
+  ++table_generation_;
+}
 
 bool Runtime::wants_thread_multiple() {
   const config::Settings s = config::read_settings();

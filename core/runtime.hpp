@@ -58,6 +58,8 @@ class Runtime {
 
   const config::Settings& settings() const { return settings_; }
   const config::TuningTable& table() const { return table_; }
+  /// Changes whenever table() is (re)loaded: DecisionCache drops what it kept of the old.
+  uint64_t table_generation() const { return table_generation_; }
   Stats& stats() { return stats_; }
   bool stats_on() const { return settings_.stats; }
   bool check_on() const { return settings_.check; }
@@ -117,6 +119,7 @@ class Runtime {
   std::mutex mu_;
   config::Settings settings_;
   config::TuningTable table_;
+  uint64_t table_generation_ = 0;
   Stats stats_;
   uint64_t fingerprint() const;  ///< of the settings that steer routing
   bool driver_present_ = false;  ///< this node has a CUDA driver (cuda::driver_present)

@@ -294,12 +294,27 @@ Decision decide(const CollArgs& a, Runtime& rt) {
                    (agreed.mem == MemKind::device || agreed.mem == MemKind::managed);
   env.unable = agreed.unable;
   config::CallKey key{a.coll, d.bytes, size, ctx->nodes, ctx->ppn, env.mem, env.has_stream};
-  const config::Rule* rule = nullptr;
-  if ((d.forced = forced)) rule = d.forced->match(key);  // comm_set_route
+  // The matching rules: the forced routes' first (streamcoll_comm_set_route), else the
+  // table's in order; from the communicator's decision cache when a call with this key was
+  // walked before (STREAMCOLL_DECISION_CACHE), else walked now, one rule at a time.
+  d.forced = forced;
+  DecisionCache::Rules walk;
+  const int cache = rt.settings().decision_cache;
+  if (cache > 0 || (cache < 0 && rt.table().rules().size() >= config::kDecisionCacheRules)) {
+    walk = ctx->decisions.lookup(key, forced, rt.table(), rt.table_generation());
+  } else {
+    if (forced) walk.forced = forced->match(key);
+    if (!walk.forced && (walk.table[0] = rt.table().match(key))) {
+      walk.count = 1;
+      walk.overflow = true;  // the rest on demand
+    }
+  }
   // A forced route (streamcoll_comm_set_route, STREAMCOLL_ROUTE) that declines goes to
   // pmpi; a table rule's route that declines hands the call to the next matching rule.
-  const bool by_comm = rule != nullptr;
-  if (!rule) rule = rt.table().match(key);
+  const bool by_comm = walk.forced != nullptr;
+  const config::Rule* rule = by_comm ? walk.forced : walk.count ? walk.table[0] : nullptr;
+  int at = 0;            // rule's index in walk.table
+  bool beyond = false;   // past walk.table: walking the table from rule on
   // STREAMCOLL_CHECK: the rule every rank matched, before its route sets anything up.
   if (check)
     check_agreement(a.comm, a.coll, a.nonblocking, rule ? rule->choice.route : RouteId::pmpi,
@@ -314,7 +329,15 @@ Decision decide(const CollArgs& a, Runtime& rt) {
     }
     if (rule->choice.route == RouteId::pmpi) break;
     const bool forced_rule = by_comm || rule->origin == "STREAMCOLL_ROUTE";
-    const config::Rule* next = forced_rule ? nullptr : rt.table().match(key, rule);
+    const config::Rule* next = nullptr;
+    if (!forced_rule) {
+      if (!beyond && at + 1 < walk.count) {
+        next = walk.table[++at];
+      } else if (beyond || walk.overflow) {
+        next = rt.table().match(key, rule);
+        beyond = true;
+      }
+    }
     SC_TRACE("%s: route %s (%s) %s; %s%s", call_name(a.coll, a.nonblocking).c_str(),
              std::string(name(rule->choice.route)).c_str(), rule->origin.c_str(),
              !route ? "is not available"
