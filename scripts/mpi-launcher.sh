@@ -16,13 +16,16 @@
 #       With STREAMCOLL_CLUSTER set (scripts/cluster.sh run: the test cluster's state
 #       folder), mpirun_args also spread the ranks over the cluster's nodes: its hostfile,
 #       its launcher agent in ssh's place, its network only (Open MPI: plm_rsh_agent, btl
-#       self,vader,tcp on the cluster's subnet, every connection made in MPI_Init; Hydra:
-#       -launcher-exec, -iface, UCX on that interface). Open MPI 4.1's TCP BTL makes its
-#       connections on first use, and two threads of a rank sending at once (the
-#       application's and streamcoll's progress thread) can then fail one: "failed to TCP
-#       connect to a peer MPI process ... Operation now in progress (115). Your job may
-#       now hang or fail" (seen here under fake-ht-np3; open-mpi/ompi#11508 has the same
-#       message on an overloaded node); mpi_preconnect_mpi=1 makes them all in MPI_Init, while one thread runs.
+#       self,vader,tcp on the cluster's subnet, IPv4 only, every connection made in
+#       MPI_Init; Hydra: -launcher-exec, -iface, UCX on that interface). Why, for Open MPI
+#       4.1's TCP BTL: runs printed "failed to TCP connect to a peer MPI process ...
+#       connect() to 10.199.0.1:1024 failed ... Your job may now hang or fail" (under
+#       fake-ht-np3 and fake-failures-bc-nccl-np4), preconnected or not. Its verbose log
+#       shows each rank listening on IPv4 and IPv6, and neither rank of node1 got IPv4
+#       port 1024 (another socket held it, an IPv6 one, which takes both families, the
+#       likely holder), while a peer connected there. btl_tcp_disable_family 6 keeps the BTL to
+#       IPv4: the message has not come back since (two runs of those tests).
+#       mpi_preconnect_mpi=1 makes the connections while one thread runs.
 #   mpi_pass VAR...
 #       sets mpirun_pass: the arguments that hand these environment variables to ranks on
 #       other nodes (-x VAR each for Open MPI, -genvlist for Hydra). Ranks on the node of
@@ -77,7 +80,7 @@ mpi_launcher() {
         mpirun_args+=(--hostfile "$c/hosts.openmpi" --mca plm_rsh_agent "$c/agent"
                       --mca plm_rsh_no_tree_spawn 1 --mca btl self,vader,tcp
                       --mca btl_tcp_if_include "$subnet" --mca oob_tcp_if_include "$subnet"
-                      --mca mpi_preconnect_mpi 1) ;;
+                      --mca mpi_preconnect_mpi 1 --mca btl_tcp_disable_family 6) ;;
       hydra)
         mpirun_args+=(-f "$c/hosts.hydra" -launcher ssh -launcher-exec "$c/agent" -iface eth0
                       -genv UCX_NET_DEVICES eth0 -genv UCX_TLS tcp,self) ;;
