@@ -418,6 +418,22 @@ Breakdown blueconnect_allreduce(const Hierarchy& h, double bytes, const Machine&
 
 namespace {
 
+/// The power of two in 1..PipelineOptions::kMaxChunks with the cheapest seconds(chunks)
+/// (the smallest of equals, cheaper()).
+template <typename F>
+int best_chunks(F seconds) {
+  int best = 1;
+  double best_t = seconds(1);
+  for (int c = 2; c <= PipelineOptions::kMaxChunks; c *= 2) {
+    const double t = seconds(c);
+    if (cheaper(t, best_t)) {
+      best_t = t;
+      best = c;
+    }
+  }
+  return best;
+}
+
 /// The reduce-up / broadcast-down tree allreduce; `trees` = 1 (binary) or 2 (double
 /// binary: each tree carries n/2, so per rank the per-phase load halves).
 Breakdown tree_allreduce(Algorithm a, int trees, const Hierarchy& h, double bytes,
@@ -478,9 +494,9 @@ Breakdown nvgroup_allreduce(const Hierarchy& h, double bytes, const Machine& m,
                             const NVGroupOptions& opt) {
   Breakdown b;
   if (!start(&b, Algorithm::nvgroup, h, bytes)) return b;
-  if (opt.chunks < 0 || opt.chunks > NVGroupOptions::kMaxChunks) {
+  if (opt.chunks < 0 || opt.chunks > PipelineOptions::kMaxChunks) {
     b.error = "nvgroup: chunks must be 0 (best) or 1.." +
-              std::to_string(NVGroupOptions::kMaxChunks);
+              std::to_string(PipelineOptions::kMaxChunks);
     return b;
   }
   const int p = h.ranks(), g = h.factors[0], q = p / g;
@@ -533,14 +549,7 @@ Breakdown nvgroup_allreduce(const Hierarchy& h, double bytes, const Machine& m,
     if (g > 1 && q > 1) {
       Chunk k;
       bool neck_net;
-      double best_t = total(1, &k, &neck_net);
-      for (int c = 2; c <= NVGroupOptions::kMaxChunks; c *= 2) {
-        const double t = total(c, &k, &neck_net);
-        if (cheaper(t, best_t)) {
-          best_t = t;
-          chunks = c;
-        }
-      }
+      chunks = best_chunks([&](int c) { return total(c, &k, &neck_net); });
     }
   }
   Chunk k;
@@ -572,8 +581,8 @@ Breakdown ccube_allreduce(const Hierarchy& h, double bytes, const Machine& m,
                           const CcubeOptions& opt) {
   Breakdown b;
   if (!start(&b, Algorithm::ccube, h, bytes)) return b;
-  if (opt.chunks < 0 || opt.chunks > CcubeOptions::kMaxChunks) {
-    b.error = "ccube: chunks must be 0 (best) or 1.." + std::to_string(CcubeOptions::kMaxChunks);
+  if (opt.chunks < 0 || opt.chunks > PipelineOptions::kMaxChunks) {
+    b.error = "ccube: chunks must be 0 (best) or 1.." + std::to_string(PipelineOptions::kMaxChunks);
     return b;
   }
   const int p = h.ranks(), g = h.factors[0], q = p / g;
@@ -587,18 +596,7 @@ Breakdown ccube_allreduce(const Hierarchy& h, double bytes, const Machine& m,
   // One round of chunks of c bytes.
   auto round = [&](double c) { return Cost{x.alpha, 3 * c * x.beta, kids * c * m.gamma}; };
   auto total = [&](int chunks) { return (chunks + 2 * depth - 1) * round(bytes / chunks).total(); };
-  int chunks = opt.chunks;
-  if (chunks == 0) {
-    chunks = 1;
-    double best_t = total(1);
-    for (int c = 2; c <= CcubeOptions::kMaxChunks; c *= 2) {
-      const double t = total(c);
-      if (cheaper(t, best_t)) {
-        best_t = t;
-        chunks = c;
-      }
-    }
-  }
+  const int chunks = opt.chunks ? opt.chunks : best_chunks(total);
   const Cost r = round(bytes / chunks);
   const int rounds = chunks + 2 * depth - 1;
   b.stages.push_back(StageCost{"pipeline", std::to_string(chunks) + " chunks, " +

@@ -290,13 +290,14 @@ Breakdown double_binary_tree_allreduce(const Hierarchy& h, double bytes, const M
 /// Stages: "d2h copy", the host algorithm's stages prefixed "host ", "h2d copy".
 Breakdown host_transfer_allreduce(const Hierarchy& h, double bytes, const Machine& m);
 
-/// Options of the NV-Group model.
-struct NVGroupOptions {
+/// Options of a pipelined model (NV-Group, C-Cube).
+struct PipelineOptions {
   /// Chunks the vector is cut into: 0 = the cheapest power of two in 1..kMaxChunks (the
   /// implementation picks its chunk size to fill the pipe; the model takes the best one).
   int chunks = 0;
   static constexpr int kMaxChunks = 4096;
 };
+using NVGroupOptions = PipelineOptions;
 
 /// NV-Group ([NVG] section 4; derived, see Sources). The group is level 0 (g = p0 GPUs
 /// sharing NVLink), q = p/g groups; a vector of n bytes is cut into C chunks of c = n/C.
@@ -326,12 +327,7 @@ Breakdown nvgroup_allreduce(const Hierarchy& h, double bytes, const Machine& m,
                             const NVGroupOptions& opt);
 Breakdown nvgroup_allreduce(const Hierarchy& h, double bytes, const Machine& m);
 
-/// Options of ccube_allreduce.
-struct CcubeOptions {
-  /// Chunks: 0 = the cheapest power of two in 1..kMaxChunks (the model's best chunk).
-  int chunks = 0;
-  static constexpr int kMaxChunks = 4096;
-};
+using CcubeOptions = PipelineOptions;
 
 /// C-Cube's overlapped tree ([CC]; the schedule of algorithms/schedule.cpp, ccube_tree):
 /// a binary tree inside each level-0 group (node) under its leader, a binary tree over
