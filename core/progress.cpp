@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
@@ -135,11 +136,16 @@ class Engine {
     } while (!head_.compare_exchange_weak(head, t, std::memory_order_seq_cst,
                                           std::memory_order_relaxed));
     if (state_.load(std::memory_order_acquire) == kIdle) start();
+    wake();
+    return true;
+  }
+
+  void wake() {
     if (sleeping_.load(std::memory_order_seq_cst)) {
       std::lock_guard<std::mutex> lock(mu_);
+      woken_ = true;
       cv_.notify_one();
     }
-    return true;
   }
 
   void stop() {
@@ -224,16 +230,37 @@ class Engine {
         continue;
       }
       size_t kept = 0;
+      uint64_t until = UINT64_MAX;  // the earliest idle_until_ns() of the kept tasks
       for (size_t i = 0; i < active_.size(); ++i) {
         Task* t = active_[i];
         if (t->step()) {
           delete t;
         } else {
           active_[kept++] = t;
+          until = std::min(until, t->idle_until_ns());
         }
       }
       const bool finished_some = kept != active_.size();
       active_.resize(kept);
+      if (kept && until != 0 && !finished_some) {
+        // Every task waits for a time or for work from another thread: sleep until then.
+        std::unique_lock<std::mutex> lock(mu_);
+        woken_ = false;
+        sleeping_.store(true, std::memory_order_seq_cst);
+        if (head_.load(std::memory_order_seq_cst) == nullptr && !stop_requested_) {
+          const uint64_t now = static_cast<uint64_t>(
+              std::chrono::duration_cast<std::chrono::nanoseconds>(
+                  std::chrono::steady_clock::now().time_since_epoch())
+                  .count());
+          if (until > now)
+            cv_.wait_for(lock, std::chrono::nanoseconds(until - now), [&] {
+              return woken_ || stop_requested_ || head_.load(std::memory_order_seq_cst) != nullptr;
+            });
+        }
+        sleeping_.store(false, std::memory_order_seq_cst);
+        idle_passes = 0;
+        continue;
+      }
       // Waiting on the network or the GPU: spin for low latency, but let other threads of
       // an oversubscribed node (and this rank's own) run now and then.
       idle_passes = finished_some ? 0 : idle_passes + 1;
@@ -253,6 +280,7 @@ class Engine {
   std::mutex mu_;        // sleeping and waking
   std::condition_variable cv_;
   bool stop_requested_ = false;  // guarded by mu_
+  bool woken_ = false;           // guarded by mu_: wake() since the engine went to sleep
   std::thread thread_;
   std::vector<Task*> active_;  // engine thread only
 };
@@ -266,6 +294,7 @@ Engine& engine() {
 
 void set_binding(bool enabled) { g_bind.store(enabled); }
 bool submit(Task* t) { return engine().submit(t); }
+void wake() { engine().wake(); }
 void stop() { engine().stop(); }
 bool running() { return engine().running(); }
 bool on_engine_thread() { return engine().on_engine_thread(); }

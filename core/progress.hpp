@@ -30,6 +30,11 @@ class Task {
   /// engine then deletes the task (so a task completes its request before returning true).
   /// Called only from the engine thread, never concurrently for one task.
   virtual bool step() = 0;
+  /// After a step() that returned false: the CLOCK_MONOTONIC time (ns) before which the
+  /// task has nothing to do unless another thread hands it work (0, the default: it must be
+  /// stepped again at once, e.g. to test an MPI request). When every active task has such
+  /// a time, the engine sleeps until the earliest, or until a submit() or wake().
+  virtual uint64_t idle_until_ns() const { return 0; }
   /// Order of submission, for diagnostics.
   uint64_t serial = 0;
   /// Intrusive link of the submission queue: the engine's, not the task's.
@@ -43,6 +48,10 @@ void set_binding(bool enabled);
 /// Thread-safe and lock-free, except when it wakes a sleeping engine or starts it.
 /// Returns false, and deletes nothing, if the engine is stopped for good (after stop()).
 bool submit(Task* t);
+
+/// Wakes the engine if it sleeps until a task's idle_until_ns() (a task got work from
+/// another thread). Cheap when the engine is not sleeping. Thread-safe.
+void wake();
 
 /// Finishes every task already submitted, then joins the thread. Idempotent; later
 /// submit() calls return false. Must not be called from the engine thread.

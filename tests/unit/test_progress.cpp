@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <thread>
 #include <vector>
 
@@ -52,6 +54,50 @@ class CountingTask final : public Task {
 };
 
 }  // namespace
+
+// A task with nothing to do until a time (Task::idle_until_ns) lets the engine sleep
+// instead of stepping it in a loop; wake() (work handed over by another thread) steps it
+// again before that time. Runs before the test below stops the engine for good.
+class SleepyTask final : public Task {
+ public:
+  explicit SleepyTask(std::atomic<int>* steps, std::atomic<bool>* finish) : steps_(steps), finish_(finish) {}
+  bool step() override {
+    steps_->fetch_add(1);
+    return finish_->load();
+  }
+  uint64_t idle_until_ns() const override {
+    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                     std::chrono::steady_clock::now().time_since_epoch())
+                                     .count()) +
+           60ull * 1000 * 1000 * 1000;  // a minute: only wake() steps it again
+  }
+
+ private:
+  std::atomic<int>* steps_;
+  std::atomic<bool>* finish_;
+};
+
+TEST_CASE("progress engine: idle tasks sleep until woken") {
+  std::atomic<int> steps{0};
+  std::atomic<bool> finish{false};
+  REQUIRE(submit(new SleepyTask(&steps, &finish)));
+  auto wait_for = [&](int n) {
+    for (int i = 0; i < 5000 && steps.load() < n; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return steps.load() >= n;
+  };
+  REQUIRE(wait_for(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const int idle_steps = steps.load();
+  CHECK(idle_steps <= 2);  // a spinning engine steps it thousands of times in 50 ms
+  finish = true;
+  wake();
+  CHECK(wait_for(idle_steps + 1));  // stepped again well before its minute is up
+  for (int i = 0; i < 5000 && running() && steps.load() == idle_steps; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(steps.load() == idle_steps + 1);  // finished: stepped no more
+}
 
 TEST_CASE("progress engine: tasks from several threads, then stop") {
   constexpr int kThreads = 4, kPerThread = 2000;
