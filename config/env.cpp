@@ -39,6 +39,11 @@ const std::vector<Knob>& knobs() {
        "(collective, bytes, memory kind, stream), so a repeated call skips the table walk: "
        "1 always, 0 never, auto when the table has 16 rules or more (below that the walk "
        "costs less than the lookup)"},
+      {"STREAMCOLL_FUSION_CYCLE", "1000",
+       "microseconds a group of fused MPI_Iallreduce calls (tuning table: fuse=) stays open "
+       "for more members when this rank neither waits for nor tests any of them (Horovod's "
+       "cycle time); a wait, a test or another call on the communicator closes it at once. "
+       "Affects only how many calls are fused, never which: the ranks agree on that"},
       {"STREAMCOLL_MPI_CUDA_AWARE", "auto",
        "auto|yes|no: whether the MPI accepts GPU buffers (auto asks it: "
        "MPIX_Query_cuda_support, MPIX_GPU_query_support; not found means no); when it does "
@@ -130,6 +135,14 @@ Settings read_settings() {
     else
       s.problems.push_back(std::string("STREAMCOLL_DECISION_CACHE='") + v +
                            "' is not auto|1|0; using auto");
+  }
+  if (const char* v = get("STREAMCOLL_FUSION_CYCLE")) {
+    char* end = nullptr;
+    const unsigned long long us = std::strtoull(v, &end, 10);
+    if (end != v && *end == '\0' && us <= 10000000ull) s.fusion_cycle_us = us;
+    else
+      s.problems.push_back(std::string("STREAMCOLL_FUSION_CYCLE='") + v +
+                           "' is not a number of microseconds up to 10000000; using 1000");
   }
   if (const char* v = get("STREAMCOLL_MPI_CUDA_AWARE");
       v && !parse_cuda_aware(v, &s.mpi_cuda_aware))

@@ -60,6 +60,10 @@ struct Settings {
   /// STREAMCOLL_DECISION_CACHE: cache the table walk per communicator: 1 always, 0 never,
   /// -1 (auto) when the tuning table has kDecisionCacheRules rules or more.
   int decision_cache = -1;
+  /// STREAMCOLL_FUSION_CYCLE: microseconds a fused group of MPI_Iallreduce calls may stay
+  /// open waiting for more members when nothing on this rank asks for them (Horovod's
+  /// cycle time); core/fusion.hpp.
+  uint64_t fusion_cycle_us = 1000;
   CudaAware mpi_cuda_aware = CudaAware::auto_detect;  ///< STREAMCOLL_MPI_CUDA_AWARE
   Threads thread_multiple = Threads::auto_detect;  ///< STREAMCOLL_THREAD_MULTIPLE
   bool progress_bind = true;     ///< STREAMCOLL_PROGRESS_BIND=auto (false: none)

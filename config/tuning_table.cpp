@@ -55,6 +55,12 @@ std::string join(const std::vector<std::string_view>& v) {
 
 // Returns an error message, or "" when (key, value) is valid for route r.
 std::string check_param(RouteId r, std::string_view key, std::string_view value) {
+  // Every route takes fuse= (core/fusion.hpp): its MPI_Iallreduce calls may be fused.
+  if (key == "fuse") {
+    auto v = parse_size(value);
+    return v && *v > 0 ? "" : "'fuse' needs a byte size above 0 (the largest fused "
+                             "message), got '" + std::string(value) + "'";
+  }
   for (const ParamSpec& p : route_params(r)) {
     if (p.key != key) continue;
     if (p.kind == "size") {
@@ -80,6 +86,7 @@ std::string check_param(RouteId r, std::string_view key, std::string_view value)
   }
   std::vector<std::string_view> keys;
   for (const ParamSpec& p : route_params(r)) keys.push_back(p.key);
+  keys.push_back("fuse");
   return "route '" + std::string(name(r)) + "' takes no parameter '" + std::string(key) + "'" +
          (keys.empty() ? std::string(" (it takes none)") : " (it takes " + join(keys) + ")");
 }
@@ -317,7 +324,7 @@ bool TuningTable::uses_progress_thread(bool gpu_node) const {
       return true;
     if (r.choice.route == RouteId::blueconnect && (r.mems & host)) return true;
   }
-  return false;
+  return fuses_;  // fusion's agreements and fused calls run on the progress thread
 }
 
 const Rule* TuningTable::match(const CallKey& key, const Rule* after) const {
@@ -336,7 +343,13 @@ void TuningTable::index() {
   // (Earlier rules may shadow that rule; being conservative here only costs the fast
   // path, never correctness.)
   for (uint32_t& m : routed_) m = 0;
+  fuses_ = false;
   for (const Rule& r : rules_) {
+    if (r.choice.param("fuse") && (r.colls >> static_cast<int>(Coll::allreduce) & 1u)) {
+      // MPI_Iallreduce calls may be fused (core/fusion.hpp), whatever the route
+      fuses_ = true;
+      routed_[static_cast<int>(Coll::allreduce)] |= r.mems;
+    }
     if (r.choice.route == RouteId::pmpi) continue;
     for (int c = 0; c < kNumColls; ++c)
       if (r.colls >> c & 1u) routed_[c] |= r.mems;

@@ -18,7 +18,10 @@
 //   memory      host, pinned, device, managed, a comma-separated list, or '*'.
 //   stream      yes (communicator carries a stream attribute), no, or '*'.
 //   route       pmpi, nccl, ht, blueconnect, nvgroup, ccube.
-//   key=value   route parameters; each route accepts its own keys (route_params()).
+//   key=value   route parameters; each route accepts its own keys (route_params()),
+//               and every route fuse=SIZE: MPI_Iallreduce calls of the rule are fused
+//               into messages of up to SIZE bytes (core/fusion.hpp; Horovod's tensor
+//               fusion), on host memory, or GPU memory staged through the host.
 //
 // The first rule that matches wins; a call that matches no rule goes to pmpi. When the
 // winning rule's route declines the call (or is not in this build), the next matching rule
@@ -120,16 +123,19 @@ class TuningTable {
   }
 
   const std::vector<Rule>& rules() const { return rules_; }
+  /// Whether some rule for allreduce has fuse= (MPI_Iallreduce calls may be fused).
+  bool fuses() const { return fuses_; }
 
   /// Whether some rule sends calls to a route that runs streamcoll's progress thread
   /// (ht; blueconnect's MPI_I* on host memory): on host or pinned memory, or, when
-  /// `gpu_node`, on GPU memory (ht).
+  /// `gpu_node`, on GPU memory (ht); or some rule fuses MPI_Iallreduce (fuses()).
   bool uses_progress_thread(bool gpu_node) const;
 
  private:
   void index();
   std::vector<Rule> rules_;
   uint32_t routed_[kNumColls] = {};  ///< per collective, bit per MemKind
+  bool fuses_ = false;
 };
 
 /// The table compiled into the library, used when no file is given or a file is bad.

@@ -19,6 +19,9 @@
 #include "core/types.hpp"
 
 namespace streamcoll {
+namespace fusion {
+struct Queue;
+}
 
 /// What a route keeps for one communicator (e.g. its NCCL communicator). Destroyed with
 /// the context: at MPI_Comm_free, or before MPI_Finalize, in context creation order.
@@ -103,6 +106,11 @@ struct CommContext {
   /// Per route, created by the route at its first call on the communicator.
   std::unique_ptr<RouteState> route_state[kNumRoutes];
   DecisionCache decisions;  ///< the table walk of this communicator's calls
+  /// MPI_Iallreduce fusion (core/fusion.hpp): made at a blocking call when the table can
+  /// fuse (equal on every rank); null when it cannot. Shared with the progress thread,
+  /// which finishes the calls in flight after the context is gone.
+  std::shared_ptr<fusion::Queue> fusion;
+  bool fusion_tried = false;  ///< fusion::open ran (once per communicator)
   uint64_t seq = 0;  ///< creation order in this process (contexts are torn down in it)
 
   /// Routes forced on this communicator (streamcoll_comm_set_route), matched before the

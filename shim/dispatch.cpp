@@ -77,6 +77,7 @@
 #include "core/cuda_driver.hpp"
 #include "core/datatypes.hpp"
 #include "core/eligibility.hpp"
+#include "core/fusion.hpp"
 #include "core/errors.hpp"
 #include "core/host_staging.hpp"
 #include "core/log.hpp"
@@ -92,6 +93,7 @@ struct Decision {
   MPI_Comm error_comm = MPI_COMM_NULL;  ///< where `error` is raised
   RouteId route = RouteId::pmpi;
   CallEnv env;  ///< memory kind, attached stream
+  bool agreed_stream = false;  ///< the agreed facts: every rank's call carries a stream
   uint64_t bytes = 0;
   bool well_formed = false;  ///< arguments checked: MPI will not reject the call
   CommContext* ctx = nullptr;
@@ -272,6 +274,14 @@ Decision decide(const CollArgs& a, Runtime& rt) {
     agreed = agree_call(a.comm, size, mine);
     ctx->agreed[static_cast<int>(a.coll)] = agreed;
     ctx->agreed_last = agreed;
+    // MPI_Iallreduce fusion's queue (core/fusion.hpp), made at the first blocking call
+    // that agrees here (every rank of the communicator reaches this point alike) when a
+    // rule can fuse and the progress thread may call MPI: equal on every rank.
+    if (!ctx->fusion_tried && rt.thread_multiple() &&
+        (rt.table().fuses() || (forced && forced->fuses()))) {
+      ctx->fusion_tried = true;
+      ctx->fusion = fusion::open(*ctx);
+    }
   } else if (ctx) {
     agreed = ctx->agreed[static_cast<int>(a.coll)];
     if (!agreed.valid) agreed = ctx->agreed_last;
@@ -292,6 +302,7 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   env.mem = agreed.mem;
   env.has_stream = agreed.stream &&
                    (agreed.mem == MemKind::device || agreed.mem == MemKind::managed);
+  d.agreed_stream = env.has_stream;
   env.unable = agreed.unable;
   config::CallKey key{a.coll, d.bytes, size, ctx->nodes, ctx->ppn, env.mem, env.has_stream};
   // The matching rules: the forced routes' first (streamcoll_comm_set_route), else the
@@ -368,6 +379,19 @@ int sync_stream(void* stream) {
   return MPI_SUCCESS;
 }
 
+// The fuse= limit of the rule that routes this MPI_Iallreduce when the call is to be fused
+// (core/fusion.hpp), else 0. From the agreed facts, the rule and the call's size: equal on
+// every rank. Calls that carry a stream (agreed) are not fused.
+uint64_t fuse_limit(const CollArgs& a, const Decision& d) {
+  if (!a.nonblocking || a.coll != Coll::allreduce || !d.choice || !d.ctx || !d.ctx->fusion ||
+      d.agreed_stream)
+    return 0;
+  const auto v = d.choice->param("fuse");
+  if (!v) return 0;
+  const auto limit = config::parse_size(*v);
+  return limit && d.bytes <= *limit ? *limit : 0;
+}
+
 // Whether a non-blocking call on a.comm may leave pmpi: an earlier blocking call agreed on
 // routable facts for it (decide() routes it from those).
 bool may_route(const CollArgs& a) {
@@ -408,9 +432,20 @@ int dispatch_described(const CollArgs& a, Runtime& rt) {
   const uint64_t t0 = timed ? now_ns() : 0;
   Decision d = decide(a, rt);
   int rc;
+  const uint64_t fuse = d.error == MPI_SUCCESS ? fuse_limit(a, d) : 0;
+  // Any other call on a communicator with fused calls open closes their group (they
+  // would not be joined by later calls for long, and the application may wait for them
+  // inside this one).
+  if (!fuse && d.ctx && d.ctx->fusion) fusion::poke(*d.ctx->fusion);
   if (d.error != MPI_SUCCESS) {
     PMPI_Comm_call_errhandler(d.error_comm, d.error);
     rc = d.error;
+  } else if (fuse) {
+    // A stream on this rank's communicator that the agreed facts do not have (some rank's
+    // lacks one): synchronised at the call, as the pmpi route does.
+    rc = fusion::start(*d.ctx->fusion, a, fuse, d.env.mem,
+                       d.env.has_stream ? d.env.stream : nullptr);
+    if (rc != MPI_SUCCESS) PMPI_Comm_call_errhandler(a.comm, rc);
   } else if (d.route == RouteId::pmpi) {
     // A failed synchronisation of the stream still leaves this rank in the call (the
     // others are in it); it is this rank's failure (with an outcome exchange: everyone's).

@@ -15,6 +15,7 @@
 #include "core/errors.hpp"
 #include "core/log.hpp"
 #include "core/next_mpi.hpp"
+#include "core/fusion.hpp"
 #include "core/runtime.hpp"
 #include "shim/dispatch.hpp"
 #include "shim/export.hpp"
@@ -131,6 +132,14 @@ SC_EXPORT int streamcoll_comm_set_route(MPI_Comm comm, const char* spec) {
 }
 
 SC_EXPORT const char* streamcoll_version(void) { return STREAMCOLL_VERSION; }
+
+SC_EXPORT void streamcoll_fusion_counts(unsigned long long* calls, unsigned long long* messages,
+                                        unsigned long long* agreements) {
+  const streamcoll::fusion::Counts c = streamcoll::fusion::process_counts();
+  if (calls) *calls = c.calls;
+  if (messages) *messages = c.messages;
+  if (agreements) *agreements = c.agreements;
+}
 
 SC_EXPORT int streamcoll_last_route(char* buf, int len) {
   using namespace streamcoll;

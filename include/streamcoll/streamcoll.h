@@ -59,6 +59,13 @@ int streamcoll_comm_set_route(MPI_Comm comm, const char *spec);
  *  or len <= 0. */
 int streamcoll_last_route(char *buf, int len);
 
+/** What MPI_Iallreduce fusion (a tuning-table rule with fuse=SIZE; README "Fusion") has
+ *  done in this process so far, over all communicators: the calls started as members of
+ *  fused groups, the fused messages run for them and the agreements run to form the
+ *  groups (one per group). Any pointer may be NULL. Thread-safe; callable at any time. */
+void streamcoll_fusion_counts(unsigned long long *calls, unsigned long long *messages,
+                              unsigned long long *agreements);
+
 /** The library version, STREAMCOLL_VERSION of the build. */
 const char *streamcoll_version(void);
 

@@ -111,6 +111,33 @@ TEST_CASE("no match means pmpi, and the fast-path index is exact enough") {
   CHECK_FALSE(t.may_leave_pmpi(Coll::barrier, MemKind::device));
 }
 
+TEST_CASE("fuse= on any route: MPI_Iallreduce fusion") {
+  TuningTable t = parse_ok("allreduce 0-1K * * * host * pmpi fuse=64K\n"
+                           "allreduce * * * * device * ht algo=rd fuse=1K\n");
+  CHECK(t.fuses());
+  CHECK(t.may_leave_pmpi(Coll::allreduce, MemKind::host));  // a pmpi rule that fuses
+  CHECK_FALSE(t.may_leave_pmpi(Coll::bcast, MemKind::host));
+  CHECK(t.uses_progress_thread(false));  // fusion runs on the progress thread
+  const Rule* r = t.match(key(Coll::allreduce, 8, 4, MemKind::host));
+  REQUIRE(r);
+  CHECK(r->choice.route == RouteId::pmpi);
+  CHECK(r->choice.param("fuse") == std::optional<std::string_view>("64K"));
+  CHECK(parse_ok(r->to_string()).rules()[0].choice.param("fuse") == r->choice.param("fuse"));
+  // A fuse= on a rule without allreduce fuses nothing.
+  TuningTable b = parse_ok("bcast * * * * host * pmpi fuse=1K\n");
+  CHECK_FALSE(b.fuses());
+  CHECK_FALSE(b.may_leave_pmpi(Coll::bcast, MemKind::host));
+  CHECK_FALSE(parse_ok("allreduce * * * * host * ht\n").fuses());
+  CHECK(parse_bad("allreduce * * * * host * pmpi fuse=0\n").reason.find("fuse") != std::string::npos);
+  CHECK(parse_bad("allreduce * * * * host * ht fuse=lots\n").reason.find("fuse") != std::string::npos);
+  // Forced routes take it too.
+  std::optional<ParseError> err;
+  auto forced = TuningTable::parse_forced("allreduce:pmpi:fuse=4K", &err);
+  REQUIRE_FALSE(err);
+  REQUIRE(forced.size() == 1);
+  CHECK(forced[0].choice.param("fuse") == std::optional<std::string_view>("4K"));
+}
+
 TEST_CASE("mixed memory never matches, not even '*'") {
   TuningTable t = parse_ok("* * * * * * * nccl\n");
   CHECK(t.match(key(Coll::allreduce, 8, 2, MemKind::mixed)) == nullptr);

@@ -1,0 +1,418 @@
+// Fusion of small MPI_Iallreduce calls: the protocol is in fusion.hpp.
+#include "core/fusion.hpp"
+
+#include <time.h>
+
+#include <atomic>
+#include <climits>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <vector>
+
+#include "core/comm_context.hpp"
+#include "core/cuda_driver.hpp"
+#include "core/errors.hpp"
+#include "core/host_staging.hpp"
+#include "core/log.hpp"
+#include "core/progress.hpp"
+#include "core/requests.hpp"
+#include "core/runtime.hpp"
+
+namespace streamcoll::fusion {
+namespace {
+
+uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+std::atomic<uint64_t> g_calls{0}, g_messages{0}, g_agreements{0};
+
+// The least time between two steps that waits and tests make (a wait polls every request
+// of its array in turn; the progress thread steps regardless).
+constexpr uint64_t kStepGapNs = 1000;
+// The progress thread leaves the stepping to an application thread that stepped within
+// this time, and looks again after it.
+constexpr uint64_t kAppDrivesNs = 200 * 1000;
+
+bool on_gpu(const void* p) {
+  const MemKind k = cuda::classify(p);
+  return k == MemKind::device || k == MemKind::managed;
+}
+
+}  // namespace
+
+// One MPI_Iallreduce of a group, as the application started it.
+class Member final : public ManagedRequest {
+ public:
+  explicit Member(std::weak_ptr<Queue> q) : q_(std::move(q)) {}
+
+  // A wait or test on this request: the group that holds it should close now, and every
+  // group before it (Queue::close_upto; the wrappers test again and again, so a call in a
+  // later group gets its turn), and the waiting thread advances the queue itself when no
+  // other thread is doing so: the progress thread need not be scheduled for the
+  // agreement and the fused message to go on (an oversubscribed node).
+  void on_test() override;
+  void on_wait() override {
+    for (requests::Backoff b; !completed(); b.pause()) {
+      on_test();
+      requests::progress();
+    }
+  }
+  int error() const override { return error_; }
+
+  const void* send = nullptr;  ///< where the contribution is (recv for MPI_IN_PLACE)
+  void* recv = nullptr;
+  int count = 0;
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  MPI_Op op = MPI_OP_NULL;
+  uint64_t limit = 0;          ///< fuse= of the rule: part of the run's signature
+  uint64_t bytes = 0;          ///< count * extent: what it takes in the fused buffer
+  uint64_t size_bytes = 0;     ///< count * type size: what counts against `limit`
+  bool send_gpu = false, recv_gpu = false;
+  uint64_t started_ns = 0;
+  int error_ = MPI_SUCCESS;
+  uint64_t seq = 0;  ///< the queue's count of calls when it started (from 1; under mu)
+
+ private:
+  std::weak_ptr<Queue> q_;
+};
+
+namespace {
+
+// Copies `bytes` from src to dst, one side maybe GPU memory. MPI_SUCCESS or an error code.
+int copy(void* dst, const void* src, uint64_t bytes, bool gpu_side, const void* gpu) {
+  if (bytes == 0) return MPI_SUCCESS;
+  if (!gpu_side) {
+    std::memcpy(dst, src, bytes);
+    return MPI_SUCCESS;
+  }
+  host_staging::Backend* b = host_staging::gpu_backend();
+  if (!b) return MPI_ERR_OTHER;
+  const host_staging::Copy c{dst, src, bytes, gpu};
+  return b->copy(&c, 1);
+}
+
+}  // namespace
+
+struct Queue : std::enable_shared_from_this<Queue> {
+  MPI_Comm comm = MPI_COMM_NULL;  ///< private duplicate: agreements and fused messages
+  uint64_t cycle_ns = 0;
+  /// Calls up to this seq (Member::seq) are waited for or tested, or another call came:
+  /// their groups close now. A close never reaches calls started after it.
+  std::atomic<uint64_t> close_upto{0};
+  uint64_t next_seq = 0;  ///< under mu: seq of the last call started
+  void close_to(uint64_t seq) {
+    uint64_t cur = close_upto.load(std::memory_order_relaxed);
+    while (cur < seq && !close_upto.compare_exchange_weak(cur, seq, std::memory_order_acq_rel)) {}
+  }
+  bool close_wanted() const {  // under mu, pending not empty
+    return close_upto.load(std::memory_order_acquire) >= pending.front()->seq;
+  }
+
+  std::mutex mu;
+  std::deque<Member*> pending;  ///< started, in no agreed group yet (call order)
+  std::atomic<size_t> open_calls{0};  ///< pending.size(), read without mu by poke()
+  bool task_active = false;     ///< a Task steps this queue (under mu)
+
+  // Under step_mu: the thread that steps the queue (the progress thread, or an application
+  // thread waiting for one of its calls) starts the agreements and fused messages, so they
+  // are started in group order, one thread at a time.
+  std::mutex step_mu;
+  std::atomic<uint64_t> stepped_ns{0};  ///< when the last step began
+  std::atomic<uint64_t> idle_until{0};  ///< for the progress thread (Task::idle_until_ns)
+  std::atomic<uint64_t> app_stepped_ns{0};  ///< when an application thread last stepped
+  struct Group {
+    std::vector<Member*> members;     ///< agreed (after the agreement)
+    std::vector<unsigned char> buf;   ///< packed contributions, then the result
+    MPI_Request req = MPI_REQUEST_NULL;
+    int offered[2] = {0, 1};          ///< this rank's count and ok flag
+    int agreed[2] = {0, 0};
+  };
+  std::unique_ptr<Group> agreeing;            ///< at most one agreement in flight
+  std::deque<std::unique_ptr<Group>> fused;   ///< fused messages in flight, in order
+
+  std::atomic<uint64_t> calls{0}, messages{0}, agreements{0};
+
+  ~Queue() {
+    if (comm != MPI_COMM_NULL) PMPI_Comm_free(&comm);
+  }
+
+  // The run at the head of `pending` (under mu): its length, and whether it is complete
+  // (a later call that cannot join it is there already).
+  size_t head_run(bool* complete) const {
+    *complete = false;
+    if (pending.empty()) return 0;
+    const Member& h = *pending.front();
+    uint64_t size = 0, count = 0;
+    size_t n = 0;
+    for (const Member* m : pending) {
+      if (n > 0 && (m->type != h.type || m->op != h.op || m->limit != h.limit ||
+                    size + m->size_bytes > h.limit ||
+                    count + static_cast<uint64_t>(m->count) > static_cast<uint64_t>(INT_MAX))) {
+        *complete = true;
+        break;
+      }
+      size += m->size_bytes;
+      count += static_cast<uint64_t>(m->count);
+      ++n;
+    }
+    return n;
+  }
+
+  // Packs the first n pending calls and starts the agreement on how many the group holds.
+  // Under mu.
+  void start_agreement(size_t n) {
+    auto g = std::make_unique<Group>();
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; ++i) total += pending[i]->bytes;
+    g->buf.resize(total);
+    uint64_t off = 0;
+    bool ok = true;
+    for (size_t i = 0; i < n && ok; ++i) {
+      const Member& m = *pending[i];
+      ok = copy(g->buf.data() + off, m.send, m.bytes, m.send_gpu, m.send) == MPI_SUCCESS;
+      off += m.bytes;
+    }
+    g->offered[0] = static_cast<int>(n);
+    g->offered[1] = ok ? 1 : 0;
+    agreements.fetch_add(1, std::memory_order_relaxed);
+    g_agreements.fetch_add(1, std::memory_order_relaxed);
+    SC_TRACE("fusion: offering %zu calls (seq %llu..) at %llu us%s", n,
+             static_cast<unsigned long long>(pending.front()->seq),
+             static_cast<unsigned long long>(now_ns() / 1000),
+             progress::on_engine_thread() ? " (progress thread)" : "");
+    const int rc = PMPI_Iallreduce(g->offered, g->agreed, 2, MPI_INT, MPI_MIN, comm, &g->req);
+    if (rc != MPI_SUCCESS) {
+      // Without the agreement no rank can know the group: fail the calls this rank
+      // offered (the others' agreement fails alike, or they report a peer failure).
+      SC_WARN("fusion: the agreement's MPI_Iallreduce failed (%d); %zu calls fail", rc, n);
+      g->agreed[0] = static_cast<int>(n);
+      g->agreed[1] = -1;
+      g->req = MPI_REQUEST_NULL;
+    }
+    agreeing = std::move(g);
+  }
+
+  // The agreement is done: the group takes its calls and its fused message starts. Under
+  // mu. Returns the calls to complete now (a failed group).
+  std::vector<Member*> on_agreed() {
+    std::unique_ptr<Group> g = std::move(agreeing);
+    const size_t k = static_cast<size_t>(g->agreed[0]);
+    g->members.assign(pending.begin(), pending.begin() + static_cast<long>(k));
+    pending.erase(pending.begin(), pending.begin() + static_cast<long>(k));
+    open_calls.store(pending.size(), std::memory_order_relaxed);
+    std::vector<Member*> done;
+    int err = MPI_SUCCESS;
+    if (g->agreed[1] != 1) err = MPI_ERR_OTHER;  // a copy failed on some rank, or the agreement
+    uint64_t count = 0, bytes = 0;
+    for (const Member* m : g->members) {
+      count += static_cast<uint64_t>(m->count);
+      bytes += m->bytes;
+    }
+    if (err == MPI_SUCCESS) {
+      g->buf.resize(bytes);  // the first k calls' part of what was packed
+      const Member& h = *g->members.front();
+      err = PMPI_Iallreduce(MPI_IN_PLACE, g->buf.data(), static_cast<int>(count), h.type, h.op,
+                            comm, &g->req);
+    }
+    if (err != MPI_SUCCESS) {
+      for (Member* m : g->members) {
+        m->error_ = err;
+        done.push_back(m);
+      }
+      return done;
+    }
+    SC_TRACE("fusion: %zu calls agreed at %llu us; fused message of %llu B", k,
+             static_cast<unsigned long long>(now_ns() / 1000), static_cast<unsigned long long>(bytes));
+    messages.fetch_add(1, std::memory_order_relaxed);
+    g_messages.fetch_add(1, std::memory_order_relaxed);
+    fused.push_back(std::move(g));
+    return done;
+  }
+
+  // One step, never blocking; true when the queue has nothing left (the progress thread's
+  // task then ends). Another thread stepping now: nothing (false).
+  bool step() {
+    std::unique_lock<std::mutex> stepping(step_mu, std::try_to_lock);
+    if (!stepping.owns_lock()) return false;
+    const uint64_t now = now_ns();
+    stepped_ns.store(now, std::memory_order_relaxed);
+    const bool engine = progress::on_engine_thread();
+    if (!engine) app_stepped_ns.store(now, std::memory_order_relaxed);
+    std::vector<Member*> done;
+    bool idle = false;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      // Fused messages complete in order (MPI completes a communicator's collectives in
+      // any order, but testing the oldest first is enough).
+      while (!fused.empty()) {
+        Group& g = *fused.front();
+        int flag = 0;
+        const int rc = PMPI_Test(&g.req, &flag, MPI_STATUS_IGNORE);
+        if (rc == MPI_SUCCESS && !flag) break;
+        SC_TRACE("fusion: fused message of %zu calls done at %llu us", g.members.size(),
+                 static_cast<unsigned long long>(now_ns() / 1000));
+        uint64_t off = 0;
+        for (Member* m : g.members) {
+          if (rc != MPI_SUCCESS) m->error_ = rc;
+          else if (int c = copy(m->recv, g.buf.data() + off, m->bytes, m->recv_gpu, m->recv);
+                   c != MPI_SUCCESS)
+            m->error_ = c;
+          off += m->bytes;
+          done.push_back(m);
+        }
+        fused.pop_front();
+      }
+      if (agreeing) {
+        int flag = 1;
+        if (agreeing->req != MPI_REQUEST_NULL &&
+            PMPI_Test(&agreeing->req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+          agreeing->agreed[0] = agreeing->offered[0];
+          agreeing->agreed[1] = -1;
+          flag = 1;
+        }
+        if (flag) {
+          std::vector<Member*> failed = on_agreed();
+          done.insert(done.end(), failed.begin(), failed.end());
+        }
+      }
+      if (!agreeing && !pending.empty()) {
+        bool complete = false;
+        const size_t n = head_run(&complete);
+        if (complete || close_wanted() ||
+            now_ns() - pending.front()->started_ns >= cycle_ns)
+          start_agreement(n);
+      }
+      idle = !agreeing && fused.empty() && pending.empty();
+      if (idle) task_active = false;
+      // When the progress thread must step again: with only calls waiting for the cycle
+      // time, when it ends (poke() wakes it earlier); with messages in flight, at once,
+      // unless an application thread is stepping the queue (waiting for its calls): then
+      // in kAppDrivesNs, to see whether it still is (two threads polling on one rank only
+      // take the core from each other).
+      uint64_t until = 0;
+      if (idle) until = 0;
+      else if (!agreeing && fused.empty()) until = pending.front()->started_ns + cycle_ns;
+      else if (now - app_stepped_ns.load(std::memory_order_relaxed) < kAppDrivesNs)
+        until = now + kAppDrivesNs;
+      idle_until.store(until, std::memory_order_relaxed);
+    }
+    // Outside the lock: once complete, the application may free a request at any time.
+    for (Member* m : done) m->complete();
+    return idle;
+  }
+};
+
+void Member::on_test() {
+  if (completed()) return;
+  std::shared_ptr<Queue> q = q_.lock();
+  if (!q) return;
+  q->close_to(seq);
+  // A wait polls every request of its array in turn: one step per kStepGapNs is enough.
+  const uint64_t now = now_ns();
+  if (now - q->stepped_ns.load(std::memory_order_relaxed) >= kStepGapNs) q->step();
+  // The progress thread is not woken: while this thread waits it steps the queue itself,
+  // and a second thread polling would only take the core from it (an oversubscribed
+  // node). If this thread stops waiting (MPI_Test), the progress thread goes on with what
+  // this step started when its sleep ends: at most the cycle time after the oldest call.
+}
+
+namespace {
+
+class QueueTask final : public progress::Task {
+ public:
+  explicit QueueTask(std::shared_ptr<Queue> q) : q_(std::move(q)) {}
+  bool step() override { return q_->step(); }
+  uint64_t idle_until_ns() const override {
+    return q_->idle_until.load(std::memory_order_relaxed);
+  }
+
+ private:
+  std::shared_ptr<Queue> q_;
+};
+
+}  // namespace
+
+std::shared_ptr<Queue> open(const CommContext& ctx) {
+  auto q = std::make_shared<Queue>();
+  if (PMPI_Comm_dup(ctx.comm, &q->comm) != MPI_SUCCESS) {
+    q->comm = MPI_COMM_NULL;
+    SC_WARN("fusion: MPI_Comm_dup failed; MPI_Iallreduce calls on this communicator are "
+            "not fused");
+    return nullptr;
+  }
+  PMPI_Comm_set_errhandler(q->comm, MPI_ERRORS_RETURN);
+  q->cycle_ns = Runtime::get().settings().fusion_cycle_us * 1000;
+  return q;
+}
+
+int start(Queue& q, const CollArgs& a, uint64_t limit, MemKind local, void* sync_stream) {
+#if STREAMCOLL_HAVE_CUDA
+  if (sync_stream) {
+    if (CUresult r = cuda::driver().cuStreamSynchronize(static_cast<CUstream>(sync_stream));
+        r != CUDA_SUCCESS)
+      return fail(Failure::cuda, cuda::describe("cuStreamSynchronize (before a fused call)", r));
+  }
+#else
+  (void)sync_stream;
+#endif
+  int size = 0;
+  MPI_Aint lb = 0, extent = 0;
+  if (PMPI_Type_size(a.datatype, &size) != MPI_SUCCESS ||
+      PMPI_Type_get_extent(a.datatype, &lb, &extent) != MPI_SUCCESS)
+    return MPI_ERR_TYPE;
+  auto* m = new Member(q.weak_from_this());
+  m->send = a.sendbuf == MPI_IN_PLACE ? a.recvbuf : a.sendbuf;
+  m->recv = a.recvbuf;
+  m->count = a.count;
+  m->type = a.datatype;
+  m->op = a.op;
+  m->limit = limit;
+  m->bytes = static_cast<uint64_t>(a.count) * static_cast<uint64_t>(extent);
+  m->size_bytes = static_cast<uint64_t>(a.count) * static_cast<uint64_t>(size);
+  if (m->bytes > 0 && local != MemKind::host && local != MemKind::pinned) {
+    m->send_gpu = on_gpu(m->send);
+    m->recv_gpu = on_gpu(m->recv);
+  }
+  m->started_ns = now_ns();
+  if (int rc = start_request(m, a.request); rc != MPI_SUCCESS) return rc;  // m deleted
+  q.calls.fetch_add(1, std::memory_order_relaxed);
+  g_calls.fetch_add(1, std::memory_order_relaxed);
+  bool submit = false;
+  {
+    std::lock_guard<std::mutex> lock(q.mu);
+    m->seq = ++q.next_seq;
+    q.pending.push_back(m);
+    q.open_calls.store(q.pending.size(), std::memory_order_relaxed);
+    if (!q.task_active) submit = q.task_active = true;
+  }
+  if (submit && !progress::submit(new QueueTask(q.shared_from_this()))) {
+    // After MPI_Finalize began: nothing can run the group.
+    SC_WARN("fusion: the progress thread is stopped; the call cannot complete");
+    return MPI_ERR_OTHER;
+  }
+  return MPI_SUCCESS;
+}
+
+void poke(Queue& q) {
+  if (q.open_calls.load(std::memory_order_relaxed) != 0) {
+    uint64_t last;
+    {
+      std::lock_guard<std::mutex> lock(q.mu);
+      last = q.next_seq;
+    }
+    q.close_to(last);
+    progress::wake();
+  }
+}
+
+Counts counts(const Queue& q) {
+  return {q.calls.load(), q.messages.load(), q.agreements.load()};
+}
+
+Counts process_counts() { return {g_calls.load(), g_messages.load(), g_agreements.load()}; }
+
+}  // namespace streamcoll::fusion

@@ -1,0 +1,99 @@
+// Fusion of small non-blocking allreduces (Horovod's tensor fusion: Sergeev and Del Balso,
+// "Horovod: fast and easy distributed deep learning in TensorFlow", 2018, section 4,
+// "Tensor Fusion"). A table rule with fuse=SIZE lets the MPI_Iallreduce calls it matches
+// (SIZE bytes or less each) be fused: consecutive calls on one communicator with the same
+// datatype and op are packed into one buffer, reduced by one MPI_Iallreduce of the MPI on a
+// private duplicate of the communicator, and unpacked; each call's request completes with
+// its own status (a streamcoll-owned generalized request, core/requests.hpp).
+//
+// AGREEMENT. Every rank must put the same calls in each fused message, yet what closes a
+// group is often local: rank 0 may start a, b and then wait for a, while rank 1 starts a,
+// waits for it, and only then starts b. The rule:
+//   - every rank sees the same sequence of fusible calls on the communicator (MPI orders
+//     collectives alike on every rank; whether a call is fusible is decided from the
+//     agreed facts and the table, core/../shim/dispatch.cpp), and the calls of a group
+//     are a run of that sequence: same datatype, op and fuse= limit, at most SIZE bytes
+//     together. Where a run must end (a call that differs, or the limit) is the same on
+//     every rank;
+//   - a rank closes its open group when the run is complete, when the application waits
+//     for or tests one of the group's requests (or the request of a later call), when it
+//     makes another collective call on the communicator, or when the group has been open
+//     for STREAMCOLL_FUSION_CYCLE microseconds (Horovod's cycle time). These differ between
+//     ranks; so closing starts an agreement: a small MPI_Iallreduce (MPI_MIN) of the
+//     number of calls each rank has in its group. The group holds that many calls on every
+//     rank (at least one: a rank closes only a non-empty group); a rank's calls beyond it
+//     open the next group, in order. The agreements and fused messages of a communicator
+//     are started on a private duplicate of it by one thread at a time (the progress
+//     thread, or an application thread waiting for or testing one of the calls, which
+//     steps the queue itself), in group order, so they match on every rank. Timing only
+//     changes how many calls each rank offers, never what is fused: that is the minimum
+//     every rank offered.
+//   - progress: a rank waiting for a fused call needs every other rank to close its group
+//     too, including ranks that are blocked elsewhere (in a blocking call on another
+//     communicator, say). The cycle time closes their groups on the progress thread
+//     without anything from the application, so every started call completes, as it
+//     would in the MPI.
+//
+// MEMORY. Buffers in host memory are copied with memcpy; buffers in GPU memory (a rank may
+// pass them where the agreed facts say host memory) with synchronous copies of the CUDA
+// driver (host_staging's backend), before the agreement (pack) and after the fused
+// message (unpack), by the thread stepping the queue. Calls that carry a stream (agreed) are not
+// fused; a rank whose own communicator carries one synchronises the stream at the call.
+//
+// ERRORS. A failed copy on any rank fails the whole group on every rank (the agreement
+// carries an ok flag): each request completes with MPI_ERR_OTHER's code. A failed MPI call
+// fails the group's requests with its code.
+//
+// Thread safety: start() and poke() from any application thread (calls on one
+// communicator are ordered by the application, as MPI requires); the queue is stepped by
+// the progress thread and by threads waiting for its calls, one at a time. Needs
+// MPI_THREAD_MULTIPLE (the progress thread calls MPI).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "core/coll_args.hpp"
+#include "core/types.hpp"
+
+namespace streamcoll {
+struct CommContext;
+
+namespace fusion {
+
+struct Queue;
+
+/// Collective over ctx.comm: makes the communicator's fusion queue (a private duplicate
+/// of it). Call it at a blocking call that every rank routes alike. Returns null (with
+/// a warning) if the duplicate cannot be made; fusion is then off for the communicator.
+std::shared_ptr<Queue> open(const CommContext& ctx);
+
+/// Starts the MPI_Iallreduce `a` (a.nonblocking, a.coll == allreduce, a predefined
+/// datatype and op, a.count * type size <= limit bytes) as a member of `q`'s open group:
+/// *a.request gets a streamcoll-owned request that completes when the group's fused
+/// message is done. `local`: the memory kind of this rank's buffers (host or pinned: no
+/// buffer is looked at again; otherwise each is classified); `sync_stream`, if
+/// not null, a stream to synchronise first (this rank's communicator carries one while
+/// the agreed facts say some rank's does not). Returns an MPI error code (nothing is
+/// started on an error).
+int start(Queue& q, const CollArgs& a, uint64_t limit, MemKind local, void* sync_stream);
+
+/// Another call on the communicator: closes the open group (nothing when there is none).
+/// Never blocks.
+void poke(Queue& q);
+
+/// For tests and statistics: calls started, fused messages and agreements run so far
+/// on this queue.
+struct Counts {
+  uint64_t calls = 0;
+  uint64_t messages = 0;
+  uint64_t agreements = 0;
+};
+Counts counts(const Queue& q);
+/// Sum of counts() over every queue of the process, alive or gone.
+Counts process_counts();
+
+}  // namespace fusion
+}  // namespace streamcoll

@@ -1,0 +1,213 @@
+// MPI_Iallreduce fusion (core/fusion.hpp) on GPU buffers, without a GPU: the fake CUDA
+// driver (fake_cuda.cpp: fake device memory is host memory that the driver reports as
+// device memory, and a race detector checks every host access against stream work).
+//
+//   fusion_device        (run under tests/mpi/run.sh preload; tests/fake/meson.build)
+// On a communicator with "allreduce:pmpi:fuse=2K" forced:
+//   - agreed host memory (the blocking call before was on host buffers), while each rank
+//     passes its own kind per call: device, managed, pinned or host, differing between
+//     ranks and calls, in place or not: every rank must still fuse the call (the others
+//     do), its GPU buffers copied to and from the fused buffer;
+//   - agreed device memory (the blocking call on device buffers on every rank);
+//   - a stream attached on odd ranks only (the agreed facts have none: calls are fused,
+//     not stream-ordered): those ranks write their input on the stream without waiting,
+//     so the call must synchronise the stream before the input is read;
+// every call completed by a completion call that differs between ranks, its result read
+// by the host with the race detector's blessing, and checked against values computed here.
+// Fusion must have happened (streamcoll_fusion_counts: fewer messages than calls).
+// Prints "N passed, N failed" on rank 0; exits nonzero on failure.
+#include <dlfcn.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <memory>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "harness.hpp"
+#include "streamcoll/streamext.h"
+
+namespace {
+
+enum class Kind { host, pinned, device, managed };
+const char* kind_name(Kind k) {
+  static const char* n[] = {"host", "pinned", "device", "managed"};
+  return n[static_cast<int>(k)];
+}
+
+struct Buf {
+  Kind kind = Kind::host;
+  double* p = nullptr;
+  size_t n = 0;
+  Buf(Kind k, size_t count) : kind(k), n(count) {
+    const size_t bytes = std::max<size_t>(count, 1) * sizeof(double);
+    switch (k) {
+      case Kind::host: p = static_cast<double*>(std::calloc(1, bytes)); break;
+      case Kind::pinned: p = static_cast<double*>(api.malloc_pinned(bytes)); break;
+      case Kind::device: p = static_cast<double*>(api.malloc_device(0, bytes)); break;
+      case Kind::managed: p = static_cast<double*>(api.malloc_managed(bytes)); break;
+    }
+  }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  ~Buf() {
+    if (kind == Kind::host) std::free(p);
+    else api.free(p);
+  }
+};
+
+double input(int rank, size_t i, int call) { return rank * 1000.0 + static_cast<double>(i) + call * 7.0; }
+double expected(size_t i, int call) {
+  double s = 0;
+  for (int r = 0; r < g_size; ++r) s += input(r, i, call);
+  return s;
+}
+
+struct Call {
+  std::unique_ptr<Buf> send, recv;
+  bool in_place = false;
+  int id = 0;
+  MPI_Request req = MPI_REQUEST_NULL;
+};
+
+CUstream_st* g_stream = nullptr;
+
+// Starts call `id` with this rank's memory kind `k`; on_stream: the input is written on
+// g_stream (attached to comm) and not waited for.
+void start(Call& c, MPI_Comm comm, Kind k, size_t n, bool in_place, int id, bool on_stream) {
+  c.id = id;
+  c.in_place = in_place;
+  c.recv = std::make_unique<Buf>(k, n);
+  if (!in_place) c.send = std::make_unique<Buf>(k, n);
+  Buf& in = in_place ? *c.recv : *c.send;
+  std::vector<double> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = input(g_rank, i, id);
+  if (on_stream && (k == Kind::device || k == Kind::managed)) {
+    check(api.enqueue_copy(g_stream, in.p, v.data(), n * sizeof(double)) == 0, "enqueue input");
+  } else {
+    check(api.host_access(in.p, n * sizeof(double), 1) == 0, "host writes the input without a race");
+    std::memcpy(in.p, v.data(), n * sizeof(double));
+  }
+  const int rc = MPI_Iallreduce(in_place ? MPI_IN_PLACE : c.send->p, c.recv->p, static_cast<int>(n),
+                                MPI_DOUBLE, MPI_SUM, comm, &c.req);
+  check(rc == MPI_SUCCESS, "MPI_Iallreduce");
+}
+
+void finish(std::vector<Call>& calls, int how, const std::string& label) {
+  std::vector<MPI_Request> reqs;
+  for (Call& c : calls) reqs.push_back(c.req);
+  const int n = static_cast<int>(reqs.size());
+  int rc = MPI_SUCCESS;
+  switch (how % 3) {
+    case 0: rc = MPI_Waitall(n, reqs.data(), MPI_STATUSES_IGNORE); break;
+    case 1:
+      for (int i = n - 1; i >= 0 && rc == MPI_SUCCESS; --i) rc = MPI_Wait(&reqs[i], MPI_STATUS_IGNORE);
+      break;
+    default:
+      for (int flag = 0; !flag && rc == MPI_SUCCESS;) rc = MPI_Testall(n, reqs.data(), &flag, MPI_STATUSES_IGNORE);
+      break;
+  }
+  check(rc == MPI_SUCCESS, label + ": completion");
+  for (Call& c : calls) {
+    const size_t n_el = c.recv->n;
+    check(api.host_access(c.recv->p, n_el * sizeof(double), 0) == 0,
+          label + ": the host reads a complete result (" + kind_name(c.recv->kind) + ")");
+    size_t bad = n_el;
+    for (size_t i = 0; i < n_el && bad == n_el; ++i)
+      if (c.recv->p[i] != expected(i, c.id)) bad = i;
+    check(bad == n_el, label + ": call " + std::to_string(c.id) + " on " + kind_name(c.recv->kind) +
+                           (bad == n_el ? std::string()
+                                        : ": element " + std::to_string(bad) + " is " +
+                                              std::to_string(c.recv->p[bad]) + ", expected " +
+                                              std::to_string(expected(bad, c.id))));
+  }
+}
+
+MPI_Comm fused_comm(Kind warm) {
+  MPI_Comm c;
+  MPI_Comm_dup(MPI_COMM_WORLD, &c);
+  check(api.set_route(c, "allreduce:pmpi:fuse=2K") == MPI_SUCCESS, "set_route");
+  Buf a(warm, 1), b(warm, 1);
+  check(api.host_access(a.p, sizeof(double), 1) == 0, "warm-up input");
+  a.p[0] = 1;
+  MPI_Allreduce(a.p, b.p, 1, MPI_DOUBLE, MPI_SUM, c);  // the agreement later calls use
+  check(b.p[0] == g_size, "warm-up allreduce");
+  return c;
+}
+
+void rounds(MPI_Comm comm, const std::string& label, bool stream_here, Kind fixed, bool vary) {
+  static int id = 0;
+  for (int round = 0; round < 12; ++round) {
+    std::vector<Call> calls(9);
+    for (int i = 0; i < 9; ++i) {
+      const Kind k = vary ? static_cast<Kind>((g_rank + i + round) % 4) : fixed;
+      start(calls[i], comm, k, 1 + static_cast<size_t>((i * 13 + round) % 40), (i + round) % 3 == 0,
+            id++, stream_here);
+    }
+    finish(calls, g_rank + round, label + " round " + std::to_string(round));
+  }
+}
+
+void on_alarm(int) {
+  const char msg[] = "fusion_device: timed out (a hang)\n";
+  if (write(2, msg, sizeof msg - 1) < 0) {}
+  _exit(3);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  signal(SIGALRM, on_alarm);
+  alarm(120);
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+  int ok = load_api(false) ? 1 : 0, all_ok = 0;
+  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!all_ok) {
+    if (g_rank == 0) std::fprintf(stderr, "fusion_device: the fake CUDA driver or streamcoll not loaded\n");
+    MPI_Finalize();
+    return 1;
+  }
+  check(api.runtime_init() == 0, "runtime init");
+  g_stream = api.stream_create(1 /* CU_STREAM_NON_BLOCKING */);
+  const unsigned long long races0 = cu("races");
+  using FusionCounts = void (*)(unsigned long long*, unsigned long long*, unsigned long long*);
+  auto counts = reinterpret_cast<FusionCounts>(dlsym(RTLD_DEFAULT, "streamcoll_fusion_counts"));
+  check(counts != nullptr, "streamcoll_fusion_counts");
+
+  {  // agreed host memory, every rank's own kinds
+    MPI_Comm c = fused_comm(Kind::host);
+    rounds(c, "agreed host, mixed kinds", false, Kind::host, true);
+    MPI_Comm_free(&c);
+  }
+  {  // agreed device memory
+    MPI_Comm c = fused_comm(Kind::device);
+    rounds(c, "agreed device", false, Kind::device, false);
+    MPI_Comm_free(&c);
+  }
+  {  // a stream on odd ranks only: input written on it, not waited for
+    MPI_Comm c = fused_comm(Kind::device);
+    if (g_rank % 2) check(streamcoll_comm_attach_stream(c, g_stream) == MPI_SUCCESS, "attach");
+    rounds(c, "stream on odd ranks", g_rank % 2 == 1, Kind::device, false);
+    MPI_Comm_free(&c);
+  }
+  unsigned long long calls = 0, messages = 0, agreements = 0;
+  if (counts) counts(&calls, &messages, &agreements);
+  check(calls == 3 * 12 * 9 && messages > 0 && messages < calls,
+        "fused: " + std::to_string(calls) + " calls in " + std::to_string(messages) + " messages");
+  check(cu("races") == races0, "no race");
+  api.stream_destroy(g_stream);
+  api.runtime_fini();
+  int fails = 0;
+  MPI_Allreduce(&g_fail, &fails, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (g_rank == 0)
+    std::printf("fusion_device: %d passed, %d failed (rank 0: %llu calls fused into %llu messages)\n",
+                g_pass, fails, calls, messages);
+  MPI_Finalize();
+  return fails == 0 ? 0 : 1;
+}
