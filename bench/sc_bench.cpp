@@ -501,6 +501,7 @@ struct Options {
   bool check_all = false;   // --check all: every timed call, not only the last
   uint64_t min_bytes = 4, max_bytes = 1ull << 30, factor = 2;
   int warmup = 5, iters = 100, min_iters = 5;
+  int burst = 0;            // --burst N: N MPI_Iallreduce, then MPI_Waitall, per call
   std::vector<std::string> specs;
   std::string csv, json;
   bool append = false, progress = false, quiet = false;
@@ -513,6 +514,7 @@ const char kUsage[] =
     "                [-b|--min-bytes 4] [-e|--max-bytes 1G] [-f|--factor 2]\n"
     "                [-w|--warmup 5] [-n|--iters 100] [--min-iters 5]\n"
     "                [--route SPEC]... [--order interleaved|sequential] [--check last|all]\n"
+    "                [--burst N]\n"
     "                [--csv FILE [--append]] [--json FILE] [--progress | --quiet] [--help]\n"
     "  --route SPEC   force a route with streamcoll_comm_set_route(dup, \"<coll>:SPEC\"):\n"
     "                 pmpi, nccl, ht:algo=rd|rabenseifner|ring|mpi,\n"
@@ -527,6 +529,10 @@ const char kUsage[] =
     "                 every route and size are checked; all: every timed call as well\n"
     "                 (the buffer poisoned before and compared after each, outside the\n"
     "                 timing; slower sweeps, and the poisoning touches the caches).\n"
+    "  --burst N      allreduce only: each timed call is N MPI_Iallreduce of the size (own\n"
+    "                 receive buffers, one send buffer) and one MPI_Waitall; times are\n"
+    "                 per MPI_Iallreduce (the burst's time / N). For fusion (fuse=).\n"
+    "                 Not with --csv (the rows are not single calls).\n"
     "  sizes: nccl-tests convention (allgather: receive buffer; reduce_scatter_block and\n"
     "  alltoall: send buffer); suffixes K, M, G are binary. --iters applies up to 64 KiB,\n"
     "  then it is scaled down by the size, never below --min-iters.\n"
@@ -620,6 +626,8 @@ int parse_options(int argc, char** argv, Options* o, std::string* err) {
           start = k + 1;
         }
       if (val.find_first_not_of(", ") == std::string::npos) bad("--route");
+    } else if (value("--burst")) {
+      if (err->empty() && !parse_int(val.c_str(), 1, &o->burst)) bad("--burst (at least 1)");
     } else if (value("--order")) {
       if (!err->empty()) return 2;
       if (val == "interleaved") o->interleaved = true;
@@ -647,6 +655,9 @@ int parse_options(int argc, char** argv, Options* o, std::string* err) {
   if (o->min_bytes > o->max_bytes) return *err = "--min-bytes is above --max-bytes", 2;
   if (o->stream && !o->device) return *err = "--stream needs --mem device", 2;
   if (o->append && o->csv.empty()) return *err = "--append needs --csv FILE", 2;
+  if (o->burst && o->coll != Coll::allreduce) return *err = "--burst needs --coll allreduce", 2;
+  if (o->burst && !o->csv.empty()) return *err = "--burst cannot write --csv", 2;
+  if (o->burst && o->stream) return *err = "--burst does not take --stream", 2;
   return 0;
 }
 
@@ -790,7 +801,8 @@ struct Bench {
   void poison(const Point& pt) {
     if (opt.coll == Coll::bcast && rank == 0) return;
     const int byte = ti.is_float ? 0xff : 0x80;
-    const size_t n = pt.recv_elems * static_cast<size_t>(ti.size);
+    const size_t n = pt.recv_elems * static_cast<size_t>(ti.size) *
+                     static_cast<size_t>(std::max(opt.burst, 1));  // --burst: every slice
     if (!opt.device) {
       std::memset(recv, byte, n);
       return;
@@ -830,7 +842,7 @@ struct Bench {
     if (opt.coll == Coll::reduce && rank != 0) return true;
     const uint64_t n = static_cast<uint64_t>(pt.count), p = static_cast<uint64_t>(size);
     const uint64_t r = static_cast<uint64_t>(rank);
-    const void* got = read_recv(pt.recv_elems);
+    const void* got = read_recv(pt.recv_elems * static_cast<size_t>(std::max(opt.burst, 1)));
     std::string g, w;
     size_t bad = pt.recv_elems;
     switch (opt.coll) {
@@ -858,7 +870,18 @@ struct Bench {
                              &g, &w);
         break;
     }
-    if (bad == pt.recv_elems) return true;
+    if (bad == pt.recv_elems) {
+      // --burst: every call of the burst must have the first one's (checked) result
+      const size_t slice = pt.recv_elems * static_cast<size_t>(ti.size);
+      for (int j = 1; j < opt.burst; ++j)
+        if (std::memcmp(static_cast<const char*>(got) + static_cast<size_t>(j) * slice, got, slice)) {
+          report("FAIL: allreduce " + std::to_string(pt.bytes) + " B " + spec + " burst call " +
+                 std::to_string(j) + " differs from call 0 (rank " + std::to_string(rank) + ", " +
+                 when + ")");
+          return false;
+        }
+      return true;
+    }
     report("FAIL: " + std::string(coll_name(opt.coll)) + " " + std::to_string(pt.bytes) + " B " +
            spec + " element " + std::to_string(bad) + ": got " + g + " expected " + w + " (rank " +
            std::to_string(rank) + ", " + when + ")");
@@ -878,6 +901,18 @@ struct Bench {
 
   // --- calls ----------------------------------------------------------------------------
   int call(MPI_Comm comm, int count) {
+    if (opt.burst) {  // N MPI_Iallreduce into consecutive slices of recv, one MPI_Waitall
+      std::vector<MPI_Request> reqs(static_cast<size_t>(opt.burst), MPI_REQUEST_NULL);
+      const size_t slice = static_cast<size_t>(count) * static_cast<size_t>(ti.size);
+      for (int j = 0; j < opt.burst; ++j)
+        if (int rc = MPI_Iallreduce(send, static_cast<char*>(recv) + static_cast<size_t>(j) * slice,
+                                    count, type, op, comm, &reqs[static_cast<size_t>(j)]);
+            rc != MPI_SUCCESS) {
+          MPI_Waitall(j, reqs.data(), MPI_STATUSES_IGNORE);
+          return rc;
+        }
+      return MPI_Waitall(opt.burst, reqs.data(), MPI_STATUSES_IGNORE);
+    }
     switch (opt.coll) {
       case Coll::allreduce: return MPI_Allreduce(send, recv, count, type, op, comm);
       case Coll::reduce: return MPI_Reduce(send, recv, count, type, op, 0, comm);
@@ -909,6 +944,10 @@ struct Bench {
     const double t1 = now_us();
     *lat = t1 - t0;
     *host = c1 - c0;
+    if (opt.burst) {  // per MPI_Iallreduce of the burst
+      *lat /= opt.burst;
+      *host /= opt.burst;
+    }
     if (rc != MPI_SUCCESS) {
       char msg[MPI_MAX_ERROR_STRING] = "";
       int len = 0;
@@ -924,7 +963,8 @@ struct Bench {
     Counts c{};
     for (int i = 0; get && stats_on && i < kNumRoutes; ++i) {
       streamcoll_stat_t st{};
-      if (get(coll_name(opt.coll), kRoutes[i], opt.device ? "device" : "host", &st) == 0)
+      if (get(opt.burst ? "iallreduce" : coll_name(opt.coll), kRoutes[i],
+              opt.device ? "device" : "host", &st) == 0)
         c[static_cast<size_t>(i)] = st.calls;
     }
     return c;
@@ -1112,6 +1152,9 @@ struct Output {
     std::printf("\n# %s  dtype %s  op %s  mem %s  stream %d  ranks %d  nodes %d  ppn %d\n",
                 coll_name(o.coll), b->ti.opt, op, o.device ? "device" : "host", o.stream ? 1 : 0,
                 b->size, b->nodes, b->ppn);
+    if (o.burst)
+      std::printf("# burst %d: each call is %d MPI_Iallreduce and one MPI_Waitall; times per "
+                  "MPI_Iallreduce\n", o.burst, o.burst);
     if (spec == "table")
       std::printf("# route %zu/%zu: table (nothing forced: the tuning table in effect decides)\n",
                   k + 1, o.specs.size());
@@ -1311,6 +1354,15 @@ int main(int argc, char** argv) {
     }
   }
 
+  // --burst: MPI_Iallreduce calls are routed from the facts the ranks agreed at the last
+  // blocking call on the communicator (shim/dispatch.cpp), and fusion's queue is made there:
+  // one MPI_Allreduce per route's communicator first (the bench's own calls are PMPI_).
+  if (opt.burst)
+    for (MPI_Comm c : b.comms) {
+      int one = 1, sum = 0;
+      MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, c);
+    }
+
   // Device buffers need a GPU on every rank.
   if (opt.device) {
 #if STREAMCOLL_HAVE_CUDA
@@ -1331,7 +1383,8 @@ int main(int argc, char** argv) {
   const std::vector<Point> points = sweep(opt, b.size, &notes);
   for (const Point& pt : points) {
     b.send_cap = std::max(b.send_cap, pt.send_elems * static_cast<size_t>(b.ti.size));
-    b.recv_cap = std::max(b.recv_cap, pt.recv_elems * static_cast<size_t>(b.ti.size));
+    b.recv_cap = std::max(b.recv_cap, pt.recv_elems * static_cast<size_t>(b.ti.size) *
+                                          static_cast<size_t>(std::max(b.opt.burst, 1)));
   }
   if (!all_min(b.allocate())) {
     if (rank == 0)
@@ -1545,6 +1598,15 @@ int main(int argc, char** argv) {
     json_ok = 0;
   }
   const int all_ok = all_min(!b.failed);
+  // --burst: what fusion did (streamcoll_fusion_counts), rank 0's count over all routes
+  using FusionCounts = void (*)(unsigned long long*, unsigned long long*, unsigned long long*);
+  if (auto counts = reinterpret_cast<FusionCounts>(dlsym(RTLD_DEFAULT, "streamcoll_fusion_counts"));
+      counts && opt.burst && rank == 0) {
+    unsigned long long calls = 0, messages = 0, agreements = 0;
+    counts(&calls, &messages, &agreements);
+    std::printf("\n# fusion (rank 0, all routes): %llu MPI_Iallreduce fused into %llu messages "
+                "(%llu agreements)\n", calls, messages, agreements);
+  }
   if (rank == 0) {
     if (all_ok)
       std::printf("\n# every result checked (%s of every route and size): ok\n",
