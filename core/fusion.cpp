@@ -33,9 +33,7 @@ std::atomic<uint64_t> g_calls{0}, g_messages{0}, g_agreements{0};
 // The least time between two steps that waits and tests make (a wait polls every request
 // of its array in turn; the progress thread steps regardless).
 constexpr uint64_t kStepGapNs = 1000;
-// The progress thread leaves the stepping to an application thread that stepped within
-// this time, and looks again after it.
-constexpr uint64_t kAppDrivesNs = 200 * 1000;
+
 
 bool on_gpu(const void* p) {
   const MemKind k = cuda::classify(p);
@@ -123,7 +121,6 @@ struct Queue : std::enable_shared_from_this<Queue> {
   std::mutex step_mu;
   std::atomic<uint64_t> stepped_ns{0};  ///< when the last step began
   std::atomic<uint64_t> idle_until{0};  ///< for the progress thread (Task::idle_until_ns)
-  std::atomic<uint64_t> app_stepped_ns{0};  ///< when an application thread last stepped
   struct Group {
     std::vector<Member*> members;     ///< agreed (after the agreement)
     std::vector<unsigned char> buf;   ///< packed contributions, then the result
@@ -238,10 +235,7 @@ struct Queue : std::enable_shared_from_this<Queue> {
   bool step() {
     std::unique_lock<std::mutex> stepping(step_mu, std::try_to_lock);
     if (!stepping.owns_lock()) return false;
-    const uint64_t now = now_ns();
-    stepped_ns.store(now, std::memory_order_relaxed);
-    const bool engine = progress::on_engine_thread();
-    if (!engine) app_stepped_ns.store(now, std::memory_order_relaxed);
+    stepped_ns.store(now_ns(), std::memory_order_relaxed);
     std::vector<Member*> done;
     bool idle = false;
     {
@@ -290,15 +284,14 @@ struct Queue : std::enable_shared_from_this<Queue> {
       if (idle) task_active = false;
       // When the progress thread must step again: with only calls waiting for the cycle
       // time, when it ends (poke() wakes it earlier); with messages in flight, at once,
-      // unless an application thread is stepping the queue (waiting for its calls): then
-      // in kAppDrivesNs, to see whether it still is (two threads polling on one rank only
-      // take the core from each other).
-      uint64_t until = 0;
-      if (idle) until = 0;
-      else if (!agreeing && fused.empty()) until = pending.front()->started_ns + cycle_ns;
-      else if (now - app_stepped_ns.load(std::memory_order_relaxed) < kAppDrivesNs)
-        until = now + kAppDrivesNs;
-      idle_until.store(until, std::memory_order_relaxed);
+      // even while an application thread steps the queue too. (Leaving the polling to a
+      // waiting application thread, whose waits back off to sleeps, stalled fused calls
+      // over TCP for 0.2 to 2 s now and then: Open MPI's TCP BTL is progressed by its
+      // event loop, which opal_progress runs only every so many calls; measured on the
+      // test cluster, bench/results/fusion_2026-11-26.)
+      idle_until.store(!idle && !agreeing && fused.empty() ? pending.front()->started_ns + cycle_ns
+                                                           : 0,
+                       std::memory_order_relaxed);
     }
     // Outside the lock: once complete, the application may free a request at any time.
     for (Member* m : done) m->complete();
@@ -314,10 +307,11 @@ void Member::on_test() {
   // A wait polls every request of its array in turn: one step per kStepGapNs is enough.
   const uint64_t now = now_ns();
   if (now - q->stepped_ns.load(std::memory_order_relaxed) >= kStepGapNs) q->step();
-  // The progress thread is not woken: while this thread waits it steps the queue itself,
-  // and a second thread polling would only take the core from it (an oversubscribed
-  // node). If this thread stops waiting (MPI_Test), the progress thread goes on with what
-  // this step started when its sleep ends: at most the cycle time after the oldest call.
+  // And the progress thread polls too while messages are in flight (it may sleep until
+  // the cycle ends otherwise): this thread's wait backs off to sleeps, and Open MPI's TCP
+  // transport, progressed by an event loop that opal_progress runs only every so many
+  // calls, then stalled for tenths of seconds (bench/results/fusion_2026-11-26).
+  progress::wake();
 }
 
 namespace {
@@ -389,6 +383,9 @@ int start(Queue& q, const CollArgs& a, uint64_t limit, MemKind local, void* sync
     q.open_calls.store(q.pending.size(), std::memory_order_relaxed);
     if (!q.task_active) submit = q.task_active = true;
   }
+  if (submit)
+    SC_TRACE("fusion: call seq %llu opens the queue's task at %llu us",
+             static_cast<unsigned long long>(m->seq), static_cast<unsigned long long>(now_ns() / 1000));
   if (submit && !progress::submit(new QueueTask(q.shared_from_this()))) {
     // After MPI_Finalize began: nothing can run the group.
     SC_WARN("fusion: the progress thread is stopped; the call cannot complete");
