@@ -13,8 +13,8 @@
 #   --time-limit  stop the suite after S seconds (default: none); the tests finished by
 #                 then are reported, and the summary says the run was cut short
 #   --out         where the results go (default bench/results/cluster_suite_<date>):
-#                 testlog.json and testlog.txt (meson's), summary.txt (one line per test:
-#                 result, seconds, name; then the counts), the command and cluster status
+#                 testlog.json.gz and testlog.txt.gz (meson's), summary.txt (one line per
+#                 test: result, seconds, name; then the counts), the command and cluster status
 #   TEST ...      only these tests (default: every test of suite `mpi` but cluster-smoke,
 #                 which builds a cluster of its own and is what CI runs, shortest on one
 #                 node first, by the one-node durations in bench/results/suite_durations.txt
@@ -77,5 +77,6 @@ failed = sum(v for k, v in counts.items() if k not in ("OK", "SKIP", "EXPECTEDFA
 print(f"cluster suite: {counts.get('OK', 0)} passed, {failed} failed, {counts.get('SKIP', 0)} skipped"
       + (f" (cut short: {len(rows)} of {sys.argv[2]} tests ran)" if len(rows) < int(sys.argv[2]) else ""))
 PY
+gzip -9f "$out/testlog.json" "$out/testlog.txt" 2>/dev/null || true
 tail -1 "$out/summary.txt"
 exit $rc
