@@ -12,7 +12,6 @@
 
 #include "core/comm_context.hpp"
 #include "core/cuda_driver.hpp"
-#include "core/errors.hpp"
 #include "core/host_staging.hpp"
 #include "core/log.hpp"
 #include "core/progress.hpp"
@@ -170,7 +169,9 @@ struct Queue : std::enable_shared_from_this<Queue> {
     bool ok = true;
     for (size_t i = 0; i < n && ok; ++i) {
       const Member& m = *pending[i];
-      ok = copy(g->buf.data() + off, m.send, m.bytes, m.send_gpu, m.send) == MPI_SUCCESS;
+      // A call that failed on this rank at its start (own) fails its group everywhere too.
+      ok = m.error_ == MPI_SUCCESS &&
+           copy(g->buf.data() + off, m.send, m.bytes, m.send_gpu, m.send) == MPI_SUCCESS;
       off += m.bytes;
     }
     g->offered[0] = static_cast<int>(n);
@@ -217,7 +218,7 @@ struct Queue : std::enable_shared_from_this<Queue> {
     }
     if (err != MPI_SUCCESS) {
       for (Member* m : g->members) {
-        m->error_ = err;
+        if (m->error_ == MPI_SUCCESS) m->error_ = err;  // a call's own failure stays its error
         done.push_back(m);
       }
       return done;
@@ -343,16 +344,7 @@ std::shared_ptr<Queue> open(const CommContext& ctx) {
   return q;
 }
 
-int start(Queue& q, const CollArgs& a, uint64_t limit, MemKind local, void* sync_stream) {
-#if STREAMCOLL_HAVE_CUDA
-  if (sync_stream) {
-    if (CUresult r = cuda::driver().cuStreamSynchronize(static_cast<CUstream>(sync_stream));
-        r != CUDA_SUCCESS)
-      return fail(Failure::cuda, cuda::describe("cuStreamSynchronize (before a fused call)", r));
-  }
-#else
-  (void)sync_stream;
-#endif
+int start(Queue& q, const CollArgs& a, uint64_t limit, MemKind local, int own) {
   int size = 0;
   MPI_Aint lb = 0, extent = 0;
   if (PMPI_Type_size(a.datatype, &size) != MPI_SUCCESS ||
@@ -372,6 +364,7 @@ int start(Queue& q, const CollArgs& a, uint64_t limit, MemKind local, void* sync
     m->recv_gpu = on_gpu(m->recv);
   }
   m->started_ns = now_ns();
+  m->error_ = own;
   if (int rc = start_request(m, a.request); rc != MPI_SUCCESS) return rc;  // m deleted
   q.calls.fetch_add(1, std::memory_order_relaxed);
   g_calls.fetch_add(1, std::memory_order_relaxed);

@@ -74,11 +74,13 @@ std::shared_ptr<Queue> open(const CommContext& ctx);
 /// datatype and op, a.count * type size <= limit bytes) as a member of `q`'s open group:
 /// *a.request gets a streamcoll-owned request that completes when the group's fused
 /// message is done. `local`: the memory kind of this rank's buffers (host or pinned: no
-/// buffer is looked at again; otherwise each is classified); `sync_stream`, if
-/// not null, a stream to synchronise first (this rank's communicator carries one while
-/// the agreed facts say some rank's does not). Returns an MPI error code (nothing is
-/// started on an error).
-int start(Queue& q, const CollArgs& a, uint64_t limit, MemKind local, void* sync_stream);
+/// buffer is looked at again; otherwise each is classified). A stream this rank's
+/// communicator carries (where the agreed facts have none) is the caller's to synchronise
+/// first; `own`, a failure of this rank's found before (that synchronisation): the call
+/// still takes its part, as every rank's call must, and its group fails on every rank
+/// (the agreement's ok flag), this call with `own`. Returns an MPI error code (nothing is
+/// started when starting fails).
+int start(Queue& q, const CollArgs& a, uint64_t limit, MemKind local, int own = MPI_SUCCESS);
 
 /// Another call on the communicator: closes the open group (nothing when there is none).
 /// Never blocks.

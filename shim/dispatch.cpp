@@ -442,9 +442,11 @@ int dispatch_described(const CollArgs& a, Runtime& rt) {
     rc = d.error;
   } else if (fuse) {
     // A stream on this rank's communicator that the agreed facts do not have (some rank's
-    // lacks one): synchronised at the call, as the pmpi route does.
-    rc = fusion::start(*d.ctx->fusion, a, fuse, d.env.mem,
-                       d.env.has_stream ? d.env.stream : nullptr);
+    // lacks one): synchronised at the call, as the pmpi route does. If that fails, the
+    // call still takes its part (the others fuse it) and its group fails everywhere.
+    const int own = d.env.has_stream ? sync_stream(d.env.stream) : MPI_SUCCESS;
+    rc = fusion::start(*d.ctx->fusion, a, fuse, d.env.mem, own);
+    if (rc == MPI_SUCCESS) rc = own;
     if (rc != MPI_SUCCESS) PMPI_Comm_call_errhandler(a.comm, rc);
   } else if (d.route == RouteId::pmpi) {
     // A failed synchronisation of the stream still leaves this rank in the call (the

@@ -12,6 +12,10 @@
 //   - a stream attached on odd ranks only (the agreed facts have none: calls are fused,
 //     not stream-ordered): those ranks write their input on the stream without waiting,
 //     so the call must synchronise the stream before the input is read;
+//   - that synchronisation failing on rank 1 (fake_cuda_fail_after): the call still takes
+//     its part, fails there with the CUDA failure and on every other rank too (its group
+//     fails everywhere: the agreement's ok flag), nothing hangs, and the next calls are
+//     exact;
 // every call completed by a completion call that differs between ranks, its result read
 // by the host with the race detector's blessing, and checked against values computed here.
 // Fusion must have happened (streamcoll_fusion_counts: fewer messages than calls).
@@ -194,11 +198,42 @@ int main(int argc, char** argv) {
     MPI_Comm c = fused_comm(Kind::device);
     if (g_rank % 2) check(streamcoll_comm_attach_stream(c, g_stream) == MPI_SUCCESS, "attach");
     rounds(c, "stream on odd ranks", g_rank % 2 == 1, Kind::device, false);
+    // The stream synchronisation fails on rank 1, for one call.
+    // (A failed generalized request raises its error on MPI_COMM_WORLD's handler in Open
+    // MPI, on MPI_COMM_SELF's in the standard's reading: both return here.)
+    MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
+    auto fail_after = reinterpret_cast<fake_cuda_fail_after_fn>(
+        dlsym(dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD), "fake_cuda_fail_after"));
+    check(fail_after != nullptr, "fake_cuda_fail_after");
+    for (int round = 0; round < 3 && fail_after; ++round) {
+      const bool failing = round == 1 && g_rank == 1;
+      if (failing) fail_after("cuStreamSynchronize", 1);
+      Buf in(Kind::device, 5), out(Kind::device, 5);
+      check(api.host_access(in.p, 5 * sizeof(double), 1) == 0, "input");
+      for (size_t i = 0; i < 5; ++i) in.p[i] = input(g_rank, i, 1000 + round);
+      MPI_Request req = MPI_REQUEST_NULL;
+      const int rc = MPI_Iallreduce(in.p, out.p, 5, MPI_DOUBLE, MPI_SUM, c, &req);
+      check(failing ? rc != MPI_SUCCESS : rc == MPI_SUCCESS,
+            "sync failure round " + std::to_string(round) + ": the call's own return code");
+      const int wrc = MPI_Wait(&req, MPI_STATUS_IGNORE);
+      const std::string L = "sync failure round " + std::to_string(round);
+      if (round == 1) {
+        check(wrc != MPI_SUCCESS, L + ": the call fails on every rank");
+      } else {
+        check(wrc == MPI_SUCCESS, L + ": completes");
+        check(api.host_access(out.p, 5 * sizeof(double), 0) == 0, L + ": result readable");
+        bool exact = true;
+        for (size_t i = 0; i < 5; ++i) exact = exact && out.p[i] == expected(i, 1000 + round);
+        check(exact, L + ": exact");
+      }
+    }
     MPI_Comm_free(&c);
   }
   unsigned long long calls = 0, messages = 0, agreements = 0;
   if (counts) counts(&calls, &messages, &agreements);
-  check(calls == 3 * 12 * 9 && messages > 0 && messages < calls,
+  check(calls == 3 * 12 * 9 + 3 && messages > 0 && messages < calls,
         "fused: " + std::to_string(calls) + " calls in " + std::to_string(messages) + " messages");
   check(cu("races") == races0, "no race");
   api.stream_destroy(g_stream);
