@@ -312,13 +312,7 @@ int main(int argc, char** argv) {
     // ranks of one node make (on several nodes, the test cluster: the route needs route
     // nccl across them, and the test expects the group): skipped there.
     if (param.empty()) {
-      MPI_Comm local;
-      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
-      int local_rank = 0, leaders = 0;
-      MPI_Comm_rank(local, &local_rank);
-      const int leader = local_rank == 0 ? 1 : 0;
-      MPI_Allreduce(&leader, &leaders, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-      MPI_Comm_free(&local);
+      const int leaders = job_nodes();
       if (leaders > 1) {
         if (g_rank == 0)
           std::printf("SKIP: the ranks are on %d nodes; one NV-Group is one node's\n", leaders);

@@ -310,6 +310,19 @@ inline std::vector<char> pattern(int rank, size_t offset, size_t bytes, unsigned
   return b;
 }
 
+/// The number of nodes (MPI_COMM_TYPE_SHARED groups) MPI_COMM_WORLD spans: more than one
+/// on the test cluster (scripts/cluster.sh). Collective over MPI_COMM_WORLD.
+inline int job_nodes() {
+  MPI_Comm local;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+  int local_rank = 0, nodes = 0;
+  MPI_Comm_rank(local, &local_rank);
+  const int leader = local_rank == 0 ? 1 : 0;
+  MPI_Allreduce(&leader, &nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Comm_free(&local);
+  return nodes;
+}
+
 inline int comm_rank(MPI_Comm c) {
   int r;
   MPI_Comm_rank(c, &r);

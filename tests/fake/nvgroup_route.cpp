@@ -510,13 +510,7 @@ int main(int argc, char** argv) {
   // pmpi, which synchronises an attached stream (held mode's gate would then hold it for
   // ever). So on several nodes the program says so and skips.
   {
-    MPI_Comm local;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
-    int local_rank = 0, leaders = 0;
-    MPI_Comm_rank(local, &local_rank);
-    const int leader = local_rank == 0 ? 1 : 0;
-    MPI_Allreduce(&leader, &leaders, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    MPI_Comm_free(&local);
+    const int leaders = job_nodes();
     if (leaders > 1) {
       if (g_rank == 0)
         std::printf("SKIP: the ranks are on %d nodes; this test's expectations are one node's\n", leaders);
