@@ -484,7 +484,7 @@ int dispatch_described(const CollArgs& a, Runtime& rt) {
     // string costs a little per call).
     std::string& last = last_route_text();
     last = name(d.route);
-    if (d.route != RouteId::pmpi && d.choice)
+    if (d.choice && d.choice->route == d.route)  // (pmpi's only parameter: fuse=)
       for (const auto& [k, v] : d.choice->params) last += " " + k + "=" + v;
   }
   return rc;
