@@ -532,7 +532,7 @@ const char kUsage[] =
     "  --burst N      allreduce only: each timed call is N MPI_Iallreduce of the size (own\n"
     "                 receive buffers, one send buffer) and one MPI_Waitall; times are\n"
     "                 per MPI_Iallreduce (the burst's time / N). For fusion (fuse=).\n"
-    "                 Not with --csv (the rows are not single calls).\n"
+    "                 --csv rows carry N in their burst column (0 otherwise).\n"
     "  sizes: nccl-tests convention (allgather: receive buffer; reduce_scatter_block and\n"
     "  alltoall: send buffer); suffixes K, M, G are binary. --iters applies up to 64 KiB,\n"
     "  then it is scaled down by the size, never below --min-iters.\n"
@@ -656,7 +656,6 @@ int parse_options(int argc, char** argv, Options* o, std::string* err) {
   if (o->stream && !o->device) return *err = "--stream needs --mem device", 2;
   if (o->append && o->csv.empty()) return *err = "--append needs --csv FILE", 2;
   if (o->burst && o->coll != Coll::allreduce) return *err = "--burst needs --coll allreduce", 2;
-  if (o->burst && !o->csv.empty()) return *err = "--burst cannot write --csv", 2;
   if (o->burst && o->stream) return *err = "--burst does not take --stream", 2;
   return 0;
 }
@@ -992,6 +991,11 @@ struct Bench {
   void warm_up(size_t k, const Model& m, const Point& pt, Counts* used) {
     const std::string& spec = opt.specs[k];
     double lat = 0, host = 0;
+    // --burst: one blocking MPI_Allreduce of the size first. MPI_Iallreduce calls are
+    // routed from what the last blocking call agreed, and a route that sets itself up
+    // collectively (ht) does so only at a blocking call that it routes: as in an
+    // application that calls both, the burst then finds it set up.
+    if (opt.burst) MPI_Allreduce(send, recv, pt.count, type, op, comms[k]);
     fill(m, pt);
     poison(pt);
     const Counts before = route_calls();
@@ -1129,7 +1133,7 @@ struct Bench {
 
 const char kCsvHeader[] =
     "coll,dtype,op,mem,stream,ranks,nodes,ppn,spec,route,taken,bytes,count,iters,"
-    "min_us,median_us,max_us,host_us,algbw_GBps,busbw_GBps,valid,rule";
+    "min_us,median_us,max_us,host_us,algbw_GBps,busbw_GBps,valid,rule,burst";
 
 struct Output {
   const Bench* b = nullptr;
@@ -1137,12 +1141,12 @@ struct Output {
 
   void csv_row(FILE* f, const Row& r) const {
     const Options& o = b->opt;
-    std::fprintf(f, "%s,%s,%s,%s,%d,%d,%d,%d,%s,%s,%s,%llu,%llu,%d,%.3f,%.3f,%.3f,%.3f,%.6g,%.6g,%d,%s\n",
+    std::fprintf(f, "%s,%s,%s,%s,%d,%d,%d,%d,%s,%s,%s,%llu,%llu,%d,%.3f,%.3f,%.3f,%.3f,%.6g,%.6g,%d,%s,%d\n",
                  coll_name(o.coll), b->ti.mpi, op, o.device ? "device" : "host", o.stream ? 1 : 0,
                  b->size, b->nodes, b->ppn, r.spec.c_str(), r.route.c_str(), r.taken.c_str(),
                  static_cast<unsigned long long>(r.bytes), static_cast<unsigned long long>(r.count),
                  r.iters, r.min_us, r.median_us, r.max_us, r.host_us, r.algbw, r.busbw,
-                 r.valid ? 1 : 0, r.rule.c_str());
+                 r.valid ? 1 : 0, r.rule.c_str(), o.burst);
     std::fflush(f);
   }
 
@@ -1186,7 +1190,8 @@ struct Output {
                  json_string(coll_name(o.coll)).c_str(), json_string(b->ti.mpi).c_str(),
                  json_string(op).c_str(), json_string(o.device ? "device" : "host").c_str(),
                  o.stream ? 1 : 0);
-    std::fprintf(f, "    \"ranks\": %d, \"nodes\": %d, \"ppn\": %d,\n", b->size, b->nodes, b->ppn);
+    std::fprintf(f, "    \"ranks\": %d, \"nodes\": %d, \"ppn\": %d, \"burst\": %d,\n", b->size,
+                 b->nodes, b->ppn, o.burst);
     std::fprintf(f, "    \"specs\": [%s],\n", specs.c_str());
     std::fprintf(f,
                  "    \"min_bytes\": %llu, \"max_bytes\": %llu, \"factor\": %llu, \"warmup\": %d, "

@@ -519,7 +519,7 @@ int cmd_predict(int argc, char** argv) {
           {"bytes", std::to_string(x.bytes)}, {"count", std::to_string(x.bytes / 4)},
           {"iters", "0"}, {"min_us", f(us)}, {"median_us", f(us)}, {"max_us", f(us)},
           {"host_us", f(us)}, {"algbw_GBps", f(algbw)}, {"busbw_GBps", f(busbw)},
-          {"valid", "1"}, {"rule", x.route}};
+          {"valid", "1"}, {"rule", x.route}, {"burst", "0"}};
       for (size_t i = 0; i < cols.size(); ++i) {
         text += (i ? "," : "") + (v.count(cols[i]) ? v[cols[i]] : std::string());
       }
@@ -756,7 +756,7 @@ int cmd_hosts(int argc, char** argv) {
         std::replace(spec.begin(), spec.end(), ' ', ':');
         char line[512];
         std::snprintf(line, sizeof line,
-                      "allreduce,float,sum,host,0,%d,%d,%d,%s,%s,%s,%llu,%llu,0,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,1,%s\n",
+                      "allreduce,float,sum,host,0,%d,%d,%d,%s,%s,%s,%llu,%llu,0,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,1,%s,0\n",
                       g, m.nodes, m.ppn, spec.c_str(), r.route, route_family(r.route).c_str(),
                       static_cast<unsigned long long>(n), static_cast<unsigned long long>(n / 4),
                       t * 1e6, t * 1e6, t * 1e6, t * 1e6, double(n) / t / 1e9,

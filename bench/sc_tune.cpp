@@ -7,8 +7,10 @@
 //       and spec "table" are left out and counted, per reason), picks the fastest route
 //       per (shape, ranks, bytes) by median latency (ties within --tie go to the simpler
 //       route), merges them into rules and writes the table (stdout without --out), with
-//       the embedded default table as the fallback unless --no-fallback. Prints, per
-//       shape, the winners as a map: a row per rank count, a letter per size.
+//       the embedded default table as the fallback unless --no-fallback. Rows of bursts
+//       (sc_bench --burst) decide fuse= (config/table_builder.hpp, rule 4). Prints, per
+//       shape, the winners as a map: a row per rank count, a letter per size; and the
+//       bursts per point, fastest unfused and fused.
 //
 //   sc_tune check --table FILE [--measured CSV]... CSV...
 //       Loads FILE with the library's parser (a malformed table fails the check), then:
@@ -121,17 +123,58 @@ std::map<PointKey, std::vector<Measurement>> group(const std::vector<Measurement
   return g;
 }
 
+// The burst measurements (sc_bench --burst) per point: the fastest unfused and fused
+// candidates and their ratio, and whether fusion wins there (rule 4).
+void print_bursts(const std::vector<Measurement>& ms, const BuildOptions& opt) {
+  std::map<PointKey, std::vector<Measurement>> bursts;
+  for (const auto& m : ms)
+    if (m.burst > 0) bursts[point_key(m)].push_back(m);
+  if (bursts.empty()) return;
+  const FusionPicks fusion(ms, opt);
+  std::printf("# bursts of MPI_Iallreduce (us per call): ranks, size, fastest unfused, "
+              "fastest fused, unfused/fused, fused in the table\n");
+  for (const auto& [key, cands] : bursts) {
+    const Measurement* best[2] = {nullptr, nullptr};  // unfused, fused
+    for (const auto& c : cands) {
+      const Measurement*& b = best[route_param(c.route, "fuse").empty() ? 0 : 1];
+      if (!b || c.seconds < b->seconds) b = &c;
+    }
+    auto cell = [](const Measurement* m) {
+      if (!m) return std::string("-");
+      char t[32];
+      std::snprintf(t, sizeof t, "%.3f", m->seconds * 1e6);
+      return std::string(t) + " [" + m->route + "]";
+    };
+    const Measurement& any = cands.front();
+    std::printf("#   %s, %d ranks, %s: %s %s", shape_text(any).c_str(), any.ranks,
+                size_text(any.bytes).c_str(), cell(best[0]).c_str(), cell(best[1]).c_str());
+    if (best[0] && best[1]) std::printf(" %.2fx", best[0]->seconds / best[1]->seconds);
+    const std::string f = fusion.fuse_at(any);
+    std::printf(" %s\n", f.empty() ? "no" : ("fuse=" + f).c_str());
+  }
+}
+
+// Single calls and bursts apart (the table builder's rules 1 and 4).
+std::vector<Measurement> singles(const std::vector<Measurement>& ms) {
+  std::vector<Measurement> out;
+  for (const auto& m : ms)
+    if (m.burst == 0) out.push_back(m);
+  return out;
+}
+
 void print_maps(const std::vector<Measurement>& ms, const BuildOptions& opt) {
-  // shape -> ranks -> bytes -> winner
+  const FusionPicks fusion(ms, opt);
+  // shape -> ranks -> bytes -> winner (with fuse= where bursts were faster fused)
   std::map<std::tuple<int, int, int, int>, std::map<int, std::map<uint64_t, std::string>>> maps;
   std::map<std::tuple<int, int, int, int>, Measurement> sample;
-  for (const auto& [key, cands] : group(ms)) {
+  for (const auto& [key, cands] : group(singles(ms))) {
     const Measurement& w = cands[static_cast<size_t>(pick_winner(cands, opt))];
     auto shape = std::make_tuple(std::get<0>(key), std::get<1>(key), std::get<2>(key),
                                  std::get<3>(key));
-    maps[shape][w.ranks][w.bytes] = w.route;
+    maps[shape][w.ranks][w.bytes] = fusion.route_for(w);
     sample.emplace(shape, w);
   }
+  print_bursts(ms, opt);
   for (const auto& [shape, by_ranks] : maps) {
     std::map<std::string, char> letter;
     std::set<uint64_t> sizes;
@@ -211,6 +254,11 @@ int cmd_table(int argc, char** argv) {
   for (const auto& f : files) header += " " + f;
   header += "\ncandidates:";
   for (const auto& r : routes) header += " [" + r + "]";
+  int bursts = 0;
+  for (const auto& m : ms) bursts += m.burst > 0;
+  if (bursts)
+    header += "\nfuse= where bursts of MPI_Iallreduce were faster fused (" +
+              std::to_string(bursts) + " of the measurements are bursts)";
   header += "\n" + std::to_string(ms.size()) + " measurements -> " +
             std::to_string(rules.size()) + " rules; load with STREAMCOLL_TUNING_FILE=<this file>";
   std::string text = write_table(rules, header, fallback ? default_table_text() : "");
@@ -281,8 +329,11 @@ int cmd_check(int argc, char** argv) {
   if (!measured.empty()) {
     std::vector<BenchRow> rows;
     if (!read_rows(measured, &rows)) return 2;
-    for (const auto& [key, cands] : group(usable(rows, false))) {
-      const Measurement& w = cands[static_cast<size_t>(pick_winner(cands, opt))];
+    const auto ms = usable(rows, false);
+    const FusionPicks fusion(ms, opt);
+    for (const auto& [key, cands] : group(singles(ms))) {
+      Measurement w = cands[static_cast<size_t>(pick_winner(cands, opt))];
+      w.route = fusion.route_for(w);  // fuse= where the bursts were faster fused
       CallKey k;
       k.coll = w.coll;
       k.bytes = w.bytes;

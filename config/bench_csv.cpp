@@ -36,7 +36,7 @@ bool parse_real(std::string_view s, double* out) {
 
 std::string_view bench_csv_header() {
   return "coll,dtype,op,mem,stream,ranks,nodes,ppn,spec,route,taken,bytes,count,iters,"
-         "min_us,median_us,max_us,host_us,algbw_GBps,busbw_GBps,valid,rule";
+         "min_us,median_us,max_us,host_us,algbw_GBps,busbw_GBps,valid,rule,burst";
 }
 
 bool parse_bench_csv(std::string_view text, std::string_view source,
@@ -66,7 +66,7 @@ bool parse_bench_csv(std::string_view text, std::string_view source,
         if (!col.emplace(f[i], i).second)
           return fail("column '" + std::string(f[i]) + "' appears twice");
       for (auto name : split_commas(bench_csv_header()))
-        if (!col.count(name) && name != "rule")  // rule: newer, optional
+        if (!col.count(name) && name != "rule" && name != "burst")  // newer, optional
           return fail("no column '" + std::string(name) + "'");
       have_header = true;
       continue;
@@ -86,7 +86,8 @@ bool parse_bench_csv(std::string_view text, std::string_view source,
     r.taken = at("taken");
     if (col.count("rule") && !at("rule").empty()) r.rule = at("rule");
     int valid = 0;
-    bool ok = parse_int(at("stream"), &r.stream) && parse_int(at("ranks"), &r.ranks) &&
+    bool ok = (!col.count("burst") || parse_int(at("burst"), &r.burst)) && r.burst >= 0 &&
+              parse_int(at("stream"), &r.stream) && parse_int(at("ranks"), &r.ranks) &&
               parse_int(at("nodes"), &r.nodes) && parse_int(at("ppn"), &r.ppn) &&
               parse_int(at("bytes"), &r.bytes) && parse_int(at("count"), &r.count) &&
               parse_int(at("iters"), &r.iters) && parse_real(at("min_us"), &r.min_us) &&
@@ -128,6 +129,7 @@ bool to_measurement(const BenchRow& row, Measurement* out, std::string* why) {
   out->nodes = row.nodes;
   out->bytes = row.bytes;
   out->route = row.route;
+  out->burst = row.burst;
   out->seconds = row.median_us * 1e-6;
   return true;
 }

@@ -2,7 +2,7 @@
 // profile fit of sc_model). One header line, then one row per (route, size):
 //
 //   coll,dtype,op,mem,stream,ranks,nodes,ppn,spec,route,taken,bytes,count,iters,
-//   min_us,median_us,max_us,host_us,algbw_GBps,busbw_GBps,valid,rule
+//   min_us,median_us,max_us,host_us,algbw_GBps,busbw_GBps,valid,rule,burst
 //
 //   coll      collective name (allreduce, reduce, bcast, allgather,
 //             reduce_scatter_block, alltoall)
@@ -25,6 +25,9 @@
 //   valid     1 when every checked result was right
 //   rule      the route with its parameters that the last timed call took, from
 //             streamcoll_last_route ("ht algo=rd"; "-" unknown); optional when reading
+//   burst     0: each timed call is one call; N (sc_bench --burst N, allreduce): each timed
+//             call is N MPI_Iallreduce and one MPI_Waitall, and the times are per
+//             MPI_Iallreduce (what fusion, fuse=, is measured by); optional when reading (0)
 //
 // Columns are found by name, so readers accept extra columns and any order.
 #pragma once
@@ -47,6 +50,7 @@ struct BenchRow {
   double min_us = 0, median_us = 0, max_us = 0, host_us = 0, algbw = 0, busbw = 0;
   bool valid = false;
   std::string rule = "-";
+  int burst = 0;
 };
 
 /// The column names in order, joined by ','.

@@ -610,6 +610,7 @@ FitResult fit_profile(const std::vector<BenchRow>& rows, const MachineProfile* b
     max_ppn = std::max(max_ppn, r.ppn);
     if (r.coll != "allreduce") { ++skipped["not allreduce"]; continue; }
     if (!r.valid) { ++skipped["not valid"]; continue; }
+    if (r.burst) { ++skipped["bursts of MPI_Iallreduce"]; continue; }
     const auto algo = ht_algo(r.spec);
     if (!algo) { ++skipped["not route ht with algo=ring|rd|rabenseifner"]; continue; }
     if (r.taken != "ht" && r.taken != "-") { ++skipped["taken by another route"]; continue; }

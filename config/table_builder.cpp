@@ -83,6 +83,49 @@ int pick_winner(const std::vector<Measurement>& candidates, const BuildOptions& 
   return best;
 }
 
+std::string route_param(std::string_view route, std::string_view key) {
+  size_t i = 0;
+  while (i < route.size()) {
+    while (i < route.size() && route[i] == ' ') ++i;
+    size_t end = route.find(' ', i);
+    if (end == std::string_view::npos) end = route.size();
+    std::string_view word = route.substr(i, end - i);
+    if (word.size() > key.size() && word.substr(0, key.size()) == key && word[key.size()] == '=')
+      return std::string(word.substr(key.size() + 1));
+    i = end;
+  }
+  return "";
+}
+
+namespace {
+std::tuple<int, int, int, bool, int, uint64_t> point_of(const Measurement& m) {
+  return {static_cast<int>(m.coll), static_cast<int>(m.mem), m.stream, m.nodes > 1, m.ranks,
+          m.bytes};
+}
+}  // namespace
+
+FusionPicks::FusionPicks(const std::vector<Measurement>& points, const BuildOptions& opt) {
+  std::map<std::tuple<int, int, int, bool, int, uint64_t>, std::vector<Measurement>> bursts;
+  for (const Measurement& m : points)
+    if (m.burst > 0 && m.coll == Coll::allreduce) bursts[point_of(m)].push_back(m);
+  for (const auto& [key, cands] : bursts) {
+    std::string fuse = route_param(cands[static_cast<size_t>(pick_winner(cands, opt))].route,
+                                   "fuse");
+    if (!fuse.empty()) fuse_.emplace(key, std::move(fuse));
+  }
+}
+
+std::string FusionPicks::fuse_at(const Measurement& point) const {
+  auto it = fuse_.find(point_of(point));
+  return it == fuse_.end() ? "" : it->second;
+}
+
+std::string FusionPicks::route_for(const Measurement& winner) const {
+  std::string fuse = fuse_at(winner);
+  if (fuse.empty() || !route_param(winner.route, "fuse").empty()) return winner.route;
+  return winner.route + " fuse=" + fuse;
+}
+
 std::string check_route(std::string_view route) {
   std::optional<ParseError> err;
   std::string line = "* * * * * * * " + std::string(route);
@@ -100,6 +143,7 @@ std::vector<BuiltRule> build_rules(const std::vector<Measurement>& points,
   };
   // shape -> ranks -> bytes -> candidates, in the order first seen
   std::map<ShapeKey, std::map<int, std::map<uint64_t, std::vector<Measurement>>>> grid;
+  std::vector<Measurement> bursts;  // rule 4
   std::map<std::string, bool> route_ok;
   for (const Measurement& m : points) {
     auto it = route_ok.find(m.route);
@@ -124,11 +168,16 @@ std::vector<BuiltRule> build_rules(const std::vector<Measurement>& points,
       reject("route '" + m.route + "': bad ranks, nodes or stream");
       continue;
     }
+    if (m.burst > 0) {
+      bursts.push_back(m);
+      continue;
+    }
     ShapeKey key{m.coll, m.mem, m.stream, m.nodes > 1};
     grid[key][m.ranks][m.bytes].push_back(m);
   }
   if (skipped) *skipped = bad;
   if (why) *why = first_reason;
+  const FusionPicks fusion(bursts, opt);
 
   std::vector<BuiltRule> out;
   for (const auto& [shape, by_ranks] : grid) {
@@ -139,7 +188,8 @@ std::vector<BuiltRule> build_rules(const std::vector<Measurement>& points,
       uint64_t prev = 0;
       bool first = true;
       for (const auto& [bytes, cands] : by_bytes) {
-        const std::string& win = cands[static_cast<size_t>(pick_winner(cands, opt))].route;
+        const std::string win =
+            fusion.route_for(cands[static_cast<size_t>(pick_winner(cands, opt))]);
         if (!first && bm.back().second != win) {
           // The boundary: the smaller size's winner takes up to the geometric midpoint.
           uint64_t mid = static_cast<uint64_t>(

@@ -22,6 +22,13 @@
 //     measured ones takes the smaller one's rules (where such a rule's route declines the
 //     call, e.g. a hierarchy that does not fit, the library tries the next matching
 //     rule), and one below every measured count falls through to the fallback rules.
+//  4. Fusion (fuse=, core/fusion.hpp; Horovod's tensor fusion): measurements of bursts
+//     (Measurement::burst > 0: N MPI_Iallreduce and one MPI_Waitall, time per call) do not
+//     compete with single calls. At each point they were taken, the fastest burst
+//     candidate (rule 1) decides: when its route fuses (has fuse=), that point's winner of
+//     rule 1 gets the same fuse= added (its MPI_Iallreduce calls are fused; its blocking
+//     calls are not affected), so rule 2 splits byte ranges where fusion stops winning.
+//     Points without burst measurements are not fused.
 // The written table ends with the fallback (by default the library's embedded default
 // table), so collectives and shapes that were not measured keep their usual routes.
 //
@@ -29,8 +36,10 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "config/tuning_table.hpp"
@@ -48,6 +57,7 @@ struct Measurement {
   uint64_t bytes = 0;   ///< CallKey::bytes convention (the nccl-tests "size")
   std::string route;    ///< table syntax: "ht algo=rd", "blueconnect hierarchy=4x2", "pmpi"
   double seconds = 0;   ///< the time to compare (a median latency); must be finite, > 0
+  int burst = 0;        ///< 0: one call; N: per MPI_Iallreduce of bursts of N (rule 4)
 };
 
 struct BuildOptions {
@@ -73,7 +83,26 @@ int simplicity(std::string_view route);
 /// bytes), per rule 1 above. -1 when the list is empty.
 int pick_winner(const std::vector<Measurement>& candidates, const BuildOptions& opt);
 
-/// Rules 1-3: every measurement must have a parseable route (see check_route) and a
+/// Rule 4: the fuse= value (as written in the route, "64M") of the fastest burst
+/// candidate at (shape, ranks, bytes) of `point`, among the burst measurements in
+/// `points`; empty when it does not fuse or no burst was measured there.
+class FusionPicks {
+ public:
+  FusionPicks(const std::vector<Measurement>& points, const BuildOptions& opt);
+  std::string fuse_at(const Measurement& point) const;
+  /// `winner`'s route with the fuse= of its point added (unchanged where none).
+  std::string route_for(const Measurement& winner) const;
+  bool empty() const { return fuse_.empty(); }
+
+ private:
+  std::map<std::tuple<int, int, int, bool, int, uint64_t>, std::string> fuse_;
+};
+
+/// The value of parameter `key` in a route in table syntax ("pmpi fuse=64K" -> "64K"),
+/// empty when it has none.
+std::string route_param(std::string_view route, std::string_view key);
+
+/// Rules 1-4: every measurement must have a parseable route (see check_route) and a
 /// finite positive time; bad ones are skipped and counted in *skipped (if given), with
 /// the first reason in *why. Rules come out ordered by shape (collective, memory,
 /// stream: without, with, then either; node class), then ranks, then bytes, so a shape

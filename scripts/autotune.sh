@@ -21,6 +21,14 @@
 #     --min-bytes N --max-bytes N --iters N --warmup N   passed to sc_bench
 #                         (defaults 4, 64M, sc_bench's own iteration counts)
 #     --tie F             ties within F (relative) go to the simpler route (default 0.05)
+#     --burst N           allreduce: also time bursts of N MPI_Iallreduce + MPI_Waitall
+#                         (sc_bench --burst) of every candidate and of pmpi:fuse=FUSE,
+#                         from --min-bytes to --burst-max-bytes; where the fused bursts
+#                         are faster, the table's rule gets fuse=FUSE (Horovod's tensor
+#                         fusion, README "Fusion"). Default 100; 0: no fusion measured.
+#                         Not for device buffers with the stream attribute (never fused)
+#     --fuse SIZE         the fused candidate's fuse= (default 64M, Horovod's threshold)
+#     --burst-max-bytes N the largest burst size (default 64K)
 #     --out DIR           where everything goes (default autotune-YYYYmmdd-HHMMSS)
 #     --no-plot           no PNGs (they need python3-matplotlib)
 #     --no-verify         do not run the check against the loaded table
@@ -52,6 +60,7 @@ installed=1
 case $installed_libdir in @*) installed=0 ;; esac
 
 nps="2 4" colls=allreduce mems=host streams=no routes="" tie=0.05 out="" plot=1 verify=1 build_it=1
+burst=100 fuse=64M burst_max=64K
 bench_opts=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -63,6 +72,9 @@ while [ $# -gt 0 ]; do
     --routes) routes=$2; shift ;;
     --min-bytes|--max-bytes|--iters|--warmup) bench_opts+=("$1" "$2"); shift ;;
     --tie) tie=$2; shift ;;
+    --burst) burst=$2; shift ;;
+    --fuse) fuse=$2; shift ;;
+    --burst-max-bytes) burst_max=$2; shift ;;
     --out) out=$2; shift ;;
     --no-plot) plot=0 ;;
     --no-verify) verify=0 ;;
@@ -84,6 +96,7 @@ for m in ${mems//,/ }; do
   esac
 done
 [ ${#shapes[@]} -gt 0 ] || { echo "autotune.sh: --mem is empty" >&2; exit 2; }
+[[ $burst =~ ^[0-9]+$ ]] || { echo "autotune.sh: --burst takes a count (0: none), got '$burst'" >&2; exit 2; }
 [ "$streams" != no ] && [[ ,$mems, != *,device,* ]] &&
   { echo "autotune.sh: --stream is for device buffers (add --mem device)" >&2; exit 2; }
 routes_for() {  # the candidates for memory kind $1 and collective $2
@@ -170,6 +183,18 @@ bench() {
   fi
 }
 
+wants_burst() {  # whether collective $1 of shape $2 is measured in bursts too
+  [ "$burst" -gt 0 ] && [ "$1" = allreduce ] && [ "${2#*:}" = 0 ]
+}
+# The burst runs take the single-call options, with their own largest size.
+burst_opts=(--burst "$burst")
+skip=0
+for o in "${bench_opts[@]}"; do
+  if [ $skip = 1 ]; then skip=0; continue; fi
+  [ "$o" = --max-bytes ] && { skip=1; continue; }
+  burst_opts+=("$o")
+done
+burst_opts+=(--max-bytes "$burst_max")
 shape_args() {  # sc_bench's options for shape $1 ("MEM:STREAM")
   echo "--mem ${1%:*}$([ "${1#*:}" = 1 ] && echo ' --stream')"
 }
@@ -186,6 +211,14 @@ for shape in "${shapes[@]}"; do
       bench "$np" "$out/measured.csv" -- --coll "$c" $(shape_args "$shape") "${route_args[@]}" \
         "${bench_opts[@]}" --quiet || rc=$?
       [ $rc -eq 77 ] && { skipped=1; break 2; }
+      if wants_burst "$c" "$shape"; then
+        # Fusion: the same candidates unfused and the MPI's call fused, in bursts. Forced
+        # fuse= needs the progress thread to call MPI (a table with fuse= asks for it).
+        # shellcheck disable=SC2046
+        bench "$np" "$out/measured.csv" STREAMCOLL_THREAD_MULTIPLE=1 -- --coll "$c" \
+          $(shape_args "$shape") "${route_args[@]}" --route "pmpi:fuse=$fuse" \
+          "${burst_opts[@]}" --quiet
+      fi
     done
   done
   [ $skipped = 0 ] && measured+=("$shape")
@@ -231,6 +264,11 @@ if [ $verify = 1 ]; then
         # shellcheck disable=SC2046
         bench "$np" "$out/verify.csv" STREAMCOLL_TUNING_FILE="$out/table.txt" -- --coll "$c" \
           $(shape_args "$shape") --route table --check all "${bench_opts[@]}" --quiet
+        if wants_burst "$c" "$shape"; then  # MPI_Iallreduce under the table (fuse= rules)
+          # shellcheck disable=SC2046
+          bench "$np" "$out/verify.csv" STREAMCOLL_TUNING_FILE="$out/table.txt" -- --coll "$c" \
+            $(shape_args "$shape") --route table --check all "${burst_opts[@]}" --quiet
+        fi
       done
     done
   done

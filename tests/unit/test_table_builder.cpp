@@ -387,11 +387,70 @@ TEST_CASE("random measurements: the loaded table routes every point to its winne
   CHECK(checked > 5000);
 }
 
+TEST_CASE("fusion: fuse= where the fastest burst is fused, byte ranges split there") {
+  // Single calls: ht wins at 4..64 B, pmpi from 256 B (boundary 128), at 2 and 4 ranks.
+  // Bursts: at 4 ranks fused is faster at 4..16 and at 256 B (not at 64 B); at 2 ranks
+  // never by more than the tie margin (4 % faster: unfused, the simpler, wins).
+  std::vector<Measurement> pts;
+  auto burst = [](int ranks, uint64_t b, std::string route, double us) {
+    Measurement m = pt(ranks, b, std::move(route), us);
+    m.burst = 100;
+    return m;
+  };
+  for (int ranks : {2, 4})
+    for (uint64_t b : {4, 16, 64, 256, 1024}) {
+      const bool small = b <= 64;
+      pts.push_back(pt(ranks, b, "pmpi", small ? 20 : 10));
+      pts.push_back(pt(ranks, b, "ht algo=rd", small ? 10 : 20));
+      // burst times far below the single calls: they must not compete with them
+      pts.push_back(burst(ranks, b, "pmpi", 2));
+      pts.push_back(burst(ranks, b, "ht algo=rd", 3));
+      const bool fused_wins = ranks == 4 && (b <= 16 || b == 256);
+      pts.push_back(burst(ranks, b, "pmpi fuse=64M", fused_wins ? 1 : ranks == 2 ? 1.92 : 4));
+    }
+  auto rules = build_rules(pts, BuildOptions{});
+  auto t = load(write_table(rules, "", ""));
+  const Measurement& m = pts[0];
+  // 2 ranks: as without bursts
+  CHECK(routed(t, m, 4, 2) == "ht algo=rd");
+  CHECK(routed(t, m, 128, 2) == "ht algo=rd");
+  CHECK(routed(t, m, 129, 2) == "pmpi");
+  CHECK(routed(t, m, 4096, 2) == "pmpi");
+  // 4 ranks: the single-call winner with fuse=64M where the fused burst won
+  CHECK(routed(t, m, 4, 4) == "ht algo=rd fuse=64M");
+  CHECK(routed(t, m, 32, 4) == "ht algo=rd fuse=64M");  // floor(sqrt(16*64)) = 32
+  CHECK(routed(t, m, 33, 4) == "ht algo=rd");
+  CHECK(routed(t, m, 128, 4) == "ht algo=rd");
+  CHECK(routed(t, m, 129, 4) == "pmpi fuse=64M");
+  CHECK(routed(t, m, 512, 4) == "pmpi fuse=64M");  // floor(sqrt(256*1024)) = 512
+  CHECK(routed(t, m, 513, 4) == "pmpi");
+  CHECK(routed(t, m, 1ull << 30, 4) == "pmpi");
+  // 8 ranks: from the 4-rank rules
+  CHECK(routed(t, m, 4, 8) == "ht algo=rd fuse=64M");
+
+  // Only bursts of allreduce fuse; a point without bursts does not; fuse_at and route_for.
+  FusionPicks picks(pts, BuildOptions{});
+  CHECK(picks.fuse_at(pt(4, 16, "x", 1)) == "64M");
+  CHECK(picks.fuse_at(pt(4, 64, "x", 1)).empty());
+  CHECK(picks.fuse_at(pt(4, 32, "x", 1)).empty());  // not measured
+  CHECK(picks.fuse_at(pt(4, 16, "x", 1, 2)).empty());  // another node class
+  CHECK(picks.route_for(pt(4, 16, "pmpi", 1)) == "pmpi fuse=64M");
+  CHECK(picks.route_for(pt(4, 16, "pmpi fuse=1K", 1)) == "pmpi fuse=1K");  // kept
+  std::vector<Measurement> bcast = {pt(4, 16, "pmpi", 2, 1, MemKind::host, 0, Coll::bcast),
+                                    pt(4, 16, "pmpi fuse=64M", 1, 1, MemKind::host, 0, Coll::bcast)};
+  for (auto& b : bcast) b.burst = 100;
+  CHECK(FusionPicks(bcast, BuildOptions{}).empty());
+  CHECK(route_param("ht algo=rd fuse=64M", "fuse") == "64M");
+  CHECK(route_param("ht algo=rd fuse=64M", "algo") == "rd");
+  CHECK(route_param("ht  algo=rd", "alg").empty());
+  CHECK(route_param("pmpi", "fuse").empty());
+}
+
 TEST_CASE("sc_bench CSV: columns by name, appended headers, errors with the line") {
   std::string header(bench_csv_header());
   std::string row =
       "allreduce,float,sum,host,0,4,1,4,ht:algo=rd,ht algo=rd,ht,1024,256,100,"
-      "10.5,12.25,30,12,0.0835,0.1253,1,ht algo=rd";
+      "10.5,12.25,30,12,0.0835,0.1253,1,ht algo=rd,0";
   std::vector<BenchRow> rows;
   std::string err;
   REQUIRE(parse_bench_csv(header + "\n" + row + "\n" + header + "\n" + row + "\n", "a.csv",
@@ -441,15 +500,26 @@ TEST_CASE("sc_bench CSV: columns by name, appended headers, errors with the line
   // files from before the rule column: it is optional, "-" when absent
   rows.clear();
   const std::string old_header = header.substr(0, header.rfind(",rule"));
-  REQUIRE(parse_bench_csv(old_header + "\n" + row.substr(0, row.rfind(',')) + "\n", "o.csv",
-                          &rows, &err));
+  REQUIRE(parse_bench_csv(old_header + "\n" + row.substr(0, row.rfind(",ht algo=rd")) + "\n",
+                          "o.csv", &rows, &err));
   CHECK(rows.at(0).rule == "-");
+  CHECK(rows.at(0).burst == 0);
   CHECK(rows.at(0).valid);
   // an empty rule field reads as unknown
   rows.clear();
-  REQUIRE(parse_bench_csv(header + "\n" + row.substr(0, row.rfind(',') + 1) + "\n", "e.csv",
-                          &rows, &err));
+  REQUIRE(parse_bench_csv(header + "\n" + row.substr(0, row.rfind(",ht algo=rd") + 1) + ",0\n",
+                          "e.csv", &rows, &err));
   CHECK(rows.at(0).rule == "-");
+  // bursts (sc_bench --burst): the count carried into the measurement; not negative
+  rows.clear();
+  const std::string burst_row = row.substr(0, row.rfind(',')) + ",100";
+  REQUIRE(parse_bench_csv(header + "\n" + burst_row + "\n", "u.csv", &rows, &err));
+  CHECK(rows.at(0).burst == 100);
+  REQUIRE(to_measurement(rows.at(0), &m, &why));
+  CHECK(m.burst == 100);
+  rows.clear();
+  CHECK_FALSE(parse_bench_csv(header + "\n" + row.substr(0, row.rfind(',')) + ",-1\n", "n.csv",
+                              &rows, &err));
   // a column named twice
   rows.clear();
   CHECK_FALSE(parse_bench_csv(header + ",spec\n" + row + ",x\n", "t.csv", &rows, &err));
