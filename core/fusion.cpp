@@ -10,6 +10,8 @@
 #include <mutex>
 #include <vector>
 
+#include "algorithms/route.hpp"
+#include "config/tuning_table.hpp"
 #include "core/comm_context.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/host_staging.hpp"
@@ -28,6 +30,7 @@ uint64_t now_ns() {
 }
 
 std::atomic<uint64_t> g_calls{0}, g_messages{0}, g_agreements{0};
+std::atomic<uint64_t> g_on_route[kNumRoutes] = {};  // fused messages per route
 
 // The least time between two steps that waits and tests make (a wait polls every request
 // of its array in turn; the progress thread steps regardless).
@@ -66,6 +69,10 @@ class Member final : public ManagedRequest {
   MPI_Datatype type = MPI_DATATYPE_NULL;
   MPI_Op op = MPI_OP_NULL;
   uint64_t limit = 0;          ///< fuse= of the rule: part of the run's signature
+  /// The communicator's forced routes at the call (streamcoll_comm_set_route; null: none):
+  /// they and then the table route the fused message. Part of the run's signature (a
+  /// set_route between two calls ends the run there, on every rank alike).
+  std::shared_ptr<const config::TuningTable> forced;
   uint64_t bytes = 0;          ///< count * extent: what it takes in the fused buffer
   uint64_t size_bytes = 0;     ///< count * type size: what counts against `limit`
   bool send_gpu = false, recv_gpu = false;
@@ -96,6 +103,12 @@ int copy(void* dst, const void* src, uint64_t bytes, bool gpu_side, const void* 
 
 struct Queue : std::enable_shared_from_this<Queue> {
   MPI_Comm comm = MPI_COMM_NULL;  ///< private duplicate: agreements and fused messages
+  /// The duplicate's own context with route ht set up on it (made at open() where some
+  /// rule may route an allreduce to ht, and agreed), or null: fused messages that the
+  /// rules give to ht run there; its private communicators are the fused messages' alone,
+  /// so their order is the group order on every rank.
+  CommContext* ht_ctx = nullptr;
+  int size = 1, nodes = 1, ppn = 1;  ///< the communicator's, for the fused message's CallKey
   uint64_t cycle_ns = 0;
   /// Calls up to this seq (Member::seq) are waited for or tested, or another call came:
   /// their groups close now. A close never reaches calls started after it.
@@ -126,11 +139,67 @@ struct Queue : std::enable_shared_from_this<Queue> {
     MPI_Request req = MPI_REQUEST_NULL;
     int offered[2] = {0, 1};          ///< this rank's count and ok flag
     int agreed[2] = {0, 0};
+    RouteId route = RouteId::pmpi;    ///< the fused message's
   };
   std::unique_ptr<Group> agreeing;            ///< at most one agreement in flight
   std::deque<std::unique_ptr<Group>> fused;   ///< fused messages in flight, in order
 
   std::atomic<uint64_t> calls{0}, messages{0}, agreements{0};
+
+  // The route of a fused message of `bytes` (CallKey convention) on host memory: the
+  // forced routes' rule for it, else the table's rules in order, as dispatch matches a
+  // call of that size (decided from the agreed group and rank-invariant state only, so
+  // equal on every rank). Only pmpi and ht can start a fused message here (non-blocking,
+  // host buffer, from the thread stepping the queue): a rule of another route goes on to
+  // the next table rule, a forced one to pmpi, as a declining route does.
+  const config::Rule* fused_route(const Member& h, uint64_t bytes) const {
+    const config::CallKey key{Coll::allreduce, bytes, size, nodes, ppn, MemKind::host, false};
+    const config::TuningTable& table = Runtime::get().table();
+    const config::Rule* r = h.forced ? h.forced->match(key) : nullptr;
+    const bool forced_rule = r != nullptr;
+    if (!r) r = table.match(key);
+    while (r) {
+      if (r->choice.route == RouteId::pmpi) return nullptr;
+      if (r->choice.route == RouteId::ht && ht_ctx) return r;
+      if (forced_rule || r->origin == "STREAMCOLL_ROUTE") return nullptr;
+      r = table.match(key, r);
+    }
+    return nullptr;
+  }
+
+  // Starts the fused message of group g (count elements of h's type) on its route.
+  int start_fused(Group& g, const Member& h, uint64_t count) {
+    const uint64_t size_bytes = [&] {
+      uint64_t b = 0;
+      for (const Member* m : g.members) b += m->size_bytes;
+      return b;
+    }();
+    const config::Rule* rule = fused_route(h, size_bytes);
+    if (rule) {
+      CollArgs a;
+      a.coll = Coll::allreduce;
+      a.nonblocking = true;
+      a.sendbuf = MPI_IN_PLACE;
+      a.recvbuf = g.buf.data();
+      a.count = static_cast<int>(count);
+      a.datatype = h.type;
+      a.op = h.op;
+      a.comm = comm;
+      a.request = &g.req;
+      CallEnv env;  // host memory on every rank, no stream
+      Route* ht = find_route(RouteId::ht);
+      if (ht && ht->accepts(a, *ht_ctx, rule->choice, env)) {
+        SC_TRACE("fusion: fused message of %llu B on route ht (%s)",
+                 static_cast<unsigned long long>(size_bytes), rule->origin.c_str());
+        g.route = RouteId::ht;
+        return ht->run(a, *ht_ctx, rule->choice, env);
+      }
+      // accepts() decides from the agreed set-up alone: no rank takes ht here.
+    }
+    g.route = RouteId::pmpi;
+    return PMPI_Iallreduce(MPI_IN_PLACE, g.buf.data(), static_cast<int>(count), h.type, h.op,
+                           comm, &g.req);
+  }
 
   ~Queue() {
     if (comm != MPI_COMM_NULL) PMPI_Comm_free(&comm);
@@ -146,6 +215,7 @@ struct Queue : std::enable_shared_from_this<Queue> {
     size_t n = 0;
     for (const Member* m : pending) {
       if (n > 0 && (m->type != h.type || m->op != h.op || m->limit != h.limit ||
+                    m->forced != h.forced ||
                     size + m->size_bytes > h.limit ||
                     count + static_cast<uint64_t>(m->count) > static_cast<uint64_t>(INT_MAX))) {
         *complete = true;
@@ -212,9 +282,7 @@ struct Queue : std::enable_shared_from_this<Queue> {
     }
     if (err == MPI_SUCCESS) {
       g->buf.resize(bytes);  // the first k calls' part of what was packed
-      const Member& h = *g->members.front();
-      err = PMPI_Iallreduce(MPI_IN_PLACE, g->buf.data(), static_cast<int>(count), h.type, h.op,
-                            comm, &g->req);
+      err = start_fused(*g, *g->members.front(), count);
     }
     if (err != MPI_SUCCESS) {
       for (Member* m : g->members) {
@@ -227,6 +295,7 @@ struct Queue : std::enable_shared_from_this<Queue> {
              static_cast<unsigned long long>(now_ns() / 1000), static_cast<unsigned long long>(bytes));
     messages.fetch_add(1, std::memory_order_relaxed);
     g_messages.fetch_add(1, std::memory_order_relaxed);
+    g_on_route[static_cast<int>(g->route)].fetch_add(1, std::memory_order_relaxed);
     fused.push_back(std::move(g));
     return done;
   }
@@ -331,7 +400,21 @@ class QueueTask final : public progress::Task {
 
 }  // namespace
 
-std::shared_ptr<Queue> open(const CommContext& ctx) {
+namespace {
+
+// Whether some rule of `t` may route an allreduce to ht.
+bool routes_ht(const config::TuningTable* t) {
+  if (!t) return false;
+  for (const config::Rule& r : t->rules())
+    if (r.choice.route == RouteId::ht && (r.colls >> static_cast<int>(Coll::allreduce) & 1u))
+      return true;
+  return false;
+}
+
+}  // namespace
+
+std::shared_ptr<Queue> open(const CommContext& ctx,
+                            const std::shared_ptr<const config::TuningTable>& forced) {
   auto q = std::make_shared<Queue>();
   if (PMPI_Comm_dup(ctx.comm, &q->comm) != MPI_SUCCESS) {
     q->comm = MPI_COMM_NULL;
@@ -341,10 +424,42 @@ std::shared_ptr<Queue> open(const CommContext& ctx) {
   }
   PMPI_Comm_set_errhandler(q->comm, MPI_ERRORS_RETURN);
   q->cycle_ns = Runtime::get().settings().fusion_cycle_us * 1000;
+  q->size = ctx.size;
+  q->nodes = ctx.nodes;
+  q->ppn = ctx.ppn;
+  // Route ht for the fused messages: set up on the duplicate (collective: every rank is
+  // here, at the same blocking call) where a rule may ask for it, and kept only where it
+  // worked on every rank.
+  Route* ht = find_route(RouteId::ht);
+  if (ht && (routes_ht(&Runtime::get().table()) || routes_ht(forced.get()))) {
+    int ok = 0;
+    CommContext* dup = comm_context(q->comm, true);
+    if (dup) {
+      // A blocking allreduce of one int on host memory: the call ht sets itself up at
+      // (accepts() looks at the arguments' shape only, never at the buffers).
+      static int scratch[2];
+      CollArgs a;
+      a.coll = Coll::allreduce;
+      a.sendbuf = &scratch[0];
+      a.recvbuf = &scratch[1];
+      a.count = 1;
+      a.datatype = MPI_INT;
+      a.op = MPI_SUM;
+      a.comm = q->comm;
+      const config::RouteChoice choice;
+      ok = ht->accepts(a, *dup, choice, CallEnv{}) ? 1 : 0;
+    }
+    int all = 0;
+    if (PMPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, q->comm) == MPI_SUCCESS && all == 1)
+      q->ht_ctx = dup;
+    SC_INFO("fusion: route ht for fused messages %s",
+             q->ht_ctx ? "set up" : "not available (some rank could not set it up)");
+  }
   return q;
 }
 
-int start(Queue& q, const CollArgs& a, uint64_t limit, MemKind local, int own) {
+int start(Queue& q, const CollArgs& a, uint64_t limit, MemKind local, int own,
+          std::shared_ptr<const config::TuningTable> forced) {
   int size = 0;
   MPI_Aint lb = 0, extent = 0;
   if (PMPI_Type_size(a.datatype, &size) != MPI_SUCCESS ||
@@ -357,6 +472,7 @@ int start(Queue& q, const CollArgs& a, uint64_t limit, MemKind local, int own) {
   m->type = a.datatype;
   m->op = a.op;
   m->limit = limit;
+  m->forced = std::move(forced);
   m->bytes = static_cast<uint64_t>(a.count) * static_cast<uint64_t>(extent);
   m->size_bytes = static_cast<uint64_t>(a.count) * static_cast<uint64_t>(size);
   if (m->bytes > 0 && local != MemKind::host && local != MemKind::pinned) {
@@ -404,5 +520,9 @@ Counts counts(const Queue& q) {
 }
 
 Counts process_counts() { return {g_calls.load(), g_messages.load(), g_agreements.load()}; }
+
+uint64_t process_messages_on(RouteId route) {
+  return g_on_route[static_cast<int>(route)].load(std::memory_order_relaxed);
+}
 
 }  // namespace streamcoll::fusion

@@ -2,9 +2,17 @@
 // "Horovod: fast and easy distributed deep learning in TensorFlow", 2018, section 4,
 // "Tensor Fusion"). A table rule with fuse=SIZE lets the MPI_Iallreduce calls it matches
 // (SIZE bytes or less each) be fused: consecutive calls on one communicator with the same
-// datatype and op are packed into one buffer, reduced by one MPI_Iallreduce of the MPI on a
+// datatype and op are packed into one buffer, reduced by one non-blocking allreduce on a
 // private duplicate of the communicator, and unpacked; each call's request completes with
 // its own status (a streamcoll-owned generalized request, core/requests.hpp).
+//
+// ROUTE. The fused message goes where an allreduce of its size on host memory goes: the
+// communicator's forced routes at the calls (streamcoll_comm_set_route, STREAMCOLL_ROUTE),
+// else the table's rules in order. Two routes can start it from the thread that steps
+// the queue: pmpi (the MPI's MPI_Iallreduce) and ht (its non-blocking host schedule, on
+// the duplicate's own context, set up at open()); a table rule of another route hands it
+// to the next rule, a forced one to pmpi. The choice is made from the agreed group's size
+// and state equal on every rank.
 //
 // AGREEMENT. Every rank must put the same calls in each fused message, yet what closes a
 // group is often local: rank 0 may start a, b and then wait for a, while rank 1 starts a,
@@ -55,6 +63,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "config/tuning_table.hpp"
 #include "core/coll_args.hpp"
 #include "core/types.hpp"
 
@@ -68,7 +77,11 @@ struct Queue;
 /// Collective over ctx.comm: makes the communicator's fusion queue (a private duplicate
 /// of it). Call it at a blocking call that every rank routes alike. Returns null (with
 /// a warning) if the duplicate cannot be made; fusion is then off for the communicator.
-std::shared_ptr<Queue> open(const CommContext& ctx);
+/// `forced`: the communicator's forced routes at that call (null: none); where they or
+/// the table may route an allreduce to ht, route ht is set up on the duplicate too (and
+/// agreed), for the fused messages the rules give to it.
+std::shared_ptr<Queue> open(const CommContext& ctx,
+                            const std::shared_ptr<const config::TuningTable>& forced);
 
 /// Starts the MPI_Iallreduce `a` (a.nonblocking, a.coll == allreduce, a predefined
 /// datatype and op, a.count * type size <= limit bytes) as a member of `q`'s open group:
@@ -80,7 +93,10 @@ std::shared_ptr<Queue> open(const CommContext& ctx);
 /// still takes its part, as every rank's call must, and its group fails on every rank
 /// (the agreement's ok flag), this call with `own`. Returns an MPI error code (nothing is
 /// started when starting fails).
-int start(Queue& q, const CollArgs& a, uint64_t limit, MemKind local, int own = MPI_SUCCESS);
+/// `forced`: the communicator's forced routes at this call (null: none); with the table
+/// they route the fused message (see ROUTE above).
+int start(Queue& q, const CollArgs& a, uint64_t limit, MemKind local, int own,
+          std::shared_ptr<const config::TuningTable> forced);
 
 /// Another call on the communicator: closes the open group (nothing when there is none).
 /// Never blocks.
@@ -96,6 +112,8 @@ struct Counts {
 Counts counts(const Queue& q);
 /// Sum of counts() over every queue of the process, alive or gone.
 Counts process_counts();
+/// Of process_counts().messages, those that ran on `route` (pmpi or ht).
+uint64_t process_messages_on(RouteId route);
 
 }  // namespace fusion
 }  // namespace streamcoll

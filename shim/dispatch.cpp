@@ -280,7 +280,7 @@ Decision decide(const CollArgs& a, Runtime& rt) {
     if (!ctx->fusion_tried && rt.thread_multiple() &&
         (rt.table().fuses() || (forced && forced->fuses()))) {
       ctx->fusion_tried = true;
-      ctx->fusion = fusion::open(*ctx);
+      ctx->fusion = fusion::open(*ctx, forced);
     }
   } else if (ctx) {
     agreed = ctx->agreed[static_cast<int>(a.coll)];
@@ -445,7 +445,7 @@ int dispatch_described(const CollArgs& a, Runtime& rt) {
     // lacks one): synchronised at the call, as the pmpi route does. If that fails, the
     // call still takes its part (the others fuse it) and its group fails everywhere.
     const int own = d.env.has_stream ? sync_stream(d.env.stream) : MPI_SUCCESS;
-    rc = fusion::start(*d.ctx->fusion, a, fuse, d.env.mem, own);
+    rc = fusion::start(*d.ctx->fusion, a, fuse, d.env.mem, own, d.forced);
     if (rc == MPI_SUCCESS) rc = own;
     if (rc != MPI_SUCCESS) PMPI_Comm_call_errhandler(a.comm, rc);
   } else if (d.route == RouteId::pmpi) {

@@ -141,6 +141,12 @@ SC_EXPORT void streamcoll_fusion_counts(unsigned long long* calls, unsigned long
   if (agreements) *agreements = c.agreements;
 }
 
+SC_EXPORT unsigned long long streamcoll_fusion_messages_on(const char* route) {
+  if (!route) return 0;
+  const auto id = streamcoll::parse_route(route);
+  return id ? streamcoll::fusion::process_messages_on(*id) : 0;
+}
+
 SC_EXPORT int streamcoll_last_route(char* buf, int len) {
   using namespace streamcoll;
   if (!buf || len <= 0 || !Runtime::get().stats_on()) return -1;

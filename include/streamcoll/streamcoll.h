@@ -66,6 +66,12 @@ int streamcoll_last_route(char *buf, int len);
 void streamcoll_fusion_counts(unsigned long long *calls, unsigned long long *messages,
                               unsigned long long *agreements);
 
+/** Of the fused messages that streamcoll_fusion_counts counts, how many ran on route
+ *  `route` ("pmpi": the MPI's MPI_Iallreduce; "ht": the host-transfer route, where the
+ *  rules route an allreduce of the fused message's size there). 0 for any other name or
+ *  NULL. Thread-safe; callable at any time. */
+unsigned long long streamcoll_fusion_messages_on(const char *route);
+
 /** The library version, STREAMCOLL_VERSION of the build. */
 const char *streamcoll_version(void);
 

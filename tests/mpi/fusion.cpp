@@ -1,11 +1,14 @@
 // MPI_Iallreduce fusion (core/fusion.hpp) against the real MPI: exact results for every
 // datatype and op the routes carry, with ranks that wait and test at different points.
 //
-//   fusion [--spec=SPEC] [--expect-fused]
+//   fusion [--spec=SPEC] [--limit=SIZE] [--expect-fused] [--all-on=ROUTE] [--some-on=ROUTE]
 // SPEC (default "allreduce:pmpi:fuse=4K") is forced on the program's communicators with
 // streamcoll_comm_set_route, found with dlsym so that the same program runs without
-// streamcoll (run.sh plain: the reference). --expect-fused: streamcoll must have fused
-// calls (streamcoll_fusion_counts: fewer fused messages than calls).
+// streamcoll (run.sh plain: the reference); "table": nothing forced (the tuning table's
+// fuse= rules). --limit: the fuse= limit the calls are sized around (default: the spec's,
+// else 4K). --expect-fused: streamcoll must have fused calls (streamcoll_fusion_counts:
+// fewer fused messages than calls). --all-on / --some-on: every fused message, or at
+// least one, ran on ROUTE (streamcoll_fusion_messages_on).
 //
 // Every phase runs under an alarm: a hang fails the test within a minute.
 #include <dlfcn.h>
@@ -33,6 +36,7 @@ const char* g_phase = "start";
 
 using SetRoute = int (*)(MPI_Comm, const char*);
 using FusionCounts = void (*)(unsigned long long*, unsigned long long*, unsigned long long*);
+using MessagesOn = unsigned long long (*)(const char*);
 SetRoute g_set_route = nullptr;
 FusionCounts g_counts = nullptr;
 
@@ -57,7 +61,8 @@ void phase(const char* name) {
 MPI_Comm fused_comm(const std::string& spec) {
   MPI_Comm c;
   MPI_Comm_dup(MPI_COMM_WORLD, &c);
-  if (g_set_route && g_set_route(c, spec.c_str()) != MPI_SUCCESS) fail("streamcoll_comm_set_route");
+  if (g_set_route && spec != "table" && g_set_route(c, spec.c_str()) != MPI_SUCCESS)
+    fail("streamcoll_comm_set_route");
   // A blocking call agrees on the facts later MPI_Iallreduce calls are routed from (and
   // makes the fusion queue).
   int one = 1, sum = 0;
@@ -244,9 +249,13 @@ void interleaved(MPI_Comm c1, MPI_Comm c2) {
 
 int main(int argc, char** argv) {
   std::string spec = "allreduce:pmpi:fuse=4K";
+  std::string limit_text, all_on, some_on;
   bool expect_fused = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--spec=", 7) == 0) spec = argv[i] + 7;
+    else if (std::strncmp(argv[i], "--limit=", 8) == 0) limit_text = argv[i] + 8;
+    else if (std::strncmp(argv[i], "--all-on=", 9) == 0) all_on = argv[i] + 9;
+    else if (std::strncmp(argv[i], "--some-on=", 10) == 0) some_on = argv[i] + 10;
     else if (std::strcmp(argv[i], "--expect-fused") == 0) expect_fused = true;
     else {
       std::fprintf(stderr, "fusion: unknown argument %s\n", argv[i]);
@@ -261,11 +270,14 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &g_size);
   g_set_route = reinterpret_cast<SetRoute>(dlsym(RTLD_DEFAULT, "streamcoll_comm_set_route"));
   g_counts = reinterpret_cast<FusionCounts>(dlsym(RTLD_DEFAULT, "streamcoll_fusion_counts"));
-  uint64_t limit = 4096;  // fuse= of the spec: "4K", "1M", "512"
-  if (const size_t k = spec.find("fuse="); k != std::string::npos) {
+  auto messages_on = reinterpret_cast<MessagesOn>(dlsym(RTLD_DEFAULT, "streamcoll_fusion_messages_on"));
+  uint64_t limit = 4096;  // fuse= of the spec, or --limit: "4K", "1M", "512"
+  if (const size_t k = spec.find("fuse="); limit_text.empty() && k != std::string::npos)
+    limit_text = spec.substr(k + 5);
+  if (!limit_text.empty()) {
     size_t end = 0;
-    limit = std::stoull(spec.substr(k + 5), &end);
-    const char unit = k + 5 + end < spec.size() ? spec[k + 5 + end] : ' ';
+    limit = std::stoull(limit_text, &end);
+    const char unit = end < limit_text.size() ? limit_text[end] : ' ';
     limit <<= unit == 'K' ? 10 : unit == 'M' ? 20 : 0;
   }
 
@@ -281,12 +293,25 @@ int main(int argc, char** argv) {
   if (expect_fused && (!g_counts || calls == 0 || messages >= calls))
     fail("expected fused calls: " + std::to_string(calls) + " calls fused into " +
          std::to_string(messages) + " messages");
+  unsigned long long on_all = 0, on_some = 0;
+  if (!all_on.empty()) {
+    on_all = messages_on ? messages_on(all_on.c_str()) : 0;
+    if (!messages_on || on_all != messages || messages == 0)
+      fail("expected every fused message on route " + all_on + ": " + std::to_string(on_all) +
+           " of " + std::to_string(messages));
+  }
+  if (!some_on.empty()) {
+    on_some = messages_on ? messages_on(some_on.c_str()) : 0;
+    if (on_some == 0) fail("expected fused messages on route " + some_on + ": none");
+  }
   int failures = 0;
   MPI_Allreduce(&g_failures, &failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (g_rank == 0)
     std::printf("fusion: %d ranks, %d checks on rank 0, %llu calls fused into %llu messages "
-                "(%llu agreements) on rank 0, %d failures\n",
-                g_size, g_checks, calls, messages, agreements, failures);
+                "(%llu agreements; on pmpi %llu, on ht %llu) on rank 0, %d failures\n",
+                g_size, g_checks, calls, messages, agreements,
+                messages_on ? messages_on("pmpi") : 0ull, messages_on ? messages_on("ht") : 0ull,
+                failures);
   MPI_Comm_free(&c1);
   MPI_Comm_free(&c2);
   MPI_Finalize();
