@@ -453,7 +453,7 @@ std::shared_ptr<Queue> open(const CommContext& ctx,
     if (PMPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, q->comm) == MPI_SUCCESS && all == 1)
       q->ht_ctx = dup;
     SC_INFO("fusion: route ht for fused messages %s",
-             q->ht_ctx ? "set up" : "not available (some rank could not set it up)");
+            q->ht_ctx ? "set up" : "not available (some rank could not set it up)");
   }
   return q;
 }
