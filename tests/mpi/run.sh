@@ -7,7 +7,8 @@
 # In preload and linked modes the program is told to prove interception through the
 # statistics (STREAMCOLL_STATS=1, STREAMCOLL_EXPECT_INTERCEPT=1). The launcher is the one
 # of the MPI the build folder of $STREAMCOLL_LIB is for, or $MPIRUN
-# (scripts/mpi-launcher.sh).
+# (scripts/mpi-launcher.sh). STREAMCOLL_RUN_TIMEOUT: the run's time limit in seconds
+# (default 600; scripts/cluster-suite.sh raises it with meson's timeout multiplier).
 set -euo pipefail
 mode=$1 np=$2 prog=$3
 shift 3
@@ -25,4 +26,4 @@ esac
 # Variables reach the ranks of mpirun's node through its environment (Open MPI and MPICH
 # both forward it); on the test cluster mpi_pass hands them to the other nodes' ranks.
 mpi_pass "${envs[@]%%=*}"  # for ranks on other nodes (scripts/cluster.sh)
-exec env "${envs[@]}" timeout 600 "$mpirun" "${mpirun_args[@]}" "${mpirun_pass[@]}" -np "$np" "$prog" "$@"
+exec env "${envs[@]}" timeout "${STREAMCOLL_RUN_TIMEOUT:-600}" "$mpirun" "${mpirun_args[@]}" "${mpirun_pass[@]}" -np "$np" "$prog" "$@"
