@@ -110,12 +110,6 @@ std::vector<Measurement> usable(const std::vector<BenchRow>& rows, bool report) 
   return out;
 }
 
-using PointKey = std::tuple<int, int, int, int, int, uint64_t>;  // coll mem stream nodes>1 ranks bytes
-PointKey point_key(const Measurement& m) {
-  return {static_cast<int>(m.coll), static_cast<int>(m.mem), m.stream, m.nodes > 1, m.ranks,
-          m.bytes};
-}
-
 // Points grouped with their candidates, in order.
 std::map<PointKey, std::vector<Measurement>> group(const std::vector<Measurement>& ms) {
   std::map<PointKey, std::vector<Measurement>> g;
@@ -125,12 +119,11 @@ std::map<PointKey, std::vector<Measurement>> group(const std::vector<Measurement
 
 // The burst measurements (sc_bench --burst) per point: the fastest unfused and fused
 // candidates and their ratio, and whether fusion wins there (rule 4).
-void print_bursts(const std::vector<Measurement>& ms, const BuildOptions& opt) {
+void print_bursts(const std::vector<Measurement>& ms, const FusionPicks& fusion) {
   std::map<PointKey, std::vector<Measurement>> bursts;
   for (const auto& m : ms)
     if (m.burst > 0) bursts[point_key(m)].push_back(m);
   if (bursts.empty()) return;
-  const FusionPicks fusion(ms, opt);
   std::printf("# bursts of MPI_Iallreduce (us per call): ranks, size, fastest unfused, "
               "fastest fused, unfused/fused, fused in the table\n");
   for (const auto& [key, cands] : bursts) {
@@ -174,7 +167,7 @@ void print_maps(const std::vector<Measurement>& ms, const BuildOptions& opt) {
     maps[shape][w.ranks][w.bytes] = fusion.route_for(w);
     sample.emplace(shape, w);
   }
-  print_bursts(ms, opt);
+  print_bursts(ms, fusion);
   for (const auto& [shape, by_ranks] : maps) {
     std::map<std::string, char> letter;
     std::set<uint64_t> sizes;

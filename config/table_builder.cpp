@@ -97,17 +97,15 @@ std::string route_param(std::string_view route, std::string_view key) {
   return "";
 }
 
-namespace {
-std::tuple<int, int, int, bool, int, uint64_t> point_of(const Measurement& m) {
+PointKey point_key(const Measurement& m) {
   return {static_cast<int>(m.coll), static_cast<int>(m.mem), m.stream, m.nodes > 1, m.ranks,
           m.bytes};
 }
-}  // namespace
 
 FusionPicks::FusionPicks(const std::vector<Measurement>& points, const BuildOptions& opt) {
-  std::map<std::tuple<int, int, int, bool, int, uint64_t>, std::vector<Measurement>> bursts;
+  std::map<PointKey, std::vector<Measurement>> bursts;
   for (const Measurement& m : points)
-    if (m.burst > 0 && m.coll == Coll::allreduce) bursts[point_of(m)].push_back(m);
+    if (m.burst > 0 && m.coll == Coll::allreduce) bursts[point_key(m)].push_back(m);
   for (const auto& [key, cands] : bursts) {
     std::string fuse = route_param(cands[static_cast<size_t>(pick_winner(cands, opt))].route,
                                    "fuse");
@@ -116,7 +114,7 @@ FusionPicks::FusionPicks(const std::vector<Measurement>& points, const BuildOpti
 }
 
 std::string FusionPicks::fuse_at(const Measurement& point) const {
-  auto it = fuse_.find(point_of(point));
+  auto it = fuse_.find(point_key(point));
   return it == fuse_.end() ? "" : it->second;
 }
 

@@ -83,6 +83,11 @@ int simplicity(std::string_view route);
 /// bytes), per rule 1 above. -1 when the list is empty.
 int pick_winner(const std::vector<Measurement>& candidates, const BuildOptions& opt);
 
+/// A measurement's point: collective, memory, stream, more than one node, ranks, bytes
+/// (the candidates of rule 1 share one).
+using PointKey = std::tuple<int, int, int, bool, int, uint64_t>;
+PointKey point_key(const Measurement& m);
+
 /// Rule 4: the fuse= value (as written in the route, "64M") of the fastest burst
 /// candidate at (shape, ranks, bytes) of `point`, among the burst measurements in
 /// `points`; empty when it does not fuse or no burst was measured there.
@@ -95,7 +100,7 @@ class FusionPicks {
   bool empty() const { return fuse_.empty(); }
 
  private:
-  std::map<std::tuple<int, int, int, bool, int, uint64_t>, std::string> fuse_;
+  std::map<PointKey, std::string> fuse_;
 };
 
 /// The value of parameter `key` in a route in table syntax ("pmpi fuse=64K" -> "64K"),

@@ -167,13 +167,9 @@ struct Queue : std::enable_shared_from_this<Queue> {
     return nullptr;
   }
 
-  // Starts the fused message of group g (count elements of h's type) on its route.
-  int start_fused(Group& g, const Member& h, uint64_t count) {
-    const uint64_t size_bytes = [&] {
-      uint64_t b = 0;
-      for (const Member* m : g.members) b += m->size_bytes;
-      return b;
-    }();
+  // Starts the fused message of group g (count elements of h's type, size_bytes in the
+  // CallKey convention) on its route.
+  int start_fused(Group& g, const Member& h, uint64_t count, uint64_t size_bytes) {
     const config::Rule* rule = fused_route(h, size_bytes);
     if (rule) {
       CollArgs a;
@@ -275,14 +271,15 @@ struct Queue : std::enable_shared_from_this<Queue> {
     std::vector<Member*> done;
     int err = MPI_SUCCESS;
     if (g->agreed[1] != 1) err = MPI_ERR_OTHER;  // a copy failed on some rank, or the agreement
-    uint64_t count = 0, bytes = 0;
+    uint64_t count = 0, bytes = 0, size_bytes = 0;
     for (const Member* m : g->members) {
       count += static_cast<uint64_t>(m->count);
       bytes += m->bytes;
+      size_bytes += m->size_bytes;
     }
     if (err == MPI_SUCCESS) {
       g->buf.resize(bytes);  // the first k calls' part of what was packed
-      err = start_fused(*g, *g->members.front(), count);
+      err = start_fused(*g, *g->members.front(), count, size_bytes);
     }
     if (err != MPI_SUCCESS) {
       for (Member* m : g->members) {
