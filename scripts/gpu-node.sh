@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU node (../shared/gpu/README.md), from the project's root: runs the gpu test
 # suite, or the GPU benchmarks, from a build folder made on a CPU machine.
-#   scripts/gpu-node.sh tests|bench|mps OUTDIR [TEST NAME ...]
+#   scripts/gpu-node.sh tests|bench|routes|shared|mps OUTDIR [TEST NAME ...]
 # The build folder travels as .gpubuild (a copy of build/ without object files) and the
 # staged OpenMPI as .gpu/. The build's tests name absolute paths under the checkout they
 # were built in ($SC_BUILT_IN, default /work/main); a link there points at this checkout.
@@ -51,6 +51,50 @@ case $phase in
         "${mpi[@]}" -np $np build/bench/sc_bench --mem device --stream -b 8 -e 64M -f 4 \
         -n 50 -w 5 --route ht,nvgroup --quiet
     done
+    ;;
+  routes)
+    # Route ht's algorithms on device buffers without a stream (the classic path: the
+    # blocking call copies in, runs the host schedule and copies back), stream-ordered,
+    # and MPI_Iallreduce fusion on device buffers (bursts of 100, fused by pmpi:fuse=),
+    # all in one file (SC_ROUTES_NP: rank counts, default 2 4).
+    f=$out/bench_routes.txt
+    : > "$f"
+    one() { echo "# $*" >> "$f"; timeout "${SC_BENCH_CAP:-60}" "$@" >> "$f" 2>&1; echo "# rc=$?" >> "$f"; }
+    for np in ${SC_ROUTES_NP:-2 4}; do
+      one env LD_PRELOAD=$lib STREAMCOLL_THREAD_MULTIPLE=1 "${mpi[@]}" -np $np \
+        build/bench/sc_bench --mem device -b 8 -e 16M -f 16 -n 30 -w 3 \
+        --route pmpi,ht,ht:algo=ring,ht:algo=ccube --quiet
+      one env LD_PRELOAD=$lib STREAMCOLL_THREAD_MULTIPLE=1 "${mpi[@]}" -np $np \
+        build/bench/sc_bench --mem device --burst 100 -b 8 -e 64K -f 8 -n 10 -w 2 \
+        --route pmpi,pmpi:fuse=64M,ht --quiet
+      one env LD_PRELOAD=$lib STREAMCOLL_THREAD_MULTIPLE=1 "${mpi[@]}" -np $np \
+        build/bench/sc_bench --mem device --stream -b 8 -e 16M -f 16 -n 30 -w 3 \
+        --route ht,ht:algo=ring,ht:algo=ccube --quiet
+      one env LD_PRELOAD=$lib STREAMCOLL_THREAD_MULTIPLE=1 "${mpi[@]}" -np $np \
+        build/bench/sc_bench --mem host --burst 100 -b 8 -e 64K -f 8 -n 10 -w 2 \
+        --route pmpi,pmpi:fuse=64M,ht --quiet
+    done
+    ;;
+  shared)
+    # Classic calls on device buffers (staged through the host, cuStreamSynchronize per
+    # copy) with ranks sharing the GPU: one rank against two, one size alone against the
+    # sweep, the progress thread unbound, then the same under the CUDA MPS server.
+    f=$out/bench_shared.txt
+    : > "$f"
+    one() { echo "# $*" >> "$f"; timeout "${SC_BENCH_CAP:-40}" "$@" >> "$f" 2>&1; echo "# rc=$?" >> "$f"; }
+    b=(build/bench/sc_bench --mem device -n 30 -w 3 --route pmpi,ht --quiet)
+    e=(env LD_PRELOAD=$lib STREAMCOLL_THREAD_MULTIPLE=1)
+    one "${e[@]}" "${mpi[@]}" -np 1 "${b[@]}" -b 8 -e 64K -f 8
+    one "${e[@]}" "${mpi[@]}" -np 2 "${b[@]}" -b 8 -e 64K -f 8
+    one "${e[@]}" "${mpi[@]}" -np 2 "${b[@]}" -b 32K -e 32K
+    one "${e[@]}" "${mpi[@]}" -np 2 "${b[@]}" -b 8 -e 8
+    one "${e[@]}" STREAMCOLL_PROGRESS_BIND=none "${mpi[@]}" -np 2 "${b[@]}" -b 8 -e 64K -f 8
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+    mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+    nvidia-cuda-mps-control -d >> "$f" 2>&1 && echo "# MPS server started" >> "$f"
+    one "${e[@]}" "${mpi[@]}" -np 2 "${b[@]}" -b 8 -e 64K -f 8
+    one "${e[@]}" "${mpi[@]}" -np 4 "${b[@]}" -b 8 -e 64K -f 8
+    echo quit | nvidia-cuda-mps-control
     ;;
   mps)
     # The same under the CUDA MPS server: the ranks sharing the GPU then run their kernels
