@@ -86,18 +86,33 @@ class Member final : public ManagedRequest {
 
 namespace {
 
-// Copies `bytes` from src to dst, one side maybe GPU memory. MPI_SUCCESS or an error code.
-int copy(void* dst, const void* src, uint64_t bytes, bool gpu_side, const void* gpu) {
-  if (bytes == 0) return MPI_SUCCESS;
-  if (!gpu_side) {
-    std::memcpy(dst, src, bytes);
-    return MPI_SUCCESS;
+// The copies between the fused buffer and the members' buffers of one group: host
+// buffers by memcpy at once, GPU buffers gathered and issued together (host_staging's
+// backend: every copy queued on the per-thread stream, then one synchronisation per GPU).
+// A copy per member, each synchronised, cost about 10 us apiece on an H200, so a burst of
+// small calls on device buffers spent its time there (bench/results/gpu_h200_2026-11-27).
+class Copies {
+ public:
+  void add(void* dst, const void* src, uint64_t bytes, bool gpu_side, const void* gpu) {
+    if (bytes == 0) return;
+    if (!gpu_side) {
+      std::memcpy(dst, src, bytes);
+      return;
+    }
+    gpu_.push_back(host_staging::Copy{dst, src, bytes, gpu});
   }
-  host_staging::Backend* b = host_staging::gpu_backend();
-  if (!b) return MPI_ERR_OTHER;
-  const host_staging::Copy c{dst, src, bytes, gpu};
-  return b->copy(&c, 1);
-}
+  // Runs the GPU copies; MPI_SUCCESS or an error code (then any of them may not have run).
+  int run() {
+    if (gpu_.empty()) return MPI_SUCCESS;
+    host_staging::Backend* b = host_staging::gpu_backend();
+    const int rc = b ? b->copy(gpu_.data(), gpu_.size()) : MPI_ERR_OTHER;
+    gpu_.clear();
+    return rc;
+  }
+
+ private:
+  std::vector<host_staging::Copy> gpu_;
+};
 
 }  // namespace
 
@@ -135,7 +150,24 @@ struct Queue : std::enable_shared_from_this<Queue> {
   std::atomic<uint64_t> idle_until{0};  ///< for the progress thread (Task::idle_until_ns)
   struct Group {
     std::vector<Member*> members;     ///< agreed (after the agreement)
-    std::vector<unsigned char> buf;   ///< packed contributions, then the result
+    /// The packed contributions, then the result: pinned host memory from host_staging's
+    /// cache when a member's buffer is on a GPU (the copies then run without the driver
+    /// staging them again), else `own`.
+    unsigned char* buf = nullptr;
+    void* pinned = nullptr;
+    std::vector<unsigned char> own;
+    Group() = default;
+    Group(const Group&) = delete;
+    Group& operator=(const Group&) = delete;
+    ~Group() {
+      if (pinned) host_staging::gpu_backend()->release(pinned);
+    }
+    void allocate(uint64_t bytes, const void* gpu) {
+      if (gpu && bytes > 0)
+        if (host_staging::Backend* b = host_staging::gpu_backend()) pinned = b->alloc(bytes, gpu);
+      if (!pinned) own.resize(bytes);
+      buf = pinned ? static_cast<unsigned char*>(pinned) : own.data();
+    }
     MPI_Request req = MPI_REQUEST_NULL;
     int offered[2] = {0, 1};          ///< this rank's count and ok flag
     int agreed[2] = {0, 0};
@@ -176,7 +208,7 @@ struct Queue : std::enable_shared_from_this<Queue> {
       a.coll = Coll::allreduce;
       a.nonblocking = true;
       a.sendbuf = MPI_IN_PLACE;
-      a.recvbuf = g.buf.data();
+      a.recvbuf = g.buf;
       a.count = static_cast<int>(count);
       a.datatype = h.type;
       a.op = h.op;
@@ -193,7 +225,7 @@ struct Queue : std::enable_shared_from_this<Queue> {
       // accepts() decides from the agreed set-up alone: no rank takes ht here.
     }
     g.route = RouteId::pmpi;
-    return PMPI_Iallreduce(MPI_IN_PLACE, g.buf.data(), static_cast<int>(count), h.type, h.op,
+    return PMPI_Iallreduce(MPI_IN_PLACE, g.buf, static_cast<int>(count), h.type, h.op,
                            comm, &g.req);
   }
 
@@ -230,16 +262,22 @@ struct Queue : std::enable_shared_from_this<Queue> {
     auto g = std::make_unique<Group>();
     uint64_t total = 0;
     for (size_t i = 0; i < n; ++i) total += pending[i]->bytes;
-    g->buf.resize(total);
+    const void* gpu = nullptr;  // a GPU buffer of the group's, if any
+    for (size_t i = 0; i < n && !gpu; ++i)
+      gpu = pending[i]->send_gpu ? pending[i]->send : pending[i]->recv_gpu ? pending[i]->recv : nullptr;
+    g->allocate(total, gpu);
     uint64_t off = 0;
     bool ok = true;
+    Copies copies;
     for (size_t i = 0; i < n && ok; ++i) {
       const Member& m = *pending[i];
       // A call that failed on this rank at its start (own) fails its group everywhere too.
-      ok = m.error_ == MPI_SUCCESS &&
-           copy(g->buf.data() + off, m.send, m.bytes, m.send_gpu, m.send) == MPI_SUCCESS;
+      ok = m.error_ == MPI_SUCCESS;
+      if (ok) copies.add(g->buf + off, m.send, m.bytes, m.send_gpu, m.send);
       off += m.bytes;
     }
+    // Run even when !ok: nothing queued may still be copying when the buffer goes.
+    if (copies.run() != MPI_SUCCESS) ok = false;
     g->offered[0] = static_cast<int>(n);
     g->offered[1] = ok ? 1 : 0;
     agreements.fetch_add(1, std::memory_order_relaxed);
@@ -278,7 +316,6 @@ struct Queue : std::enable_shared_from_this<Queue> {
       size_bytes += m->size_bytes;
     }
     if (err == MPI_SUCCESS) {
-      g->buf.resize(bytes);  // the first k calls' part of what was packed
       err = start_fused(*g, *g->members.front(), count, size_bytes);
     }
     if (err != MPI_SUCCESS) {
@@ -317,14 +354,18 @@ struct Queue : std::enable_shared_from_this<Queue> {
         SC_TRACE("fusion: fused message of %zu calls done at %llu us", g.members.size(),
                  static_cast<unsigned long long>(now_ns() / 1000));
         uint64_t off = 0;
+        Copies copies;
         for (Member* m : g.members) {
           if (rc != MPI_SUCCESS) m->error_ = rc;
-          else if (int c = copy(m->recv, g.buf.data() + off, m->bytes, m->recv_gpu, m->recv);
-                   c != MPI_SUCCESS)
-            m->error_ = c;
+          else copies.add(m->recv, g.buf + off, m->bytes, m->recv_gpu, m->recv);
           off += m->bytes;
           done.push_back(m);
         }
+        // A failed batch fails every call with a GPU receive buffer (which of its copies
+        // ran is not known); the host ones have their results.
+        if (int c = copies.run(); c != MPI_SUCCESS)
+          for (Member* m : g.members)
+            if (m->recv_gpu && m->bytes > 0 && m->error_ == MPI_SUCCESS) m->error_ = c;
         fused.pop_front();
       }
       if (agreeing) {

@@ -3,12 +3,14 @@
 // device memory, and a race detector checks every host access against stream work).
 //
 //   fusion_device        (run under tests/mpi/run.sh preload; tests/fake/meson.build)
-// On a communicator with "allreduce:pmpi:fuse=2K" forced:
+// On a communicator with "allreduce:pmpi:fuse=2K" forced ("allreduce:ht:fuse=2K" with
+// --route=ht: the fused messages then run on route ht, which must count them):
 //   - agreed host memory (the blocking call before was on host buffers), while each rank
 //     passes its own kind per call: device, managed, pinned or host, differing between
 //     ranks and calls, in place or not: every rank must still fuse the call (the others
 //     do), its GPU buffers copied to and from the fused buffer;
-//   - agreed device memory (the blocking call on device buffers on every rank);
+//   - agreed device memory (the blocking call on device buffers on every rank), a
+//     group's copies to and from the fused buffer synchronised once each way;
 //   - a stream attached on odd ranks only (the agreed facts have none: calls are fused,
 //     not stream-ordered): those ranks write their input on the stream without waiting,
 //     so the call must synchronise the stream before the input is read;
@@ -16,6 +18,8 @@
 //     its part, fails there with the CUDA failure and on every other rank too (its group
 //     fails everywhere: the agreement's ok flag), nothing hangs, and the next calls are
 //     exact;
+//   - a copy between a GPU buffer and the fused buffer failing on rank 1: packing fails
+//     the group on every rank, unpacking the call on rank 1 alone;
 // every call completed by a completion call that differs between ranks, its result read
 // by the host with the race detector's blessing, and checked against values computed here.
 // Fusion must have happened (streamcoll_fusion_counts: fewer messages than calls).
@@ -79,6 +83,7 @@ struct Call {
 };
 
 CUstream_st* g_stream = nullptr;
+const char* g_route = "pmpi";  // --route=ht: the forced route that fuses
 
 // Starts call `id` with this rank's memory kind `k`; on_stream: the input is written on
 // g_stream (attached to comm) and not waited for.
@@ -134,7 +139,8 @@ void finish(std::vector<Call>& calls, int how, const std::string& label) {
 MPI_Comm fused_comm(Kind warm) {
   MPI_Comm c;
   MPI_Comm_dup(MPI_COMM_WORLD, &c);
-  check(api.set_route(c, "allreduce:pmpi:fuse=2K") == MPI_SUCCESS, "set_route");
+  check(api.set_route(c, (std::string("allreduce:") + g_route + ":fuse=2K").c_str()) == MPI_SUCCESS,
+        "set_route");
   Buf a(warm, 1), b(warm, 1);
   check(api.host_access(a.p, sizeof(double), 1) == 0, "warm-up input");
   a.p[0] = 1;
@@ -168,6 +174,8 @@ int main(int argc, char** argv) {
   signal(SIGALRM, on_alarm);
   alarm(120);
   MPI_Init(&argc, &argv);
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--route=ht") == 0) g_route = "ht";
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_size);
   int ok = load_api(false) ? 1 : 0, all_ok = 0;
@@ -191,7 +199,17 @@ int main(int argc, char** argv) {
   }
   {  // agreed device memory
     MPI_Comm c = fused_comm(Kind::device);
+    unsigned long long calls0 = 0, messages0 = 0, agreements0 = 0, calls1 = 0, messages1 = 0;
+    if (counts) counts(&calls0, &messages0, &agreements0);
+    const unsigned long long syncs0 = cu("cuStreamSynchronize");
     rounds(c, "agreed device", false, Kind::device, false);
+    const unsigned long long syncs = cu("cuStreamSynchronize") - syncs0;
+    if (counts) counts(&calls1, &messages1, &agreements0);
+    // A group's copies are issued together: one synchronisation to pack, one to unpack.
+    check(syncs <= 2 * (messages1 - messages0),
+          "agreed device: " + std::to_string(syncs) + " stream synchronisations for " +
+              std::to_string(messages1 - messages0) + " fused messages of " +
+              std::to_string(calls1 - calls0) + " calls (at most 2 per message)");
     MPI_Comm_free(&c);
   }
   {  // a stream on odd ranks only: input written on it, not waited for
@@ -231,9 +249,48 @@ int main(int argc, char** argv) {
     }
     MPI_Comm_free(&c);
   }
+  {  // a copy between a GPU buffer and the fused buffer fails on rank 1
+    MPI_Comm c = fused_comm(Kind::device);
+    MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+    auto fail_after = reinterpret_cast<fake_cuda_fail_after_fn>(
+        dlsym(dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD), "fake_cuda_fail_after"));
+    // Round 1: packing (rank 1's input is on the GPU): the group fails on every rank.
+    // Round 2: unpacking (rank 1's input on the host, its result on the GPU): the call
+    // fails on rank 1 alone; the others have the exact result.
+    for (int round = 0; round < 3 && fail_after; ++round) {
+      const bool failing = round > 0 && g_rank == 1;
+      if (failing) fail_after("cuMemcpyAsync", 1);
+      Buf in(round == 2 && g_rank == 1 ? Kind::host : Kind::device, 6), out(Kind::device, 6);
+      check(api.host_access(in.p, 6 * sizeof(double), 1) == 0, "input");
+      for (size_t i = 0; i < 6; ++i) in.p[i] = input(g_rank, i, 2000 + round);
+      MPI_Request req = MPI_REQUEST_NULL;
+      const int rc = MPI_Iallreduce(in.p, out.p, 6, MPI_DOUBLE, MPI_SUM, c, &req);
+      const std::string L = "copy failure round " + std::to_string(round);
+      check(rc == MPI_SUCCESS, L + ": the call starts");
+      const int wrc = MPI_Wait(&req, MPI_STATUS_IGNORE);
+      if (round == 1 || (round == 2 && g_rank == 1)) {
+        check(wrc != MPI_SUCCESS, L + ": the call fails" + (round == 1 ? " on every rank" : ""));
+      } else {
+        check(wrc == MPI_SUCCESS, L + ": completes");
+        check(api.host_access(out.p, 6 * sizeof(double), 0) == 0, L + ": result readable");
+        bool exact = true;
+        for (size_t i = 0; i < 6; ++i) exact = exact && out.p[i] == expected(i, 2000 + round);
+        check(exact, L + ": exact");
+      }
+    }
+    MPI_Comm_free(&c);
+  }
   unsigned long long calls = 0, messages = 0, agreements = 0;
   if (counts) counts(&calls, &messages, &agreements);
-  check(calls == 3 * 12 * 9 + 3 && messages > 0 && messages < calls,
+  using MessagesOn = unsigned long long (*)(const char*);
+  auto messages_on = reinterpret_cast<MessagesOn>(dlsym(RTLD_DEFAULT, "streamcoll_fusion_messages_on"));
+  check(messages_on != nullptr, "streamcoll_fusion_messages_on");
+  if (messages_on) {  // every fused message on the forced route
+    const unsigned long long on = messages_on(g_route);
+    check(on == messages && on > 0, std::to_string(on) + " of " + std::to_string(messages) +
+                                            " fused messages on route " + g_route);
+  }
+  check(calls == 3 * 12 * 9 + 3 + 3 && messages > 0 && messages < calls,
         "fused: " + std::to_string(calls) + " calls in " + std::to_string(messages) + " messages");
   check(cu("races") == races0, "no race");
   api.stream_destroy(g_stream);
