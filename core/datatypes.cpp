@@ -69,13 +69,14 @@ const std::vector<TypeInfo>& all_types() {
 
 const TypeInfo* find_type(MPI_Datatype t) {
   // Calls repeat their datatype: the last type found is looked at first (a scan of the
-  // table cost about 220 instructions per call for MPI_FLOAT). One pointer, so threads
-  // that race on it each see a whole entry; entries are never freed.
+  // table cost about 220 instructions per call for MPI_FLOAT). One pointer, published with
+  // release/acquire (a thread reading it sees the table's entry built); entries are never
+  // freed.
   static std::atomic<const TypeInfo*> last{nullptr};
-  if (const TypeInfo* l = last.load(std::memory_order_relaxed); l && l->type == t) return l;
+  if (const TypeInfo* l = last.load(std::memory_order_acquire); l && l->type == t) return l;
   for (const TypeInfo& info : all_types())
     if (info.type == t) {
-      last.store(&info, std::memory_order_relaxed);
+      last.store(&info, std::memory_order_release);
       return &info;
     }
   return nullptr;
