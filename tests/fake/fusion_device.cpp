@@ -162,6 +162,26 @@ void rounds(MPI_Comm comm, const std::string& label, bool stream_here, Kind fixe
   }
 }
 
+// One call of the failure rounds, completed (wrc): it must fail, or else give the exact
+// sum of call `id` in `out` (n elements), readable by the host.
+void check_outcome(int wrc, bool must_fail, const std::string& fails, const Buf& out, size_t n,
+                   int id, const std::string& L) {
+  if (must_fail) {
+    check(wrc != MPI_SUCCESS, L + ": " + fails);
+    return;
+  }
+  check(wrc == MPI_SUCCESS, L + ": completes");
+  check(api.host_access(out.p, n * sizeof(double), 0) == 0, L + ": result readable");
+  bool exact = true;
+  for (size_t i = 0; i < n; ++i) exact = exact && out.p[i] == expected(i, id);
+  check(exact, L + ": exact");
+}
+
+fake_cuda_fail_after_fn find_fail_after() {
+  return reinterpret_cast<fake_cuda_fail_after_fn>(
+      dlsym(dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD), "fake_cuda_fail_after"));
+}
+
 void on_alarm(int) {
   const char msg[] = "fusion_device: timed out (a hang)\n";
   if (write(2, msg, sizeof msg - 1) < 0) {}
@@ -222,8 +242,7 @@ int main(int argc, char** argv) {
     MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
-    auto fail_after = reinterpret_cast<fake_cuda_fail_after_fn>(
-        dlsym(dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD), "fake_cuda_fail_after"));
+    const auto fail_after = find_fail_after();
     check(fail_after != nullptr, "fake_cuda_fail_after");
     for (int round = 0; round < 3 && fail_after; ++round) {
       const bool failing = round == 1 && g_rank == 1;
@@ -236,24 +255,15 @@ int main(int argc, char** argv) {
       check(failing ? rc != MPI_SUCCESS : rc == MPI_SUCCESS,
             "sync failure round " + std::to_string(round) + ": the call's own return code");
       const int wrc = MPI_Wait(&req, MPI_STATUS_IGNORE);
-      const std::string L = "sync failure round " + std::to_string(round);
-      if (round == 1) {
-        check(wrc != MPI_SUCCESS, L + ": the call fails on every rank");
-      } else {
-        check(wrc == MPI_SUCCESS, L + ": completes");
-        check(api.host_access(out.p, 5 * sizeof(double), 0) == 0, L + ": result readable");
-        bool exact = true;
-        for (size_t i = 0; i < 5; ++i) exact = exact && out.p[i] == expected(i, 1000 + round);
-        check(exact, L + ": exact");
-      }
+      check_outcome(wrc, round == 1, "the call fails on every rank", out, 5, 1000 + round,
+                    "sync failure round " + std::to_string(round));
     }
     MPI_Comm_free(&c);
   }
   {  // a copy between a GPU buffer and the fused buffer fails on rank 1
     MPI_Comm c = fused_comm(Kind::device);
     MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
-    auto fail_after = reinterpret_cast<fake_cuda_fail_after_fn>(
-        dlsym(dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD), "fake_cuda_fail_after"));
+    const auto fail_after = find_fail_after();
     // Round 1: packing (rank 1's input is on the GPU): the group fails on every rank.
     // Round 2: unpacking (rank 1's input on the host, its result on the GPU): the call
     // fails on rank 1 alone; the others have the exact result.
@@ -268,15 +278,9 @@ int main(int argc, char** argv) {
       const std::string L = "copy failure round " + std::to_string(round);
       check(rc == MPI_SUCCESS, L + ": the call starts");
       const int wrc = MPI_Wait(&req, MPI_STATUS_IGNORE);
-      if (round == 1 || (round == 2 && g_rank == 1)) {
-        check(wrc != MPI_SUCCESS, L + ": the call fails" + (round == 1 ? " on every rank" : ""));
-      } else {
-        check(wrc == MPI_SUCCESS, L + ": completes");
-        check(api.host_access(out.p, 6 * sizeof(double), 0) == 0, L + ": result readable");
-        bool exact = true;
-        for (size_t i = 0; i < 6; ++i) exact = exact && out.p[i] == expected(i, 2000 + round);
-        check(exact, L + ": exact");
-      }
+      check_outcome(wrc, round == 1 || (round == 2 && g_rank == 1),
+                    round == 1 ? "the call fails on every rank" : "the call fails", out, 6,
+                    2000 + round, L);
     }
     MPI_Comm_free(&c);
   }
