@@ -25,7 +25,9 @@
 #       port 1024 (another socket held it, an IPv6 one, which takes both families, the
 #       likely holder), while a peer connected there. btl_tcp_disable_family 6 keeps the BTL to
 #       IPv4: the message has not come back since (two runs of those tests).
-#       mpi_preconnect_mpi=1 makes the connections while one thread runs.
+#       mpi_preconnect_mpi=1 makes the connections while one thread runs. When the
+#       cluster has more slots than this machine has cores, Open MPI also gets
+#       mpi_yield_when_idle 1 and STREAMCOLL_PROGRESS_BIND defaults to none (below).
 #   mpi_pass VAR...
 #       sets mpirun_pass: the arguments that hand these environment variables to ranks on
 #       other nodes (-x VAR each for Open MPI, -genvlist for Hydra). Ranks on the node of
@@ -73,8 +75,22 @@ mpi_launcher() {
   if [ -n "$c" ]; then
     [ -r "$c/hosts.openmpi" ] && [ -x "$c/agent" ] ||
       { echo "mpi-launcher: STREAMCOLL_CLUSTER=$c is not a running test cluster (scripts/cluster.sh)" >&2; return 1; }
-    local subnet
+    local subnet slots
     subnet=$(cat "$c/subnet")
+    # The simulated nodes share this machine's cores, which each node's MPI cannot see.
+    # With more slots than cores: Open MPI idles politely (mpi_yield_when_idle, what its
+    # mpirun sets by itself on one oversubscribed node), and progress threads stay
+    # unbound (each node's local rank 0 would bind to the same core). Without both, a
+    # 2 x 2 cluster on 2 cores starved runnable threads for up to 61 s and fake-ht-np3
+    # took 536-855 s (15 s on one node); with both, 85 s (bench/results/
+    # cluster_suite_2026-11-27b). The caller's own settings win.
+    slots=$(( $(cat "$c/nodes") * $(cat "$c/ppn") ))
+    if [ "$slots" -gt "$(nproc)" ]; then
+      export STREAMCOLL_PROGRESS_BIND=${STREAMCOLL_PROGRESS_BIND:-none}
+      if [ "$mpirun_kind" = openmpi ] && [ -z "${OMPI_MCA_mpi_yield_when_idle:-}" ]; then
+        mpirun_args+=(--mca mpi_yield_when_idle 1)
+      fi
+    fi
     case $mpirun_kind in
       openmpi)
         mpirun_args+=(--hostfile "$c/hosts.openmpi" --mca plm_rsh_agent "$c/agent"
