@@ -221,19 +221,34 @@ bool g_defer = false;
 std::string g_mode;
 Gate* g_gate = nullptr;
 
-// Point-to-point requests mixed with the collective's.
+// Point-to-point requests mixed with the collective's. start() returns once the
+// message from the previous rank has arrived (MPI_Iprobe sees it before the receive is
+// posted), so that completing these requests waits for nothing but this rank's own
+// progress: the gate's watchdog, armed after start(), then times this rank alone. (When
+// it armed before the peers had sent, a peer held up elsewhere, e.g. a node's rank not
+// scheduled for seconds on the test cluster, fired it: "the host waited for the stream"
+// where the host waited for a peer.)
 struct Ring {
   int send = 0, recv = -1, tag = 0, expect = 0;
   MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-  void start(MPI_Comm comm, int t) {
+  void start(MPI_Comm comm, int t, const std::string& L) {
     int rank, size;
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &size);
     tag = t;
     send = rank * 1000 + t % 1000;
-    expect = ((rank + size - 1) % size) * 1000 + t % 1000;
-    MPI_Irecv(&recv, 1, MPI_INT, (rank + size - 1) % size, tag, comm, &req[0]);
+    const int from = (rank + size - 1) % size;
+    expect = from * 1000 + t % 1000;
     MPI_Isend(&send, 1, MPI_INT, (rank + 1) % size, tag, comm, &req[1]);
+    // Every rank sends before it waits here: no cycle. Bounded, so a lost message fails.
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(300);
+    int arrived = 0;
+    while (!arrived && std::chrono::steady_clock::now() < end) {
+      MPI_Iprobe(from, tag, comm, &arrived, MPI_STATUS_IGNORE);
+      if (!arrived) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    check(arrived != 0, L + ": the point-to-point message from the previous rank arrives");
+    MPI_Irecv(&recv, 1, MPI_INT, from, tag, comm, &req[0]);
   }
 };
 
@@ -347,7 +362,7 @@ void run(Spec& s) {
   const bool mixed = v.c == waitall_mixed || v.c == waitany_mixed || v.c == testall_mixed ||
                      v.c == waitsome_mixed || v.c == request_free;
   const int tag = ++g_tag % 30000;
-  if (mixed) ring.start(s.comm, tag);
+  if (mixed) ring.start(s.comm, tag, L);
   if (gated) g_gate->arm(10.0);
   MPI_Request req = MPI_REQUEST_NULL;
   const int rc = s.issue(nb ? &req : nullptr);
