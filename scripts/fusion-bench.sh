@@ -31,10 +31,7 @@ for np in 2 4; do
   run "node1_np$np" scripts/bench-coll.sh "$np" "${args[@]}"
 done
 if [ "$(id -u)" -eq 0 ] && ip netns list >/dev/null 2>&1; then
-  # The simulated nodes share this machine's cores, while the progress thread's binding
-  # assumes each node has its own: ranks of different nodes would have their progress
-  # threads bound to the same core. Unbound there.
-  export STREAMCOLL_PROGRESS_BIND=none
+  # (scripts/mpi-launcher.sh leaves progress threads unbound on the test cluster.)
   trap 'scripts/cluster.sh down >/dev/null 2>&1 || true' EXIT
   scripts/cluster.sh up --nodes 2 --ppn 2 --rate 10gbit >/dev/null
   run cluster_2x2_10gbit scripts/cluster.sh run --timeout 600 scripts/bench-coll.sh 4 "${args[@]}"

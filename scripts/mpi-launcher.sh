@@ -25,9 +25,10 @@
 #       port 1024 (another socket held it, an IPv6 one, which takes both families, the
 #       likely holder), while a peer connected there. btl_tcp_disable_family 6 keeps the BTL to
 #       IPv4: the message has not come back since (two runs of those tests).
-#       mpi_preconnect_mpi=1 makes the connections while one thread runs. When the
-#       cluster has more slots than this machine has cores, Open MPI also gets
-#       mpi_yield_when_idle 1 and STREAMCOLL_PROGRESS_BIND defaults to none (below).
+#       mpi_preconnect_mpi=1 makes the connections while one thread runs.
+#       STREAMCOLL_PROGRESS_BIND defaults to none on the test cluster, and when it has
+#       more slots than this machine has cores, Open MPI also gets mpi_yield_when_idle 1
+#       (below).
 #   mpi_pass VAR...
 #       sets mpirun_pass: the arguments that hand these environment variables to ranks on
 #       other nodes (-x VAR each for Open MPI, -genvlist for Hydra). Ranks on the node of
@@ -78,18 +79,18 @@ mpi_launcher() {
     local subnet slots
     subnet=$(cat "$c/subnet")
     # The simulated nodes share this machine's cores, which each node's MPI cannot see.
-    # With more slots than cores: Open MPI idles politely (mpi_yield_when_idle, what its
-    # mpirun sets by itself on one oversubscribed node), and progress threads stay
-    # unbound (each node's local rank 0 would bind to the same core). Without both, a
-    # 2 x 2 cluster on 2 cores starved runnable threads for up to 61 s and fake-ht-np3
-    # took 536-855 s (15 s on one node); with both, 85 s (bench/results/
-    # cluster_suite_2026-11-27b). The caller's own settings win.
+    # Progress threads stay unbound on every test cluster: each node's local rank 0 would
+    # bind to the same core, whatever the machine's core count. With more slots than
+    # cores, Open MPI also idles politely (mpi_yield_when_idle, what its mpirun sets by
+    # itself on one oversubscribed node). Without both, a 2 x 2 cluster on 2 cores
+    # starved runnable threads for up to 61 s and fake-ht-np3 took 536-855 s (15 s on
+    # one node); with both, 85 s (bench/results/cluster_suite_2026-11-27b). The caller's
+    # own settings win.
+    export STREAMCOLL_PROGRESS_BIND=${STREAMCOLL_PROGRESS_BIND:-none}
     slots=$(( $(cat "$c/nodes") * $(cat "$c/ppn") ))
-    if [ "$slots" -gt "$(nproc)" ]; then
-      export STREAMCOLL_PROGRESS_BIND=${STREAMCOLL_PROGRESS_BIND:-none}
-      if [ "$mpirun_kind" = openmpi ] && [ -z "${OMPI_MCA_mpi_yield_when_idle:-}" ]; then
-        mpirun_args+=(--mca mpi_yield_when_idle 1)
-      fi
+    if [ "$slots" -gt "$(nproc)" ] && [ "$mpirun_kind" = openmpi ] &&
+       [ -z "${OMPI_MCA_mpi_yield_when_idle:-}" ]; then
+      mpirun_args+=(--mca mpi_yield_when_idle 1)
     fi
     case $mpirun_kind in
       openmpi)
