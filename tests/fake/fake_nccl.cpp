@@ -34,8 +34,16 @@
 // streams, as NCCL orders them: each one's launch waits, through an event, for the end
 // of the one issued before it. Reductions: sum, prod, min, max on int8, uint8,
 // int32, uint32, int64, uint64, float32, float64 (float16, bfloat16 and fp8 give
-// ncclInvalidArgument). Send/recv between ncclGroupStart/End become one exchange at
-// ncclGroupEnd. Collectives inside a group run as if outside it.
+// ncclInvalidArgument). Send/recv, as in NCCL, are matched per pair of ranks in issue
+// order (the k-th send from a to b with the k-th receive at b from a), whatever groups
+// they are in on either side: the sends and receives of one ncclGroupStart/End (or a
+// lone one) are one operation, which posts its sends (into the rank's slot, announced in
+// a ring of kRing messages per peer) and takes its receives in any order as the peers'
+// messages arrive, and ends when all its receives are in and all its sends taken. So a
+// rank may take part in a peer's exchange in a later group, leave a round out, or run
+// rounds the others do not, and only a cycle of waits (as with NCCL) hangs. A receive of
+// another size than the matching send is a mismatch. Collectives inside a group run as
+// if outside it.
 //
 // Checks, like real NCCL's argument checks (ncclInvalidArgument, with ncclGetLastError
 // saying why): buffers must be fake device memory; buffers may overlap only in NCCL's
@@ -101,7 +109,8 @@ namespace {
 
 constexpr int kMaxRanks = 128;
 constexpr size_t kControlBytes = 4096;
-constexpr size_t kHeaderBytes = 4096;
+constexpr size_t kHeaderBytes = 64 * 1024;
+constexpr uint64_t kRing = 24;  // messages in flight from one rank to one peer
 const char kIdMagic[] = "fakenccl:";
 
 struct Control {
@@ -113,6 +122,7 @@ struct Control {
 };
 static_assert(sizeof(Control) <= kControlBytes, "control block");
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "process-shared atomics");
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "process-shared atomics");
 
 enum Kind : uint32_t { k_allreduce = 1, k_reduce, k_broadcast, k_allgather, k_reducescatter, k_sendrecv };
 const char* kind_name(uint32_t k) {
@@ -128,10 +138,19 @@ struct Signature {
   uint64_t count;
 };
 
+// A point-to-point message: its bytes at `off` of the sender's slot.
+struct Msg {
+  uint64_t off, bytes;
+};
+
 struct SlotHeader {
   Signature sig;
-  uint64_t peer_off[kMaxRanks];    // send/recv: where this rank's data for each peer starts
-  uint64_t peer_bytes[kMaxRanks];  // and how many bytes
+  // Point-to-point, written by this rank only: messages posted to each peer (the k-th
+  // one in ring[peer][k % kRing], published by the release store of posted), and
+  // messages taken from each peer (released once their bytes are copied out).
+  std::atomic<uint64_t> posted[kMaxRanks];
+  std::atomic<uint64_t> taken[kMaxRanks];
+  Msg ring[kMaxRanks][kRing];
 };
 static_assert(sizeof(SlotHeader) <= kHeaderBytes, "slot header");
 
@@ -267,7 +286,7 @@ struct Shared {
   char* base = nullptr;
   size_t map_bytes = 0, slot_bytes = 0;
   uint32_t local_sense = 0;  // the init barrier's thread, then the worker's
-  uint64_t executed = 0;     // the worker's
+  uint64_t executed = 0;     // the worker's: collectives run (their sequence numbers)
   std::atomic<bool> aborted{false};
   std::atomic<int> async_error{ncclSuccess};
 
@@ -407,10 +426,106 @@ struct Op {
   std::vector<P2p> p2p;
 };
 
+// Runs a send/recv group on the worker thread (file comment): posts the sends as room in
+// the peers' rings allows, takes the receives as the peers' messages arrive, in any order
+// across peers and in issue order per peer, until every receive is in and every send taken.
+void run_p2p(Op* o) {
+  Shared& sh = *o->sh;
+  const int me = sh.rank;
+  SlotHeader* mine = sh.header(me);
+  char* slot = sh.data(me);
+  struct Send {
+    const P2p* x;
+    uint64_t off;
+    uint64_t index = 0;  // its number among the messages to its peer, once posted
+    bool posted = false;
+  };
+  std::vector<Send> sends;
+  std::vector<const P2p*> recvs;
+  uint64_t staged = 0;
+  for (const P2p& x : o->p2p) {
+    if (x.send) {
+      sends.push_back({&x, staged});
+      staged += x.bytes;
+    } else {
+      recvs.push_back(&x);
+    }
+  }
+  std::vector<bool> received(recvs.size(), false);
+  size_t left_sends = sends.size(), left_recvs = recvs.size();
+  static const double timeout = static_cast<double>(env_size("FAKE_NCCL_TIMEOUT_S", 120));
+  const double start = now_s();
+  for (unsigned spin = 1;; ++spin) {
+    if (sh.aborted.load(std::memory_order_acquire)) return;
+    bool moved = false;
+    for (Send& x : sends) {  // post what the rings have room for, in issue order per peer
+      if (x.posted) continue;
+      const int p = x.x->peer;
+      const uint64_t k = mine->posted[p].load(std::memory_order_relaxed);
+      if (k - sh.header(p)->taken[me].load(std::memory_order_acquire) >= kRing) continue;
+      bool earlier_waits = false;  // an earlier send to p of this group not yet posted
+      for (const Send& y : sends) {
+        if (&y == &x) break;
+        earlier_waits = earlier_waits || (!y.posted && y.x->peer == p);
+      }
+      if (earlier_waits) continue;
+      memcpy(slot + x.off, x.x->buf, x.x->bytes);
+      mine->ring[p][k % kRing] = {x.off, x.x->bytes};
+      mine->posted[p].store(k + 1, std::memory_order_release);
+      x.index = k;
+      x.posted = moved = true;
+    }
+    for (size_t i = 0; i < recvs.size(); ++i) {  // take what has arrived, per peer in order
+      if (received[i]) continue;
+      const P2p& x = *recvs[i];
+      bool earlier_waits = false;
+      for (size_t j = 0; j < i; ++j) earlier_waits = earlier_waits || (!received[j] && recvs[j]->peer == x.peer);
+      if (earlier_waits) continue;
+      const SlotHeader* from = sh.header(x.peer);
+      const uint64_t k = mine->taken[x.peer].load(std::memory_order_relaxed);
+      if (from->posted[me].load(std::memory_order_acquire) <= k) continue;
+      const Msg m = from->ring[me][k % kRing];
+      if (m.bytes != x.bytes) {
+        fprintf(stderr, "fake NCCL: rank %d receives %zu bytes from rank %d, which sent %llu\n",
+                me, x.bytes, x.peer, static_cast<unsigned long long>(m.bytes));
+        tally("mismatches");
+        sh.async_error.store(ncclInvalidUsage);
+      }
+      memcpy(x.buf, sh.data(x.peer) + m.off, std::min<uint64_t>(m.bytes, x.bytes));
+      mine->taken[x.peer].store(k + 1, std::memory_order_release);
+      received[i] = moved = true;
+      --left_recvs;
+    }
+    left_sends = 0;
+    for (const Send& x : sends)
+      if (!x.posted || sh.header(x.x->peer)->taken[me].load(std::memory_order_acquire) <= x.index)
+        ++left_sends;
+    if (left_sends == 0 && left_recvs == 0) break;
+    if (moved) {
+      spin = 0;
+    } else if (spin < 16384) {
+      sched_yield();
+    } else {  // a long wait (a peer that has not launched its part): let others run
+      const timespec ts{0, 50 * 1000};
+      nanosleep(&ts, nullptr);
+    }
+    if (spin % 1024 == 0 && now_s() - start > timeout) {
+      fprintf(stderr, "fake NCCL: rank %d of %d waited %.0f s in a send/recv group (%zu sends "
+              "not taken, %zu receives not in); its peers never ran the matching sends or "
+              "receives. Aborting.\n", me, sh.nranks, timeout, left_sends, left_recvs);
+      abort();
+    }
+  }
+  // Give the slot's pages back after a large group (as after a large collective).
+  if (staged > (size_t{1} << 20)) madvise(slot, (staged + 4095) / 4096 * 4096, MADV_REMOVE);
+  tally("executed");
+}
+
 // Runs o on the worker thread: barriers with the other ranks' workers.
 void run_op(Op* o) {
   Shared& sh = *o->sh;
   if (sh.aborted.load()) return;  // aborted: this rank's kernels end
+  if (o->sig.kind == k_sendrecv) return run_p2p(o);
   const int me = sh.rank, n = sh.nranks;
   const size_t ts = type_size(o->type);
   o->sig.seq = ++sh.executed;
@@ -426,19 +541,7 @@ void run_op(Op* o) {
       if (me == o->root) memcpy(slot, o->send, staged = o->count * ts);
       break;
     case k_reducescatter: memcpy(slot, o->send, staged = o->count * ts * n); break;
-    case k_sendrecv: {
-      size_t& off = staged;
-      for (int p = 0; p < n; ++p) {
-        mine->peer_off[p] = off;
-        for (const P2p& x : o->p2p)
-          if (x.send && x.peer == p) {
-            memcpy(slot + off, x.buf, x.bytes);
-            off += x.bytes;
-          }
-        mine->peer_bytes[p] = off - mine->peer_off[p];
-      }
-      break;
-    }
+    case k_sendrecv: break;  // run_p2p
   }
   if (!sh.barrier()) return;
   for (int r = 0; r < n; ++r) {
@@ -465,30 +568,7 @@ void run_op(Op* o) {
         memcpy(static_cast<char*>(o->recv) + r * o->count * ts, sh.data(r), o->count * ts);
       break;
     case k_reducescatter: reduce_slots(o->recv, sh, me * o->count, o->count, o->type, o->op); break;
-    case k_sendrecv: {
-      std::vector<size_t> taken(static_cast<size_t>(n), 0);
-      for (const P2p& x : o->p2p) {
-        if (x.send) continue;
-        const SlotHeader* h = sh.header(x.peer);
-        if (taken[x.peer] + x.bytes > h->peer_bytes[me]) {
-          fprintf(stderr, "fake NCCL: rank %d receives %zu more bytes from rank %d than it sent\n",
-                  me, taken[x.peer] + x.bytes - h->peer_bytes[me], x.peer);
-          tally("mismatches");
-          sh.async_error.store(ncclInvalidUsage);
-          continue;
-        }
-        memcpy(x.buf, sh.data(x.peer) + h->peer_off[me] + taken[x.peer], x.bytes);
-        taken[x.peer] += x.bytes;
-      }
-      for (int p = 0; p < n; ++p)
-        if (taken[p] != sh.header(p)->peer_bytes[me]) {
-          fprintf(stderr, "fake NCCL: rank %d sent %llu bytes to rank %d, which received %zu\n", p,
-                  static_cast<unsigned long long>(sh.header(p)->peer_bytes[me]), me, taken[p]);
-          tally("mismatches");
-          sh.async_error.store(ncclInvalidUsage);
-        }
-      break;
-    }
+    case k_sendrecv: break;  // run_p2p
   }
   sh.barrier();
   // Give the slot's pages back after a large operation: /dev/shm may be small (64 MiB in
