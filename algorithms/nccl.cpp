@@ -72,6 +72,11 @@
 #include "algorithms/nccl_lib.hpp"
 #include "algorithms/nccl_map.hpp"
 #include "algorithms/route.hpp"
+#include "algorithms/cost_model.hpp"
+#include "algorithms/schedule.hpp"
+#if STREAMCOLL_HAVE_NVGROUP
+#include "algorithms/nvgroup.hpp"
+#endif
 #include "core/cuda_driver.hpp"
 #include "core/errors.hpp"
 #include "core/log.hpp"
@@ -913,10 +918,110 @@ NcclState& state_of(CommContext& ctx) {
   return static_cast<NcclState&>(*slot);
 }
 
-// Enqueues the collective on `s`. Returns the NCCL result; *cu gets a CUDA failure of the
-// copies around it (in-place reduce-scatter and alltoall).
+// Route ccube: C-Cube's overlapped tree (algorithms/schedule.cpp, allreduce_ccube: the
+// rounds, the tree mapped onto the nodes) run on the NCCL communicator. A round is one
+// NCCL group of its sends and receives (byte messages, matched per pair of ranks in issue
+// order, as a round's messages are posted by both ends in the same round), then its
+// copies (cuMemcpyDtoDAsync) and reductions (streamcoll_reduce, dst = src op dst), all on
+// the call's stream; the children's chunks land in stream-ordered scratch (one chunk per
+// child). Why NCCL point-to-point plus a kernel and not NV-Group's kernels: the tree's
+// edges cross nodes, which NCCL's send/recv reach (over NVLink, PCIe or the network)
+// while NV-Group's kernels are one node's (CUDA IPC); and NCCL's groups let a round's
+// messages run concurrently, which is what overlaps a chunk's broadcast down with the
+// next chunk's reduction up. Cost: a group launch per round and a kernel per child and
+// round, so chunks are large: the table's chunk=, else model::ccube_device_chunk (about
+// sqrt(n · 20 KiB), from the α-β model, not measured on a GPU).
+struct Ccube {
+  uint64_t chunk_bytes = 0;
+  CUfunction reduce = nullptr;
+};
+
+
+#if STREAMCOLL_HAVE_NVGROUP
+ncclResult_t enqueue_ccube(const CollArgs& a, const CommContext& ctx, const NcclComm& c,
+                           CUstream s, const Ccube& cc, CUresult* cu) {
+  const nccl::Library& L = *c.lib;
+  const cuda::Driver& d = driver();
+  const TypeInfo* t = call_type(a);
+  const uint64_t ts = static_cast<uint64_t>(t->size);
+  sched::Params p;
+  p.coll = Coll::allreduce;
+  p.algo = sched::Algo::ccube;
+  p.rank = ctx.rank;
+  p.size = ctx.size;
+  p.count = static_cast<uint64_t>(a.count);
+  p.in_place = a.sendbuf == MPI_IN_PLACE;
+  const uint64_t chunk = cc.chunk_bytes ? cc.chunk_bytes : model::ccube_device_chunk(p.count * ts);
+  p.chunk = std::max<uint64_t>(1, chunk / ts);
+  p.node_of = &ctx.node_of;
+  const sched::Schedule sch = sched::build(p);
+  nvgroup::ReduceParams rp{};
+  rp.dtype = static_cast<uint32_t>(*nvgroup_kernels::type_of(*t));
+  rp.op = static_cast<uint32_t>(*nvgroup_kernels::op_of(find_op(a.op)->kind));
+  CUdeviceptr tmp = 0;
+  if (sch.tmp_elems &&
+      (*cu = d.cuMemAllocAsync(&tmp, sch.tmp_elems * ts, s)) != CUDA_SUCCESS)
+    return ncclSuccess;
+  auto base = [&](sched::Buf b) -> char* {
+    switch (b) {
+      case sched::Buf::send: return static_cast<char*>(const_cast<void*>(a.sendbuf));
+      case sched::Buf::recv: return static_cast<char*>(a.recvbuf);
+      default: return reinterpret_cast<char*>(tmp);
+    }
+  };
+  ncclResult_t r = ncclSuccess;
+  for (size_t i = 0; i < sch.num_rounds() && r == ncclSuccess && *cu == CUDA_SUCCESS; ++i) {
+    const uint32_t lo = sch.round_begin(i), hi = sch.round_end(i);
+    bool messages = false;
+    for (uint32_t k = lo; k < hi; ++k)
+      messages = messages || sch.ops[k].kind == sched::Op::Kind::send ||
+                 sch.ops[k].kind == sched::Op::Kind::recv;
+    if (messages) {
+      r = L.ncclGroupStart();
+      for (uint32_t k = lo; k < hi && r == ncclSuccess; ++k) {
+        const sched::Op& o = sch.ops[k];
+        char* at = base(o.buf) + o.off * ts;
+        if (o.kind == sched::Op::Kind::send)
+          r = L.ncclSend(at, o.count * ts, ncclUint8, o.peer, c.comm, s);
+        else if (o.kind == sched::Op::Kind::recv)
+          r = L.ncclRecv(at, o.count * ts, ncclUint8, o.peer, c.comm, s);
+      }
+      const ncclResult_t end = L.ncclGroupEnd();
+      if (r == ncclSuccess) r = end;
+    }
+    for (uint32_t k = lo; k < hi && r == ncclSuccess && *cu == CUDA_SUCCESS; ++k) {
+      const sched::Op& o = sch.ops[k];
+      char* dst = base(o.buf) + o.off * ts;
+      const char* src = base(o.src) + o.src_off * ts;
+      if (o.kind == sched::Op::Kind::copy) {
+        *cu = d.cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(dst),
+                                  reinterpret_cast<CUdeviceptr>(src), o.count * ts, s);
+      } else if (o.kind == sched::Op::Kind::reduce) {
+        rp.dst = dst;
+        rp.src = src;
+        rp.count = o.count;
+        void* args[] = {&rp};
+        *cu = d.cuLaunchKernel(cc.reduce, nvgroup::reduce_blocks(o.count), 1, 1,
+                               nvgroup::kReduceThreads, 1, 1, 0, s, args, nullptr);
+      }
+    }
+  }
+  if (tmp)
+    if (CUresult f = d.cuMemFreeAsync(tmp, s); *cu == CUDA_SUCCESS) *cu = f;
+  return r;
+}
+#else
+ncclResult_t enqueue_ccube(const CollArgs&, const CommContext&, const NcclComm&, CUstream,
+                           const Ccube&, CUresult*) {
+  return ncclInvalidUsage;  // no kernels in this build: the route is not offered
+}
+#endif
+
+// Enqueues the collective on `s` (with `cc`, route ccube's allreduce). Returns the NCCL
+// result; *cu gets a CUDA failure of the copies and kernels around it (in-place
+// reduce-scatter, alltoall, ccube).
 ncclResult_t enqueue(const CollArgs& a, const CommContext& ctx, const NcclComm& c, CUstream s,
-                     CUresult* cu) {
+                     CUresult* cu, const Ccube* cc = nullptr) {
   const nccl::Library& L = *c.lib;
   const TypeInfo* t = call_type(a);
   const size_t ts = static_cast<size_t>(t->size);
@@ -926,6 +1031,7 @@ ncclResult_t enqueue(const CollArgs& a, const CommContext& ctx, const NcclComm& 
   *cu = CUDA_SUCCESS;
   switch (a.coll) {
     case Coll::allreduce: {
+      if (cc) return enqueue_ccube(a, ctx, c, s, *cc, cu);
       auto type = *nccl::reduction_type(*t);
       auto op = *nccl::reduction_op(find_op(a.op)->kind);
       return L.ncclAllReduce(sbuf == MPI_IN_PLACE ? rbuf : sbuf, rbuf, a.count, type, op,
@@ -1004,7 +1110,8 @@ ncclResult_t enqueue(const CollArgs& a, const CommContext& ctx, const NcclComm& 
 // when the request completes, so that nothing here waits for other ranks. This rank
 // keeps plain MPI semantics: its buffers are final when MPI_Wait/MPI_Test report it.
 // Only the bytes MPI says the call writes on this rank are written.
-int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<NcclComm>& c) {
+int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<NcclComm>& c,
+               const Ccube* cc) {
   const TypeInfo* t = call_type(a);
   const uint64_t ts = static_cast<uint64_t>(t->size);
   const uint64_t p = static_cast<uint64_t>(ctx.size), me = static_cast<uint64_t>(ctx.rank);
@@ -1092,7 +1199,7 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
       d.cuMemFreeAsync(buf, s);
       return c->poll();
     }
-    nr = enqueue(staged, ctx, *c, s, &cu);
+    nr = enqueue(staged, ctx, *c, s, &cu, cc);
   }
   int rc = MPI_SUCCESS;
   if (nr != ncclSuccess || cu != CUDA_SUCCESS) {
@@ -1138,12 +1245,31 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
   return start_request(new NcclRequest(c, done, false, nullptr, std::move(back)), a.request);
 }
 
+// Whether route ccube's kernels reduce `a` (an allreduce of a type and op they take).
+bool ccube_takes(const CollArgs& a) {
+#if STREAMCOLL_HAVE_NVGROUP
+  if (a.coll != Coll::allreduce) return false;
+  const TypeInfo* t = call_type(a);
+  const OpInfo* op = find_op(a.op);
+  return t && op && nvgroup_kernels::type_of(*t) && nvgroup_kernels::op_of(op->kind);
+#else
+  (void)a;
+  return false;
+#endif
+}
+
+// Routes nccl and ccube: one class, one NCCL communicator per communicator (route nccl's
+// state, set up by whichever of them is first asked), so they share its set-up,
+// failure handling and stream semantics. ccube takes allreduce only, as C-Cube's tree
+// (enqueue_ccube); nccl everything NCCL has.
 class NcclRoute final : public Route {
  public:
-  RouteId id() const override { return RouteId::nccl; }
+  explicit NcclRoute(RouteId id) : id_(id) {}
+  RouteId id() const override { return id_; }
 
   bool accepts(const CollArgs& a, CommContext& ctx, const config::RouteChoice&,
                const CallEnv& env) override {
+    if (id_ == RouteId::ccube && !ccube_takes(a)) return false;
     if (ctx.inter) return false;
     // MPI_I*: only where the program promises one start order on all communicators
     // (file comment; a job-wide setting, equal on every rank).
@@ -1166,16 +1292,35 @@ class NcclRoute final : public Route {
   // here, at a blocking call, makes every rank agree to leave it), and this rank's GPU
   // buffers must be on its GPU (set up at its first call, on that call's GPU). Managed
   // memory is reachable from any.
-  bool able_here(const CollArgs&, CommContext& ctx, const CallEnv& local) override {
+  // Route ccube also needs its reduction kernel on this rank's GPU. Asked at every blocking
+  // call on device buffers, whatever the table says, so nothing is loaded here: the GPU
+  // and driver are checked (reduce_kernel_may_load), the kernel is loaded at the route's
+  // first call; a load that fails there fails that call on every rank (its peers are
+  // told) and makes this rank answer no from then on, so the ranks leave ccube together.
+  bool able_here(const CollArgs& a, CommContext& ctx, const CallEnv& local) override {
     auto& slot = ctx.route_state[static_cast<int>(RouteId::nccl)];
-    if (!slot) return true;
-    const NcclState& st = static_cast<const NcclState&>(*slot);
-    if (st.status != NcclState::ready) return true;
-    if (st.comm->check_faults(true)) return false;
-    return local.mem != MemKind::device || st.comm->device == local.device;
+    const NcclState* st = slot ? static_cast<const NcclState*>(slot.get()) : nullptr;
+    if (st && st->status == NcclState::ready) {
+      if (st->comm->check_faults(true)) return false;
+      if (local.mem == MemKind::device && st->comm->device != local.device) return false;
+    }
+    if (id_ != RouteId::ccube || a.coll != Coll::allreduce ||
+        (local.mem != MemKind::device && local.mem != MemKind::managed))
+      return true;
+#if STREAMCOLL_HAVE_NVGROUP
+    int device = st && st->status == NcclState::ready ? st->comm->device : local.device;
+    if (device < 0) {  // managed memory before the set-up: the thread's current GPU
+      CUdevice cur = 0;
+      if (!driver().usable || driver().cuCtxGetDevice(&cur) != CUDA_SUCCESS) return false;
+      device = static_cast<int>(cur);
+    }
+    return nvgroup_kernels::reduce_kernel_may_load(device);
+#else
+    return false;
+#endif
   }
 
-  int run(const CollArgs& a, CommContext& ctx, const config::RouteChoice&,
+  int run(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,
           const CallEnv& env) override {
     std::shared_ptr<NcclComm> c = state_of(ctx).comm;
     // Aborted (a peer's notice, an asynchronous error): the peers have aborted or are
@@ -1198,8 +1343,21 @@ class NcclRoute final : public Route {
     // non-blocking one, routed from an earlier agreement, stages this rank's buffers.
     const bool reachable = env.mem == MemKind::managed ||
                            (env.mem == MemKind::device && env.device == c->device);
+    // Route ccube: its chunk (the table's, else model::ccube_device_chunk) and kernel.
+    Ccube ccube;
+    const Ccube* cc = nullptr;
+    if (id_ == RouteId::ccube) {
+      if (auto v = choice.param("chunk"))
+        if (auto b = config::parse_size(*v)) ccube.chunk_bytes = *b;
+#if STREAMCOLL_HAVE_NVGROUP
+      std::string why;
+      ccube.reduce = nvgroup_kernels::reduce_kernel(c->device, &why);
+      if (!ccube.reduce) return lost(fail(Failure::cuda, what + ": ccube's reduction kernel: " + why));
+#endif
+      cc = &ccube;
+    }
     if (!reachable) {
-      if (a.nonblocking) return run_staged(a, ctx, c);
+      if (a.nonblocking) return run_staged(a, ctx, c, cc);
       return lost(fail(Failure::wrong_device,
                        what + ": buffer on device " + std::to_string(env.device) +
                            ", but this communicator's NCCL communicator is on device " +
@@ -1242,7 +1400,7 @@ class NcclRoute final : public Route {
     {
       auto use = c->use();
       if (c->aborted()) return c->poll();
-      nr = enqueue(a, ctx, *c, s, &cu);
+      nr = enqueue(a, ctx, *c, s, &cu, cc);
     }
     if (nr != ncclSuccess)
       return lost(fail(Failure::nccl, c->lib->describe(what.c_str(), nr, c->comm)));
@@ -1267,12 +1425,20 @@ class NcclRoute final : public Route {
       return lost(src);
     return MPI_SUCCESS;
   }
+
+ private:
+  RouteId id_;
 };
 
 }  // namespace
 
 Route* nccl_route() {
-  static NcclRoute r;
+  static NcclRoute r(RouteId::nccl);
+  return &r;
+}
+
+Route* ccube_route() {
+  static NcclRoute r(RouteId::ccube);
   return &r;
 }
 

@@ -79,6 +79,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <set>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -185,23 +186,27 @@ bool driver_has_entry_points() {
 }
 
 // The kernels' module, one per device (in its primary context) and process, loaded at the
-// first set-up on the device and unloaded at MPI_Finalize (routes_release).
+// first set-up on the device (or route ccube's first call there) and unloaded at
+// MPI_Finalize (routes_release).
 struct Module {
   CUmodule module = nullptr;
   CUfunction allreduce = nullptr;
-  CUcontext ctx = nullptr;  // retained here: the module lives in it
+  CUfunction reduce = nullptr;  // route ccube's elementwise reduction
+  CUcontext ctx = nullptr;      // retained here: the module lives in it
   CUdevice dev = 0;
 };
 std::mutex g_modules_mu;
 std::map<int, Module> g_modules;
+std::set<int> g_module_failed;  // devices where a load failed (route ccube leaves them)
 
-CUfunction kernel_for(int device, CUdevice dev, std::string* why) {
+const Module* module_for(int device, CUdevice dev, std::string* why) {
   std::lock_guard<std::mutex> lock(g_modules_mu);
   Module& m = g_modules[device];
-  if (m.allreduce) return m.allreduce;
+  if (m.allreduce) return &m;
   const cuda::Driver& d = driver();
   if (CUresult r = d.cuDevicePrimaryCtxRetain(&m.ctx, dev); r != CUDA_SUCCESS) {
     m = Module{};
+    g_module_failed.insert(device);
     *why = cuda::describe("cuDevicePrimaryCtxRetain", r);
     return nullptr;
   }
@@ -217,14 +222,24 @@ CUfunction kernel_for(int device, CUdevice dev, std::string* why) {
                                           "streamcoll_nvgroup_allreduce")) != CUDA_SUCCESS) {
       d.cuModuleUnload(m.module);
       *why = cuda::describe("cuModuleGetFunction (streamcoll_nvgroup_allreduce)", r);
+    } else if ((r = d.cuModuleGetFunction(&m.reduce, m.module, "streamcoll_reduce")) !=
+               CUDA_SUCCESS) {
+      d.cuModuleUnload(m.module);
+      *why = cuda::describe("cuModuleGetFunction (streamcoll_reduce)", r);
     }
   }
   if (r != CUDA_SUCCESS) {
     d.cuDevicePrimaryCtxRelease(dev);
     m = Module{};
+    g_module_failed.insert(device);
     return nullptr;
   }
-  return m.allreduce;
+  return &m;
+}
+
+CUfunction kernel_for(int device, CUdevice dev, std::string* why) {
+  const Module* m = module_for(device, dev, why);
+  return m ? m->allreduce : nullptr;
 }
 
 // One communicator's group: what this rank set up, shared with the graveyard so that it
@@ -1032,6 +1047,44 @@ Route* nvgroup_route() {
   static NvgroupRoute r;
   return &r;
 }
+
+namespace nvgroup_kernels {
+
+std::optional<nvgroup::DType> type_of(const TypeInfo& t) { return kernel_type(t); }
+std::optional<nvgroup::ROp> op_of(OpKind k) { return kernel_op(k); }
+
+bool reduce_kernel_may_load(int device) {
+  const cuda::Driver& d = driver();
+  {
+    std::lock_guard<std::mutex> lock(g_modules_mu);
+    if (auto it = g_modules.find(device); it != g_modules.end() && it->second.reduce) return true;
+    if (g_module_failed.count(device)) return false;
+  }
+  if (!driver_has_entry_points()) return false;
+  CUdevice dev = 0;
+  int major = 0;
+  return d.cuDeviceGet(&dev, device) == CUDA_SUCCESS &&
+         d.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) ==
+             CUDA_SUCCESS &&
+         major >= 8;
+}
+
+CUfunction reduce_kernel(int device, std::string* why) {
+  const cuda::Driver& d = driver();
+  if (!driver_has_entry_points()) {
+    *why = "the CUDA driver lacks the entry points of streamcoll's kernels";
+    return nullptr;
+  }
+  CUdevice dev = 0;
+  if (CUresult r = d.cuDeviceGet(&dev, device); r != CUDA_SUCCESS) {
+    *why = cuda::describe("cuDeviceGet", r);
+    return nullptr;
+  }
+  const Module* m = module_for(device, dev, why);
+  return m ? m->reduce : nullptr;
+}
+
+}  // namespace nvgroup_kernels
 
 namespace nvgroup_stage {
 

@@ -515,4 +515,66 @@ SC_NVG_HD void run_block(const Params& p, uint32_t b, uint32_t tid, uint32_t nth
   }
 }
 
+// ---- the elementwise reduction of route ccube ------------------------------------------
+// One step of a host schedule's round run on the GPU (algorithms/schedule.hpp,
+// Op::reduce: buf[i] = src[i] (op) buf[i], MPI_Reduce_local's order): route ccube runs
+// C-Cube's rounds as NCCL send/recv groups followed by these (algorithms/nccl.cpp). The
+// types and ops are the NV-Group kernel's (DType, ROp; the 16-bit floats through float,
+// rounded per step). Every thread of the grid takes the elements i = first, first +
+// stride, ... (a grid-stride loop: coalesced loads, any grid size).
+
+/// The reduction kernel's one parameter (passed by value).
+struct ReduceParams {
+  void* dst;        ///< count elements, read and written (device memory)
+  const void* src;  ///< count elements, read; never overlaps dst
+  uint64_t count;   ///< elements
+  uint32_t dtype;   ///< DType
+  uint32_t op;      ///< ROp
+};
+inline constexpr uint32_t kReduceThreads = 256;
+inline constexpr uint32_t kReduceMaxBlocks = 1024;
+/// Grid size for `count` elements: about 4 elements per thread, at most kReduceMaxBlocks.
+SC_NVG_HD uint32_t reduce_blocks(uint64_t count) {
+  const uint64_t per_block = uint64_t{kReduceThreads} * 4;
+  const uint64_t b = (count + per_block - 1) / per_block;
+  return b == 0 ? 1u : b > kReduceMaxBlocks ? kReduceMaxBlocks : static_cast<uint32_t>(b);
+}
+
+template <typename T>
+SC_NVG_HD void reduce_elems(const ReduceParams& p, uint64_t first, uint64_t stride) {
+  const ROp op = static_cast<ROp>(p.op);
+  T* d = static_cast<T*>(p.dst);
+  const T* s = static_cast<const T*>(p.src);
+  for (uint64_t i = first; i < p.count; i += stride) d[i] = apply(op, s[i], d[i]);
+}
+
+template <bool kBf16>
+SC_NVG_HD void reduce_elems_16(const ReduceParams& p, uint64_t first, uint64_t stride) {
+  const ROp op = static_cast<ROp>(p.op);
+  uint16_t* d = static_cast<uint16_t*>(p.dst);
+  const uint16_t* s = static_cast<const uint16_t*>(p.src);
+  for (uint64_t i = first; i < p.count; i += stride) {
+    const float a = kBf16 ? bf16_to_float(s[i]) : half_to_float(s[i]);
+    const float b = kBf16 ? bf16_to_float(d[i]) : half_to_float(d[i]);
+    const float v = apply(op, a, b);
+    d[i] = kBf16 ? float_to_bf16(v) : float_to_half(v);
+  }
+}
+
+/// The elements of one thread: first = its index in the grid, stride = the grid's threads.
+SC_NVG_HD void reduce_thread(const ReduceParams& p, uint64_t first, uint64_t stride) {
+  switch (static_cast<DType>(p.dtype)) {
+    case DType::i8: return reduce_elems<int8_t>(p, first, stride);
+    case DType::u8: return reduce_elems<uint8_t>(p, first, stride);
+    case DType::i32: return reduce_elems<int32_t>(p, first, stride);
+    case DType::u32: return reduce_elems<uint32_t>(p, first, stride);
+    case DType::i64: return reduce_elems<int64_t>(p, first, stride);
+    case DType::u64: return reduce_elems<uint64_t>(p, first, stride);
+    case DType::f16: return reduce_elems_16<false>(p, first, stride);
+    case DType::bf16: return reduce_elems_16<true>(p, first, stride);
+    case DType::f32: return reduce_elems<float>(p, first, stride);
+    case DType::f64: return reduce_elems<double>(p, first, stride);
+  }
+}
+
 }  // namespace streamcoll::nvgroup

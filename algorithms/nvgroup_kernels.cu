@@ -1,5 +1,6 @@
-// The NV-Group allreduce kernel (algorithms/nvgroup_kernel.hpp holds its logic, shared
-// with the host build the fake CUDA driver runs). Built by nvcc into a fatbin (cubins for
+// The NV-Group allreduce kernel and route ccube's elementwise reduction
+// (algorithms/nvgroup_kernel.hpp holds their logic, shared with the host build the fake
+// CUDA driver runs). Built by nvcc into a fatbin (cubins for
 // the architectures in meson.build, plus PTX for newer GPUs), embedded in libstreamcoll
 // and loaded with cuModuleLoadData: libstreamcoll links no CUDA runtime.
 #include "algorithms/nvgroup_kernel.hpp"
@@ -10,4 +11,12 @@ extern "C" __global__ void __launch_bounds__(256)
 streamcoll_nvgroup_allreduce(streamcoll::nvgroup::Params p) {
   __shared__ streamcoll::nvgroup::Shared sh;
   streamcoll::nvgroup::run_block(p, blockIdx.x, threadIdx.x, blockDim.x, &sh);
+}
+
+// dst = src (op) dst over the grid's threads (route ccube's reduction step).
+extern "C" __global__ void __launch_bounds__(256)
+streamcoll_reduce(streamcoll::nvgroup::ReduceParams p) {
+  static_assert(streamcoll::nvgroup::kReduceThreads == 256, "launch bounds");
+  streamcoll::nvgroup::reduce_thread(p, blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x,
+                                     static_cast<uint64_t>(gridDim.x) * blockDim.x);
 }

@@ -13,6 +13,7 @@ void nvgroup_release();
 #endif
 #if STREAMCOLL_HAVE_NCCL
 Route* nccl_route();
+Route* ccube_route();
 void nccl_shutdown();
 void nccl_release();
 #endif
@@ -27,6 +28,9 @@ Route* find_route(RouteId id) {
 #endif
 #if STREAMCOLL_HAVE_NVGROUP
     case RouteId::nvgroup: return nvgroup_route();
+#endif
+#if STREAMCOLL_HAVE_NCCL && STREAMCOLL_HAVE_NVGROUP
+    case RouteId::ccube: return ccube_route();  // NCCL point-to-point + the kernels
 #endif
     default: return nullptr;  // not in this build
   }

@@ -21,6 +21,10 @@
 //         nvgroup      NV-Group, only when asked (the model's NV-Group spans nodes; the
 //                      route carries one group of at most 8 ranks on one node, so the
 //                      table's rules for more hand those calls to their next rule)
+//         ccube        C-Cube's tree on NCCL send/recv, only when asked: the tree on the
+//                      device path with the route's default chunk
+//                      (model::ccube_device_chunk), each of its rounds one NCCL group, so
+//                      nccl_call_alpha added to every round's α
 //       then the table builder's rules (config/table_builder.hpp) and a table streamcoll
 //       loads (--out; header lines name the profile and the command), a map of the winners
 //       on stdout (a row per size, a column per GPU count, a letter per route, after the
@@ -87,7 +91,7 @@ namespace {
 void usage(FILE* f) {
   std::fprintf(f,
       "usage: sc_model predict --profile FILE [--gpus 8-4096] [--sizes 4:1G]\n"
-      "                        [--routes nccl,ht,blueconnect[,nvgroup]] [--nccl auto|ring|tree]\n"
+      "                        [--routes nccl,ht,blueconnect[,nvgroup][,ccube]] [--nccl auto|ring|tree]\n"
       "                        [--tie 0.05] [--out TABLE] [--csv FILE]\n"
       "       sc_model fit --in FILE.csv... [--base PROFILE] [--gpus-per-node N] --out PROFILE\n"
       "       sc_model hosts --profile FILE --ranks 4,8 [--sizes 4:16M] [--scale LEVEL=F]...\n"
@@ -231,7 +235,21 @@ const char* ht_algo(const Machine& m, double n) {
   return md::cheaper(rab, rd) ? "rabenseifner" : "rd";
 }
 
+/// Route ccube: C-Cube's tree (md::ccube_allreduce) on the device path, each round one
+/// NCCL group (its per-call cost added to the round's α), in the chunks the route takes
+/// by default (md::ccube_device_chunk).
+double ccube_seconds(const Machine& m, double n) {
+  md::Hierarchy d = m.dev;
+  for (md::LinkLevel& l : d.links) l.alpha += m.nccl_call;
+  md::CcubeOptions o;
+  const double chunk = static_cast<double>(md::ccube_device_chunk(static_cast<uint64_t>(n)));
+  o.chunks = static_cast<int>(std::clamp(std::ceil(n / chunk), 1.0,
+                                         double(md::PipelineOptions::kMaxChunks)));
+  return md::ccube_allreduce(d, n, m.dev_m, o).seconds();
+}
+
 Prediction predict(const std::string& route, const Machine& m, double n) {
+  if (route == "ccube") return {"ccube", ccube_seconds(m, n)};
   if (route == "nccl") return {"nccl", nccl_seconds(m, n)};
   if (route == "ht") return {std::string("ht algo=") + ht_algo(m, n), ht_seconds(m, n)};
   if (route == "blueconnect") {
@@ -250,6 +268,7 @@ char letter(const std::string& route) {
   if (route.rfind("ht", 0) == 0) return 'h';
   if (route.rfind("blueconnect", 0) == 0) return 'B';
   if (route == "nvgroup") return 'V';
+  if (route == "ccube") return 'C';
   return '?';
 }
 
@@ -313,8 +332,8 @@ int cmd_predict(int argc, char** argv) {
     std::stringstream ss(routes_spec);
     std::string r;
     while (std::getline(ss, r, ',')) {
-      if (r != "nccl" && r != "ht" && r != "blueconnect" && r != "nvgroup") {
-        std::fprintf(stderr, "sc_model predict: unknown route '%s' (nccl, ht, blueconnect, nvgroup)\n",
+      if (r != "nccl" && r != "ht" && r != "blueconnect" && r != "nvgroup" && r != "ccube") {
+        std::fprintf(stderr, "sc_model predict: unknown route '%s' (nccl, ht, blueconnect, nvgroup, ccube)\n",
                      r.c_str());
         return 2;
       }
@@ -354,6 +373,7 @@ int cmd_predict(int argc, char** argv) {
                                                                     : " (min of ring, double binary tree) ")
                 : r == "ht"          ? " (host-transfer, rd or rabenseifner on the host path) "
                 : r == "blueconnect" ? " (ring stages, hierarchy GPUS_PER_NODE x NODES, backend nccl) "
+                : r == "ccube"       ? " (C-Cube's tree on NCCL send/recv, default chunks, a group per round) "
                                      : " (NV-Group model) ");
   }
   std::printf("\n");
@@ -402,7 +422,7 @@ int cmd_predict(int argc, char** argv) {
   // The map: a row per size, a column per GPU count.
   std::printf("\n# winner per (size, GPU count), ties within %.0f %% to the simpler route:\n",
               bo.tie * 100);
-  std::printf("#   N nccl, H ht algo=rd, h ht algo=rabenseifner, B blueconnect, V nvgroup\n");
+  std::printf("#   N nccl, H ht algo=rd, h ht algo=rabenseifner, B blueconnect, V nvgroup, C ccube\n");
   std::printf("%10s ", "bytes");
   for (int g : used_counts) std::printf("%5d", g);
   std::printf("\n");

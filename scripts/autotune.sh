@@ -16,8 +16,9 @@
 #                         ht:algo=ring", ht:algo=ccube too for allreduce, without
 #                         rabenseifner for allgather and
 #                         reduce_scatter_block, where it is rd; device: the same and nccl,
-#                         and nvgroup for allreduce where the build has it: it declines
-#                         communicators over several nodes, which sc_bench notes)
+#                         and for allreduce nvgroup and ccube where the build has the
+#                         kernels: nvgroup declines communicators over several nodes,
+#                         which sc_bench notes)
 #     --min-bytes N --max-bytes N --iters N --warmup N   passed to sc_bench
 #                         (defaults 4, 64M, sc_bench's own iteration counts)
 #     --tie F             ties within F (relative) go to the simpler route (default 0.05)
@@ -109,7 +110,8 @@ routes_for() {  # the candidates for memory kind $1 and collective $2
     allreduce) r="$r ht:algo=ccube" ;;  # C-Cube's overlapped tree, its default chunk
   esac
   [ "$1" = device ] && r="nccl $r"
-  [ "$1" = device ] && [ "$2" = allreduce ] && [ $have_nvgroup = 1 ] && r="nvgroup $r"
+  # nvgroup, and ccube (C-Cube's tree on NCCL send/recv): both need the kernels' fatbin
+  [ "$1" = device ] && [ "$2" = allreduce ] && [ $have_nvgroup = 1 ] && r="nvgroup ccube $r"
   echo "$r"
 }
 printf '%s' "${bench_opts[*]:-}" | grep -q -- '--max-bytes' || bench_opts+=(--max-bytes 64M)

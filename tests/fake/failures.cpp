@@ -5,6 +5,9 @@
 //   failures ROUTE [PARAM]     (under tests/mpi/run.sh preload; tests/fake/meson.build)
 //   ROUTE  nccl         the default table (device memory: route nccl); MPI_I* too when
 //                       STREAMCOLL_NCCL_NONBLOCKING=1
+//          ccube [C]    route ccube (allreduce: C-Cube's tree on NCCL send/recv and the
+//                       reduction kernel), chunk=C; MPI_I* too when
+//                       STREAMCOLL_NCCL_NONBLOCKING=1
 //          ht PARAM     route ht with algo=PARAM (rd, ring, rabenseifner, mpi)
 //          bc PARAM     route blueconnect, backend=PARAM, on the hierarchy 2x... of the
 //                       rank count (allreduce, reduce_scatter_block, allgather)
@@ -187,7 +190,7 @@ bool one_try(const Setup& s, Kind k, How how, bool in_place, bool nccl_api, cons
   // after the call returned is reported by a later call once (the next one, when it was
   // found before the stream went on; a later one when only the stream's end could show
   // it): of three calls, all right, one fails at most.
-  if (how == How::nonblocking && s.route == "nccl") {
+  if (how == How::nonblocking && (s.route == "nccl" || s.route == "ccube")) {
     // MPI_I* on route nccl (STREAMCOLL_NCCL_NONBLOCKING=1): those started before the next
     // blocking call are still routed to the aborted NCCL communicator, and fail on every
     // rank (none can know of the abort in time to go elsewhere alone); the next blocking
@@ -287,6 +290,14 @@ int main(int argc, char** argv) {
   bool known = true;
   if (route == "nccl") {
     s.kinds = all;
+    s.hows = {How::blocking, How::stream};
+    const char* nb = std::getenv("STREAMCOLL_NCCL_NONBLOCKING");
+    if (nb && std::strcmp(nb, "1") == 0) s.hows.push_back(How::nonblocking);
+    s.nccl = true;
+  } else if (route == "ccube") {
+    // Route ccube (C-Cube's tree on NCCL send/recv and the reduction kernel), chunk=PARAM.
+    s.spec = "allreduce:ccube" + (param.empty() ? std::string() : ":chunk=" + param);
+    s.kinds = {Kind::allreduce};
     s.hows = {How::blocking, How::stream};
     const char* nb = std::getenv("STREAMCOLL_NCCL_NONBLOCKING");
     if (nb && std::strcmp(nb, "1") == 0) s.hows.push_back(How::nonblocking);

@@ -87,8 +87,9 @@
 //    cuDeviceGetByPCIBusId finds this process's devices by bus id; cuDeviceCanAccessPeer
 //    says yes between two distinct devices unless FAKE_CUDA_NO_PEER=1. A fatbin image
 //    (magic 0xba55ed50, built with nvcc --no-compress) that names one of streamcoll's
-//    kernels (kHostKernels) loads; cuLaunchKernel of such a kernel checks the launch and
-//    runs the kernel's logic compiled for the host (algorithms/nvgroup_kernel.hpp) as
+//    kernels (kHostKernels: NV-Group's allreduce, route ccube's elementwise reduction)
+//    loads; cuLaunchKernel of such a kernel checks the launch and runs the kernel's logic
+//    compiled for the host (algorithms/nvgroup_kernel.hpp) as
 //    work run beside the host (below), its grid's blocks in turn on one thread; a block
 //    waits only for the same block of other processes, which run their own. Counted:
 //    "host_kernels", "nvgroup_direct_inputs" (launches whose input is read in place by
@@ -923,9 +924,29 @@ const char* check_nvgroup(const void* params, unsigned gx, unsigned bx) {
   return nullptr;
 }
 
+// Route ccube's elementwise reduction (dst = src op dst), the whole grid's elements in turn.
+void reduce_host(const void* params) {
+  streamcoll::nvgroup::reduce_thread(*static_cast<const streamcoll::nvgroup::ReduceParams*>(params), 0, 1);
+}
+
+const char* check_reduce(const void* params, unsigned gx, unsigned bx) {
+  namespace nv = streamcoll::nvgroup;
+  const auto& p = *static_cast<const nv::ReduceParams*>(params);
+  if (bx != nv::kReduceThreads) return "block size is not kReduceThreads";
+  if (gx == 0 || gx > nv::kReduceMaxBlocks) return "grid size not in 1..kReduceMaxBlocks";
+  if (p.dtype > static_cast<uint32_t>(nv::DType::f64)) return "unknown dtype";
+  if (p.op > static_cast<uint32_t>(nv::ROp::max)) return "unknown op";
+  if (p.count == 0 || !p.dst || !p.src) return "no elements, or a null pointer";
+  const uintptr_t n = p.count * nv::dtype_size(static_cast<nv::DType>(p.dtype));
+  const auto d = reinterpret_cast<uintptr_t>(p.dst), x = reinterpret_cast<uintptr_t>(p.src);
+  if (d < x + n && x < d + n) return "src overlaps dst";
+  return nullptr;
+}
+
 const HostKernel kHostKernels[] = {
     {"streamcoll_nvgroup_allreduce", nvgroup_allreduce_host, sizeof(streamcoll::nvgroup::Params),
      check_nvgroup},
+    {"streamcoll_reduce", reduce_host, sizeof(streamcoll::nvgroup::ReduceParams), check_reduce},
 };
 
 CUresult load_fatbin(CUmodule* module, const unsigned char* b) {
@@ -994,6 +1015,13 @@ CUresult launch_host_kernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
     const auto in = reinterpret_cast<uintptr_t>(p.send), out = reinterpret_cast<uintptr_t>(p.recv);
     if (!overlap(in, in + in_bytes, out, out + out_bytes)) ranges.push_back({in, in + in_bytes, false});
     ranges.push_back({out, out + out_bytes, true});
+  } else if (f->host == reduce_host) {
+    namespace nv = streamcoll::nvgroup;
+    const auto& p = *reinterpret_cast<const nv::ReduceParams*>(l->params.data());
+    const uintptr_t n = p.count * nv::dtype_size(static_cast<nv::DType>(p.dtype));
+    const auto d = reinterpret_cast<uintptr_t>(p.dst), x = reinterpret_cast<uintptr_t>(p.src);
+    ranges.push_back({x, x + n, false});
+    ranges.push_back({d, d + n, true});
   }
   const std::string name = std::string(k->name) + " (host kernel)";
   enqueue(s, {}, nullptr, [l] {

@@ -26,6 +26,11 @@
 //   fail-init    FAKE_NCCL_FAIL_INIT: ncclCommInitRank fails on one rank (or all); the
 //                ranks agree, abort, and everything goes to pmpi
 //   absent       STREAMCOLL_NCCL_LIB names no library: everything goes to pmpi
+//   ccube        route ccube (C-Cube's tree as NCCL send/recv rounds and the reduction
+//                kernel) forced on a duplicate: MPI_Allreduce on every datatype and op it
+//                takes, counts 1 to 100000, chunks of the default size, 1 KiB, 24 bytes
+//                (short last chunks) and 64 KiB, every completion and stream mode in
+//                turn; no ncclAllReduce; MPI_SHORT and bcast go on to other routes
 //   async-error  FAKE_NCCL_ASYNC_ERROR_AFTER=3, FAKE_CUDA_DEVICES=2: streamcoll's
 //                watchdog aborts the NCCL communicator without any MPI call; the request in
 //                flight fails (MPI_ERR_OTHER); the next call runs elsewhere, right; later calls
@@ -206,7 +211,8 @@ void run(Spec& s) {
   const Variant& v = s.v;
   const std::string L = s.label + " [" + describe(v) + "]";
   const bool nb = v.c != blocking;
-  const bool nccl = std::strcmp(s.route, "nccl") == 0;
+  // Routes on the NCCL communicator (nccl, and ccube's send/recv rounds): stream semantics.
+  const bool nccl = std::strcmp(s.route, "nccl") == 0 || std::strcmp(s.route, "ccube") == 0;
   streamcoll_stream_t stream = v.s == own_stream ? g_stream : nullptr;
 
   // Only device and managed memory is ordered on the stream; host and pinned buffers keep
@@ -651,6 +657,58 @@ void reductions_grid(const Ctx& c, bool nccl, bool full) {
   }
 }
 
+// Route ccube (C-Cube's tree as NCCL send/recv rounds and the reduction kernel), forced
+// on a duplicate: MPI_Allreduce on every type and op the route takes, chunks of the
+// default size (one chunk here), 1 KiB, 24 bytes (not a multiple of 16 or of most
+// counts' bytes: the last chunk is short) and 64 KiB (a 100000-element vector in several
+// chunks), every completion and stream mode in turn; calls it does not take go on.
+void ccube_grid(bool nccl) {
+  MPI_Comm comm;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  const int p = comm_size(comm);
+  const Ctx c{comm, nccl ? "ccube" : "pmpi"};
+  const unsigned long long allreduces0 = nc("ncclAllReduce"), sends0 = nc("ncclSend"),
+                           kernels0 = cu("host_kernels");
+  unsigned k = 0;
+  struct Chunking {
+    const char* spec;
+    std::vector<size_t> counts;
+  };
+  const Chunking chunkings[] = {{"allreduce:ccube", {1, 7, 1000}},
+                                {"allreduce:ccube:chunk=1K", {1, 7, 1000, 4099}},
+                                {"allreduce:ccube:chunk=24", {7, 1000}},
+                                {"allreduce:ccube:chunk=64K", {100000}}};
+  const auto types = nccl_types();
+  for (const Chunking& ch : chunkings) {
+    check(api.set_route(comm, ch.spec) == MPI_SUCCESS, std::string("set_route ") + ch.spec);
+    // A blocking call first: it sets the route up (MPI_I* calls before it go to pmpi).
+    allreduce<int>(c, {"MPI_INT", MPI_INT, Tag::int_}, kOps[0], 10, Variant{}, ++k);
+    for (size_t ti = 0; ti < types.size(); ++ti) {
+      const TypeCase& t = types[ti];
+      for (const OpCase& op : kOps)
+        for (size_t count : ch.counts) {
+          if (count == 100000 && ti % 4 != 0) continue;  // a few types suffice for the length
+          with_type(t.tag, [&](auto z) {
+            using T = decltype(z);
+            ++k;
+            allreduce<T>(c, t, op, count, variant(static_cast<int>(k * 7), nccl), k);
+          });
+        }
+    }
+  }
+  if (nccl) {
+    check(nc("ncclAllReduce") == allreduces0, "ccube: no ncclAllReduce (the tree is send/recv)");
+    if (p > 1) check(nc("ncclSend") > sends0, "ccube: NCCL sends ran");
+    // The root reduces its children's chunks; leaves only send and receive.
+    if (p > 1 && g_rank == 0) check(cu("host_kernels") > kernels0, "ccube: the reduction kernel ran");
+  }
+  // Not ccube's: another type (MPI_SHORT: no kernel type, nor NCCL's), another
+  // collective (bcast: the default table's route).
+  allreduce<short>({comm, "pmpi"}, {"MPI_SHORT", MPI_SHORT, Tag::shrt}, kOps[0], 100, Variant{}, 5);
+  bcast({comm, nccl ? "nccl" : "pmpi"}, "MPI_FLOAT", MPI_FLOAT, 100, 0, Variant{}, 6);
+  MPI_Comm_free(&comm);
+}
+
 // Bcast, allgather, alltoall on every type (they move bytes), and a few more types the
 // route moves but does not reduce.
 void movers_grid(const Ctx& c, bool nccl, bool full) {
@@ -1076,7 +1134,7 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "route";
   g_mode = mode;
   const bool known_mode = mode == "route" || mode == "shared" || mode == "fail-init" ||
-                          mode == "absent" || mode == "async-error";
+                          mode == "absent" || mode == "async-error" || mode == "ccube";
   const bool nccl_loaded = mode != "absent";
   int ok = known_mode && load_api(nccl_loaded) ? 1 : 0, all_ok = 0;
   MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
@@ -1103,6 +1161,10 @@ int main(int argc, char** argv) {
 
   if (mode == "async-error") {
     async_error();
+  } else if (mode == "ccube") {
+    ccube_grid(nccl);
+    check(nc("mismatches") == 0, "every rank ran matching NCCL operations");
+    check(nc("errors") == 0, "the fake NCCL saw no bad argument");
   } else {
     setup_order();
     const bool full = mode == "route";
