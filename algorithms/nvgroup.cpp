@@ -192,6 +192,7 @@ struct Module {
   CUmodule module = nullptr;
   CUfunction allreduce = nullptr;
   CUfunction reduce = nullptr;  // route ccube's elementwise reduction
+  CUfunction batch_copy = nullptr;  // host staging's batched copies
   CUcontext ctx = nullptr;      // retained here: the module lives in it
   CUdevice dev = 0;
 };
@@ -226,6 +227,10 @@ const Module* module_for(int device, CUdevice dev, std::string* why) {
                CUDA_SUCCESS) {
       d.cuModuleUnload(m.module);
       *why = cuda::describe("cuModuleGetFunction (streamcoll_reduce)", r);
+    } else if ((r = d.cuModuleGetFunction(&m.batch_copy, m.module, "streamcoll_batch_copy")) !=
+               CUDA_SUCCESS) {
+      d.cuModuleUnload(m.module);
+      *why = cuda::describe("cuModuleGetFunction (streamcoll_batch_copy)", r);
     }
   }
   if (r != CUDA_SUCCESS) {
@@ -235,6 +240,12 @@ const Module* module_for(int device, CUdevice dev, std::string* why) {
     return nullptr;
   }
   return &m;
+}
+
+// The module of a device whose kernels are loaded (module_for succeeded there).
+const Module* module_for_loaded(int device) {
+  std::lock_guard<std::mutex> lock(g_modules_mu);
+  return &g_modules[device];
 }
 
 CUfunction kernel_for(int device, CUdevice dev, std::string* why) {
@@ -1052,6 +1063,14 @@ namespace nvgroup_kernels {
 
 std::optional<nvgroup::DType> type_of(const TypeInfo& t) { return kernel_type(t); }
 std::optional<nvgroup::ROp> op_of(OpKind k) { return kernel_op(k); }
+
+CUfunction batch_copy_kernel(int device, std::string* why) {
+  if (!reduce_kernel_may_load(device)) {  // the same module, the same conditions
+    *why = "no kernels for this GPU or driver";
+    return nullptr;
+  }
+  return reduce_kernel(device, why) ? module_for_loaded(device)->batch_copy : nullptr;
+}
 
 bool reduce_kernel_may_load(int device) {
   const cuda::Driver& d = driver();

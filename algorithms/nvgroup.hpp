@@ -34,6 +34,11 @@ bool reduce_kernel_may_load(int device);
 /// communication. Thread-safe.
 CUfunction reduce_kernel(int device, std::string* why);
 
+/// Host staging's batched-copy kernel (streamcoll_batch_copy, nvgroup::BatchCopyParams)
+/// on `device`, loaded as reduce_kernel is; null, with the reason, when it cannot be (or
+/// a load failed there before). Thread-safe.
+CUfunction batch_copy_kernel(int device, std::string* why);
+
 }  // namespace streamcoll::nvgroup_kernels
 
 namespace streamcoll::nvgroup_stage {

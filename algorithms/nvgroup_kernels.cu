@@ -1,5 +1,5 @@
-// The NV-Group allreduce kernel and route ccube's elementwise reduction
-// (algorithms/nvgroup_kernel.hpp holds their logic, shared with the host build the fake
+// The NV-Group allreduce kernel, route ccube's elementwise reduction and the batched
+// copies of host staging (algorithms/nvgroup_kernel.hpp holds their logic, shared with the host build the fake
 // CUDA driver runs). Built by nvcc into a fatbin (cubins for
 // the architectures in meson.build, plus PTX for newer GPUs), embedded in libstreamcoll
 // and loaded with cuModuleLoadData: libstreamcoll links no CUDA runtime.
@@ -19,4 +19,11 @@ streamcoll_reduce(streamcoll::nvgroup::ReduceParams p) {
   static_assert(streamcoll::nvgroup::kReduceThreads == 256, "launch bounds");
   streamcoll::nvgroup::reduce_thread(p, blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x,
                                      static_cast<uint64_t>(gridDim.x) * blockDim.x);
+}
+
+// Many small copies in one launch (host staging of a fused group).
+extern "C" __global__ void __launch_bounds__(128)
+streamcoll_batch_copy(streamcoll::nvgroup::BatchCopyParams p) {
+  static_assert(streamcoll::nvgroup::kBatchThreads == 128, "launch bounds");
+  streamcoll::nvgroup::batch_copy_block(p, blockIdx.x, gridDim.x, threadIdx.x, blockDim.x);
 }

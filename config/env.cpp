@@ -34,6 +34,10 @@ const std::vector<Knob>& knobs() {
        "communicator); only for a program that starts its non-blocking collectives on all "
        "communicators in one order on every rank (the group's kernels wait for each "
        "other); 0: they take the table's next rule"},
+      {"STREAMCOLL_STAGING_KERNEL", "1",
+       "1: host staging moves four or more copies between one GPU and its pinned staging "
+       "memory (a fused group's) with one kernel launch per 64 instead of a copy each "
+       "(builds with the kernels, GPUs of compute capability 8.0 or more); 0: a copy each"},
       {"STREAMCOLL_DECISION_CACHE", "auto",
        "auto|1|0: each communicator keeps the tuning table's rules per call signature "
        "(collective, bytes, memory kind, stream), so a repeated call skips the table walk: "
@@ -128,6 +132,7 @@ Settings read_settings() {
   if (const char* v = get("STREAMCOLL_NCCL_LIB")) s.nccl_lib = v;
   boolean("STREAMCOLL_NCCL_NONBLOCKING", &s.nccl_nonblocking);
   boolean("STREAMCOLL_NVGROUP_NONBLOCKING", &s.nvgroup_nonblocking);
+  boolean("STREAMCOLL_STAGING_KERNEL", &s.staging_kernel);
   if (const char* v = get("STREAMCOLL_DECISION_CACHE")) {
     bool on = false;
     if (lower(v) == "auto") s.decision_cache = -1;

@@ -57,6 +57,9 @@ struct Settings {
   std::string nccl_lib;          ///< STREAMCOLL_NCCL_LIB (empty: libnccl.so.2)
   bool nccl_nonblocking = false; ///< STREAMCOLL_NCCL_NONBLOCKING: MPI_I* may take route nccl
   bool nvgroup_nonblocking = false;  ///< STREAMCOLL_NVGROUP_NONBLOCKING: MPI_I* may take route nvgroup
+  /// STREAMCOLL_STAGING_KERNEL: host staging moves four or more small copies of one GPU
+  /// (a fused group's) with one kernel launch instead of a copy each (true, the default).
+  bool staging_kernel = true;
   /// STREAMCOLL_DECISION_CACHE: cache the table walk per communicator: 1 always, 0 never,
   /// -1 (auto) when the tuning table has kDecisionCacheRules rules or more.
   int decision_cache = -1;

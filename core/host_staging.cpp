@@ -11,10 +11,15 @@
 #include <unordered_map>
 
 #include "algorithms/pmpi.hpp"
+#if STREAMCOLL_HAVE_NVGROUP
+#include "algorithms/nvgroup.hpp"
+#include "algorithms/nvgroup_kernel.hpp"
+#endif
 #include "core/cuda_driver.hpp"
 #include "core/errors.hpp"
 #include "core/log.hpp"
 #include "core/requests.hpp"
+#include "core/runtime.hpp"
 #include "core/stats.hpp"
 
 namespace streamcoll::host_staging {
@@ -513,27 +518,25 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // The copies of one GPU's primary context go on its per-thread stream: one kernel
+  // launch per kBatchMax of them (streamcoll_batch_copy) when there are kBatchMin or more
+  // and every host end is a pinned block of ours (with unified addressing a kernel reads
+  // and writes it at its host address), else a cuMemcpyAsync each; then one
+  // synchronisation. STREAMCOLL_STAGING_KERNEL=no keeps the copies.
   int copy(const Copy* c, size_t n) override {
     const cuda::Driver& d = cuda::driver();
     size_t i = 0;
     while (i < n) {
       CUcontext ctx = nullptr;
       if (int rc = context_for(c[i].gpu, &ctx, true); rc != MPI_SUCCESS) return rc;
-      cuda::ScopedContext scope(ctx);
-      int rc = MPI_SUCCESS;
-      size_t j = i;
-      for (; j < n && rc == MPI_SUCCESS; ++j) {
-        if (j > i && c[j].gpu != c[j - 1].gpu) {
-          CUcontext next = nullptr;
-          if ((rc = context_for(c[j].gpu, &next, true)) != MPI_SUCCESS) break;
-          if (next != ctx) break;
-        }
-        const CUresult r = cuda::driver().cuMemcpyAsync(
-            reinterpret_cast<CUdeviceptr>(c[j].dst), reinterpret_cast<CUdeviceptr>(c[j].src),
-            c[j].bytes, CU_STREAM_PER_THREAD);
-        if (r != CUDA_SUCCESS)
-          rc = fail(Failure::cuda, cuda::describe("cuMemcpyAsync (staging a GPU buffer)", r));
+      size_t j = i + 1;  // [i, j): the copies of this context
+      for (; j < n; ++j) {
+        if (c[j].gpu == c[j - 1].gpu) continue;
+        CUcontext next = nullptr;
+        if (context_for(c[j].gpu, &next, false) != MPI_SUCCESS || next != ctx) break;
       }
+      cuda::ScopedContext scope(ctx);
+      int rc = batched(c + i, j - i) ? launch_batches(c + i, j - i) : issue_copies(c + i, j - i);
       // Even after a failure: nothing may still be copying when the caller frees memory.
       if (CUresult r = d.cuStreamSynchronize(CU_STREAM_PER_THREAD);
           r != CUDA_SUCCESS && rc == MPI_SUCCESS)
@@ -574,6 +577,78 @@ class CudaBackend final : public Backend {
     uint64_t p = 1;
     while (p < v) p <<= 1;
     return p;
+  }
+
+  static constexpr size_t kBatchMin = 4;
+
+  int issue_copies(const Copy* c, size_t n) {
+    for (size_t k = 0; k < n; ++k) {
+      const CUresult r = cuda::driver().cuMemcpyAsync(
+          reinterpret_cast<CUdeviceptr>(c[k].dst), reinterpret_cast<CUdeviceptr>(c[k].src),
+          c[k].bytes, CU_STREAM_PER_THREAD);
+      if (r != CUDA_SUCCESS)
+        return fail(Failure::cuda, cuda::describe("cuMemcpyAsync (staging a GPU buffer)", r));
+    }
+    return MPI_SUCCESS;
+  }
+
+  // Whether [p, p + n) lies in a pinned block of ours that is in use.
+  bool own_pinned(const void* p, uint64_t n) {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [base, b] : used_) {
+      const auto lo = reinterpret_cast<uintptr_t>(base);
+      if (b.pinned && a >= lo && a + n <= lo + b.bytes) return true;
+    }
+    return false;
+  }
+
+#if STREAMCOLL_HAVE_NVGROUP
+  // The current context's batched-copy kernel, or null (not loadable here).
+  CUfunction batch_kernel() {
+    CUdevice dev = 0;
+    if (cuda::driver().cuCtxGetDevice(&dev) != CUDA_SUCCESS) return nullptr;
+    std::string why;
+    return nvgroup_kernels::batch_copy_kernel(static_cast<int>(dev), &why);
+  }
+#endif
+
+  // Whether the copies [c, c + n) of the current context go by kernel: enough of them,
+  // allowed, the kernel loadable, and each copy between GPU memory (its `gpu` end, on
+  // this context's GPU or managed) and one of our pinned blocks.
+  bool batched(const Copy* c, size_t n) {
+#if STREAMCOLL_HAVE_NVGROUP
+    if (n < kBatchMin || !Runtime::get().settings().staging_kernel) return false;
+    for (size_t k = 0; k < n; ++k)  // one end ours and pinned; the other is the GPU's
+      if (!own_pinned(c[k].dst, c[k].bytes) && !own_pinned(c[k].src, c[k].bytes)) return false;
+    return batch_kernel() != nullptr;
+#else
+    (void)c, (void)n;
+    return false;
+#endif
+  }
+
+  int launch_batches(const Copy* c, size_t n) {
+#if STREAMCOLL_HAVE_NVGROUP
+    namespace nv = nvgroup;
+    CUfunction fn = batch_kernel();
+    if (!fn) return fail(Failure::cuda, "the batched-copy kernel went away (staging)");
+    nv::BatchCopyParams p{};
+    for (size_t k = 0; k < n; k += nv::kBatchMax) {
+      p.n = static_cast<uint32_t>(std::min<size_t>(nv::kBatchMax, n - k));
+      for (uint32_t s = 0; s < p.n; ++s)
+        p.seg[s] = {reinterpret_cast<uint64_t>(c[k + s].dst),
+                    reinterpret_cast<uint64_t>(c[k + s].src), c[k + s].bytes};
+      void* args[] = {&p};
+      const CUresult r = cuda::driver().cuLaunchKernel(fn, p.n, 1, 1, nv::kBatchThreads, 1, 1, 0,
+                                                       CU_STREAM_PER_THREAD, args, nullptr);
+      if (r != CUDA_SUCCESS)
+        return fail(Failure::cuda, cuda::describe("cuLaunchKernel (staging copies)", r));
+    }
+    return MPI_SUCCESS;
+#else
+    return issue_copies(c, n);
+#endif
   }
 
   void free_block(const Block& b) {  // mu_ held

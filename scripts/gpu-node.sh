@@ -55,8 +55,9 @@ case $phase in
   routes)
     # Route ht's algorithms on device buffers without a stream (the classic path: the
     # blocking call copies in, runs the host schedule and copies back), stream-ordered,
-    # and MPI_Iallreduce fusion on device buffers (bursts of 100, fused by pmpi:fuse=),
-    # all in one file (SC_ROUTES_NP: rank counts, default 2 4).
+    # and MPI_Iallreduce fusion on device buffers (bursts of 100, fused by pmpi:fuse=, with
+    # and without the batched-copy kernel), route ccube at one rank, all in one file
+    # (SC_ROUTES_NP: rank counts, default 2 4).
     f=$out/bench_routes.txt
     : > "$f"
     one() { echo "# $*" >> "$f"; timeout "${SC_BENCH_CAP:-60}" "$@" >> "$f" 2>&1; echo "# rc=$?" >> "$f"; }
@@ -67,6 +68,10 @@ case $phase in
       one env LD_PRELOAD=$lib STREAMCOLL_THREAD_MULTIPLE=1 "${mpi[@]}" -np $np \
         build/bench/sc_bench --mem device --burst 100 -b 8 -e 64K -f 8 -n 10 -w 2 \
         --route pmpi,pmpi:fuse=64M,ht --quiet
+      # the fused groups' copies one each instead of batched-copy launches
+      one env LD_PRELOAD=$lib STREAMCOLL_THREAD_MULTIPLE=1 STREAMCOLL_STAGING_KERNEL=0 \
+        "${mpi[@]}" -np $np build/bench/sc_bench --mem device --burst 100 -b 8 -e 64K -f 8 \
+        -n 10 -w 2 --route pmpi:fuse=64M --quiet
       one env LD_PRELOAD=$lib STREAMCOLL_THREAD_MULTIPLE=1 "${mpi[@]}" -np $np \
         build/bench/sc_bench --mem device --stream -b 8 -e 16M -f 16 -n 30 -w 3 \
         --route ht,ht:algo=ring,ht:algo=ccube --quiet
@@ -74,6 +79,10 @@ case $phase in
         build/bench/sc_bench --mem host --burst 100 -b 8 -e 64K -f 8 -n 10 -w 2 \
         --route pmpi,pmpi:fuse=64M,ht --quiet
     done
+    # route ccube (C-Cube's tree on NCCL send/recv) needs a GPU per rank: NCCL refuses
+    # ranks sharing one, so on one GPU it runs one rank (each call then a copy)
+    one env LD_PRELOAD=$lib "${mpi[@]}" -np 1 build/bench/sc_bench --mem device \
+      -b 8 -e 16M -f 16 -n 30 -w 3 --route nccl,ccube,ccube:chunk=64K --quiet
     ;;
   shared)
     # Classic calls on device buffers (staged through the host, cuStreamSynchronize per

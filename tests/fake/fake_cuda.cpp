@@ -87,8 +87,8 @@
 //    cuDeviceGetByPCIBusId finds this process's devices by bus id; cuDeviceCanAccessPeer
 //    says yes between two distinct devices unless FAKE_CUDA_NO_PEER=1. A fatbin image
 //    (magic 0xba55ed50, built with nvcc --no-compress) that names one of streamcoll's
-//    kernels (kHostKernels: NV-Group's allreduce, route ccube's elementwise reduction)
-//    loads; cuLaunchKernel of such a kernel checks the launch and runs the kernel's logic
+//    kernels (kHostKernels: NV-Group's allreduce, route ccube's elementwise reduction,
+//    host staging's batched copies) loads; cuLaunchKernel of such a kernel checks the launch and runs the kernel's logic
 //    compiled for the host (algorithms/nvgroup_kernel.hpp) as
 //    work run beside the host (below), its grid's blocks in turn on one thread; a block
 //    waits only for the same block of other processes, which run their own. Counted:
@@ -711,6 +711,13 @@ const Alloc* find_alloc(const void* p, size_t n, uintptr_t* base) {
   return &it->second;
 }
 
+// Whether a kernel may read and write [p, p + n): fake device or managed memory, or pinned
+// host memory (cuMemHostAlloc, cuMemHostRegister: with unified addressing a kernel uses
+// its host address). Pageable host memory is not.
+bool is_kernel_reachable(uint64_t p, uint64_t n) {
+  return find_alloc(reinterpret_cast<const void*>(p), n, nullptr) != nullptr;
+}
+
 void* allocate(size_t bytes, int device, bool managed, bool async, bool pinned = false) {
   if (bytes == 0) return nullptr;
   void* p = aligned_alloc(256, (bytes + 255) / 256 * 256);
@@ -943,10 +950,36 @@ const char* check_reduce(const void* params, unsigned gx, unsigned bx) {
   return nullptr;
 }
 
+// Host staging's batched copies: every block's segments in turn.
+void batch_copy_host(const void* params) {
+  const auto& p = *static_cast<const streamcoll::nvgroup::BatchCopyParams*>(params);
+  streamcoll::nvgroup::batch_copy_block(p, 0, 1, 0, 1);
+}
+
+const char* check_batch_copy(const void* params, unsigned gx, unsigned bx) {
+  namespace nv = streamcoll::nvgroup;
+  const auto& p = *static_cast<const nv::BatchCopyParams*>(params);
+  if (bx != nv::kBatchThreads) return "block size is not kBatchThreads";
+  if (p.n == 0 || p.n > nv::kBatchMax) return "segments not in 1..kBatchMax";
+  if (gx == 0 || gx > p.n) return "grid size not in 1..segments";
+  for (uint32_t i = 0; i < p.n; ++i) {
+    const auto& x = p.seg[i];
+    if (!x.dst || !x.src || !x.bytes) return "a segment without bytes or with a null end";
+    if (x.dst < x.src + x.bytes && x.src < x.dst + x.bytes) return "a segment's ends overlap";
+    // Both ends must be reachable by a kernel: fake device memory, or pinned host memory
+    // (unified addressing: the host address is the device's).
+    if (!is_kernel_reachable(x.dst, x.bytes) || !is_kernel_reachable(x.src, x.bytes))
+      return "a segment end that is neither device memory nor pinned host memory";
+  }
+  return nullptr;
+}
+
 const HostKernel kHostKernels[] = {
     {"streamcoll_nvgroup_allreduce", nvgroup_allreduce_host, sizeof(streamcoll::nvgroup::Params),
      check_nvgroup},
     {"streamcoll_reduce", reduce_host, sizeof(streamcoll::nvgroup::ReduceParams), check_reduce},
+    {"streamcoll_batch_copy", batch_copy_host, sizeof(streamcoll::nvgroup::BatchCopyParams),
+     check_batch_copy},
 };
 
 CUresult load_fatbin(CUmodule* module, const unsigned char* b) {
@@ -1015,6 +1048,12 @@ CUresult launch_host_kernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
     const auto in = reinterpret_cast<uintptr_t>(p.send), out = reinterpret_cast<uintptr_t>(p.recv);
     if (!overlap(in, in + in_bytes, out, out + out_bytes)) ranges.push_back({in, in + in_bytes, false});
     ranges.push_back({out, out + out_bytes, true});
+  } else if (f->host == batch_copy_host) {
+    const auto& p = *reinterpret_cast<const streamcoll::nvgroup::BatchCopyParams*>(l->params.data());
+    for (uint32_t i = 0; i < p.n; ++i) {
+      ranges.push_back({p.seg[i].src, p.seg[i].src + p.seg[i].bytes, false});
+      ranges.push_back({p.seg[i].dst, p.seg[i].dst + p.seg[i].bytes, true});
+    }
   } else if (f->host == reduce_host) {
     namespace nv = streamcoll::nvgroup;
     const auto& p = *reinterpret_cast<const nv::ReduceParams*>(l->params.data());

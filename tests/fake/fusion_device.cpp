@@ -20,6 +20,11 @@
 //     exact;
 //   - a copy between a GPU buffer and the fused buffer failing on rank 1: packing fails
 //     the group on every rank, unpacking the call on rank 1 alone;
+//   - with --kernels (a build with the kernels, STREAMCOLL_STAGING_KERNEL not 0): a
+//     group's four or more GPU copies go as one batched-copy kernel launch (the fake
+//     driver runs it as host code, its reads and writes checked by the race detector),
+//     and that launch failing on rank 1 makes some calls fail and none wrong, the next
+//     round exact; with --no-kernels (STREAMCOLL_STAGING_KERNEL=0): no launch at all;
 // every call completed by a completion call that differs between ranks, its result read
 // by the host with the race detector's blessing, and checked against values computed here.
 // Fusion must have happened (streamcoll_fusion_counts: fewer messages than calls).
@@ -84,6 +89,7 @@ struct Call {
 
 CUstream_st* g_stream = nullptr;
 const char* g_route = "pmpi";  // --route=ht: the forced route that fuses
+int g_kernels = -1;            // --kernels: 1, --no-kernels: 0, else -1 (not checked)
 
 // Starts call `id` with this rank's memory kind `k`; on_stream: the input is written on
 // g_stream (attached to comm) and not waited for.
@@ -196,6 +202,8 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   for (int i = 1; i < argc; ++i)
     if (std::strcmp(argv[i], "--route=ht") == 0) g_route = "ht";
+    else if (std::strcmp(argv[i], "--kernels") == 0) g_kernels = 1;
+    else if (std::strcmp(argv[i], "--no-kernels") == 0) g_kernels = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_size);
   int ok = load_api(false) ? 1 : 0, all_ok = 0;
@@ -221,9 +229,12 @@ int main(int argc, char** argv) {
     MPI_Comm c = fused_comm(Kind::device);
     unsigned long long calls0 = 0, messages0 = 0, agreements0 = 0, calls1 = 0, messages1 = 0;
     if (counts) counts(&calls0, &messages0, &agreements0);
-    const unsigned long long syncs0 = cu("cuStreamSynchronize");
+    const unsigned long long syncs0 = cu("cuStreamSynchronize"), kernels0 = cu("host_kernels");
     rounds(c, "agreed device", false, Kind::device, false);
     const unsigned long long syncs = cu("cuStreamSynchronize") - syncs0;
+    const unsigned long long kernels = cu("host_kernels") - kernels0;
+    if (g_kernels == 1) check(kernels > 0, "agreed device: batched-copy kernels ran");
+    if (g_kernels == 0) check(kernels == 0, "agreed device: no kernel (STREAMCOLL_STAGING_KERNEL=0)");
     if (counts) counts(&calls1, &messages1, &agreements0);
     // A group's copies are issued together: one synchronisation to pack, one to unpack.
     check(syncs <= 2 * (messages1 - messages0),
@@ -284,6 +295,48 @@ int main(int argc, char** argv) {
     }
     MPI_Comm_free(&c);
   }
+  int kernel_calls = 0;
+  if (g_kernels == 1) {  // a batched-copy launch failing on rank 1
+    MPI_Comm c = fused_comm(Kind::device);
+    MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+    const auto fail_after = find_fail_after();
+    constexpr int kCalls = 8;  // started together: groups of four or more copies
+    for (int round = 0; round < 3 && fail_after; ++round) {
+      const bool failing = round == 1 && g_rank == 1;
+      const unsigned long long fired0 = cu("injected_failures");
+      if (failing) fail_after("cuLaunchKernel", 1);
+      std::vector<std::unique_ptr<Buf>> in, out;
+      std::vector<MPI_Request> reqs(kCalls, MPI_REQUEST_NULL);
+      const std::string L = "kernel failure round " + std::to_string(round);
+      for (int k = 0; k < kCalls; ++k) {
+        in.push_back(std::make_unique<Buf>(Kind::device, 3));
+        out.push_back(std::make_unique<Buf>(Kind::device, 3));
+        check(api.host_access(in[k]->p, 3 * sizeof(double), 1) == 0, L + ": input");
+        for (size_t i = 0; i < 3; ++i) in[k]->p[i] = input(g_rank, i, 3000 + 10 * round + k);
+        check(MPI_Iallreduce(in[k]->p, out[k]->p, 3, MPI_DOUBLE, MPI_SUM, c, &reqs[k]) == MPI_SUCCESS,
+              L + ": the call starts");
+      }
+      int failed = 0;
+      for (int k = 0; k < kCalls; ++k) {
+        const int wrc = MPI_Wait(&reqs[k], MPI_STATUS_IGNORE);
+        ++kernel_calls;
+        if (wrc != MPI_SUCCESS) {
+          ++failed;
+          continue;
+        }
+        check_outcome(wrc, false, "", *out[k], 3, 3000 + 10 * round + k, L + " call " + std::to_string(k));
+      }
+      if (failing) {
+        check(cu("injected_failures") > fired0, L + ": the launch failure was injected");
+        check(failed > 0, L + ": calls fail on the rank whose launch failed");
+        fail_after("cuLaunchKernel", 0);
+      }
+      int any = 0;
+      MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+      if (round != 1) check(any == 0, L + ": no call fails on any rank");
+    }
+    MPI_Comm_free(&c);
+  }
   unsigned long long calls = 0, messages = 0, agreements = 0;
   if (counts) counts(&calls, &messages, &agreements);
   using MessagesOn = unsigned long long (*)(const char*);
@@ -294,7 +347,8 @@ int main(int argc, char** argv) {
     check(on == messages && on > 0, std::to_string(on) + " of " + std::to_string(messages) +
                                             " fused messages on route " + g_route);
   }
-  check(calls == 3 * 12 * 9 + 3 + 3 && messages > 0 && messages < calls,
+  check(calls == 3 * 12 * 9 + 3 + 3 + static_cast<unsigned long long>(kernel_calls) &&
+            messages > 0 && messages < calls,
         "fused: " + std::to_string(calls) + " calls in " + std::to_string(messages) + " messages");
   check(cu("races") == races0, "no race");
   api.stream_destroy(g_stream);
