@@ -936,7 +936,6 @@ struct Ccube {
   CUfunction reduce = nullptr;
 };
 
-
 #if STREAMCOLL_HAVE_NVGROUP
 ncclResult_t enqueue_ccube(const CollArgs& a, const CommContext& ctx, const NcclComm& c,
                            CUstream s, const Ccube& cc, CUresult* cu) {

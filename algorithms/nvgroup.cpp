@@ -199,6 +199,7 @@ struct Module {
 std::mutex g_modules_mu;
 std::map<int, Module> g_modules;
 std::set<int> g_module_failed;  // devices where a load failed (route ccube leaves them)
+std::map<int, bool> g_capable;  // devices: driver and compute capability fit the fatbin
 
 const Module* module_for(int device, CUdevice dev, std::string* why) {
   std::lock_guard<std::mutex> lock(g_modules_mu);
@@ -1078,14 +1079,18 @@ bool reduce_kernel_may_load(int device) {
     std::lock_guard<std::mutex> lock(g_modules_mu);
     if (auto it = g_modules.find(device); it != g_modules.end() && it->second.reduce) return true;
     if (g_module_failed.count(device)) return false;
+    if (auto it = g_capable.find(device); it != g_capable.end()) return it->second;
   }
-  if (!driver_has_entry_points()) return false;
   CUdevice dev = 0;
   int major = 0;
-  return d.cuDeviceGet(&dev, device) == CUDA_SUCCESS &&
-         d.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) ==
-             CUDA_SUCCESS &&
-         major >= 8;
+  const bool capable =
+      driver_has_entry_points() && d.cuDeviceGet(&dev, device) == CUDA_SUCCESS &&
+      d.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) ==
+          CUDA_SUCCESS &&
+      major >= 8;
+  std::lock_guard<std::mutex> lock(g_modules_mu);
+  g_capable[device] = capable;  // asked at every blocking call on device buffers: once
+  return capable;
 }
 
 CUfunction reduce_kernel(int device, std::string* why) {
