@@ -1162,6 +1162,9 @@ int main(int argc, char** argv) {
   if (mode == "async-error") {
     async_error();
   } else if (mode == "ccube") {
+    // On the test cluster the tree spans the nodes (ccube_tree maps it onto them).
+    const int nodes = job_nodes();
+    if (g_rank == 0) std::printf("nccl_route (ccube): %d ranks on %d node(s)\n", g_size, nodes);
     ccube_grid(nccl);
     check(nc("mismatches") == 0, "every rank ran matching NCCL operations");
     check(nc("errors") == 0, "the fake NCCL saw no bad argument");
