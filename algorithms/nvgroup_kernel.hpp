@@ -60,6 +60,8 @@
 
 #include <stdint.h>
 
+#include <type_traits>
+
 #if defined(__CUDACC__)
 #define SC_NVG_HD __host__ __device__ __forceinline__
 #else
@@ -204,11 +206,23 @@ SC_NVG_HD uint16_t float_to_bf16(float f) {
 
 template <typename T>
 SC_NVG_HD T apply(ROp op, T a, T b) {
-  switch (op) {
-    case ROp::sum: return static_cast<T>(a + b);
-    case ROp::prod: return static_cast<T>(a * b);
-    case ROp::min: return b < a ? b : a;
-    default: return a < b ? b : a;
+  if constexpr (std::is_integral_v<T>) {
+    // Integers wrap around, on the GPU and in the host build alike (no signed overflow,
+    // which C++ leaves undefined): the sum and product in the unsigned type of the size.
+    using U = std::make_unsigned_t<T>;
+    switch (op) {
+      case ROp::sum: return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+      case ROp::prod: return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+      case ROp::min: return b < a ? b : a;
+      default: return a < b ? b : a;
+    }
+  } else {
+    switch (op) {
+      case ROp::sum: return static_cast<T>(a + b);
+      case ROp::prod: return static_cast<T>(a * b);
+      case ROp::min: return b < a ? b : a;
+      default: return a < b ? b : a;
+    }
   }
 }
 
