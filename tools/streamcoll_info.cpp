@@ -172,6 +172,14 @@ Node build_section() {
   b.add("nccl header", Node::Bool(STREAMCOLL_HAVE_NCCL));
   b.add("nvgroup kernels", Node::Bool(STREAMCOLL_HAVE_NVGROUP));
   b.add("hwloc", Node::Bool(STREAMCOLL_HAVE_HWLOC));
+  // The routes this build carries (whether nccl and ccube can run also needs libnccl and
+  // a GPU at run time: the "nccl" and "cuda" sections).
+  Node routes = Node::List();
+  for (const char* r : {"pmpi", "ht", "blueconnect"}) routes.push(Node::Str(r));
+  if (STREAMCOLL_HAVE_NCCL) routes.push(Node::Str("nccl"));
+  if (STREAMCOLL_HAVE_NVGROUP) routes.push(Node::Str("nvgroup"));
+  if (STREAMCOLL_HAVE_NCCL && STREAMCOLL_HAVE_NVGROUP) routes.push(Node::Str("ccube"));
+  b.add("routes built", std::move(routes));
 #ifdef STREAMCOLL_PREFIX
   b.add("prefix", Node::Str(STREAMCOLL_PREFIX));
 #endif

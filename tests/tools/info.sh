@@ -31,6 +31,12 @@ r = json.load(open(sys.argv[1]))
 for k in ["streamcoll", "mpi", "cuda", "nccl", "topology", "tuning table", "environment"]:
     assert k in r, k
 assert r["streamcoll"]["version"], "version"
+b = r["streamcoll"]
+routes = b["routes built"]
+assert routes[:3] == ["pmpi", "ht", "blueconnect"], routes
+assert ("nccl" in routes) == b["nccl header"], routes
+assert ("nvgroup" in routes) == b["nvgroup kernels"], routes
+assert ("ccube" in routes) == (b["nccl header"] and b["nvgroup kernels"]), routes
 assert r["mpi"]["initialised"] is False, "--no-mpi"
 env = {e["name"]: e["value"] for e in r["environment"]}
 assert env["STREAMCOLL_STATS"] == "1" and env["STREAMCOLL_DEBUG"] is None, env
