@@ -31,6 +31,8 @@
 //                takes, counts 1 to 100000, chunks of the default size, 1 KiB, 24 bytes
 //                (short last chunks) and 64 KiB, every completion and stream mode in
 //                turn; no ncclAllReduce; MPI_SHORT and bcast go on to other routes
+//   ccube-load-fails  FAKE_CUDA_FAIL=cuModuleLoadData:1 on one rank: route ccube's first
+//                call fails on every rank, the next ones are right on another route
 //   async-error  FAKE_NCCL_ASYNC_ERROR_AFTER=3, FAKE_CUDA_DEVICES=2: streamcoll's
 //                watchdog aborts the NCCL communicator without any MPI call; the request in
 //                flight fails (MPI_ERR_OTHER); the next call runs elsewhere, right; later calls
@@ -709,6 +711,47 @@ void ccube_grid(bool nccl) {
   MPI_Comm_free(&comm);
 }
 
+// Route ccube's kernel failing to load on one rank (FAKE_CUDA_FAIL=cuModuleLoadData:1 on
+// local rank FAKE_CUDA_FAIL_RANK): the route's first call fails on every rank, none
+// hangs; the calls after it are right on every rank, on another route (that rank takes
+// ccube out, and the aborted NCCL communicator takes nccl out).
+int error_class(int rc);
+
+void ccube_load_fails() {
+  MPI_Comm comm;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  check(api.set_route(comm, "allreduce:ccube") == MPI_SUCCESS, "set_route allreduce:ccube");
+  const size_t n = 1000;
+  const unsigned long long loads0 = cu("cuModuleLoadData");
+  for (int call = 0; call < 4; ++call) {
+    auto in = bytes_of(inputs<int>(g_rank, n, Op::sum, 40 + call));
+    auto ref = bytes_of(reduced<int>(g_size, n, Op::sum, 40 + call));
+    Buf send(n * sizeof(int)), recv(n * sizeof(int));
+    host_write(send.get(), in, true, "input");
+    host_write(recv.get(), garbage(recv.size()), true, "prefill");
+    const unsigned long long ccube0 = stat_calls("allreduce", "ccube", "device");
+    const int rc = MPI_Allreduce(send.get(), recv.get(), static_cast<int>(n), MPI_INT, MPI_SUM, comm);
+    const std::string L = "kernel load failure, call " + std::to_string(call);
+    if (call == 0) {
+      check(rc != MPI_SUCCESS && error_class(rc) == MPI_ERR_OTHER,
+            L + ": the first ccube call fails on every rank (MPI_ERR_OTHER)");
+      check(stat_calls("allreduce", "ccube", "device") == ccube0 + 1, L + ": it was ccube's");
+    } else {
+      check(rc == MPI_SUCCESS, L + ": succeeds");
+      check(host_read(recv.get(), recv.size(), true, L) == ref, L + ": right");
+      check(stat_calls("allreduce", "ccube", "device") == ccube0, L + ": not on ccube");
+    }
+  }
+  if (g_size > 1) {
+    const char* fr = std::getenv("FAKE_CUDA_FAIL_RANK");
+    if (fr && gpu_group() == std::atoi(fr))
+      check(cu("cuModuleLoadData") == loads0 + 1 && cu("injected_failures") >= 1,
+            "the kernel's load was tried once here, and failed");
+  }
+  MPI_Comm_free(&comm);
+}
+
 // Bcast, allgather, alltoall on every type (they move bytes), and a few more types the
 // route moves but does not reduce.
 void movers_grid(const Ctx& c, bool nccl, bool full) {
@@ -1134,7 +1177,8 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "route";
   g_mode = mode;
   const bool known_mode = mode == "route" || mode == "shared" || mode == "fail-init" ||
-                          mode == "absent" || mode == "async-error" || mode == "ccube";
+                          mode == "absent" || mode == "async-error" || mode == "ccube" ||
+                          mode == "ccube-load-fails";
   const bool nccl_loaded = mode != "absent";
   int ok = known_mode && load_api(nccl_loaded) ? 1 : 0, all_ok = 0;
   MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
@@ -1161,6 +1205,8 @@ int main(int argc, char** argv) {
 
   if (mode == "async-error") {
     async_error();
+  } else if (mode == "ccube-load-fails") {
+    ccube_load_fails();
   } else if (mode == "ccube") {
     // On the test cluster the tree spans the nodes (ccube_tree maps it onto them).
     const int nodes = job_nodes();
@@ -1196,7 +1242,8 @@ int main(int argc, char** argv) {
     }
   }
   check(cu("races") == races0, "the fake driver saw no race");
-  check(cu("errors") == 0 || mode == "async-error", "the fake driver returned no error");
+  check(cu("errors") == 0 || mode == "async-error" || mode == "ccube-load-fails",
+        "the fake driver returned no error");
 
   MPI_Comm_free(&comm);
   api.stream_destroy(g_stream);
