@@ -276,6 +276,25 @@ size_t env_size(const char* name, size_t def) {
   return v && *v ? static_cast<size_t>(strtoull(v, nullptr, 10)) : def;
 }
 
+// One pass of a worker's wait for its peers (a barrier, a send/recv group): yields, then
+// after 16384 passes sleeps 50 us (a rank that has not launched its part: let others
+// run); every 1024 passes, past FAKE_NCCL_TIMEOUT_S (default 120), prints `why()` and
+// aborts the process.
+template <class Why>
+void wait_pass(unsigned pass, double start, Why why) {
+  static const double timeout = static_cast<double>(env_size("FAKE_NCCL_TIMEOUT_S", 120));
+  if (pass < 16384) {
+    sched_yield();
+  } else {
+    const timespec ts{0, 50 * 1000};
+    nanosleep(&ts, nullptr);
+  }
+  if (pass % 1024 == 0 && now_s() - start > timeout) {
+    fprintf(stderr, "fake NCCL: %s (waited %.0f s). Aborting.\n", why().c_str(), timeout);
+    abort();
+  }
+}
+
 // ---- the communicator ------------------------------------------------------------------
 
 struct Op;
@@ -317,21 +336,13 @@ struct Shared {
       c->sense.store(local_sense, std::memory_order_release);
       return true;
     }
-    static const double timeout = static_cast<double>(env_size("FAKE_NCCL_TIMEOUT_S", 120));
     const double start = now_s();
     for (unsigned i = 1; c->sense.load(std::memory_order_acquire) != local_sense; ++i) {
       if (aborted.load(std::memory_order_acquire)) return false;
-      if (i < 16384) {
-        sched_yield();
-      } else {  // a long wait (a rank that has not launched its operation): let others run
-        const timespec ts{0, 50 * 1000};
-        nanosleep(&ts, nullptr);
-      }
-      if (i % 1024 == 0 && now_s() - start > timeout) {
-        fprintf(stderr, "fake NCCL: rank %d of %d waited %.0f s in a barrier; the other ranks "
-                "never ran the matching operation. Aborting.\n", rank, nranks, timeout);
-        abort();
-      }
+      wait_pass(i, start, [&] {
+        return "rank " + std::to_string(rank) + " of " + std::to_string(nranks) +
+               " in a barrier; the other ranks never ran the matching operation";
+      });
     }
     return true;
   }
@@ -453,7 +464,6 @@ void run_p2p(Op* o) {
   }
   std::vector<bool> received(recvs.size(), false);
   size_t left_sends = sends.size(), left_recvs = recvs.size();
-  static const double timeout = static_cast<double>(env_size("FAKE_NCCL_TIMEOUT_S", 120));
   const double start = now_s();
   for (unsigned spin = 1;; ++spin) {
     if (sh.aborted.load(std::memory_order_acquire)) return;
@@ -503,18 +513,14 @@ void run_p2p(Op* o) {
     if (left_sends == 0 && left_recvs == 0) break;
     if (moved) {
       spin = 0;
-    } else if (spin < 16384) {
-      sched_yield();
-    } else {  // a long wait (a peer that has not launched its part): let others run
-      const timespec ts{0, 50 * 1000};
-      nanosleep(&ts, nullptr);
+      continue;
     }
-    if (spin % 1024 == 0 && now_s() - start > timeout) {
-      fprintf(stderr, "fake NCCL: rank %d of %d waited %.0f s in a send/recv group (%zu sends "
-              "not taken, %zu receives not in); its peers never ran the matching sends or "
-              "receives. Aborting.\n", me, sh.nranks, timeout, left_sends, left_recvs);
-      abort();
-    }
+    wait_pass(spin, start, [&] {
+      return "rank " + std::to_string(me) + " of " + std::to_string(sh.nranks) +
+             " in a send/recv group (" + std::to_string(left_sends) + " sends not taken, " +
+             std::to_string(left_recvs) + " receives not in); its peers never ran the "
+             "matching sends or receives";
+    });
   }
   // Give the slot's pages back after a large group (as after a large collective).
   if (staged > (size_t{1} << 20)) madvise(slot, (staged + 4095) / 4096 * 4096, MADV_REMOVE);
