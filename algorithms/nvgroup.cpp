@@ -243,12 +243,6 @@ const Module* module_for(int device, CUdevice dev, std::string* why) {
   return &m;
 }
 
-// The module of a device whose kernels are loaded (module_for succeeded there).
-const Module* module_for_loaded(int device) {
-  std::lock_guard<std::mutex> lock(g_modules_mu);
-  return &g_modules[device];
-}
-
 CUfunction kernel_for(int device, CUdevice dev, std::string* why) {
   const Module* m = module_for(device, dev, why);
   return m ? m->allreduce : nullptr;
@@ -1065,14 +1059,6 @@ namespace nvgroup_kernels {
 std::optional<nvgroup::DType> type_of(const TypeInfo& t) { return kernel_type(t); }
 std::optional<nvgroup::ROp> op_of(OpKind k) { return kernel_op(k); }
 
-CUfunction batch_copy_kernel(int device, std::string* why) {
-  if (!reduce_kernel_may_load(device)) {  // the same module, the same conditions
-    *why = "no kernels for this GPU or driver";
-    return nullptr;
-  }
-  return reduce_kernel(device, why) ? module_for_loaded(device)->batch_copy : nullptr;
-}
-
 bool reduce_kernel_may_load(int device) {
   const cuda::Driver& d = driver();
   {
@@ -1093,7 +1079,8 @@ bool reduce_kernel_may_load(int device) {
   return capable;
 }
 
-CUfunction reduce_kernel(int device, std::string* why) {
+// The kernels' module on `device`, loaded there once (module_for); null, with the reason.
+const Module* loaded_module(int device, std::string* why) {
   const cuda::Driver& d = driver();
   if (!driver_has_entry_points()) {
     *why = "the CUDA driver lacks the entry points of streamcoll's kernels";
@@ -1104,8 +1091,21 @@ CUfunction reduce_kernel(int device, std::string* why) {
     *why = cuda::describe("cuDeviceGet", r);
     return nullptr;
   }
-  const Module* m = module_for(device, dev, why);
+  return module_for(device, dev, why);
+}
+
+CUfunction reduce_kernel(int device, std::string* why) {
+  const Module* m = loaded_module(device, why);
   return m ? m->reduce : nullptr;
+}
+
+CUfunction batch_copy_kernel(int device, std::string* why) {
+  if (!reduce_kernel_may_load(device)) {  // the same module, the same conditions
+    *why = "no kernels for this GPU or driver";
+    return nullptr;
+  }
+  const Module* m = loaded_module(device, why);
+  return m ? m->batch_copy : nullptr;
 }
 
 }  // namespace nvgroup_kernels

@@ -536,7 +536,8 @@ class CudaBackend final : public Backend {
         if (context_for(c[j].gpu, &next, false) != MPI_SUCCESS || next != ctx) break;
       }
       cuda::ScopedContext scope(ctx);
-      int rc = batched(c + i, j - i) ? launch_batches(c + i, j - i) : issue_copies(c + i, j - i);
+      const CUfunction batch = batch_kernel_for(c + i, j - i);
+      int rc = batch ? launch_batches(batch, c + i, j - i) : issue_copies(c + i, j - i);
       // Even after a failure: nothing may still be copying when the caller frees memory.
       if (CUresult r = d.cuStreamSynchronize(CU_STREAM_PER_THREAD);
           r != CUDA_SUCCESS && rc == MPI_SUCCESS)
@@ -603,36 +604,29 @@ class CudaBackend final : public Backend {
     return false;
   }
 
+  // The batched-copy kernel when the copies [c, c + n) of the current context go by
+  // kernel, else null: enough of them, allowed, each between GPU memory (its `gpu` end,
+  // on this context's GPU or managed) and one of our pinned blocks, and the kernel
+  // loadable on this context's GPU.
+  CUfunction batch_kernel_for(const Copy* c, size_t n) {
 #if STREAMCOLL_HAVE_NVGROUP
-  // The current context's batched-copy kernel, or null (not loadable here).
-  CUfunction batch_kernel() {
+    if (n < kBatchMin || !Runtime::get().settings().staging_kernel) return nullptr;
+    for (size_t k = 0; k < n; ++k)  // one end ours and pinned; the other is the GPU's
+      if (!own_pinned(c[k].dst, c[k].bytes) && !own_pinned(c[k].src, c[k].bytes)) return nullptr;
     CUdevice dev = 0;
     if (cuda::driver().cuCtxGetDevice(&dev) != CUDA_SUCCESS) return nullptr;
     std::string why;
     return nvgroup_kernels::batch_copy_kernel(static_cast<int>(dev), &why);
-  }
-#endif
-
-  // Whether the copies [c, c + n) of the current context go by kernel: enough of them,
-  // allowed, the kernel loadable, and each copy between GPU memory (its `gpu` end, on
-  // this context's GPU or managed) and one of our pinned blocks.
-  bool batched(const Copy* c, size_t n) {
-#if STREAMCOLL_HAVE_NVGROUP
-    if (n < kBatchMin || !Runtime::get().settings().staging_kernel) return false;
-    for (size_t k = 0; k < n; ++k)  // one end ours and pinned; the other is the GPU's
-      if (!own_pinned(c[k].dst, c[k].bytes) && !own_pinned(c[k].src, c[k].bytes)) return false;
-    return batch_kernel() != nullptr;
 #else
     (void)c, (void)n;
-    return false;
+    return nullptr;
 #endif
   }
 
-  int launch_batches(const Copy* c, size_t n) {
+  // One streamcoll_batch_copy launch per kBatchMax copies, on the per-thread stream.
+  int launch_batches(CUfunction fn, const Copy* c, size_t n) {
 #if STREAMCOLL_HAVE_NVGROUP
     namespace nv = nvgroup;
-    CUfunction fn = batch_kernel();
-    if (!fn) return fail(Failure::cuda, "the batched-copy kernel went away (staging)");
     nv::BatchCopyParams p{};
     for (size_t k = 0; k < n; k += nv::kBatchMax) {
       p.n = static_cast<uint32_t>(std::min<size_t>(nv::kBatchMax, n - k));
@@ -647,6 +641,7 @@ class CudaBackend final : public Backend {
     }
     return MPI_SUCCESS;
 #else
+    (void)fn;
     return issue_copies(c, n);
 #endif
   }
