@@ -10,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "algorithms/ht.hpp"
 #include "algorithms/route.hpp"
 #include "config/tuning_table.hpp"
 #include "core/comm_context.hpp"
@@ -79,9 +80,58 @@ class Member final : public ManagedRequest {
   uint64_t started_ns = 0;
   int error_ = MPI_SUCCESS;
   uint64_t seq = 0;  ///< the queue's count of calls when it started (from 1; under mu)
+  /// A stream-ordered call: its GPU buffers are staged on streams (route ht's staging,
+  /// algorithms/ht.hpp); `send` and `recv` are the stage's pinned buffer, read once the
+  /// copy in is done. Such a Member is not the application's request (a StreamRequest
+  /// is) and the queue deletes it once its group is done.
+  std::unique_ptr<ht_stream::Stage> stage;
+  /// Not the application's request (a stream-ordered call's Member, or one whose request
+  /// could not be made): the queue deletes it once its group is done.
+  bool queue_owned = false;
+
+  /// Its group is done (error_ says how): completes the request, or, for a
+  /// stream-ordered call, lets its stream go on (a failure goes to `async_error`, for the
+  /// communicator's next call to report) and deletes this. Outside the queue's locks.
+  void retire(std::atomic<int>* async_error) {
+    if (!queue_owned) {
+      complete();
+      return;
+    }
+    if (stage && error_ != MPI_SUCCESS && async_error) {
+      SC_WARN("fusion: a stream-ordered MPI_Iallreduce failed (MPI error %d); the next call "
+              "on the communicator reports it", error_);
+      int none = MPI_SUCCESS;
+      async_error->compare_exchange_strong(none, error_);
+    }
+    if (stage) stage->finish();
+    delete this;
+  }
 
  private:
   std::weak_ptr<Queue> q_;
+};
+
+// The request of a stream-ordered call (Member::stage): MPI_Wait and MPI_Test make the
+// communicator's stream wait for the call's copy back and complete at once (the host does
+// not wait); like a wait on any call, they close the call's group (the progress thread
+// then takes it on). The Member stays with the queue until its group is done.
+class StreamRequest final : public ManagedRequest {
+ public:
+  StreamRequest(std::weak_ptr<Queue> q, std::unique_ptr<ht_stream::Join> join, void* app)
+      : q_(std::move(q)), join_(std::move(join)), app_(app) {}
+  void on_test() override { join(); }
+  void on_wait() override { join(); }
+  void on_free() override { join(); }  // the stream must still wait for the result
+  int error() const override { return err_.load(std::memory_order_acquire); }
+  uint64_t seq = 0;  ///< its Member's (set before the application has the request)
+
+ private:
+  void join();
+  std::weak_ptr<Queue> q_;
+  std::unique_ptr<ht_stream::Join> join_;
+  void* app_;
+  std::atomic<bool> joined_{false};
+  std::atomic<int> err_{MPI_SUCCESS};
 };
 
 namespace {
@@ -124,6 +174,11 @@ struct Queue : std::enable_shared_from_this<Queue> {
   /// so their order is the group order on every rank.
   CommContext* ht_ctx = nullptr;
   int size = 1, nodes = 1, ppn = 1;  ///< the communicator's, for the fused message's CallKey
+  /// The communicator context's (CommContext::async_error): a stream-ordered call's
+  /// failure, found after the call returned, for the next call to report.
+  std::shared_ptr<std::atomic<int>> async_error;
+  /// The copy and hold streams of stream-ordered calls (Member::stage).
+  ht_stream::Streams streams;
   uint64_t cycle_ns = 0;
   /// Calls up to this seq (Member::seq) are waited for or tested, or another call came:
   /// their groups close now. A close never reaches calls started after it.
@@ -256,6 +311,21 @@ struct Queue : std::enable_shared_from_this<Queue> {
     return n;
   }
 
+  // Of the first n pending calls, how many in a row have their input at hand (a
+  // stream-ordered call's copy in is done, or failed: then it is the call's own failure).
+  // Under mu.
+  size_t ready_prefix(size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      Member& m = *pending[i];
+      if (!m.stage) continue;
+      int rc = MPI_SUCCESS;
+      const ht_stream::Stage::Input in = m.stage->input(&rc);
+      if (in == ht_stream::Stage::Input::pending) return i;
+      if (in == ht_stream::Stage::Input::failed && m.error_ == MPI_SUCCESS) m.error_ = rc;
+    }
+    return n;
+  }
+
   // Packs the first n pending calls and starts the agreement on how many the group holds.
   // Under mu.
   void start_agreement(size_t n) {
@@ -381,12 +451,18 @@ struct Queue : std::enable_shared_from_this<Queue> {
           done.insert(done.end(), failed.begin(), failed.end());
         }
       }
+      bool awaiting_input = false;  // a group to close, its first call's input not in yet
       if (!agreeing && !pending.empty()) {
         bool complete = false;
         const size_t n = head_run(&complete);
         if (complete || close_wanted() ||
-            now_ns() - pending.front()->started_ns >= cycle_ns)
-          start_agreement(n);
+            now_ns() - pending.front()->started_ns >= cycle_ns) {
+          // Stream-ordered calls take part once their input is in pinned memory: a rank
+          // offers those in a row that are (at least one; it closes nothing before).
+          const size_t ready = ready_prefix(n);
+          if (ready > 0) start_agreement(ready);
+          else awaiting_input = true;
+        }
       }
       idle = !agreeing && fused.empty() && pending.empty();
       if (idle) task_active = false;
@@ -397,12 +473,13 @@ struct Queue : std::enable_shared_from_this<Queue> {
       // over TCP for 0.2 to 2 s now and then: Open MPI's TCP BTL is progressed by its
       // event loop, which opal_progress runs only every so many calls; measured on the
       // test cluster, bench/results/fusion_2026-11-26.)
-      idle_until.store(!idle && !agreeing && fused.empty() ? pending.front()->started_ns + cycle_ns
-                                                           : 0,
+      idle_until.store(!idle && !agreeing && fused.empty() && !awaiting_input
+                           ? pending.front()->started_ns + cycle_ns
+                           : 0,
                        std::memory_order_relaxed);
     }
     // Outside the lock: once complete, the application may free a request at any time.
-    for (Member* m : done) m->complete();
+    for (Member* m : done) m->retire(async_error.get());
     return idle;
   }
 };
@@ -420,6 +497,16 @@ void Member::on_test() {
   // transport, progressed by an event loop that opal_progress runs only every so many
   // calls, then stalled for tenths of seconds (bench/results/fusion_2026-11-26).
   progress::wake();
+}
+
+void StreamRequest::join() {
+  if (joined_.exchange(true)) return;
+  err_.store(join_->wait_on(app_), std::memory_order_release);
+  if (std::shared_ptr<Queue> q = q_.lock()) {
+    q->close_to(seq);
+    progress::wake();  // the progress thread closes the group: this thread does not wait
+  }
+  complete();
 }
 
 namespace {
@@ -463,6 +550,7 @@ std::shared_ptr<Queue> open(const CommContext& ctx,
   PMPI_Comm_set_errhandler(q->comm, MPI_ERRORS_RETURN);
   q->cycle_ns = Runtime::get().settings().fusion_cycle_us * 1000;
   q->size = ctx.size;
+  q->async_error = ctx.async_error;
   q->nodes = ctx.nodes;
   q->ppn = ctx.ppn;
   // Route ht for the fused messages: set up on the duplicate (collective: every rank is
@@ -496,8 +584,8 @@ std::shared_ptr<Queue> open(const CommContext& ctx,
   return q;
 }
 
-int start(Queue& q, const CollArgs& a, uint64_t limit, MemKind local, int own,
-          std::shared_ptr<const config::TuningTable> forced) {
+int start(Queue& q, const CollArgs& a, uint64_t limit, const CallEnv& env, int own,
+          std::shared_ptr<const config::TuningTable> forced, int (*sync_stream)(void*)) {
   int size = 0;
   MPI_Aint lb = 0, extent = 0;
   if (PMPI_Type_size(a.datatype, &size) != MPI_SUCCESS ||
@@ -513,32 +601,65 @@ int start(Queue& q, const CollArgs& a, uint64_t limit, MemKind local, int own,
   m->forced = std::move(forced);
   m->bytes = static_cast<uint64_t>(a.count) * static_cast<uint64_t>(extent);
   m->size_bytes = static_cast<uint64_t>(a.count) * static_cast<uint64_t>(size);
-  if (m->bytes > 0 && local != MemKind::host && local != MemKind::pinned) {
+  m->started_ns = now_ns();
+  // A stream on this rank's communicator, GPU buffers: stream-ordered, staged on streams
+  // (the host does not wait). Where staging cannot start and nothing of it will write
+  // the buffers, the stream is synchronised and the call goes on as one without a stream.
+  // Any other failure is the call's own: it still takes its part, as every rank's call
+  // must, and its group fails on every rank (the agreement's ok flag).
+  std::unique_ptr<ht_stream::Join> join;
+  if (env.has_stream && m->bytes > 0 && own == MPI_SUCCESS) {
+    bool untouched = true;
+    own = ht_stream::start(q.streams, env.device, env.stream, m->send, m->recv, m->bytes,
+                           q.async_error, &m->stage, &join, &untouched);
+    if (own == MPI_SUCCESS) {
+      m->send = m->recv = m->stage->buffer();
+    } else if (untouched) {
+      SC_INFO("fusion: a stream-ordered MPI_Iallreduce could not be staged on streams; "
+              "synchronising the stream instead");
+      own = sync_stream(env.stream);
+    }
+  }
+  if (!m->stage && m->bytes > 0 && env.mem != MemKind::host && env.mem != MemKind::pinned) {
     m->send_gpu = on_gpu(m->send);
     m->recv_gpu = on_gpu(m->recv);
   }
-  m->started_ns = now_ns();
   m->error_ = own;
-  if (int rc = start_request(m, a.request); rc != MPI_SUCCESS) return rc;  // m deleted
+  StreamRequest* sreq = nullptr;
+  if (m->stage) {
+    m->queue_owned = true;
+    sreq = new StreamRequest(q.weak_from_this(), std::move(join), env.stream);
+    if (int rc = start_request(sreq, a.request); rc != MPI_SUCCESS) {  // sreq deleted
+      // No request to hand back: the call still takes its part, failed (as every rank's
+      // call must: the others fuse it).
+      own = m->error_ = rc;
+      sreq = nullptr;
+      *a.request = MPI_REQUEST_NULL;
+    }
+  } else if (int rc = start_request(m, a.request); rc != MPI_SUCCESS) {
+    return rc;  // m deleted (as before stream-ordered calls: nothing started)
+  }
   q.calls.fetch_add(1, std::memory_order_relaxed);
   g_calls.fetch_add(1, std::memory_order_relaxed);
   bool submit = false;
+  uint64_t seq = 0;
   {
     std::lock_guard<std::mutex> lock(q.mu);
-    m->seq = ++q.next_seq;
+    seq = m->seq = ++q.next_seq;
     q.pending.push_back(m);
     q.open_calls.store(q.pending.size(), std::memory_order_relaxed);
     if (!q.task_active) submit = q.task_active = true;
   }
+  if (sreq) sreq->seq = seq;  // m may be gone already (retired): use the copy
   if (submit)
     SC_TRACE("fusion: call seq %llu opens the queue's task at %llu us",
-             static_cast<unsigned long long>(m->seq), static_cast<unsigned long long>(now_ns() / 1000));
+             static_cast<unsigned long long>(seq), static_cast<unsigned long long>(now_ns() / 1000));
   if (submit && !progress::submit(new QueueTask(q.shared_from_this()))) {
     // After MPI_Finalize began: nothing can run the group.
     SC_WARN("fusion: the progress thread is stopped; the call cannot complete");
     return MPI_ERR_OTHER;
   }
-  return MPI_SUCCESS;
+  return own;
 }
 
 void poke(Queue& q) {

@@ -45,8 +45,24 @@
 // MEMORY. Buffers in host memory are copied with memcpy; buffers in GPU memory (a rank may
 // pass them where the agreed facts say host memory) with synchronous copies of the CUDA
 // driver (host_staging's backend), before the agreement (pack) and after the fused
-// message (unpack), by the thread stepping the queue. Calls that carry a stream (agreed) are not
-// fused; a rank whose own communicator carries one synchronises the stream at the call.
+// message (unpack), by the thread stepping the queue.
+//
+// STREAMS. Where the agreed facts have a stream (every rank's communicator carries one,
+// streamext), a call on GPU buffers is stream-ordered, as route ht's calls are (Aluminum:
+// Dryden et al., MLHPC 2018, sections IV-B and V-A): at the call, route ht's staging
+// (algorithms/ht.hpp, ht_stream) enqueues, after what the stream holds, the copy of its
+// input into pinned memory, a hold, and the copy back. The call is fused like any other:
+// its pinned buffer is its contribution, packed once the copy in is done (a rank offers,
+// of the calls its group may hold, those in a row whose input is in); once its group's
+// fused message is done the result goes into the pinned buffer and the hold is released.
+// MPI_Wait and MPI_Test make the stream wait for the copy back and complete at once (the
+// host never waits for the GPU) and close the group, as for any call. A rank's calls on
+// host buffers keep plain semantics; each call's staging is local, and the groups are
+// agreed as above whatever kinds of calls they hold. Where staging cannot start, the
+// stream is synchronised and the call goes on without it. A failure found after the call
+// returned (the group's, a copy's) is reported by the communicator's next call, as route
+// ht does. A stream that the agreed facts do not have (some rank's communicator lacks
+// one) is synchronised at the call, as the pmpi route does.
 //
 // ERRORS. A failed copy on any rank fails the whole group on every rank (the agreement
 // carries an ok flag): each request completes with MPI_ERR_OTHER's code. A failed MPI call
@@ -63,6 +79,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "algorithms/route.hpp"
 #include "config/tuning_table.hpp"
 #include "core/coll_args.hpp"
 #include "core/types.hpp"
@@ -86,17 +103,21 @@ std::shared_ptr<Queue> open(const CommContext& ctx,
 /// Starts the MPI_Iallreduce `a` (a.nonblocking, a.coll == allreduce, a predefined
 /// datatype and op, a.count * type size <= limit bytes) as a member of `q`'s open group:
 /// *a.request gets a streamcoll-owned request that completes when the group's fused
-/// message is done. `local`: the memory kind of this rank's buffers (host or pinned: no
-/// buffer is looked at again; otherwise each is classified). A stream this rank's
-/// communicator carries (where the agreed facts have none) is the caller's to synchronise
-/// first; `own`, a failure of this rank's found before (that synchronisation): the call
-/// still takes its part, as every rank's call must, and its group fails on every rank
-/// (the agreement's ok flag), this call with `own`. Returns an MPI error code (nothing is
-/// started when starting fails).
+/// message is done (stream-ordered: when MPI_Wait has made the stream wait, see STREAMS).
+/// `env`: this rank's view of the call (env.mem: host or pinned, no buffer is looked at
+/// again, otherwise each is classified; env.has_stream: stream-ordered, on env.stream and
+/// GPU env.device: the agreed facts have a stream and this rank's buffers are on a GPU).
+/// `own`: a failure of this rank's found before (the caller's synchronisation of a stream
+/// the agreed facts do not have). `sync_stream`: synchronises a stream, returning an MPI
+/// error code (for a stream-ordered call that cannot be staged). Returns an MPI error
+/// code: a failure of this rank's (`own`, or one found here: staging, that
+/// synchronisation, the request) leaves the call taking its part, as every rank's call
+/// must, and its group fails on every rank (the agreement's ok flag); only an invalid
+/// datatype, or no request for a call that is not stream-ordered, starts nothing.
 /// `forced`: the communicator's forced routes at this call (null: none); with the table
 /// they route the fused message (see ROUTE above).
-int start(Queue& q, const CollArgs& a, uint64_t limit, MemKind local, int own,
-          std::shared_ptr<const config::TuningTable> forced);
+int start(Queue& q, const CollArgs& a, uint64_t limit, const CallEnv& env, int own,
+          std::shared_ptr<const config::TuningTable> forced, int (*sync_stream)(void*));
 
 /// Another call on the communicator: closes the open group (nothing when there is none).
 /// Never blocks.

@@ -381,10 +381,10 @@ int sync_stream(void* stream) {
 
 // The fuse= limit of the rule that routes this MPI_Iallreduce when the call is to be fused
 // (core/fusion.hpp), else 0. From the agreed facts, the rule and the call's size: equal on
-// every rank. Calls that carry a stream (agreed) are not fused.
+// every rank. Calls that carry a stream are fused too (stream-ordered where the agreed
+// facts have one: core/fusion.hpp, STREAMS).
 uint64_t fuse_limit(const CollArgs& a, const Decision& d) {
-  if (!a.nonblocking || a.coll != Coll::allreduce || !d.choice || !d.ctx || !d.ctx->fusion ||
-      d.agreed_stream)
+  if (!a.nonblocking || a.coll != Coll::allreduce || !d.choice || !d.ctx || !d.ctx->fusion)
     return 0;
   const auto v = d.choice->param("fuse");
   if (!v) return 0;
@@ -441,12 +441,16 @@ int dispatch_described(const CollArgs& a, Runtime& rt) {
     PMPI_Comm_call_errhandler(d.error_comm, d.error);
     rc = d.error;
   } else if (fuse) {
-    // A stream on this rank's communicator that the agreed facts do not have (some rank's
-    // lacks one): synchronised at the call, as the pmpi route does. If that fails, the
-    // call still takes its part (the others fuse it) and its group fails everywhere.
-    const int own = d.env.has_stream ? sync_stream(d.env.stream) : MPI_SUCCESS;
-    rc = fusion::start(*d.ctx->fusion, a, fuse, d.env.mem, own, d.forced);
-    if (rc == MPI_SUCCESS) rc = own;
+    // Stream-ordered where the agreed facts have a stream and this rank's buffers are on
+    // a GPU (fusion::start synchronises the stream where it cannot stage the call). A
+    // stream on this rank's communicator that the agreed facts do not have (some rank's
+    // lacks one) is synchronised at the call, as the pmpi route does. A failure at the
+    // start leaves the call taking its part (the others fuse it); its group fails
+    // everywhere.
+    CallEnv env = d.env;
+    env.has_stream = d.env.has_stream && d.agreed_stream;
+    const int own = d.env.has_stream && !env.has_stream ? sync_stream(d.env.stream) : MPI_SUCCESS;
+    rc = fusion::start(*d.ctx->fusion, a, fuse, env, own, d.forced, sync_stream);
     if (rc != MPI_SUCCESS) PMPI_Comm_call_errhandler(a.comm, rc);
   } else if (d.route == RouteId::pmpi) {
     // A failed synchronisation of the stream still leaves this rank in the call (the

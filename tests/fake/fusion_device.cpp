@@ -20,6 +20,22 @@
 //     exact;
 //   - a copy between a GPU buffer and the fused buffer failing on rank 1: packing fails
 //     the group on every rank, unpacking the call on rank 1 alone;
+//   - stream-ordered calls (a stream attached on every rank; the last rank passes host
+//     buffers, which keep plain semantics): the input written on the stream, every other
+//     round behind a gate the test holds closed (its own host wait), the calls started
+//     and completed (MPI_Waitall, MPI_Wait in reverse, MPI_Testall, differing between
+//     ranks) while the gate is closed, so the host cannot have waited for the stream (a
+//     watchdog opens it after 20 s, and then the test fails instead of hanging); in the
+//     rounds between, calls on device and host buffers mixed on one rank (the host-buffer
+//     calls keep plain semantics; their completion follows the earlier stream-ordered
+//     calls', as on an NCCL communicator); then the stream is synchronised and every
+//     result read.
+//     They must be fused (fewer messages than calls) and streamcoll must not have
+//     synchronised a stream. Staging failing on rank 0 at its D2H copy or its H2D copy
+//     (nothing written yet: the stream is synchronised and the call goes on, exact
+//     everywhere), and at the event after the H2D copy (the call fails on rank 0, its
+//     group on every rank: the classic rank's wait reports it, the stream-ordered ranks'
+//     next call on the communicator does), then the next round exact;
 //   - with --kernels (a build with the kernels, STREAMCOLL_STAGING_KERNEL not 0): a
 //     group's four or more GPU copies go as one batched-copy kernel launch (the fake
 //     driver runs it as host code, its reads and writes checked by the race detector),
@@ -34,11 +50,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <csignal>
 #include <memory>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "harness.hpp"
@@ -183,6 +202,189 @@ void check_outcome(int wrc, bool must_fail, const std::string& fails, const Buf&
   check(exact, L + ": exact");
 }
 
+fake_cuda_fail_after_fn find_fail_after();
+
+// The test's own hold on a stream (a "gate"): the stream stops at close() until open();
+// a watchdog thread opens it after `seconds` unless disarmed first.
+class Gate {
+ public:
+  Gate() : flag_(static_cast<unsigned*>(api.malloc_pinned(64))) {}
+  ~Gate() {
+    disarm();
+    api.free(flag_);
+  }
+  bool close(CUstream_st* s, double seconds) {
+    __atomic_store_n(flag_, 0u, __ATOMIC_RELEASE);
+    watchdog_fired_ = false;
+    armed_ = true;
+    watchdog_ = std::thread([this, seconds] {
+      const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+      while (armed_.load() && std::chrono::steady_clock::now() < end)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (armed_.load()) {
+        watchdog_fired_ = true;
+        open();
+      }
+    });
+    return api.enqueue_wait(s, flag_, 1) == 0;
+  }
+  void open() { __atomic_store_n(flag_, 1u, __ATOMIC_RELEASE); }
+  // Opens it; true when the watchdog had opened it first (the host waited for the stream).
+  bool disarm() {
+    armed_ = false;
+    if (watchdog_.joinable()) watchdog_.join();
+    open();
+    return watchdog_fired_.load();
+  }
+
+ private:
+  unsigned* flag_;
+  std::thread watchdog_;
+  std::atomic<bool> armed_{false}, watchdog_fired_{false};
+};
+
+// Stream-ordered calls (see the file's comment); returns the number of calls started.
+int stream_ordered_section() {
+  MPI_Comm c = fused_comm(Kind::device);
+  // Every rank attaches a stream (the agreed facts have one); the last rank's buffers are
+  // host memory, so its calls keep plain semantics.
+  const bool ordered = g_rank != g_size - 1 || g_size == 1;
+  check(streamcoll_comm_attach_stream(c, g_stream) == MPI_SUCCESS, "attach");
+  const Kind plain = Kind::host;
+  {  // a blocking call after the attachment: the facts later calls use have the stream
+    Buf a(Kind::device, 1), b(Kind::device, 1);
+    check(api.host_access(a.p, sizeof(double), 1) == 0, "stream-ordered warm-up input");
+    a.p[0] = 1;
+    MPI_Allreduce(a.p, b.p, 1, MPI_DOUBLE, MPI_SUM, c);
+    check(api.stream_sync(g_stream) == 0 && api.host_access(b.p, sizeof(double), 0) == 0 &&
+              b.p[0] == g_size,
+          "stream-ordered warm-up allreduce");
+  }
+  using FusionCounts = void (*)(unsigned long long*, unsigned long long*, unsigned long long*);
+  auto counts = reinterpret_cast<FusionCounts>(dlsym(RTLD_DEFAULT, "streamcoll_fusion_counts"));
+  unsigned long long calls0 = 0, messages0 = 0, agreements0 = 0, calls1 = 0, messages1 = 0;
+  if (counts) counts(&calls0, &messages0, &agreements0);
+  const unsigned long long syncs0 = cu("cuStreamSynchronize") + cu("cuEventSynchronize");
+  int started = 0;
+  static int id = 5000;
+  Gate gate;
+  for (int round = 0; round < 12; ++round) {
+    const std::string L = "stream-ordered round " + std::to_string(round);
+    const bool gated = round % 2 == 0;
+    if (ordered && gated) check(gate.close(g_stream, 20), L + ": gate");
+    std::vector<Call> calls(9);
+    for (int i = 0; i < 9; ++i) {
+      const Kind k = !ordered || (!gated && (i + round) % 3 == 0) ? plain : Kind::device;
+      start(calls[i], c, k, 1 + static_cast<size_t>((i * 11 + round) % 40), (i + round) % 3 == 0,
+            id++, ordered);
+      ++started;
+    }
+    if (!ordered) {
+      finish(calls, g_rank + round, L);
+      continue;
+    }
+    // Completed with the gate closed: only the host-buffer calls wait for the others.
+    std::vector<MPI_Request> reqs;
+    for (Call& call : calls) reqs.push_back(call.req);
+    const int n = static_cast<int>(reqs.size());
+    int rc = MPI_SUCCESS;
+    switch ((g_rank + round) % 3) {
+      case 0: rc = MPI_Waitall(n, reqs.data(), MPI_STATUSES_IGNORE); break;
+      case 1:
+        for (int i = n - 1; i >= 0 && rc == MPI_SUCCESS; --i) rc = MPI_Wait(&reqs[i], MPI_STATUS_IGNORE);
+        break;
+      default:
+        for (int flag = 0; !flag && rc == MPI_SUCCESS;)
+          rc = MPI_Testall(n, reqs.data(), &flag, MPI_STATUSES_IGNORE);
+        break;
+    }
+    check(rc == MPI_SUCCESS, L + ": completion");
+    if (gated) check(!gate.disarm(), L + ": completed while the stream was held (the host did not wait)");
+    check(api.stream_sync(g_stream) == 0, L + ": the stream finishes");
+    for (Call& call : calls) call.req = MPI_REQUEST_NULL;
+    finish(calls, 0, L + " (results)");  // the requests are null now: results only
+  }
+  if (counts) counts(&calls1, &messages1, &agreements0);
+  if (ordered)
+    check(cu("cuStreamSynchronize") + cu("cuEventSynchronize") == syncs0,
+          "stream-ordered: streamcoll synchronised no stream");
+  check(messages1 - messages0 < calls1 - calls0,
+        "stream-ordered: fused (" + std::to_string(calls1 - calls0) + " calls in " +
+            std::to_string(messages1 - messages0) + " messages)");
+
+  // Staging failing on rank 0: at the D2H copy (round 1), at the H2D copy (round 2): the
+  // stream is synchronised instead, exact everywhere; at the event after the H2D copy
+  // (round 3): the call fails on rank 0 and its group everywhere; round 4 exact.
+  MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
+  const auto fail_after = find_fail_after();
+  check(fail_after != nullptr, "fake_cuda_fail_after");
+  for (int round = 0; round < 5 && fail_after; ++round) {
+    const std::string L = "stream-ordered failure round " + std::to_string(round);
+    const bool failing = g_rank == 0 && ordered && round >= 1 && round <= 3;
+    const unsigned long long fired0 = cu("injected_failures");
+    if (failing && round == 1) fail_after("cuMemcpyAsync", 1);
+    if (failing && round == 2) fail_after("cuMemcpyAsync", 2);
+    if (failing && round == 3) fail_after("cuEventRecord", 3);
+    const Kind k = ordered ? Kind::device : plain;
+    Buf in(k, 4);
+    // A call that fails after its copy back was enqueued may still have that copy land in
+    // its receive buffer (ht_stream::start): the failing rank keeps that buffer.
+    auto* out_p = new Buf(k, 4);
+    Buf& out = *out_p;
+    std::vector<double> v(4);
+    for (size_t i = 0; i < 4; ++i) v[i] = input(g_rank, i, 4000 + round);
+    if (ordered) check(api.enqueue_copy(g_stream, in.p, v.data(), sizeof(double) * 4) == 0, L + ": input");
+    else {
+      check(api.host_access(in.p, 4 * sizeof(double), 1) == 0, L + ": input");
+      std::memcpy(in.p, v.data(), sizeof(double) * 4);
+    }
+    MPI_Request req = MPI_REQUEST_NULL;
+    const int rc = MPI_Iallreduce(in.p, out.p, 4, MPI_DOUBLE, MPI_SUM, c, &req);
+    ++started;
+    if (failing) {
+      check(cu("injected_failures") > fired0, L + ": the failure was injected");
+      fail_after(round == 3 ? "cuEventRecord" : "cuMemcpyAsync", 0);
+    }
+    const bool group_fails = round == 3;
+    check(failing && round == 3 ? rc != MPI_SUCCESS : rc == MPI_SUCCESS, L + ": the call's own return code");
+    const int wrc = MPI_Wait(&req, MPI_STATUS_IGNORE);
+    // The next call on the communicator: a blocking allreduce on device buffers on every
+    // rank (it reports earlier failures, and keeps the facts later calls are routed from).
+    auto next_call = [&](const std::string& what) {
+      Buf a(Kind::device, 1), b(Kind::device, 1);
+      check(api.host_access(a.p, sizeof(double), 1) == 0, L + ": next call's input");
+      a.p[0] = 1;
+      const int nrc = MPI_Allreduce(a.p, b.p, 1, MPI_DOUBLE, MPI_SUM, c);
+      check(api.stream_sync(g_stream) == 0 && api.host_access(b.p, sizeof(double), 0) == 0 &&
+                b.p[0] == g_size,
+            L + ": " + what + ": the next call's result");
+      return nrc;
+    };
+    if (ordered) {
+      check(api.stream_sync(g_stream) == 0, L + ": the stream finishes");
+      if (failing && round == 3) {
+        check(wrc != MPI_SUCCESS, L + ": the wait reports the call's failure");
+        check(next_call("after") == MPI_SUCCESS, L + ": the next call succeeds (the failure was reported)");
+      } else {
+        check(wrc == MPI_SUCCESS, L + ": the wait joins the stream");
+        // The group's failure, found after the call returned: the next call reports it.
+        const int brc = next_call("after");
+        check(group_fails ? brc != MPI_SUCCESS : brc == MPI_SUCCESS,
+              L + (group_fails ? ": the next call reports the group's failure" : ": the next call succeeds"));
+        if (!group_fails) check_outcome(MPI_SUCCESS, false, "", out, 4, 4000 + round, L);
+      }
+    } else {
+      check_outcome(wrc, group_fails, "the call fails on every rank", out, 4, 4000 + round, L);
+      check(next_call("after") == MPI_SUCCESS, L + ": the next call succeeds");
+    }
+    if (!(failing && round == 3)) delete out_p;
+  }
+  MPI_Comm_free(&c);
+  return started;
+}
+
 fake_cuda_fail_after_fn find_fail_after() {
   return reinterpret_cast<fake_cuda_fail_after_fn>(
       dlsym(dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD), "fake_cuda_fail_after"));
@@ -295,6 +497,7 @@ int main(int argc, char** argv) {
     }
     MPI_Comm_free(&c);
   }
+  const int stream_calls = stream_ordered_section();
   int kernel_calls = 0;
   if (g_kernels == 1) {  // a batched-copy launch failing on rank 1
     MPI_Comm c = fused_comm(Kind::device);
@@ -347,7 +550,7 @@ int main(int argc, char** argv) {
     check(on == messages && on > 0, std::to_string(on) + " of " + std::to_string(messages) +
                                             " fused messages on route " + g_route);
   }
-  check(calls == 3 * 12 * 9 + 3 + 3 + static_cast<unsigned long long>(kernel_calls) &&
+  check(calls == 3 * 12 * 9 + 3 + 3 + static_cast<unsigned long long>(stream_calls + kernel_calls) &&
             messages > 0 && messages < calls,
         "fused: " + std::to_string(calls) + " calls in " + std::to_string(messages) + " messages");
   check(cu("races") == races0, "no race");
