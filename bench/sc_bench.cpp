@@ -531,7 +531,9 @@ const char kUsage[] =
     "                 timing; slower sweeps, and the poisoning touches the caches).\n"
     "  --burst N      allreduce only: each timed call is N MPI_Iallreduce of the size (own\n"
     "                 receive buffers, one send buffer) and one MPI_Waitall; times are\n"
-    "                 per MPI_Iallreduce (the burst's time / N). For fusion (fuse=).\n"
+    "                 per MPI_Iallreduce (the burst's time / N). For fusion (fuse=);\n"
+    "                 with --stream the calls are stream-ordered (the latency ends at\n"
+    "                 the stream's synchronisation after MPI_Waitall).\n"
     "                 --csv rows carry N in their burst column (0 otherwise).\n"
     "  sizes: nccl-tests convention (allgather: receive buffer; reduce_scatter_block and\n"
     "  alltoall: send buffer); suffixes K, M, G are binary. --iters applies up to 64 KiB,\n"
@@ -656,7 +658,6 @@ int parse_options(int argc, char** argv, Options* o, std::string* err) {
   if (o->stream && !o->device) return *err = "--stream needs --mem device", 2;
   if (o->append && o->csv.empty()) return *err = "--append needs --csv FILE", 2;
   if (o->burst && o->coll != Coll::allreduce) return *err = "--burst needs --coll allreduce", 2;
-  if (o->burst && o->stream) return *err = "--burst does not take --stream", 2;
   return 0;
 }
 

@@ -56,7 +56,7 @@ case $phase in
     # Route ht's algorithms on device buffers without a stream (the classic path: the
     # blocking call copies in, runs the host schedule and copies back), stream-ordered,
     # and MPI_Iallreduce fusion on device buffers (bursts of 100, fused by pmpi:fuse=, with
-    # and without the batched-copy kernel), route ccube at one rank, all in one file
+    # and without the batched-copy kernel, and stream-ordered), route ccube at one rank, all in one file
     # (SC_ROUTES_NP: rank counts, default 2 4).
     f=$out/bench_routes.txt
     : > "$f"
@@ -75,6 +75,10 @@ case $phase in
       one env LD_PRELOAD=$lib STREAMCOLL_THREAD_MULTIPLE=1 "${mpi[@]}" -np $np \
         build/bench/sc_bench --mem device --stream -b 8 -e 16M -f 16 -n 30 -w 3 \
         --route ht,ht:algo=ring,ht:algo=ccube --quiet
+      # stream-ordered fusion: bursts with a stream attached, fused and not
+      one env LD_PRELOAD=$lib STREAMCOLL_THREAD_MULTIPLE=1 "${mpi[@]}" -np $np \
+        build/bench/sc_bench --mem device --stream --burst 100 -b 8 -e 64K -f 8 -n 10 -w 2 \
+        --route pmpi,pmpi:fuse=64M,ht,ht:fuse=64M --quiet
       one env LD_PRELOAD=$lib STREAMCOLL_THREAD_MULTIPLE=1 "${mpi[@]}" -np $np \
         build/bench/sc_bench --mem host --burst 100 -b 8 -e 64K -f 8 -n 10 -w 2 \
         --route pmpi,pmpi:fuse=64M,ht --quiet
