@@ -31,6 +31,9 @@
 //            drawn per rank; non-blocking calls completed in batches by a completion
 //            call drawn per rank (Wait in order or reverse, Waitall, Waitany, Waitsome,
 //            Test/Testall loops). Reproduce one with DIVERGENT_SEED_BASE.
+// DIVERGENT_ALLREDUCE_ROUTE: the route allreduce is forced to (STREAMCOLL_ROUTE; default
+// nccl), which the cases check took the all-device calls and, with
+// STREAMCOLL_NCCL_NONBLOCKING, the last rank's host-buffer MPI_Iallreduce calls.
 // Prints "N passed, N failed" on rank 0; exits nonzero on failure.
 #include <dlfcn.h>
 #include <mpi.h>
@@ -502,10 +505,21 @@ int main(int argc, char** argv) {
     pair_nonblocking(comm);
     if (std::getenv("FAKE_CUDA_DEVICES") && std::atoi(std::getenv("FAKE_CUDA_DEVICES")) >= 2)
       other_gpu(comm);
-    if (need_nccl && g_size > 1)
-      check(stat_calls("allreduce", "nccl", "device") != ~0ull &&
-                stat_calls("allreduce", "nccl", nullptr) > 0,
-            "all-device calls took route nccl");
+    // The route allreduce takes (DIVERGENT_ALLREDUCE_ROUTE, where STREAMCOLL_ROUTE forces
+    // another NCCL route: ccube), the others nccl.
+    const char* ar = std::getenv("DIVERGENT_ALLREDUCE_ROUTE");
+    const std::string ar_route = ar ? ar : "nccl";
+    if (need_nccl && g_size > 1) {
+      check(stat_calls("allreduce", ar_route.c_str(), "device") != ~0ull &&
+                stat_calls("allreduce", ar_route.c_str(), nullptr) > 0,
+            "all-device allreduce calls took route " + ar_route);
+      check(stat_calls("bcast", "nccl", nullptr) > 0, "all-device bcast calls took route nccl");
+      // The last rank's non-blocking calls on host buffers (nonblocking_after_agreement)
+      // took part on that route, staged through its GPU.
+      if (g_rank == g_size - 1 && std::getenv("STREAMCOLL_NCCL_NONBLOCKING"))
+        check(stat_calls("iallreduce", ar_route.c_str(), "host") + stat_calls("iallreduce", ar_route.c_str(), "pinned") > 0,
+              "host-buffer MPI_Iallreduce calls took part on route " + ar_route);
+    }
   } else {
     const int seeds = argc > 2 ? std::atoi(argv[2]) : 2;
     const unsigned base = std::getenv("DIVERGENT_SEED_BASE")
