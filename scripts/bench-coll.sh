@@ -10,7 +10,7 @@
 #   scripts/bench-coll.sh 8 --mem device --stream --route nccl --route ht:algo=rd --json out.json
 # The launcher is the build's MPI's (scripts/mpi-launcher.sh): with Open MPI the ranks may
 # outnumber the cores (--oversubscribe --bind-to none, OMPI_MCA_mpi_yield_when_idle=1);
-# LD_PRELOAD, STREAMCOLL_* and NCCL_* are passed to every node (-x, or Hydra's -genvlist). BUILD_DIR (default build) picks the build. The output is the
+# LD_PRELOAD, STREAMCOLL_* and NCCL_* are passed to every node (-x, or Hydra's -genvall). BUILD_DIR (default build) picks the build. The output is the
 # record: keep it with e.g. `scripts/bench-coll.sh 4 ... 2>&1 | tee result.txt`.
 # Exit status: sc_bench's (0; 1 a wrong result; 2 a bad option; 77 --mem device without
 # a usable GPU: "SKIP: ...").

@@ -17,7 +17,14 @@
 #       folder), mpirun_args also spread the ranks over the cluster's nodes: its hostfile,
 #       its launcher agent in ssh's place, its network only (Open MPI: plm_rsh_agent, btl
 #       self,vader,tcp on the cluster's subnet, IPv4 only, every connection made in
-#       MPI_Init; Hydra: -launcher-exec, -iface, UCX on that interface). Why, for Open MPI
+#       MPI_Init; Hydra: -launcher-exec, -iface, UCX on that interface, with its shared
+#       memory: with TCP and self alone, 3-rank runs of a two-line program hung in
+#       MPI_Finalize in 7 of 8 tries (the rank on node2 in ucp_worker_progress, the others
+#       in the PMI barrier: UCX's TCP transport hanging at cleanup, openucx/ucx#8738).
+#       UCX's shared memory reaches across the nodes' namespaces (one machine), so MPICH's
+#       ranks talk through it everywhere: 16 MiB allreduced over 3 ranks put 8 KB on
+#       node2's link; under MPICH the cluster's node layout is real, its links are not).
+#       Why, for Open MPI
 #       4.1's TCP BTL: runs printed "failed to TCP connect to a peer MPI process ...
 #       connect() to 10.199.0.1:1024 failed ... Your job may now hang or fail" (under
 #       fake-ht-np3 and fake-failures-bc-nccl-np4), preconnected or not. Its verbose log
@@ -31,10 +38,14 @@
 #       (below).
 #   mpi_pass VAR...
 #       sets mpirun_pass: the arguments that hand these environment variables to ranks on
-#       other nodes (-x VAR each for Open MPI, -genvlist for Hydra). Ranks on the node of
-#       mpirun get its whole environment from either. On the test cluster every exported
-#       variable goes too (its agent starts each node's daemon with a fresh environment,
-#       as sshd does).
+#       other nodes (-x VAR each for Open MPI; -genvall for Hydra: its whole environment,
+#       which Hydra hands on by default anyway). Ranks on the node of mpirun get its whole
+#       environment from either. On the test cluster every exported variable goes too
+#       (its agent starts each node's daemon with a fresh environment, as sshd does).
+#       Not Hydra's -genvlist: MPICH 4.0.2's dropped a variable of its list now and then
+#       on the other node (of A,B,C,D,E it dropped E in 5 of 5 runs on the test cluster,
+#       of A,B,C once in 3; -genvall and the default passed all of them in every run), so
+#       a rank there ran stream-attr-linked-np3 as if without streamcoll.
 #   mpi_flavor_of DIR
 #       prints the MPI a build folder or an installation prefix is for (the mpi variable
 #       of its streamcoll.pc), or nothing.
@@ -100,7 +111,7 @@ mpi_launcher() {
                       --mca mpi_preconnect_mpi 1 --mca btl_tcp_disable_family 6) ;;
       hydra)
         mpirun_args+=(-f "$c/hosts.hydra" -launcher ssh -launcher-exec "$c/agent" -iface eth0
-                      -genv UCX_NET_DEVICES eth0 -genv UCX_TLS tcp,self) ;;
+                      -genv UCX_NET_DEVICES eth0 -genv UCX_TLS tcp,self,sm) ;;
       *) echo "mpi-launcher: the test cluster needs Open MPI or MPICH's Hydra ($mpirun)" >&2; return 1 ;;
     esac
   fi
@@ -118,7 +129,7 @@ mpi_pass() {
       local v
       for v in "$@"; do mpirun_pass+=(-x "$v"); done
       ;;
-    hydra) mpirun_pass=(-genvlist "$(IFS=,; echo "$*")") ;;
+    hydra) mpirun_pass=(-genvall) ;;
   esac
   return 0
 }
