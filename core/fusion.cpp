@@ -602,8 +602,8 @@ int start(Queue& q, const CollArgs& a, uint64_t limit, const CallEnv& env, int o
   m->bytes = static_cast<uint64_t>(a.count) * static_cast<uint64_t>(extent);
   m->size_bytes = static_cast<uint64_t>(a.count) * static_cast<uint64_t>(size);
   m->started_ns = now_ns();
-  // A stream on this rank's communicator, GPU buffers: stream-ordered, staged on streams
-  // (the host does not wait). Where staging cannot start and nothing of it will write
+  // env.has_stream (the agreed facts have a stream, this rank's buffers are on a GPU):
+  // stream-ordered, staged on streams (the host does not wait). Where staging cannot start and nothing of it will write
   // the buffers, the stream is synchronised and the call goes on as one without a stream.
   // Any other failure is the call's own: it still takes its part, as every rank's call
   // must, and its group fails on every rank (the agreement's ok flag).

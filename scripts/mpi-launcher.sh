@@ -23,7 +23,8 @@
 #       in the PMI barrier: UCX's TCP transport hanging at cleanup, openucx/ucx#8738).
 #       UCX's shared memory reaches across the nodes' namespaces (one machine), so MPICH's
 #       ranks talk through it everywhere: 16 MiB allreduced over 3 ranks put 8 KB on
-#       node2's link; under MPICH the cluster's node layout is real, its links are not).
+#       node2's link; under MPICH the cluster's node layout is real, its links are not;
+#       UCX_TLS=tcp,self from the caller puts MPICH on the links, finalize hangs and all).
 #       Why, for Open MPI
 #       4.1's TCP BTL: runs printed "failed to TCP connect to a peer MPI process ...
 #       connect() to 10.199.0.1:1024 failed ... Your job may now hang or fail" (under
@@ -111,7 +112,7 @@ mpi_launcher() {
                       --mca mpi_preconnect_mpi 1 --mca btl_tcp_disable_family 6) ;;
       hydra)
         mpirun_args+=(-f "$c/hosts.hydra" -launcher ssh -launcher-exec "$c/agent" -iface eth0
-                      -genv UCX_NET_DEVICES eth0 -genv UCX_TLS tcp,self,sm) ;;
+                      -genv UCX_NET_DEVICES eth0 -genv UCX_TLS "${UCX_TLS:-tcp,self,sm}") ;;
       *) echo "mpi-launcher: the test cluster needs Open MPI or MPICH's Hydra ($mpirun)" >&2; return 1 ;;
     esac
   fi
