@@ -1428,7 +1428,9 @@ int start(const Streams& streams, int device, void* app_stream, const void* src,
   const config::HtWait mode = Runtime::get().settings().ht_wait;
   if (!d.usable || !DeviceSide::can_hold(mode))
     return fail(Failure::cuda, "fusion: this CUDA driver cannot hold a stream on a flag");
-  Device* gpu = ds.device(device);
+  CallEnv where;  // the buffer's GPU, else (managed memory) the current context's
+  where.device = device;
+  Device* gpu = ds.device(gpu_of(where));
   if (!gpu) return fail(Failure::cuda, "fusion: the buffer's GPU has no usable context");
   cuda::ScopedContext scope(gpu->ctx);
   CUstream app = static_cast<CUstream>(app_stream);

@@ -80,7 +80,8 @@ class Stage {
 };
 
 /// Enqueues a Stage (above) for `bytes` bytes from `src` to `dst` (GPU memory of
-/// `device`, or any memory the driver can address). Returns an MPI error code. On
+/// `device`, or any memory the driver can address; `device` -1: the current context's
+/// GPU, else GPU 0, as for managed memory). Returns an MPI error code. On
 /// failure `*dst_untouched` says whether nothing will write `dst` (the caller may then
 /// run the call another way); false means a copy back may still land there (the call
 /// must fail). Everything acquired is released (on the engine where the streams may still

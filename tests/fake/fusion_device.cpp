@@ -20,22 +20,22 @@
 //     exact;
 //   - a copy between a GPU buffer and the fused buffer failing on rank 1: packing fails
 //     the group on every rank, unpacking the call on rank 1 alone;
-//   - stream-ordered calls (a stream attached on every rank; the last rank passes host
-//     buffers, which keep plain semantics): the input written on the stream, every other
-//     round behind a gate the test holds closed (its own host wait), the calls started
-//     and completed (MPI_Waitall, MPI_Wait in reverse, MPI_Testall, differing between
-//     ranks) while the gate is closed, so the host cannot have waited for the stream (a
-//     watchdog opens it after 20 s, and then the test fails instead of hanging); in the
-//     rounds between, calls on device and host buffers mixed on one rank (the host-buffer
-//     calls keep plain semantics; their completion follows the earlier stream-ordered
-//     calls', as on an NCCL communicator); then the stream is synchronised and every
-//     result read.
-//     They must be fused (fewer messages than calls) and streamcoll must not have
-//     synchronised a stream. Staging failing on rank 0 at its D2H copy or its H2D copy
-//     (nothing written yet: the stream is synchronised and the call goes on, exact
-//     everywhere), and at the event after the H2D copy (the call fails on rank 0, its
-//     group on every rank: the classic rank's wait reports it, the stream-ordered ranks'
-//     next call on the communicator does), then the next round exact;
+//   - stream-ordered calls (a stream attached on every rank; device and managed buffers;
+//     the last rank passes host buffers, which keep plain semantics): the input written
+//     on the stream, every other round behind a gate the test holds closed (its own host
+//     wait), the calls started and completed (MPI_Waitall, MPI_Wait in reverse,
+//     MPI_Testall, differing between ranks) while the gate is closed, so the host cannot
+//     have waited for the stream (a watchdog opens it after 20 s, and then the test fails
+//     instead of hanging); in the rounds between, calls on GPU and host buffers mixed on
+//     one rank (the host-buffer calls keep plain semantics; their completion follows the
+//     earlier stream-ordered calls', as on an NCCL communicator); then the stream is
+//     synchronised and every result read. They must be fused (fewer messages than calls)
+//     and streamcoll must not have synchronised a stream. Staging failing on rank 0 at
+//     its D2H copy or its H2D copy (nothing written yet: the stream is synchronised and
+//     the call goes on, exact everywhere), and at the event after the H2D copy (the call
+//     fails on rank 0, its group on every rank: the classic rank's wait reports it, the
+//     stream-ordered ranks' next call on the communicator does), then the next round
+//     exact;
 //   - with --kernels (a build with the kernels, STREAMCOLL_STAGING_KERNEL not 0): a
 //     group's four or more GPU copies go as one batched-copy kernel launch (the fake
 //     driver runs it as host code, its reads and writes checked by the race detector),
@@ -274,7 +274,8 @@ int stream_ordered_section() {
     if (ordered && gated) check(gate.close(g_stream, 20), L + ": gate");
     std::vector<Call> calls(9);
     for (int i = 0; i < 9; ++i) {
-      const Kind k = !ordered || (!gated && (i + round) % 3 == 0) ? plain : Kind::device;
+      const Kind gpu = (i + round) % 4 == 1 ? Kind::managed : Kind::device;
+      const Kind k = !ordered || (!gated && (i + round) % 3 == 0) ? plain : gpu;
       start(calls[i], c, k, 1 + static_cast<size_t>((i * 11 + round) % 40), (i + round) % 3 == 0,
             id++, ordered);
       ++started;
