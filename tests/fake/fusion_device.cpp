@@ -30,7 +30,9 @@
 //     one rank (the host-buffer calls keep plain semantics; their completion follows the
 //     earlier stream-ordered calls', as on an NCCL communicator); then the stream is
 //     synchronised and every result read. They must be fused (fewer messages than calls)
-//     and streamcoll must not have synchronised a stream. Staging failing on rank 0 at
+//     and streamcoll must not have synchronised a stream; the holds are
+//     cuStreamWaitValue32's, or the spin kernel's (FAKE_CUDA_NO_STREAM_MEMOPS=1,
+//     -no-memops-). Staging failing on rank 0 at
 //     its D2H copy or its H2D copy (nothing written yet: the stream is synchronised and
 //     the call goes on, exact everywhere), and at the event after the H2D copy (the call
 //     fails on rank 0, its group on every rank: the classic rank's wait reports it, the
@@ -55,6 +57,7 @@
 #include <csignal>
 #include <memory>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -265,6 +268,7 @@ int stream_ordered_section() {
   unsigned long long calls0 = 0, messages0 = 0, agreements0 = 0, calls1 = 0, messages1 = 0;
   if (counts) counts(&calls0, &messages0, &agreements0);
   const unsigned long long syncs0 = cu("cuStreamSynchronize") + cu("cuEventSynchronize");
+  const unsigned long long memop0 = cu("memop_waits"), kernel0 = cu("kernel_waits");
   int started = 0;
   static int id = 5000;
   Gate gate;
@@ -306,9 +310,16 @@ int stream_ordered_section() {
     finish(calls, 0, L + " (results)");  // the requests are null now: results only
   }
   if (counts) counts(&calls1, &messages1, &agreements0);
-  if (ordered)
+  if (ordered) {
     check(cu("cuStreamSynchronize") + cu("cuEventSynchronize") == syncs0,
           "stream-ordered: streamcoll synchronised no stream");
+    // The holds: cuStreamWaitValue32, or the spin kernel without stream memory operations.
+    const bool no_memops = std::getenv("FAKE_CUDA_NO_STREAM_MEMOPS") != nullptr;
+    const unsigned long long memops = cu("memop_waits") - memop0, kernels = cu("kernel_waits") - kernel0;
+    check(no_memops ? memops == 0 && kernels > 0 : memops > 0 && kernels == 0,
+          "stream-ordered: the streams were held by " + std::string(no_memops ? "the spin kernel" : "cuStreamWaitValue32") +
+              " (" + std::to_string(memops) + " memop waits, " + std::to_string(kernels) + " kernel waits)");
+  }
   check(messages1 - messages0 < calls1 - calls0,
         "stream-ordered: fused (" + std::to_string(calls1 - calls0) + " calls in " +
             std::to_string(messages1 - messages0) + " messages)");
