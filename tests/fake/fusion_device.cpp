@@ -207,44 +207,17 @@ void check_outcome(int wrc, bool must_fail, const std::string& fails, const Buf&
 
 fake_cuda_fail_after_fn find_fail_after();
 
-// The test's own hold on a stream (a "gate"): the stream stops at close() until open();
-// a watchdog thread opens it after `seconds` unless disarmed first.
-class Gate {
- public:
-  Gate() : flag_(static_cast<unsigned*>(api.malloc_pinned(64))) {}
-  ~Gate() {
-    disarm();
-    api.free(flag_);
-  }
-  bool close(CUstream_st* s, double seconds) {
-    __atomic_store_n(flag_, 0u, __ATOMIC_RELEASE);
-    watchdog_fired_ = false;
-    armed_ = true;
-    watchdog_ = std::thread([this, seconds] {
-      const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-      while (armed_.load() && std::chrono::steady_clock::now() < end)
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      if (armed_.load()) {
-        watchdog_fired_ = true;
-        open();
-      }
-    });
-    return api.enqueue_wait(s, flag_, 1) == 0;
-  }
-  void open() { __atomic_store_n(flag_, 1u, __ATOMIC_RELEASE); }
-  // Opens it; true when the watchdog had opened it first (the host waited for the stream).
-  bool disarm() {
-    armed_ = false;
-    if (watchdog_.joinable()) watchdog_.join();
-    open();
-    return watchdog_fired_.load();
-  }
-
- private:
-  unsigned* flag_;
-  std::thread watchdog_;
-  std::atomic<bool> armed_{false}, watchdog_fired_{false};
-};
+// Errors on `c` return (a failed generalized request raises its error on MPI_COMM_WORLD's
+// handler in Open MPI, on MPI_COMM_SELF's in the standard's reading: both return too);
+// the fake driver's failure injection.
+fake_cuda_fail_after_fn failures_returned(MPI_Comm c) {
+  MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
+  const auto fail_after = find_fail_after();
+  check(fail_after != nullptr, "fake_cuda_fail_after");
+  return fail_after;
+}
 
 // Stream-ordered calls (see the file's comment); returns the number of calls started.
 int stream_ordered_section() {
@@ -271,11 +244,14 @@ int stream_ordered_section() {
   const unsigned long long memop0 = cu("memop_waits"), kernel0 = cu("kernel_waits");
   int started = 0;
   static int id = 5000;
-  Gate gate;
+  StreamGate gate;
   for (int round = 0; round < 12; ++round) {
     const std::string L = "stream-ordered round " + std::to_string(round);
     const bool gated = round % 2 == 0;
-    if (ordered && gated) check(gate.close(g_stream, 20), L + ": gate");
+    if (ordered && gated) {
+      check(gate.close(g_stream), L + ": gate");
+      gate.arm(20);
+    }
     std::vector<Call> calls(9);
     for (int i = 0; i < 9; ++i) {
       const Kind gpu = (i + round) % 4 == 1 ? Kind::managed : Kind::device;
@@ -304,7 +280,10 @@ int stream_ordered_section() {
         break;
     }
     check(rc == MPI_SUCCESS, L + ": completion");
-    if (gated) check(!gate.disarm(), L + ": completed while the stream was held (the host did not wait)");
+    if (gated) {
+      check(!gate.disarm(), L + ": completed while the stream was held (the host did not wait)");
+      gate.open();
+    }
     check(api.stream_sync(g_stream) == 0, L + ": the stream finishes");
     for (Call& call : calls) call.req = MPI_REQUEST_NULL;
     finish(calls, 0, L + " (results)");  // the requests are null now: results only
@@ -327,11 +306,7 @@ int stream_ordered_section() {
   // Staging failing on rank 0: at the D2H copy (round 1), at the H2D copy (round 2): the
   // stream is synchronised instead, exact everywhere; at the event after the H2D copy
   // (round 3): the call fails on rank 0 and its group everywhere; round 4 exact.
-  MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
-  const auto fail_after = find_fail_after();
-  check(fail_after != nullptr, "fake_cuda_fail_after");
+  const auto fail_after = failures_returned(c);
   for (int round = 0; round < 5 && fail_after; ++round) {
     const std::string L = "stream-ordered failure round " + std::to_string(round);
     const bool failing = g_rank == 0 && ordered && round >= 1 && round <= 3;
@@ -462,13 +437,7 @@ int main(int argc, char** argv) {
     if (g_rank % 2) check(streamcoll_comm_attach_stream(c, g_stream) == MPI_SUCCESS, "attach");
     rounds(c, "stream on odd ranks", g_rank % 2 == 1, Kind::device, false);
     // The stream synchronisation fails on rank 1, for one call.
-    // (A failed generalized request raises its error on MPI_COMM_WORLD's handler in Open
-    // MPI, on MPI_COMM_SELF's in the standard's reading: both return here.)
-    MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
-    const auto fail_after = find_fail_after();
-    check(fail_after != nullptr, "fake_cuda_fail_after");
+    const auto fail_after = failures_returned(c);
     for (int round = 0; round < 3 && fail_after; ++round) {
       const bool failing = round == 1 && g_rank == 1;
       if (failing) fail_after("cuStreamSynchronize", 1);

@@ -9,11 +9,14 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -111,6 +114,47 @@ inline bool load_api(bool need_nccl) {
   return ok && sym(RTLD_DEFAULT, api.get_stats, "streamcoll_get_stats") &&
          sym(RTLD_DEFAULT, api.set_route, "streamcoll_comm_set_route");
 }
+
+/// The gate: a test holds a stream with its own host wait (fake_cuda_enqueue_wait), to
+/// prove that a call does not wait for the stream; arm() opens it after a while, so that
+/// a call that waits fails the test instead of hanging it.
+
+class StreamGate {
+ public:
+  StreamGate() : flag_(static_cast<uint32_t*>(api.malloc_pinned(64))) {}
+  ~StreamGate() { api.free(flag_); }
+  // The stream stops here until open().
+  bool close(struct CUstream_st* s) {
+    __atomic_store_n(flag_, 0u, __ATOMIC_RELEASE);
+    opened_by_watchdog_ = false;
+    return api.enqueue_wait(s, flag_, 1) == 0;
+  }
+  void open() { __atomic_store_n(flag_, 1u, __ATOMIC_RELEASE); }
+  // A thread that opens the gate after `seconds` unless disarm() comes first.
+  void arm(double seconds) {
+    armed_ = true;
+    watchdog_ = std::thread([this, seconds] {
+      const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+      while (armed_.load() && std::chrono::steady_clock::now() < end)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (armed_.load()) {
+        opened_by_watchdog_ = true;
+        open();
+      }
+    });
+  }
+  // True when the watchdog had to open it (the program was waiting for the stream).
+  bool disarm() {
+    armed_ = false;
+    if (watchdog_.joinable()) watchdog_.join();
+    return opened_by_watchdog_.load();
+  }
+
+ private:
+  uint32_t* flag_;
+  std::atomic<bool> armed_{false}, opened_by_watchdog_{false};
+  std::thread watchdog_;
+};
 
 /// The fake driver's / fake NCCL's counter `name` (0 without the fake NCCL).
 inline unsigned long long cu(const char* name) { return api.cuda_counter(name); }

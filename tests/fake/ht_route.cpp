@@ -138,45 +138,6 @@ std::vector<char> over(const std::vector<char>& front, std::vector<char> back) {
   return back;
 }
 
-// ---- the gate: the test holds a stream with its own host wait --------------------------------
-
-class Gate {
- public:
-  Gate() : flag_(static_cast<uint32_t*>(api.malloc_pinned(64))) {}
-  ~Gate() { api.free(flag_); }
-  // The stream stops here until open().
-  bool close(streamcoll_stream_t s) {
-    __atomic_store_n(flag_, 0u, __ATOMIC_RELEASE);
-    opened_by_watchdog_ = false;
-    return api.enqueue_wait(s, flag_, 1) == 0;
-  }
-  void open() { __atomic_store_n(flag_, 1u, __ATOMIC_RELEASE); }
-  // A thread that opens the gate after `seconds` unless disarm() comes first.
-  void arm(double seconds) {
-    armed_ = true;
-    watchdog_ = std::thread([this, seconds] {
-      const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-      while (armed_.load() && std::chrono::steady_clock::now() < end)
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      if (armed_.load()) {
-        opened_by_watchdog_ = true;
-        open();
-      }
-    });
-  }
-  // True when the watchdog had to open it (the program was waiting for the stream).
-  bool disarm() {
-    armed_ = false;
-    if (watchdog_.joinable()) watchdog_.join();
-    return opened_by_watchdog_.load();
-  }
-
- private:
-  uint32_t* flag_;
-  std::atomic<bool> armed_{false}, opened_by_watchdog_{false};
-  std::thread watchdog_;
-};
-
 // ---- call variants -----------------------------------------------------------------------
 
 enum Completion { blocking, wait, test_loop, waitall_mixed, waitany_mixed, testall_mixed,
@@ -219,7 +180,7 @@ std::string describe(const Variant& v) {
 streamcoll_stream_t g_stream = nullptr;  // the program's own stream (non-blocking)
 bool g_defer = false;
 std::string g_mode;
-Gate* g_gate = nullptr;
+StreamGate* g_gate = nullptr;
 
 // Point-to-point requests mixed with the collective's. start() returns once the
 // message from the previous rank has arrived (MPI_Iprobe sees it before the receive is
@@ -955,7 +916,7 @@ int main(int argc, char** argv) {
   check(streamcoll_stream_available() == 1, "the stream attribute is available");
   check(api.runtime_init() == 0, "runtime init");
   g_stream = api.stream_create(1 /* CU_STREAM_NON_BLOCKING */);
-  g_gate = new Gate;
+  g_gate = new StreamGate;
   const unsigned long long races0 = cu("races");
   const bool kernel_expected = g_mode == "kernel";
 
