@@ -1457,6 +1457,10 @@ int start(const Streams& streams, int device, void* app_stream, const void* src,
   auto bail = [&](const char* what, CUresult r) {
     ds.put_event(*gpu, start_ev);
     ds.put_event(*gpu, done);
+    // The caller then synchronises the call's stream and runs the call another way, after
+    // which the application may free `src`: the copy in (ordered after that stream only)
+    // must be over by then.
+    if (enqueued && *dst_untouched) d.cuStreamSynchronize(copy);
     unwind_staged(&st, nullptr, false, enqueued, recorded_in, held, recorded_out);
     return fail(Failure::cuda, cuda::describe(what, r));
   };

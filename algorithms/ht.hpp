@@ -83,8 +83,9 @@ class Stage {
 /// `device`, or any memory the driver can address; `device` -1: the current context's
 /// GPU, else GPU 0, as for managed memory). Returns an MPI error code. On
 /// failure `*dst_untouched` says whether nothing will write `dst` (the caller may then
-/// run the call another way); false means a copy back may still land there (the call
-/// must fail). Everything acquired is released (on the engine where the streams may still
+/// run the call another way, after synchronising `app`: the copy in is over, this waited
+/// for it); false means a copy back may still land there, and the copy in read `src`
+/// (the call must fail). Everything acquired is released (on the engine where the streams may still
 /// use it). Needs STREAMCOLL_HAVE_CUDA (otherwise fails with dst untouched).
 int start(const Streams& streams, int device, void* app, const void* src, void* dst,
           uint64_t bytes, std::shared_ptr<std::atomic<int>> async_error,
