@@ -13,6 +13,10 @@ const std::vector<Knob>& knobs() {
       {"STREAMCOLL_STATS", "0",
        "1: print calls, bytes and time per collective, route and memory kind at MPI_Finalize "
        "(set it on every rank)"},
+      {"STREAMCOLL_DRIVER_PROFILE", "0",
+       "1: time every CUDA driver call streamcoll makes (two clock reads each) and print, "
+       "per rank at MPI_Finalize, the calls and host microseconds per driver entry point "
+       "(a diagnostic: where a GPU call's host time goes)"},
       {"STREAMCOLL_CHECK", "0",
        "1: before each routed call, one extra PMPI_Allreduce verifies that all ranks chose "
        "the same route and buffer kind; aborts with a message otherwise"},
@@ -122,6 +126,7 @@ Settings read_settings() {
   boolean("STREAMCOLL_DISABLE", &s.disable);
   boolean("STREAMCOLL_STATS", &s.stats);
   boolean("STREAMCOLL_CHECK", &s.check);
+  boolean("STREAMCOLL_DRIVER_PROFILE", &s.driver_profile);
   if (const char* v = get("STREAMCOLL_DEBUG"); v && !parse_log_level(v, &s.debug)) {
     s.debug = LogLevel::warn;
     s.problems.push_back(std::string("STREAMCOLL_DEBUG='") + v +

@@ -57,6 +57,9 @@ struct Settings {
   std::string nccl_lib;          ///< STREAMCOLL_NCCL_LIB (empty: libnccl.so.2)
   bool nccl_nonblocking = false; ///< STREAMCOLL_NCCL_NONBLOCKING: MPI_I* may take route nccl
   bool nvgroup_nonblocking = false;  ///< STREAMCOLL_NVGROUP_NONBLOCKING: MPI_I* may take route nvgroup
+  /// STREAMCOLL_DRIVER_PROFILE: time the CUDA driver calls (core/cuda_driver.hpp,
+  /// set_profile) and print them per rank at MPI_Finalize.
+  bool driver_profile = false;
   /// STREAMCOLL_STAGING_KERNEL: host staging moves four or more small copies of one GPU
   /// (a fused group's) with one kernel launch instead of a copy each (true, the default).
   bool staging_kernel = true;

@@ -4,12 +4,16 @@
 #include <link.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 namespace streamcoll::cuda {
 namespace {
@@ -48,6 +52,55 @@ bool driver_loaded() {
 #endif
 }
 
+// STREAMCOLL_DRIVER_PROFILE: the entry points by index, the real pointers, and per entry
+// point the calls and nanoseconds spent in them.
+std::atomic<bool> g_profile{false};
+#if STREAMCOLL_HAVE_CUDA
+enum EntryId : int {
+#define STREAMCOLL_CUDA_ID(fn) kId_##fn,
+  STREAMCOLL_CUDA_ENTRY_POINTS(STREAMCOLL_CUDA_ID)
+  STREAMCOLL_CUDA_OPTIONAL_ENTRY_POINTS(STREAMCOLL_CUDA_ID)
+#undef STREAMCOLL_CUDA_ID
+  kNumEntries
+};
+// The names as streamcoll's code spells them (#fn: before cuda.h's versioned mapping).
+constexpr const char* kEntryNames[kNumEntries] = {
+#define STREAMCOLL_CUDA_NAME(fn) #fn,
+    STREAMCOLL_CUDA_ENTRY_POINTS(STREAMCOLL_CUDA_NAME)
+    STREAMCOLL_CUDA_OPTIONAL_ENTRY_POINTS(STREAMCOLL_CUDA_NAME)
+#undef STREAMCOLL_CUDA_NAME
+};
+void* g_real[kNumEntries] = {};  // written once, before the Driver is published
+struct Tally {
+  std::atomic<uint64_t> calls{0}, ns{0};
+};
+Tally g_tally[kNumEntries];
+
+template <int Id, typename R, typename... A>
+R timed(A... args) {
+  const auto t0 = std::chrono::steady_clock::now();
+  R r = reinterpret_cast<R (*)(A...)>(g_real[Id])(args...);
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now() - t0).count();
+  g_tally[Id].calls.fetch_add(1, std::memory_order_relaxed);
+  g_tally[Id].ns.fetch_add(static_cast<uint64_t>(ns), std::memory_order_relaxed);
+  return r;
+}
+template <int Id, typename R, typename... A>
+void wrap(R (*&fn)(A...)) {
+  if (!fn) return;  // an optional entry point the driver lacks stays null
+  g_real[Id] = reinterpret_cast<void*>(fn);
+  fn = &timed<Id, R, A...>;
+}
+
+void profile_entries(Driver& d) {
+#define STREAMCOLL_CUDA_WRAP(fn) wrap<kId_##fn>(d.fn);
+  STREAMCOLL_CUDA_ENTRY_POINTS(STREAMCOLL_CUDA_WRAP)
+  STREAMCOLL_CUDA_OPTIONAL_ENTRY_POINTS(STREAMCOLL_CUDA_WRAP)
+#undef STREAMCOLL_CUDA_WRAP
+}
+#endif
+
 Driver load() {
   Driver d;
 #if !STREAMCOLL_HAVE_CUDA
@@ -74,6 +127,7 @@ Driver load() {
 #define STREAMCOLL_CUDA_LOAD_OPTIONAL(fn) optional(d.fn, STREAMCOLL_STR(fn));
   STREAMCOLL_CUDA_OPTIONAL_ENTRY_POINTS(STREAMCOLL_CUDA_LOAD_OPTIONAL)
 #undef STREAMCOLL_CUDA_LOAD_OPTIONAL
+  if (g_profile.load()) profile_entries(d);  // from cuInit on
   if (!missing.empty()) {
     d.reason = "libcuda.so.1 lacks " + missing + " (driver older than the CUDA headers?)";
     return d;
@@ -122,6 +176,45 @@ const Driver& driver() {
   static const Driver d = load();
   g_loaded.store(&d, std::memory_order_release);
   return d;
+}
+
+void set_profile(bool on) { g_profile.store(on); }
+
+std::string profile_report() {
+  std::string out;
+#if STREAMCOLL_HAVE_CUDA
+  if (!g_profile.load()) return out;
+  struct Row {
+    const char* name;
+    uint64_t calls, ns;
+  };
+  std::vector<Row> rows;
+  uint64_t calls = 0, ns = 0;
+  for (int i = 0; i < kNumEntries; ++i) {
+    const uint64_t c = g_tally[i].calls.load(std::memory_order_relaxed);
+    if (c == 0) continue;
+    rows.push_back({kEntryNames[i], c, g_tally[i].ns.load(std::memory_order_relaxed)});
+    calls += c;
+    ns += rows.back().ns;
+  }
+  if (rows.empty()) return out;
+  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.ns > b.ns; });
+  char line[160];
+  std::snprintf(line, sizeof line, "%-28s %12s %14s %10s\n", "driver entry point", "calls",
+                "total us", "mean us");
+  out += line;
+  for (const Row& r : rows) {
+    std::snprintf(line, sizeof line, "%-28s %12llu %14.1f %10.3f\n", r.name,
+                  static_cast<unsigned long long>(r.calls), static_cast<double>(r.ns) / 1e3,
+                  static_cast<double>(r.ns) / 1e3 / static_cast<double>(r.calls));
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "%-28s %12llu %14.1f %10.3f\n", "(all)",
+                static_cast<unsigned long long>(calls), static_cast<double>(ns) / 1e3,
+                static_cast<double>(ns) / 1e3 / static_cast<double>(calls));
+  out += line;
+#endif
+  return out;
 }
 
 bool driver_present() {

@@ -39,6 +39,7 @@ bool Runtime::start() {
   if (!initialized || finalized) return false;
 
   settings_ = config::read_settings();
+  cuda::set_profile(settings_.driver_profile);  // before the driver is loaded
   set_log_level(settings_.debug);
   int rank = 0;
   PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -223,6 +224,14 @@ void Runtime::stop() {
   if (settings_.stats) {
     std::string table = stats_.report(MPI_COMM_WORLD);
     if (!table.empty()) std::fputs(table.c_str(), stderr);
+  }
+  if (settings_.driver_profile) {
+    // Per rank: the host time of the CUDA driver calls streamcoll made.
+    int rank = 0;
+    PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    const std::string profile = cuda::profile_report();
+    std::fprintf(stderr, "streamcoll driver profile (rank %d)%s\n%s", rank,
+                 profile.empty() ? ": no CUDA driver call" : "", profile.c_str());
   }
   routes_shutdown();  // background threads first: they may hold route state
   comm_contexts_stop();
