@@ -47,7 +47,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <tuple>
+#include <unordered_set>
 #include <vector>
 
 #include "algorithms/ht.hpp"
@@ -402,19 +404,49 @@ class PinnedPool {
                                       CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP) !=
         CUDA_SUCCESS)
       return nullptr;
+    CUcontext ctx = nullptr;
+    cuda::driver().cuCtxGetCurrent(&ctx);
     std::lock_guard<std::mutex> lock(mu_);
     all_.push_back(p);
     sizes_[p] = cls;
+    owner_[p] = ctx;
     return p;
   }
   void put(void* p) {
     if (!p) return;
     std::lock_guard<std::mutex> lock(mu_);
-    free_[sizes_[p]].push_back(p);
+    auto it = sizes_.find(p);
+    if (it != sizes_.end()) free_[it->second].push_back(p);  // else: forgotten (a reset took it)
+  }
+
+  // A context reset (cudaDeviceReset) of `ctx` freed the pinned memory allocated in it:
+  // the buffers and the flags of it are forgotten (never freed again), those lent out
+  // too, when they come back (put, put_flag).
+  void forget_context(CUcontext ctx) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = owner_.begin(); it != owner_.end();) {
+      if (it->second != ctx) {
+        ++it;
+        continue;
+      }
+      void* p = it->first;
+      it = owner_.erase(it);
+      if (auto sz = sizes_.find(p); sz != sizes_.end()) {
+        auto& list = free_[sz->second];
+        list.erase(std::remove(list.begin(), list.end(), p), list.end());
+        sizes_.erase(sz);
+      }
+      all_.erase(std::remove(all_.begin(), all_.end(), p), all_.end());
+      slabs_.erase(static_cast<uint32_t*>(p));
+      free_flags_.erase(std::remove_if(free_flags_.begin(), free_flags_.end(),
+                                       [&](const auto& f) { return slab_of(f.first) == nullptr; }),
+                        free_flags_.end());
+    }
   }
 
   void forget_locked(void* p) {
     sizes_.erase(p);
+    owner_.erase(p);
     all_.erase(std::remove(all_.begin(), all_.end(), p), all_.end());
   }
 
@@ -422,7 +454,6 @@ class PinnedPool {
   bool get_flag(uint32_t** host, CUdeviceptr* dev) {
     std::lock_guard<std::mutex> lock(mu_);
     if (free_flags_.empty()) {
-      constexpr size_t kFlags = 1024;
       void* slab = nullptr;
       const cuda::Driver& d = cuda::driver();
       CUdeviceptr base = 0;
@@ -434,6 +465,10 @@ class PinnedPool {
         return false;
       }
       all_.push_back(slab);
+      CUcontext ctx = nullptr;
+      d.cuCtxGetCurrent(&ctx);
+      owner_[slab] = ctx;
+      slabs_.insert(static_cast<uint32_t*>(slab));
       for (size_t i = 0; i < kFlags; ++i)
         free_flags_.push_back({static_cast<uint32_t*>(slab) + i, base + i * sizeof(uint32_t)});
     }
@@ -446,7 +481,7 @@ class PinnedPool {
   }
   void put_flag(uint32_t* host, CUdeviceptr dev) {
     std::lock_guard<std::mutex> lock(mu_);
-    free_flags_.push_back({host, dev});
+    if (slab_of(host)) free_flags_.push_back({host, dev});  // else: a reset took its slab
   }
 
   void release_all() {
@@ -455,6 +490,8 @@ class PinnedPool {
     all_.clear();
     free_.clear();
     sizes_.clear();
+    owner_.clear();
+    slabs_.clear();
     free_flags_.clear();
   }
 
@@ -464,10 +501,20 @@ class PinnedPool {
     while (c < bytes) c <<= 1;
     return c;
   }
+  static constexpr size_t kFlags = 1024;  // per slab
+  // The live slab holding flag `f`, or null. Under mu_.
+  uint32_t* slab_of(uint32_t* f) const {
+    auto it = slabs_.upper_bound(f);
+    if (it == slabs_.begin()) return nullptr;
+    --it;
+    return f < *it + kFlags ? *it : nullptr;
+  }
   std::mutex mu_;
   std::vector<void*> all_;
   std::map<size_t, std::vector<void*>> free_;
   std::map<void*, size_t> sizes_;
+  std::map<void*, CUcontext> owner_;  // the context each buffer and slab was allocated in
+  std::set<uint32_t*> slabs_;         // the flags' slabs, by address
   std::vector<std::pair<uint32_t*, CUdeviceptr>> free_flags_;
 };
 
@@ -486,6 +533,14 @@ struct Device {
   CUmodule module = nullptr;
   CUfunction wait_kernel = nullptr;
   std::vector<CUevent> events;  // free events (disable-timing)
+  // Events given out by DeviceSide::event and not yet put back: a context reset makes
+  // them stale, and they are dropped when they come back (DeviceSide::revalidate).
+  std::unordered_set<CUevent> lent;
+  // Made no later than every pooled event and side stream: a context reset that took
+  // them took it too, so one query of it stands for all of them (DeviceSide::revalidate).
+  // Null until made (then, or if it cannot be made, each object is queried instead).
+  CUevent sentinel = nullptr;
+  bool unvouched = false;  // objects exist that are older than the sentinel
 };
 
 // A handle's answer once a context reset (cudaDeviceReset) took its object.
@@ -493,6 +548,9 @@ bool invalidated(CUresult r) {
   return r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_CONTEXT_IS_DESTROYED ||
          r == CUDA_ERROR_INVALID_CONTEXT;
 }
+
+// The GPU whose pooled objects this thread's DeviceSide::Checked scope vouches for.
+thread_local const Device* t_checked = nullptr;
 
 class DeviceSide {
  public:
@@ -502,6 +560,37 @@ class DeviceSide {
   }
 
   PinnedPool pool;
+
+  // Whether this thread's Checked scope vouches for GPU g's pooled objects. Under g.mu.
+  static bool checked(const Device& g) { return t_checked == &g && g.sentinel && !g.unvouched; }
+
+  // Whether a context reset (cudaDeviceReset) took GPU g's pooled events and side
+  // streams: the sentinel is then gone too. If so they are dropped (not destroyed: they
+  // are gone), and so are the events lent out, when they come back. Makes the sentinel
+  // when there is none (the objects made before it, if any, are then queried one by
+  // one: unvouched). Under g.mu, the context current or not.
+  void revalidate(Device& g) {
+    const cuda::Driver& d = cuda::driver();
+    if (g.sentinel) {
+      if (!invalidated(d.cuEventQuery(g.sentinel))) return;
+      SC_INFO("ht: a context reset took GPU %d's events, side streams and pinned memory; made anew",
+              static_cast<int>(g.dev));
+      g.events.clear();
+      g.sides.clear();
+      g.lent.clear();
+      g.sentinel = nullptr;
+      g.unvouched = false;
+      g.module = nullptr;  // the spin kernel's module went too
+      g.wait_kernel = nullptr;
+      pool.forget_context(g.ctx);
+    }
+    if (g.unvouched) return;
+    cuda::ScopedContext scope(g.ctx);
+    if (d.cuEventCreate(&g.sentinel, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) g.sentinel = nullptr;
+    // Pooled objects older than a new sentinel (none in the common case: it is made at
+    // the GPU's first check) are never vouched for.
+    g.unvouched = !g.sentinel || !g.events.empty() || !g.sides.empty() || !g.lent.empty();
+  }
 
   // Sets up GPU `ordinal` once; false if it cannot be used.
   Device* device(int ordinal) {
@@ -517,17 +606,39 @@ class DeviceSide {
       SC_WARN("ht: GPU %d has no usable context; its calls go elsewhere", ordinal);
       return nullptr;
     }
+    revalidate(g);  // the sentinel, before any pooled object
     g.ready = true;
     return &g;
   }
+
+  // One check, for a call that takes several pooled objects of GPU g (event, side): a
+  // query of the sentinel instead of one per object. A query cost 1-2 us apiece on an
+  // H200, and a stream-ordered call took six (STREAMCOLL_DRIVER_PROFILE,
+  // bench/results/gpu_h200_2026-11-27b/5_driver_profile_1rank.txt). Not nested, one
+  // GPU at a time, on the thread that takes the objects.
+  class Checked {
+   public:
+    Checked(DeviceSide& ds, Device& g) : g_(&g) {
+      std::lock_guard<std::mutex> lock(g.mu);
+      ds.revalidate(g);
+      t_checked = g_;
+    }
+    ~Checked() { t_checked = nullptr; }
+    Checked(const Checked&) = delete;
+    Checked& operator=(const Checked&) = delete;
+
+   private:
+    Device* g_;
+  };
 
   // Communicator `comm_id`'s side stream on GPU g, created at its first MPI_I* there
   // (again if a context reset took it).
   CUstream side(Device& g, uint64_t comm_id) {
     std::lock_guard<std::mutex> lock(g.mu);
     cuda::ScopedContext scope(g.ctx);
+    const bool vouched = checked(g);
     if (auto it = g.sides.find(comm_id); it != g.sides.end()) {
-      if (!invalidated(cuda::driver().cuStreamQuery(it->second))) return it->second;
+      if (vouched || !invalidated(cuda::driver().cuStreamQuery(it->second))) return it->second;
       g.sides.erase(it);
     }
     CUstream s = nullptr;
@@ -553,22 +664,22 @@ class DeviceSide {
   }
 
   CUevent event(Device& g) {
-    {
-      std::lock_guard<std::mutex> lock(g.mu);
-      while (!g.events.empty()) {
-        CUevent e = g.events.back();
-        g.events.pop_back();
-        if (!invalidated(cuda::driver().cuEventQuery(e))) return e;  // else: a reset took it
-      }
-    }
+    std::lock_guard<std::mutex> lock(g.mu);
+    const bool vouched = checked(g);
     CUevent e = nullptr;
-    if (cuda::driver().cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return nullptr;
+    while (!g.events.empty() && !e) {
+      e = g.events.back();
+      g.events.pop_back();
+      if (!vouched && invalidated(cuda::driver().cuEventQuery(e))) e = nullptr;  // a reset took it
+    }
+    if (!e && cuda::driver().cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return nullptr;
+    g.lent.insert(e);
     return e;
   }
   void put_event(Device& g, CUevent e) {
     if (!e) return;
     std::lock_guard<std::mutex> lock(g.mu);
-    g.events.push_back(e);
+    if (g.lent.erase(e)) g.events.push_back(e);  // else lent before a reset: gone with it
   }
 
   // Makes `stream` wait until the flag at `dev_flag` is >= 1. Returns a CUresult.
@@ -615,6 +726,10 @@ class DeviceSide {
         for (auto& [id, side] : g.sides) d.cuStreamSynchronize(side);
         for (CUevent e : g.events) d.cuEventDestroy(e);
         g.events.clear();
+        g.lent.clear();
+        if (g.sentinel) d.cuEventDestroy(g.sentinel);
+        g.sentinel = nullptr;
+        g.unvouched = false;
         for (auto& [id, side] : g.sides) d.cuStreamDestroy(side);
         g.sides.clear();
         if (g.module) d.cuModuleUnload(g.module);
@@ -1068,6 +1183,7 @@ int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, AlgoS
   const cuda::Driver& d = cuda::driver();
   DeviceSide& ds = DeviceSide::get();
   cuda::ScopedContext scope(gpu.ctx);
+  DeviceSide::Checked checked(ds, gpu);
   const Copies c = plan_copies(a, call_count(a), extent, hc->rank, hc->size);
 
   // The stream the work goes on: the attached stream for a blocking call; the side
@@ -1433,6 +1549,7 @@ int start(const Streams& streams, int device, void* app_stream, const void* src,
   Device* gpu = ds.device(gpu_of(where));
   if (!gpu) return fail(Failure::cuda, "fusion: the buffer's GPU has no usable context");
   cuda::ScopedContext scope(gpu->ctx);
+  DeviceSide::Checked checked(ds, *gpu);
   CUstream app = static_cast<CUstream>(app_stream);
   CUstream copy = ds.side(*gpu, streams.copy_key());
   CUstream hold = ds.side(*gpu, streams.hold_key());

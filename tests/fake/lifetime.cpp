@@ -151,6 +151,43 @@ void gated() {
   api.stream_destroy(s);
 }
 
+// A burst of 8 stream-ordered MPI_Iallreduce calls fused on route ht (16 ints each, on
+// fake device memory, the stream `s` attached to a new duplicate), completed with
+// MPI_Waitall and read once the stream is through; true if every result is right. Uses
+// route ht's pooled events and side streams (algorithms/ht.cpp, DeviceSide).
+bool fused_burst_right(CUstream_st* s, unsigned salt) {
+  MPI_Comm c;
+  MPI_Comm_dup(MPI_COMM_WORLD, &c);
+  bool ok = api.set_route(c, "allreduce:ht:fuse=2K") == MPI_SUCCESS &&
+            streamcoll_comm_attach_stream(c, s) == MPI_SUCCESS;
+  {  // a blocking call after the attachment (stream-ordered): the facts the fused calls use
+    void* w = api.malloc(sizeof(int));
+    std::memset(w, 0, sizeof(int));
+    ok = MPI_Allreduce(MPI_IN_PLACE, w, 1, MPI_INT, MPI_SUM, c) == MPI_SUCCESS && ok;
+    ok = api.stream_sync(s) == 0 && ok;
+    api.free(w);
+  }
+  constexpr int kCalls = 8, kN = 16;
+  std::vector<void*> bufs;
+  std::vector<MPI_Request> reqs(kCalls, MPI_REQUEST_NULL);
+  for (int i = 0; i < kCalls && ok; ++i) {
+    bufs.push_back(api.malloc(kN * sizeof(int)));
+    auto in = inputs<int>(comm_rank(c), kN, Op::sum, salt + 1 + i);
+    std::memcpy(bufs.back(), in.data(), kN * sizeof(int));
+    ok = MPI_Iallreduce(MPI_IN_PLACE, bufs.back(), kN, MPI_INT, MPI_SUM, c, &reqs[i]) == MPI_SUCCESS;
+  }
+  ok = MPI_Waitall(kCalls, reqs.data(), MPI_STATUSES_IGNORE) == MPI_SUCCESS && ok;
+  ok = api.stream_sync(s) == 0 && ok;
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    std::vector<int> got(kN);
+    std::memcpy(got.data(), bufs[i], kN * sizeof(int));
+    ok = ok && got == reduced<int>(comm_size(c), kN, Op::sum, salt + 1 + static_cast<unsigned>(i));
+    api.free(bufs[i]);
+  }
+  MPI_Comm_free(&c);
+  return ok;
+}
+
 void reset() {
   MPI_Comm nccl, ht;
   MPI_Comm_dup(MPI_COMM_WORLD, &nccl);
@@ -170,6 +207,12 @@ void reset() {
     api.free(a);
     api.stream_destroy(s);
   }
+  {
+    CUstream_st* s = api.stream_create(0);
+    check(fused_burst_right(s, 20), "stream-ordered fused calls before the reset: right");
+    api.stream_destroy(s);
+  }
+  const unsigned long long events0 = cu("cuEventCreate");
   check(g_reset(0) == 0, "cudaDeviceReset");
   alarm(30);
   MPI_Comm_free(&nccl);
@@ -183,6 +226,25 @@ void reset() {
   check(api.set_route(c2, "allreduce:ht:algo=rd") == MPI_SUCCESS, "set_route ht");
   check(allreduce_right(c1, 128, 3), "a new communicator after the reset: right");
   check(allreduce_right(c2, 128, 4), "route ht after the reset: right");
+  // The events and side streams pooled before the reset are gone with it: the calls
+  // below take new ones (made after the reset), and are right.
+  {
+    CUstream_st* s = api.stream_create(0);
+    check(fused_burst_right(s, 40), "stream-ordered fused calls after the reset: right");
+    api.stream_destroy(s);
+    void* a = api.malloc(64 * sizeof(int));
+    auto in = inputs<int>(g_rank, 64, Op::sum, 60);
+    std::memcpy(a, in.data(), 64 * sizeof(int));
+    MPI_Request r = MPI_REQUEST_NULL;
+    const bool started = MPI_Iallreduce(MPI_IN_PLACE, a, 64, MPI_INT, MPI_SUM, c2, &r) == MPI_SUCCESS;
+    const bool waited = MPI_Wait(&r, MPI_STATUS_IGNORE) == MPI_SUCCESS;
+    std::vector<int> got(64);
+    std::memcpy(got.data(), a, 64 * sizeof(int));
+    check(started && waited && got == reduced<int>(g_size, 64, Op::sum, 60),
+          "route ht's MPI_Iallreduce after the reset: right");
+    api.free(a);
+  }
+  check(cu("cuEventCreate") > events0, "events made anew after the reset");
   MPI_Comm_free(&c1);
   MPI_Comm_free(&c2);
 }
