@@ -1574,11 +1574,22 @@ int start(const Streams& streams, int device, void* app_stream, const void* src,
   auto bail = [&](const char* what, CUresult r) {
     ds.put_event(*gpu, start_ev);
     ds.put_event(*gpu, done);
-    // The caller then synchronises the call's stream and runs the call another way, after
-    // which the application may free `src`: the copy in (ordered after that stream only)
-    // must be over by then.
-    if (enqueued && *dst_untouched) d.cuStreamSynchronize(copy);
-    unwind_staged(&st, nullptr, false, enqueued, recorded_in, held, recorded_out);
+    // The call then fails on this rank, or (dst untouched) the caller synchronises the
+    // call's stream and runs the call another way. Either way the application may free
+    // or reuse `src` and `dst` once the call is complete, and nothing orders its stream
+    // after ours: nothing of ours may still read or write them then. So the hold goes (a
+    // copy back then moves the input, not a result, into `dst`: the call has failed) and
+    // both streams are waited for (found as races by the fake driver: the copy in still
+    // reading a freed input, be62a19 and again after a failed event record).
+    if (enqueued) {
+      if (held) {
+        __atomic_store_n(st.flag, 1u, __ATOMIC_RELEASE);
+        st.flag_written = true;
+      }
+      d.cuStreamSynchronize(copy);
+      if (held) d.cuStreamSynchronize(hold);
+    }
+    unwind_staged(&st, nullptr, false, false, recorded_in, held, recorded_out);  // nothing left queued
     return fail(Failure::cuda, cuda::describe(what, r));
   };
   CUresult r = d.cuEventRecord(start_ev, app);
