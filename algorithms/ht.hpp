@@ -84,9 +84,11 @@ class Stage {
 /// GPU, else GPU 0, as for managed memory). Returns an MPI error code. On
 /// failure `*dst_untouched` says whether nothing will write `dst` (the caller may then
 /// run the call another way, after synchronising `app`: the copy in is over, this waited
-/// for it); false means a copy back may still land there, and the copy in read `src`
-/// (the call must fail). Everything acquired is released (on the engine where the streams may still
-/// use it). Needs STREAMCOLL_HAVE_CUDA (otherwise fails with dst untouched).
+/// for it); false means `dst` may hold the input (the copy back ran: the call must
+/// fail). Either way nothing of the staging reads `src` or writes `dst` any more when
+/// this returns (it waited for its streams: a failure may block the host). Everything
+/// acquired is released. Needs STREAMCOLL_HAVE_CUDA (otherwise fails with dst
+/// untouched).
 int start(const Streams& streams, int device, void* app, const void* src, void* dst,
           uint64_t bytes, std::shared_ptr<std::atomic<int>> async_error,
           std::unique_ptr<Stage>* stage, std::unique_ptr<Join>* join, bool* dst_untouched);
