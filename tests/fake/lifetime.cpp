@@ -11,9 +11,12 @@
 //          the application's streams); the program lets the stream go: the result is
 //          right; the same with the communicator's last reference dropped by MPI_Wait of a
 //          request (STREAMCOLL_NCCL_NONBLOCKING=1) after MPI_Comm_free
-//   reset  NCCL and ht calls, then cudaDeviceReset (fake_cuda_device_reset): the
-//          communicators are freed (MPI_Comm_free, MPI_Finalize) without a crash or a hang;
-//          calls on new communicators after the reset are right
+//   reset  NCCL and ht calls and a burst of stream-ordered fused calls, then
+//          cudaDeviceReset (fake_cuda_device_reset): the communicators are freed
+//          (MPI_Comm_free, MPI_Finalize) without a crash or a hang; calls on new
+//          communicators after the reset are right: route nccl, route ht (blocking and
+//          MPI_Iallreduce) and stream-ordered fused calls, whose events, side streams,
+//          pinned buffers and flags (route ht's pools) must be made anew
 // A watchdog fails the run if anything blocks. Prints "N passed, N failed" on rank 0.
 #include <dlfcn.h>
 #include <mpi.h>
