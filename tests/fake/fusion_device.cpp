@@ -63,6 +63,7 @@
 #include <thread>
 #include <vector>
 
+#include "../mpi/complete_differently.hpp"
 #include "harness.hpp"
 #include "streamcoll/streamext.h"
 
@@ -137,17 +138,7 @@ void start(Call& c, MPI_Comm comm, Kind k, size_t n, bool in_place, int id, bool
 void finish(std::vector<Call>& calls, int how, const std::string& label) {
   std::vector<MPI_Request> reqs;
   for (Call& c : calls) reqs.push_back(c.req);
-  const int n = static_cast<int>(reqs.size());
-  int rc = MPI_SUCCESS;
-  switch (how % 3) {
-    case 0: rc = MPI_Waitall(n, reqs.data(), MPI_STATUSES_IGNORE); break;
-    case 1:
-      for (int i = n - 1; i >= 0 && rc == MPI_SUCCESS; --i) rc = MPI_Wait(&reqs[i], MPI_STATUS_IGNORE);
-      break;
-    default:
-      for (int flag = 0; !flag && rc == MPI_SUCCESS;) rc = MPI_Testall(n, reqs.data(), &flag, MPI_STATUSES_IGNORE);
-      break;
-  }
+  const int rc = sctest::complete_differently(reqs, how);
   check(rc == MPI_SUCCESS, label + ": completion");
   for (Call& c : calls) {
     const size_t n_el = c.recv->n;
@@ -267,18 +258,7 @@ int stream_ordered_section() {
     // Completed with the gate closed: only the host-buffer calls wait for the others.
     std::vector<MPI_Request> reqs;
     for (Call& call : calls) reqs.push_back(call.req);
-    const int n = static_cast<int>(reqs.size());
-    int rc = MPI_SUCCESS;
-    switch ((g_rank + round) % 3) {
-      case 0: rc = MPI_Waitall(n, reqs.data(), MPI_STATUSES_IGNORE); break;
-      case 1:
-        for (int i = n - 1; i >= 0 && rc == MPI_SUCCESS; --i) rc = MPI_Wait(&reqs[i], MPI_STATUS_IGNORE);
-        break;
-      default:
-        for (int flag = 0; !flag && rc == MPI_SUCCESS;)
-          rc = MPI_Testall(n, reqs.data(), &flag, MPI_STATUSES_IGNORE);
-        break;
-    }
+    const int rc = sctest::complete_differently(reqs, g_rank + round);
     check(rc == MPI_SUCCESS, L + ": completion");
     if (gated) {
       check(!gate.disarm(), L + ": completed while the stream was held (the host did not wait)");

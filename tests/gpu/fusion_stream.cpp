@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "../mpi/complete_differently.hpp"
 #include "gpu_common.hpp"
 
 using namespace gputest;
@@ -83,18 +84,7 @@ std::string compare(const void* got, const Call& c, int nranks) {
 int complete(std::vector<Call>& calls, int how) {
   std::vector<MPI_Request> reqs;
   for (Call& c : calls) reqs.push_back(c.req);
-  const int n = static_cast<int>(reqs.size());
-  int rc = MPI_SUCCESS;
-  switch (how % 3) {
-    case 0: rc = MPI_Waitall(n, reqs.data(), MPI_STATUSES_IGNORE); break;
-    case 1:
-      for (int i = n - 1; i >= 0 && rc == MPI_SUCCESS; --i) rc = MPI_Wait(&reqs[i], MPI_STATUS_IGNORE);
-      break;
-    default:
-      for (int flag = 0; !flag && rc == MPI_SUCCESS;)
-        rc = MPI_Testall(n, reqs.data(), &flag, MPI_STATUSES_IGNORE);
-      break;
-  }
+  const int rc = sctest::complete_differently(reqs, how);
   for (Call& c : calls) c.req = MPI_REQUEST_NULL;
   return rc;
 }
