@@ -1271,8 +1271,10 @@ class NcclRoute final : public Route {
     if (id_ == RouteId::ccube && !ccube_takes(a)) return false;
     if (ctx.inter) return false;
     // MPI_I*: only where the program promises one start order on all communicators
-    // (file comment; a job-wide setting, equal on every rank).
-    if (a.nonblocking && !Runtime::get().settings().nccl_nonblocking) return false;
+    // (file comment; a job-wide setting, equal on every rank); fused messages where the
+    // site allows them on NCCL (STREAMCOLL_FUSION_NCCL, core/fusion.hpp).
+    const config::Settings& set = Runtime::get().settings();
+    if (a.nonblocking && !(env.fused ? set.fusion_nccl : set.nccl_nonblocking)) return false;
     const OpInfo* op = takes_op(a.coll) ? find_op(a.op) : nullptr;
     if (nccl::Support s = nccl::supports(a.coll, env.mem, call_type(a), op);
         s != nccl::Support::ok) {

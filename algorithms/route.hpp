@@ -31,6 +31,10 @@ struct CallEnv {
   /// (CommContext::async_error). The caller waits for 0 before it takes those failures, so
   /// that they are this call's, not a later one's. Null otherwise.
   std::atomic<int>* stage_tasks = nullptr;
+  /// A fused message (core/fusion.hpp): a non-blocking allreduce started when its group
+  /// was agreed, on the fusion queue's private duplicate. Route nccl takes it under
+  /// STREAMCOLL_FUSION_NCCL rather than STREAMCOLL_NCCL_NONBLOCKING.
+  bool fused = false;
 };
 
 class Route {

@@ -52,6 +52,14 @@ const std::vector<Knob>& knobs() {
        "for more members when this rank neither waits for nor tests any of them (Horovod's "
        "cycle time); a wait, a test or another call on the communicator closes it at once. "
        "Affects only how many calls are fused, never which: the ranks agree on that"},
+      {"STREAMCOLL_FUSION_NCCL", "0",
+       "1: a fused message of MPI_Iallreduce calls on GPU memory (tuning table: fuse=) may "
+       "run on NCCL where the rules give an allreduce of its size on GPU memory to route "
+       "nccl. Fused messages start when their group is agreed, on the progress thread, so "
+       "their NCCL kernels interleave with the program's other NCCL operations differently "
+       "on each rank: only for GPUs that run NCCL kernels of different communicators "
+       "together, or programs whose fusing communicators are the only ones on NCCL; 0: they "
+       "run on the host (pmpi or ht)"},
       {"STREAMCOLL_MPI_CUDA_AWARE", "auto",
        "auto|yes|no: whether the MPI accepts GPU buffers (auto asks it: "
        "MPIX_Query_cuda_support, MPIX_GPU_query_support; not found means no); when it does "
@@ -137,6 +145,7 @@ Settings read_settings() {
   if (const char* v = get("STREAMCOLL_NCCL_LIB")) s.nccl_lib = v;
   boolean("STREAMCOLL_NCCL_NONBLOCKING", &s.nccl_nonblocking);
   boolean("STREAMCOLL_NVGROUP_NONBLOCKING", &s.nvgroup_nonblocking);
+  boolean("STREAMCOLL_FUSION_NCCL", &s.fusion_nccl);
   boolean("STREAMCOLL_STAGING_KERNEL", &s.staging_kernel);
   if (const char* v = get("STREAMCOLL_DECISION_CACHE")) {
     bool on = false;

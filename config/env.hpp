@@ -70,6 +70,9 @@ struct Settings {
   /// open waiting for more members when nothing on this rank asks for them (Horovod's
   /// cycle time); core/fusion.hpp.
   uint64_t fusion_cycle_us = 1000;
+  /// STREAMCOLL_FUSION_NCCL: fused messages on GPU memory may run on route nccl
+  /// (core/fusion.hpp, ROUTE).
+  bool fusion_nccl = false;
   CudaAware mpi_cuda_aware = CudaAware::auto_detect;  ///< STREAMCOLL_MPI_CUDA_AWARE
   Threads thread_multiple = Threads::auto_detect;  ///< STREAMCOLL_THREAD_MULTIPLE
   bool progress_bind = true;     ///< STREAMCOLL_PROGRESS_BIND=auto (false: none)

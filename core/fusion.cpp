@@ -70,6 +70,9 @@ class Member final : public ManagedRequest {
   MPI_Datatype type = MPI_DATATYPE_NULL;
   MPI_Op op = MPI_OP_NULL;
   uint64_t limit = 0;          ///< fuse= of the rule: part of the run's signature
+  /// The memory kind agreed for the call (CallEnv::agreed_mem; equal on every rank): part
+  /// of the run's signature, it routes the fused message (fusion.hpp, ROUTE).
+  MemKind agreed_mem = MemKind::host;
   /// The communicator's forced routes at the call (streamcoll_comm_set_route; null: none):
   /// they and then the table route the fused message. Part of the run's signature (a
   /// set_route between two calls ends the run there, on every rank alike).
@@ -173,6 +176,9 @@ struct Queue : std::enable_shared_from_this<Queue> {
   /// rules give to ht run there; its private communicators are the fused messages' alone,
   /// so their order is the group order on every rank.
   CommContext* ht_ctx = nullptr;
+  /// The same context with route nccl set up on it (open(), STREAMCOLL_FUSION_NCCL), or
+  /// null: fused messages on GPU memory that the rules give to nccl run there.
+  CommContext* nccl_ctx = nullptr;
   int size = 1, nodes = 1, ppn = 1;  ///< the communicator's, for the fused message's CallKey
   /// The communicator context's (CommContext::async_error): a stream-ordered call's
   /// failure, found after the call returned, for the next call to report.
@@ -224,8 +230,10 @@ struct Queue : std::enable_shared_from_this<Queue> {
       buf = pinned ? static_cast<unsigned char*>(pinned) : own.data();
     }
     MPI_Request req = MPI_REQUEST_NULL;
-    int offered[2] = {0, 1};          ///< this rank's count and ok flag
-    int agreed[2] = {0, 0};
+    /// This rank's count, ok flag, and whether its NCCL communicator for fused messages
+    /// is usable (1) or not (0); agreed: their minimum over the ranks.
+    int offered[3] = {0, 1, 0};
+    int agreed[3] = {0, 0, 0};
     RouteId route = RouteId::pmpi;    ///< the fused message's
   };
   std::unique_ptr<Group> agreeing;            ///< at most one agreement in flight
@@ -254,9 +262,61 @@ struct Queue : std::enable_shared_from_this<Queue> {
     return nullptr;
   }
 
+  // The rule that gives a fused message of `bytes` of h's group on GPU memory to route
+  // nccl (the forced routes' rule for it, else the table's first), or null: none, or the
+  // group is not on GPU memory, or route nccl is not set up for fused messages. From the
+  // agreed group and rank-invariant state: equal on every rank.
+  const config::Rule* nccl_rule(const Member& h, uint64_t bytes) const {
+    if (!nccl_ctx || (h.agreed_mem != MemKind::device && h.agreed_mem != MemKind::managed))
+      return nullptr;
+    const config::CallKey key{Coll::allreduce, bytes, size, nodes, ppn, MemKind::device, false};
+    const config::Rule* r = h.forced ? h.forced->match(key) : nullptr;
+    if (!r) r = Runtime::get().table().match(key);
+    return r && r->choice.route == RouteId::nccl ? r : nullptr;
+  }
+
+  // Whether this rank can take part in a fused message on NCCL: set up, and its NCCL
+  // communicator not aborted (a peer's failure notice, an asynchronous error). Local;
+  // the agreement takes every rank's answer.
+  bool nccl_usable_here() const {
+    if (!nccl_ctx) return false;
+    Route* nccl = find_route(RouteId::nccl);
+    CollArgs a;
+    a.coll = Coll::allreduce;
+    a.nonblocking = true;
+    a.comm = comm;
+    return nccl && nccl->able_here(a, *nccl_ctx, CallEnv{});
+  }
+
   // Starts the fused message of group g (count elements of h's type, size_bytes in the
   // CallKey convention) on its route.
   int start_fused(Group& g, const Member& h, uint64_t count, uint64_t size_bytes) {
+    if (const config::Rule* rule = g.agreed[2] == 1 ? nccl_rule(h, size_bytes) : nullptr) {
+      CollArgs a;
+      a.coll = Coll::allreduce;
+      a.nonblocking = true;
+      a.sendbuf = MPI_IN_PLACE;
+      a.recvbuf = g.buf;
+      a.count = static_cast<int>(count);
+      a.datatype = h.type;
+      a.op = h.op;
+      a.comm = comm;
+      a.request = &g.req;
+      CallEnv agreed;  // what every rank decides from: GPU memory, a fused message
+      agreed.mem = agreed.agreed_mem = MemKind::device;
+      agreed.fused = true;
+      Route* nccl = find_route(RouteId::nccl);
+      // accepts() decides from the agreed set-up, the type and op alone: equal everywhere.
+      if (nccl && nccl->accepts(a, *nccl_ctx, rule->choice, agreed)) {
+        SC_TRACE("fusion: fused message of %llu B on route nccl (%s)",
+                 static_cast<unsigned long long>(size_bytes), rule->origin.c_str());
+        CallEnv here;  // the fused buffer is host memory here: route nccl stages it
+        here.agreed_mem = MemKind::device;
+        here.fused = true;
+        g.route = RouteId::nccl;
+        return nccl->run(a, *nccl_ctx, rule->choice, here);
+      }
+    }
     const config::Rule* rule = fused_route(h, size_bytes);
     if (rule) {
       CollArgs a;
@@ -298,7 +358,7 @@ struct Queue : std::enable_shared_from_this<Queue> {
     size_t n = 0;
     for (const Member* m : pending) {
       if (n > 0 && (m->type != h.type || m->op != h.op || m->limit != h.limit ||
-                    m->forced != h.forced ||
+                    m->forced != h.forced || m->agreed_mem != h.agreed_mem ||
                     size + m->size_bytes > h.limit ||
                     count + static_cast<uint64_t>(m->count) > static_cast<uint64_t>(INT_MAX))) {
         *complete = true;
@@ -350,13 +410,15 @@ struct Queue : std::enable_shared_from_this<Queue> {
     if (copies.run() != MPI_SUCCESS) ok = false;
     g->offered[0] = static_cast<int>(n);
     g->offered[1] = ok ? 1 : 0;
+    const MemKind kind = pending.front()->agreed_mem;
+    g->offered[2] = (kind == MemKind::device || kind == MemKind::managed) && nccl_usable_here();
     agreements.fetch_add(1, std::memory_order_relaxed);
     g_agreements.fetch_add(1, std::memory_order_relaxed);
     SC_TRACE("fusion: offering %zu calls (seq %llu..) at %llu us%s", n,
              static_cast<unsigned long long>(pending.front()->seq),
              static_cast<unsigned long long>(now_ns() / 1000),
              progress::on_engine_thread() ? " (progress thread)" : "");
-    const int rc = PMPI_Iallreduce(g->offered, g->agreed, 2, MPI_INT, MPI_MIN, comm, &g->req);
+    const int rc = PMPI_Iallreduce(g->offered, g->agreed, 3, MPI_INT, MPI_MIN, comm, &g->req);
     if (rc != MPI_SUCCESS) {
       // Without the agreement no rank can know the group: fail the calls this rank
       // offered (the others' agreement fails alike, or they report a peer failure).
@@ -418,6 +480,13 @@ struct Queue : std::enable_shared_from_this<Queue> {
       // any order, but testing the oldest first is enough).
       while (!fused.empty()) {
         Group& g = *fused.front();
+        // Route nccl's request completes when polled (its event queried): PMPI_Test does
+        // not poll streamcoll's own requests.
+        if (g.route == RouteId::nccl)
+          if (OwnedRequest* o = requests::peek(g.req)) {
+            o->on_test();
+            if (!o->completed()) break;
+          }
         int flag = 0;
         const int rc = PMPI_Test(&g.req, &flag, MPI_STATUS_IGNORE);
         if (rc == MPI_SUCCESS && !flag) break;
@@ -527,19 +596,38 @@ class QueueTask final : public progress::Task {
 
 namespace {
 
-// Whether some rule of `t` may route an allreduce to ht.
-bool routes_ht(const config::TuningTable* t) {
+// Whether some rule of `t` may route an allreduce to `route` (on GPU memory: gpu).
+bool routes(const config::TuningTable* t, RouteId route, bool gpu = false) {
   if (!t) return false;
+  const unsigned gpu_mems = 1u << static_cast<int>(MemKind::device) |
+                            1u << static_cast<int>(MemKind::managed);
   for (const config::Rule& r : t->rules())
-    if (r.choice.route == RouteId::ht && (r.colls >> static_cast<int>(Coll::allreduce) & 1u))
+    if (r.choice.route == route && (r.colls >> static_cast<int>(Coll::allreduce) & 1u) &&
+        (!gpu || (r.mems & gpu_mems)))
       return true;
   return false;
+}
+
+// A blocking allreduce of one int: the call routes set themselves up at (accepts() looks
+// at the arguments' shape only, never at the buffers).
+CollArgs set_up_call(MPI_Comm comm) {
+  static int scratch[2];
+  CollArgs a;
+  a.coll = Coll::allreduce;
+  a.sendbuf = &scratch[0];
+  a.recvbuf = &scratch[1];
+  a.count = 1;
+  a.datatype = MPI_INT;
+  a.op = MPI_SUM;
+  a.comm = comm;
+  return a;
 }
 
 }  // namespace
 
 std::shared_ptr<Queue> open(const CommContext& ctx,
-                            const std::shared_ptr<const config::TuningTable>& forced) {
+                            const std::shared_ptr<const config::TuningTable>& forced,
+                            int device) {
   auto q = std::make_shared<Queue>();
   if (PMPI_Comm_dup(ctx.comm, &q->comm) != MPI_SUCCESS) {
     q->comm = MPI_COMM_NULL;
@@ -557,29 +645,32 @@ std::shared_ptr<Queue> open(const CommContext& ctx,
   // here, at the same blocking call) where a rule may ask for it, and kept only where it
   // worked on every rank.
   Route* ht = find_route(RouteId::ht);
-  if (ht && (routes_ht(&Runtime::get().table()) || routes_ht(forced.get()))) {
+  const config::TuningTable* table = &Runtime::get().table();
+  if (ht && (routes(table, RouteId::ht) || routes(forced.get(), RouteId::ht))) {
     int ok = 0;
     CommContext* dup = comm_context(q->comm, true);
-    if (dup) {
-      // A blocking allreduce of one int on host memory: the call ht sets itself up at
-      // (accepts() looks at the arguments' shape only, never at the buffers).
-      static int scratch[2];
-      CollArgs a;
-      a.coll = Coll::allreduce;
-      a.sendbuf = &scratch[0];
-      a.recvbuf = &scratch[1];
-      a.count = 1;
-      a.datatype = MPI_INT;
-      a.op = MPI_SUM;
-      a.comm = q->comm;
-      const config::RouteChoice choice;
-      ok = ht->accepts(a, *dup, choice, CallEnv{}) ? 1 : 0;
-    }
+    if (dup) ok = ht->accepts(set_up_call(q->comm), *dup, config::RouteChoice{}, CallEnv{}) ? 1 : 0;
     int all = 0;
     if (PMPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, q->comm) == MPI_SUCCESS && all == 1)
       q->ht_ctx = dup;
     SC_INFO("fusion: route ht for fused messages %s",
             q->ht_ctx ? "set up" : "not available (some rank could not set it up)");
+  }
+  // Route nccl for fused messages on GPU memory (STREAMCOLL_FUSION_NCCL, a job-wide
+  // setting): its set-up is collective and all-or-nothing (algorithms/nccl.cpp), and every
+  // rank reaches it alike: accepts() answers from the call's shape and the duplicate's
+  // state before it.
+  Route* nccl = find_route(RouteId::nccl);
+  if (nccl && Runtime::get().settings().fusion_nccl &&
+      (routes(table, RouteId::nccl, true) || routes(forced.get(), RouteId::nccl, true))) {
+    if (CommContext* dup = comm_context(q->comm, true)) {
+      CallEnv env;
+      env.mem = env.agreed_mem = MemKind::device;
+      env.device = device;
+      if (nccl->accepts(set_up_call(q->comm), *dup, config::RouteChoice{}, env)) q->nccl_ctx = dup;
+    }
+    SC_INFO("fusion: route nccl for fused messages on GPU memory %s",
+            q->nccl_ctx ? "set up" : "not available");
   }
   return q;
 }
@@ -598,6 +689,7 @@ int start(Queue& q, const CollArgs& a, uint64_t limit, const CallEnv& env, int o
   m->type = a.datatype;
   m->op = a.op;
   m->limit = limit;
+  m->agreed_mem = env.agreed_mem;
   m->forced = std::move(forced);
   m->bytes = static_cast<uint64_t>(a.count) * static_cast<uint64_t>(extent);
   m->size_bytes = static_cast<uint64_t>(a.count) * static_cast<uint64_t>(size);

@@ -11,8 +11,16 @@
 // else the table's rules in order. Two routes can start it from the thread that steps
 // the queue: pmpi (the MPI's MPI_Iallreduce) and ht (its non-blocking host schedule, on
 // the duplicate's own context, set up at open()); a table rule of another route hands it
-// to the next rule, a forced one to pmpi. The choice is made from the agreed group's size
-// and state equal on every rank.
+// to the next rule, a forced one to pmpi. A group on GPU memory (the memory kind agreed
+// for its calls) goes where an allreduce of its size on GPU memory goes if that is route
+// nccl and the site allows it (STREAMCOLL_FUSION_NCCL: NCCL kernels started at the
+// agreement interleave with the program's other NCCL operations in an order of each
+// rank's own, see config/env.cpp): one ncclAllReduce on the duplicate's NCCL
+// communicator (set up at open(), on this rank's GPU), the fused buffer staged to the GPU
+// and back by route nccl (algorithms/nccl.cpp, run_staged), whose failures stay
+// collective; only when every rank offered it (the agreement carries whether each rank's
+// NCCL communicator is usable), else on the host as above. The choice is made from the
+// agreed group's size and state equal on every rank.
 //
 // AGREEMENT. Every rank must put the same calls in each fused message, yet what closes a
 // group is often local: rank 0 may start a, b and then wait for a, while rank 1 starts a,
@@ -66,7 +74,9 @@
 //
 // ERRORS. A failed copy on any rank fails the whole group on every rank (the agreement
 // carries an ok flag): each request completes with MPI_ERR_OTHER's code. A failed MPI call
-// fails the group's requests with its code.
+// fails the group's requests with its code; on NCCL, a rank that cannot take its part
+// aborts the duplicate's NCCL communicator and tells its peers (route nccl's failure
+// handling), so the group fails on every rank and the later groups run on the host.
 //
 // Thread safety: start() and poke() from any application thread (calls on one
 // communicator are ordered by the application, as MPI requires); the queue is stepped by
@@ -97,8 +107,13 @@ struct Queue;
 /// `forced`: the communicator's forced routes at that call (null: none); where they or
 /// the table may route an allreduce to ht, route ht is set up on the duplicate too (and
 /// agreed), for the fused messages the rules give to it.
+/// With STREAMCOLL_FUSION_NCCL, where they or the table may route an allreduce on GPU
+/// memory to nccl, route nccl is set up on the duplicate too, on GPU `device` (this rank's
+/// GPU at that call; -1: the thread's current CUDA context's), kept only where every
+/// rank's set-up worked.
 std::shared_ptr<Queue> open(const CommContext& ctx,
-                            const std::shared_ptr<const config::TuningTable>& forced);
+                            const std::shared_ptr<const config::TuningTable>& forced,
+                            int device);
 
 /// Starts the MPI_Iallreduce `a` (a.nonblocking, a.coll == allreduce, a predefined
 /// datatype and op, a.count * type size <= limit bytes) as a member of `q`'s open group:

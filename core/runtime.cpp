@@ -133,6 +133,7 @@ uint64_t Runtime::fingerprint() const {
   mix_v(static_cast<uint64_t>(settings_.ht_wait));
   mix_v(settings_.nccl_nonblocking);
   mix_v(settings_.nvgroup_nonblocking);
+  mix_v(settings_.fusion_nccl);
   for (int f : settings_.hierarchy) mix_v(static_cast<uint64_t>(f));
   mix_s(settings_.node_groups);
   for (const config::Rule& r : table_.rules()) {

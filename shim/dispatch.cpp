@@ -146,6 +146,18 @@ bool invariant_verdict(Verdict v, Coll c) {
   }
 }
 
+// The fuse= limit of `choice` for the call `a` of `bytes` (CallKey convention) on `ctx`
+// when the call is to be fused (core/fusion.hpp), else 0: an MPI_Iallreduce on a
+// communicator with a fusion queue, at most the limit. Equal on every rank.
+uint64_t rule_fuse_limit(const CollArgs& a, const CommContext& ctx,
+                         const config::RouteChoice& choice, uint64_t bytes) {
+  if (!a.nonblocking || a.coll != Coll::allreduce || !ctx.fusion) return 0;
+  const auto v = choice.param("fuse");
+  if (!v) return 0;
+  const auto limit = config::parse_size(*v);
+  return limit && bytes <= *limit ? *limit : 0;
+}
+
 Decision decide(const CollArgs& a, Runtime& rt) {
   Decision d;
   if (a.comm == MPI_COMM_NULL) {
@@ -280,7 +292,7 @@ Decision decide(const CollArgs& a, Runtime& rt) {
     if (!ctx->fusion_tried && rt.thread_multiple() &&
         (rt.table().fuses() || (forced && forced->fuses()))) {
       ctx->fusion_tried = true;
-      ctx->fusion = fusion::open(*ctx, forced);
+      ctx->fusion = fusion::open(*ctx, forced, d.env.device);
     }
   } else if (ctx) {
     agreed = ctx->agreed[static_cast<int>(a.coll)];
@@ -332,6 +344,13 @@ Decision decide(const CollArgs& a, Runtime& rt) {
                     env.mem, rank);
   while (rule) {
     d.choice = &rule->choice;
+    // A fuse= rule fuses the calls it matches whatever its route would say to them (route
+    // nccl declines MPI_I* calls, say): the fused message is routed by its own size
+    // (core/fusion.hpp, ROUTE).
+    if (rule_fuse_limit(a, *ctx, rule->choice, d.bytes)) {
+      d.route = rule->choice.route;
+      break;
+    }
     Route* route = find_route(rule->choice.route);
     if (route && !(env.unable >> static_cast<int>(rule->choice.route) & 1u) &&
         route->accepts(a, *ctx, rule->choice, env)) {
@@ -384,12 +403,7 @@ int sync_stream(void* stream) {
 // every rank. Calls that carry a stream are fused too (stream-ordered where the agreed
 // facts have one: core/fusion.hpp, STREAMS).
 uint64_t fuse_limit(const CollArgs& a, const Decision& d) {
-  if (!a.nonblocking || a.coll != Coll::allreduce || !d.choice || !d.ctx || !d.ctx->fusion)
-    return 0;
-  const auto v = d.choice->param("fuse");
-  if (!v) return 0;
-  const auto limit = config::parse_size(*v);
-  return limit && d.bytes <= *limit ? *limit : 0;
+  return d.choice && d.ctx ? rule_fuse_limit(a, *d.ctx, *d.choice, d.bytes) : 0;
 }
 
 // Whether a non-blocking call on a.comm may leave pmpi: an earlier blocking call agreed on

@@ -111,7 +111,10 @@ struct Call {
 };
 
 CUstream_st* g_stream = nullptr;
-const char* g_route = "pmpi";  // --route=ht: the forced route that fuses
+const char* g_route = "pmpi";  // --route=ht|nccl: the forced route that fuses
+bool nccl_route() { return std::strcmp(g_route, "nccl") == 0; }
+using MessagesOn = unsigned long long (*)(const char*);
+MessagesOn g_messages_on = nullptr;  // streamcoll_fusion_messages_on
 int g_kernels = -1;            // --kernels: 1, --no-kernels: 0, else -1 (not checked)
 
 // Starts call `id` with this rank's memory kind `k`; on_stream: the input is written on
@@ -233,6 +236,7 @@ int stream_ordered_section() {
   if (counts) counts(&calls0, &messages0, &agreements0);
   const unsigned long long syncs0 = cu("cuStreamSynchronize") + cu("cuEventSynchronize");
   const unsigned long long memop0 = cu("memop_waits"), kernel0 = cu("kernel_waits");
+  const unsigned long long nccl0 = g_messages_on ? g_messages_on("nccl") : 0;
   int started = 0;
   static int id = 5000;
   StreamGate gate;
@@ -270,8 +274,12 @@ int stream_ordered_section() {
   }
   if (counts) counts(&calls1, &messages1, &agreements0);
   if (ordered) {
-    check(cu("cuStreamSynchronize") + cu("cuEventSynchronize") == syncs0,
-          "stream-ordered: streamcoll synchronised no stream");
+    // On NCCL, route nccl's copy of each fused result back to the fused buffer is waited
+    // for on its own copy stream (by the thread stepping the queue): one per message.
+    const unsigned long long nccl = g_messages_on ? g_messages_on("nccl") - nccl0 : 0;
+    if (nccl_route()) check(nccl > 0, "stream-ordered: fused messages on route nccl");
+    check(cu("cuStreamSynchronize") + cu("cuEventSynchronize") - syncs0 == (nccl_route() ? nccl : 0),
+          "stream-ordered: streamcoll synchronised no stream of the application's");
     // The holds: cuStreamWaitValue32, or the spin kernel without stream memory operations.
     const bool no_memops = std::getenv("FAKE_CUDA_NO_STREAM_MEMOPS") != nullptr;
     const unsigned long long memops = cu("memop_waits") - memop0, kernels = cu("kernel_waits") - kernel0;
@@ -371,6 +379,7 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   for (int i = 1; i < argc; ++i)
     if (std::strcmp(argv[i], "--route=ht") == 0) g_route = "ht";
+    else if (std::strcmp(argv[i], "--route=nccl") == 0) g_route = "nccl";
     else if (std::strcmp(argv[i], "--kernels") == 0) g_kernels = 1;
     else if (std::strcmp(argv[i], "--no-kernels") == 0) g_kernels = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
@@ -388,6 +397,9 @@ int main(int argc, char** argv) {
   using FusionCounts = void (*)(unsigned long long*, unsigned long long*, unsigned long long*);
   auto counts = reinterpret_cast<FusionCounts>(dlsym(RTLD_DEFAULT, "streamcoll_fusion_counts"));
   check(counts != nullptr, "streamcoll_fusion_counts");
+  g_messages_on = reinterpret_cast<MessagesOn>(dlsym(RTLD_DEFAULT, "streamcoll_fusion_messages_on"));
+  check(g_messages_on != nullptr, "streamcoll_fusion_messages_on");
+  auto on_nccl = [] { return g_messages_on ? g_messages_on("nccl") : 0ull; };
 
   {  // agreed host memory, every rank's own kinds
     MPI_Comm c = fused_comm(Kind::host);
@@ -399,17 +411,27 @@ int main(int argc, char** argv) {
     unsigned long long calls0 = 0, messages0 = 0, agreements0 = 0, calls1 = 0, messages1 = 0;
     if (counts) counts(&calls0, &messages0, &agreements0);
     const unsigned long long syncs0 = cu("cuStreamSynchronize"), kernels0 = cu("host_kernels");
+    const unsigned long long nccl0 = on_nccl();
     rounds(c, "agreed device", false, Kind::device, false);
+    const unsigned long long nccl = on_nccl() - nccl0;
     const unsigned long long syncs = cu("cuStreamSynchronize") - syncs0;
     const unsigned long long kernels = cu("host_kernels") - kernels0;
     if (g_kernels == 1) check(kernels > 0, "agreed device: batched-copy kernels ran");
     if (g_kernels == 0) check(kernels == 0, "agreed device: no kernel (STREAMCOLL_STAGING_KERNEL=0)");
     if (counts) counts(&calls1, &messages1, &agreements0);
-    // A group's copies are issued together: one synchronisation to pack, one to unpack.
-    check(syncs <= 2 * (messages1 - messages0),
+    // A group's copies are issued together: one synchronisation to pack, one to unpack
+    // (on NCCL one more: route nccl's copy of the result back to the fused buffer).
+    const unsigned per = nccl_route() ? 3 : 2;
+    check(syncs <= per * (messages1 - messages0),
           "agreed device: " + std::to_string(syncs) + " stream synchronisations for " +
               std::to_string(messages1 - messages0) + " fused messages of " +
-              std::to_string(calls1 - calls0) + " calls (at most 2 per message)");
+              std::to_string(calls1 - calls0) + " calls (at most " + std::to_string(per) +
+              " per message)");
+    // Agreed GPU memory, a rule of route nccl for it: every fused message on NCCL.
+    if (nccl_route())
+      check(nccl == messages1 - messages0 && nccl > 0,
+            "agreed device: " + std::to_string(nccl) + " of " +
+                std::to_string(messages1 - messages0) + " fused messages on route nccl");
     MPI_Comm_free(&c);
   }
   {  // a stream on odd ranks only: input written on it, not waited for
@@ -434,15 +456,22 @@ int main(int argc, char** argv) {
     }
     MPI_Comm_free(&c);
   }
+  int copy_calls = 0;
   {  // a copy between a GPU buffer and the fused buffer fails on rank 1
     MPI_Comm c = fused_comm(Kind::device);
     MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
     const auto fail_after = find_fail_after();
     // Round 1: packing (rank 1's input is on the GPU): the group fails on every rank.
     // Round 2: unpacking (rank 1's input on the host, its result on the GPU): the call
-    // fails on rank 1 alone; the others have the exact result.
-    for (int round = 0; round < 3 && fail_after; ++round) {
-      const bool failing = round > 0 && g_rank == 1;
+    // fails on rank 1 alone; the others have the exact result. On NCCL, rank 1's first
+    // copy is route nccl's staging of the fused buffer to its GPU: it cannot take its
+    // part, tells its peers, and the group fails on every rank. Round 3 (NCCL only): the
+    // duplicate's NCCL communicator is aborted now, so the ranks agree to run the next
+    // group on the host: exact everywhere, and not on NCCL.
+    const int copy_rounds = nccl_route() ? 4 : 3;
+    for (int round = 0; round < copy_rounds && fail_after; ++round) {
+      const bool failing = (round == 1 || round == 2) && g_rank == 1;
+      const unsigned long long nccl0 = g_messages_on ? g_messages_on("nccl") : 0;
       if (failing) fail_after("cuMemcpyAsync", 1);
       Buf in(round == 2 && g_rank == 1 ? Kind::host : Kind::device, 6), out(Kind::device, 6);
       check(api.host_access(in.p, 6 * sizeof(double), 1) == 0, "input");
@@ -452,9 +481,14 @@ int main(int argc, char** argv) {
       const std::string L = "copy failure round " + std::to_string(round);
       check(rc == MPI_SUCCESS, L + ": the call starts");
       const int wrc = MPI_Wait(&req, MPI_STATUS_IGNORE);
-      check_outcome(wrc, round == 1 || (round == 2 && g_rank == 1),
-                    round == 1 ? "the call fails on every rank" : "the call fails", out, 6,
+      const bool everywhere = round == 1 || (round == 2 && nccl_route());
+      check_outcome(wrc, everywhere || (round == 2 && g_rank == 1),
+                    everywhere ? "the call fails on every rank" : "the call fails", out, 6,
                     2000 + round, L);
+      if (round == 3)
+        check(g_messages_on && g_messages_on("nccl") == nccl0,
+              L + ": after the abort, the group ran on the host");
+      ++copy_calls;
     }
     MPI_Comm_free(&c);
   }
@@ -503,15 +537,17 @@ int main(int argc, char** argv) {
   }
   unsigned long long calls = 0, messages = 0, agreements = 0;
   if (counts) counts(&calls, &messages, &agreements);
-  using MessagesOn = unsigned long long (*)(const char*);
-  auto messages_on = reinterpret_cast<MessagesOn>(dlsym(RTLD_DEFAULT, "streamcoll_fusion_messages_on"));
-  check(messages_on != nullptr, "streamcoll_fusion_messages_on");
-  if (messages_on) {  // every fused message on the forced route
-    const unsigned long long on = messages_on(g_route);
+  if (g_messages_on && !nccl_route()) {  // every fused message on the forced route
+    const unsigned long long on = g_messages_on(g_route);
     check(on == messages && on > 0, std::to_string(on) + " of " + std::to_string(messages) +
                                             " fused messages on route " + g_route);
+  } else if (g_messages_on) {  // on GPU memory on NCCL, on host memory on pmpi
+    const unsigned long long on = g_messages_on("nccl"), pmpi = g_messages_on("pmpi");
+    check(on > 0 && on + pmpi == messages,
+          std::to_string(on) + " on nccl and " + std::to_string(pmpi) + " on pmpi of " +
+              std::to_string(messages) + " fused messages");
   }
-  check(calls == 3 * 12 * 9 + 3 + 3 + static_cast<unsigned long long>(stream_calls + kernel_calls) &&
+  check(calls == 3 * 12 * 9 + 3 + static_cast<unsigned long long>(copy_calls + stream_calls + kernel_calls) &&
             messages > 0 && messages < calls,
         "fused: " + std::to_string(calls) + " calls in " + std::to_string(messages) + " messages");
   check(cu("races") == races0, "no race");

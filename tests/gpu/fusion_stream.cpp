@@ -18,8 +18,10 @@
 // Every result is compared with the sum computed on the host; the calls must have been
 // fused (streamcoll_fusion_counts: fewer messages than calls), and on route ht the fused
 // messages counted there. Run with STREAMCOLL_HT_WAIT=auto (cuStreamWaitValue32 holds)
-// and =kernel (the spin-kernel holds): tests/gpu/meson.build. Skips (exit 77) without a
-// GPU or without the test kernels.
+// and =kernel (the spin-kernel holds): tests/gpu/meson.build. With
+// STREAMCOLL_FUSION_NCCL=1 (one rank: NCCL takes one rank per GPU) the route is nccl
+// alone: every fused message must run on NCCL (core/fusion.hpp, ROUTE). Skips (exit 77)
+// without a GPU or without the test kernels.
 #include <string>
 #include <vector>
 
@@ -124,7 +126,12 @@ int main(int argc, char** argv) {
     cudaStream_t s = nullptr;
     GT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     int next_id = 1;
-    for (const char* route : {"pmpi", "ht"}) {
+    std::vector<const char*> routes = {"pmpi", "ht"};
+    if (const char* fn = std::getenv("STREAMCOLL_FUSION_NCCL"); fn && std::string(fn) == "1") {
+      fail_if(nranks == 1 ? "" : "fused messages on NCCL: one rank (NCCL takes one rank per GPU)");
+      routes = {"nccl"};
+    }
+    for (const char* route : routes) {
       MPI_Comm comm = MPI_COMM_NULL;
       GT_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
       const std::string spec = std::string("allreduce:") + route + ":fuse=64K";
