@@ -758,6 +758,9 @@ uint64_t host_hash() {
 // reason, if this rank cannot take part.
 bool open_device(NcclComm& c, int buffer_device, nccl::GpuId* id, std::string* why) {
   const cuda::Driver& d = driver();
+  // A set-up at a call on host memory (the fusion queue's, core/fusion.cpp) may come
+  // before the process has loaded CUDA: no driver, no GPU for NCCL.
+  if (!d.usable) return *why = "no usable CUDA driver (" + d.reason + ")", false;
   c.device = buffer_device;
   char bus[64] = {0};
   CUresult r;
