@@ -4,13 +4,17 @@
 //
 //   fusion_device        (run under tests/mpi/run.sh preload; tests/fake/meson.build)
 // On a communicator with "allreduce:pmpi:fuse=2K" forced ("allreduce:ht:fuse=2K" with
-// --route=ht: the fused messages then run on route ht, which must count them):
+// --route=ht: the fused messages then run on route ht, which must count them;
+// "allreduce:nccl:fuse=2K" with --route=nccl and STREAMCOLL_FUSION_NCCL=1: those on agreed
+// GPU memory run on route nccl, the others on pmpi; after route nccl's staging fails on
+// one rank, the group fails everywhere and the next one runs on the host):
 //   - agreed host memory (the blocking call before was on host buffers), while each rank
 //     passes its own kind per call: device, managed, pinned or host, differing between
 //     ranks and calls, in place or not: every rank must still fuse the call (the others
 //     do), its GPU buffers copied to and from the fused buffer;
 //   - agreed device memory (the blocking call on device buffers on every rank), a
-//     group's copies to and from the fused buffer synchronised once each way;
+//     group's copies to and from the fused buffer synchronised once each way; and again
+//     with each rank's own kind per call, as above;
 //   - a stream attached on odd ranks only (the agreed facts have none: calls are fused,
 //     not stream-ordered): those ranks write their input on the stream without waiting,
 //     so the call must synchronise the stream before the input is read;
@@ -434,6 +438,21 @@ int main(int argc, char** argv) {
                 std::to_string(messages1 - messages0) + " fused messages on route nccl");
     MPI_Comm_free(&c);
   }
+  {  // agreed device memory, while each rank passes its own kind per call
+    MPI_Comm c = fused_comm(Kind::device);
+    const unsigned long long nccl0 = on_nccl();
+    unsigned long long calls0 = 0, messages0 = 0, agreements0 = 0, calls1 = 0, messages1 = 0;
+    if (counts) counts(&calls0, &messages0, &agreements0);
+    rounds(c, "agreed device, mixed kinds", false, Kind::device, true);
+    if (counts) counts(&calls1, &messages1, &agreements0);
+    // On NCCL too: a rank's calls on host, pinned or managed memory take part through the
+    // fused buffer like the others.
+    if (nccl_route())
+      check(on_nccl() - nccl0 == messages1 - messages0 && messages1 > messages0,
+            "agreed device, mixed kinds: " + std::to_string(on_nccl() - nccl0) + " of " +
+                std::to_string(messages1 - messages0) + " fused messages on route nccl");
+    MPI_Comm_free(&c);
+  }
   {  // a stream on odd ranks only: input written on it, not waited for
     MPI_Comm c = fused_comm(Kind::device);
     if (g_rank % 2) check(streamcoll_comm_attach_stream(c, g_stream) == MPI_SUCCESS, "attach");
@@ -547,7 +566,7 @@ int main(int argc, char** argv) {
           std::to_string(on) + " on nccl and " + std::to_string(pmpi) + " on pmpi of " +
               std::to_string(messages) + " fused messages");
   }
-  check(calls == 3 * 12 * 9 + 3 + static_cast<unsigned long long>(copy_calls + stream_calls + kernel_calls) &&
+  check(calls == 4 * 12 * 9 + 3 + static_cast<unsigned long long>(copy_calls + stream_calls + kernel_calls) &&
             messages > 0 && messages < calls,
         "fused: " + std::to_string(calls) + " calls in " + std::to_string(messages) + " messages");
   check(cu("races") == races0, "no race");
