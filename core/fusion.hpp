@@ -53,7 +53,10 @@
 // MEMORY. Buffers in host memory are copied with memcpy; buffers in GPU memory (a rank may
 // pass them where the agreed facts say host memory) with synchronous copies of the CUDA
 // driver (host_staging's backend), before the agreement (pack) and after the fused
-// message (unpack), by the thread stepping the queue.
+// message (unpack), by the thread stepping the queue. The fused buffer is host memory
+// whatever the route: on NCCL it is staged to the GPU and back (two copies of the whole
+// buffer that packing on the GPU would save; packing is done before the agreement, where
+// the route is not known yet).
 //
 // STREAMS. Where the agreed facts have a stream (every rank's communicator carries one,
 // streamext), a call on GPU buffers is stream-ordered, as route ht's calls are (Aluminum:
