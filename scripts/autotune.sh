@@ -27,7 +27,9 @@
 #                         from --min-bytes to --burst-max-bytes; where the fused bursts
 #                         are faster, the table's rule gets fuse=FUSE (Horovod's tensor
 #                         fusion, README "Fusion"). Default 100; 0: no fusion measured.
-#                         Not for device buffers with the stream attribute (never fused)
+#                         Not for device buffers with the stream attribute. On device
+#                         buffers with STREAMCOLL_FUSION_NCCL=1 set, nccl:fuse=FUSE too
+#                         (fused messages on NCCL, README "Fusion")
 #     --fuse SIZE         the fused candidate's fuse= (default 64M, Horovod's threshold)
 #     --burst-max-bytes N the largest burst size (default 64K)
 #     --out DIR           where everything goes (default autotune-YYYYmmdd-HHMMSS)
@@ -216,9 +218,13 @@ for shape in "${shapes[@]}"; do
       if wants_burst "$c" "$shape"; then
         # Fusion: the same candidates unfused and the MPI's call fused, in bursts. Forced
         # fuse= needs the progress thread to call MPI (a table with fuse= asks for it).
+        # On GPU memory with STREAMCOLL_FUSION_NCCL=1, fused messages on NCCL too.
+        fused=(--route "pmpi:fuse=$fuse")
+        [ "${shape%:*}" = device ] && [ "${STREAMCOLL_FUSION_NCCL:-0}" = 1 ] &&
+          fused+=(--route "nccl:fuse=$fuse")
         # shellcheck disable=SC2046
         bench "$np" "$out/measured.csv" STREAMCOLL_THREAD_MULTIPLE=1 -- --coll "$c" \
-          $(shape_args "$shape") "${route_args[@]}" --route "pmpi:fuse=$fuse" \
+          $(shape_args "$shape") "${route_args[@]}" "${fused[@]}" \
           "${burst_opts[@]}" --quiet
       fi
     done
