@@ -87,6 +87,11 @@ case $phase in
     # ranks sharing one, so on one GPU it runs one rank (each call then a copy)
     one env LD_PRELOAD=$lib "${mpi[@]}" -np 1 build/bench/sc_bench --mem device \
       -b 8 -e 16M -f 16 -n 30 -w 3 --route nccl,ccube,ccube:chunk=64K --quiet
+    # fused messages on NCCL (STREAMCOLL_FUSION_NCCL=1; one rank: one GPU) against the
+    # host's, bursts of 100 up to sizes where the whole fused buffer's staging counts
+    one env LD_PRELOAD=$lib STREAMCOLL_THREAD_MULTIPLE=1 STREAMCOLL_FUSION_NCCL=1 \
+      "${mpi[@]}" -np 1 build/bench/sc_bench --mem device --burst 100 -b 8 -e 1M -f 16 \
+      -n 10 -w 2 --route nccl,pmpi:fuse=64M,nccl:fuse=64M --quiet
     ;;
   shared)
     # Classic calls on device buffers (staged through the host, cuStreamSynchronize per
