@@ -16,6 +16,12 @@
 //                       STREAMCOLL_NVGROUP_NONBLOCKING=1. With X: groups of 2 ranks
 //                       (hierarchy 2x...), the step across them on route X (cross=X)
 //          pmpi         route pmpi: the MPI (not CUDA-aware) on staged GPU buffers
+//          fusion-nccl  MPI_Iallreduce fused (allreduce:nccl:fuse=64K) with
+//                       STREAMCOLL_FUSION_NCCL=1: the fused messages on route nccl, on the
+//                       fusion queue's own NCCL communicator (core/fusion.hpp); MPI_I*
+//                       calls (stream-ordered fused calls: fusion_device.cpp). After an
+//                       abort the next groups run on the host, so the next call must
+//                       succeed and be right
 //
 // For each collective the route carries, each way of calling it (blocking; MPI_I* +
 // MPI_Wait; blocking on a communicator that carries a stream), each entry point of the
@@ -73,6 +79,8 @@ struct Setup {
   std::vector<Kind> kinds;
   std::vector<How> hows;
   bool nccl = false;   // the route uses NCCL: its entry points are walked too
+  bool fused = false;  // MPI_Iallreduce calls fused (fuse=): the fusion queue's agreement
+                       // takes the next groups off an aborted NCCL communicator
 };
 
 fake_cuda_fail_after_fn g_cuda_fail = nullptr;
@@ -190,7 +198,7 @@ bool one_try(const Setup& s, Kind k, How how, bool in_place, bool nccl_api, cons
   // after the call returned is reported by a later call once (the next one, when it was
   // found before the stream went on; a later one when only the stream's end could show
   // it): of three calls, all right, one fails at most.
-  if (how == How::nonblocking && (s.route == "nccl" || s.route == "ccube")) {
+  if (how == How::nonblocking && !s.fused && (s.route == "nccl" || s.route == "ccube")) {
     // MPI_I* on route nccl (STREAMCOLL_NCCL_NONBLOCKING=1): those started before the next
     // blocking call are still routed to the aborted NCCL communicator, and fail on every
     // rank (none can know of the abort in time to go elsewhere alone); the next blocking
@@ -242,11 +250,18 @@ void walk(const Setup& s) {
           const std::string kn = kind_name(k);
           const std::string stat = how == How::nonblocking ? "i" + kn : kn;
           const unsigned long long before = stat_calls(stat, s.route.c_str(), "device");
+          using MessagesOn = unsigned long long (*)(const char*);
+          static const auto messages_on =
+              reinterpret_cast<MessagesOn>(dlsym(RTLD_DEFAULT, "streamcoll_fusion_messages_on"));
+          const unsigned long long fused0 = s.fused && messages_on ? messages_on("nccl") : 0;
           const Outcome o = call_once(comm, k, how, in_place);
           check(o.rc == MPI_SUCCESS && o.right, s.route + " " + kn + " " + how_name(how) +
                                                     ": a clean call is right (" + describe(o) + ")");
           check(stat_calls(stat, s.route.c_str(), "device") == before + 1,
                 s.route + " " + kn + " " + how_name(how) + ": the clean call took route " + s.route);
+          if (s.fused)  // fused, its fused message on NCCL
+            check(messages_on && messages_on("nccl") == fused0 + 1,
+                  s.route + " " + kn + " " + how_name(how) + ": the clean call's fused message ran on NCCL");
           if (how == How::stream) streamcoll_comm_detach_stream(comm);
           MPI_Comm_free(&comm);
           alarm(0);
@@ -344,6 +359,13 @@ int main(int argc, char** argv) {
     s.hows = {How::blocking, How::stream};
     const char* nb = std::getenv("STREAMCOLL_NVGROUP_NONBLOCKING");
     if (param.empty() && nb && std::strcmp(nb, "1") == 0) s.hows.push_back(How::nonblocking);
+  } else if (route == "fusion-nccl") {
+    s.route = "nccl";  // as the statistics name a fused call of a nccl rule
+    s.spec = "allreduce:nccl:fuse=64K";
+    s.kinds = {Kind::allreduce};
+    s.hows = {How::nonblocking};  // (How::stream is a blocking call: never fused)
+    s.nccl = true;
+    s.fused = true;
   } else if (route == "pmpi") {
     s.spec = "*:pmpi";
     s.kinds = all;
