@@ -246,7 +246,8 @@ struct Queue : std::enable_shared_from_this<Queue> {
   // call of that size (decided from the agreed group and rank-invariant state only, so
   // equal on every rank). Only pmpi and ht can start a fused message here (non-blocking,
   // host buffer, from the thread stepping the queue): a rule of another route goes on to
-  // the next table rule, a forced one to pmpi, as a declining route does.
+  // the next table rule, a forced one to pmpi, as a declining route does. (Groups on GPU
+  // memory are offered to route nccl first: nccl_rule.)
   const config::Rule* fused_route(const Member& h, uint64_t bytes) const {
     const config::CallKey key{Coll::allreduce, bytes, size, nodes, ppn, MemKind::host, false};
     const config::TuningTable& table = Runtime::get().table();
