@@ -292,17 +292,17 @@ struct Queue : std::enable_shared_from_this<Queue> {
   // Starts the fused message of group g (count elements of h's type, size_bytes in the
   // CallKey convention) on its route.
   int start_fused(Group& g, const Member& h, uint64_t count, uint64_t size_bytes) {
+    CollArgs a;  // the fused message, as a route takes it: in place on the fused buffer
+    a.coll = Coll::allreduce;
+    a.nonblocking = true;
+    a.sendbuf = MPI_IN_PLACE;
+    a.recvbuf = g.buf;
+    a.count = static_cast<int>(count);
+    a.datatype = h.type;
+    a.op = h.op;
+    a.comm = comm;
+    a.request = &g.req;
     if (const config::Rule* rule = g.agreed[2] == 1 ? nccl_rule(h, size_bytes) : nullptr) {
-      CollArgs a;
-      a.coll = Coll::allreduce;
-      a.nonblocking = true;
-      a.sendbuf = MPI_IN_PLACE;
-      a.recvbuf = g.buf;
-      a.count = static_cast<int>(count);
-      a.datatype = h.type;
-      a.op = h.op;
-      a.comm = comm;
-      a.request = &g.req;
       CallEnv agreed;  // what every rank decides from: GPU memory, a fused message
       agreed.mem = agreed.agreed_mem = MemKind::device;
       agreed.fused = true;
@@ -318,18 +318,7 @@ struct Queue : std::enable_shared_from_this<Queue> {
         return nccl->run(a, *nccl_ctx, rule->choice, here);
       }
     }
-    const config::Rule* rule = fused_route(h, size_bytes);
-    if (rule) {
-      CollArgs a;
-      a.coll = Coll::allreduce;
-      a.nonblocking = true;
-      a.sendbuf = MPI_IN_PLACE;
-      a.recvbuf = g.buf;
-      a.count = static_cast<int>(count);
-      a.datatype = h.type;
-      a.op = h.op;
-      a.comm = comm;
-      a.request = &g.req;
+    if (const config::Rule* rule = fused_route(h, size_bytes)) {
       CallEnv env;  // host memory on every rank, no stream
       Route* ht = find_route(RouteId::ht);
       if (ht && ht->accepts(a, *ht_ctx, rule->choice, env)) {
