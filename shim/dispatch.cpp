@@ -99,6 +99,9 @@ struct Decision {
   CommContext* ctx = nullptr;
   const config::RouteChoice* choice = nullptr;
   std::shared_ptr<const config::TuningTable> forced;  ///< keeps `choice` alive if from it
+  /// The fuse= limit of `choice` when the call is fused (core/fusion.hpp), else 0: found
+  /// by the rule walk, once per call.
+  uint64_t fuse = 0;
 };
 
 uint64_t now_ns() {
@@ -148,7 +151,9 @@ bool invariant_verdict(Verdict v, Coll c) {
 
 // The fuse= limit of `choice` for the call `a` of `bytes` (CallKey convention) on `ctx`
 // when the call is to be fused (core/fusion.hpp), else 0: an MPI_Iallreduce on a
-// communicator with a fusion queue, at most the limit. Equal on every rank.
+// communicator with a fusion queue, at most the limit. Equal on every rank: from the
+// agreed facts, the rule and the call's size. Calls that carry a stream are fused too
+// (stream-ordered where the agreed facts have one: core/fusion.hpp, STREAMS).
 uint64_t rule_fuse_limit(const CollArgs& a, const CommContext& ctx,
                          const config::RouteChoice& choice, uint64_t bytes) {
   if (!a.nonblocking || a.coll != Coll::allreduce || !ctx.fusion) return 0;
@@ -347,7 +352,7 @@ Decision decide(const CollArgs& a, Runtime& rt) {
     // A fuse= rule fuses the calls it matches whatever its route would say to them (route
     // nccl declines MPI_I* calls, say): the fused message is routed by its own size
     // (core/fusion.hpp, ROUTE).
-    if (rule_fuse_limit(a, *ctx, rule->choice, d.bytes)) {
+    if ((d.fuse = rule_fuse_limit(a, *ctx, rule->choice, d.bytes))) {
       d.route = rule->choice.route;
       break;
     }
@@ -398,14 +403,6 @@ int sync_stream(void* stream) {
   return MPI_SUCCESS;
 }
 
-// The fuse= limit of the rule that routes this MPI_Iallreduce when the call is to be fused
-// (core/fusion.hpp), else 0. From the agreed facts, the rule and the call's size: equal on
-// every rank. Calls that carry a stream are fused too (stream-ordered where the agreed
-// facts have one: core/fusion.hpp, STREAMS).
-uint64_t fuse_limit(const CollArgs& a, const Decision& d) {
-  return d.choice && d.ctx ? rule_fuse_limit(a, *d.ctx, *d.choice, d.bytes) : 0;
-}
-
 // Whether a non-blocking call on a.comm may leave pmpi: an earlier blocking call agreed on
 // routable facts for it (decide() routes it from those).
 bool may_route(const CollArgs& a) {
@@ -446,7 +443,7 @@ int dispatch_described(const CollArgs& a, Runtime& rt) {
   const uint64_t t0 = timed ? now_ns() : 0;
   Decision d = decide(a, rt);
   int rc;
-  const uint64_t fuse = d.error == MPI_SUCCESS ? fuse_limit(a, d) : 0;
+  const uint64_t fuse = d.error == MPI_SUCCESS ? d.fuse : 0;
   // Any other call on a communicator with fused calls open closes their group (they
   // would not be joined by later calls for long, and the application may wait for them
   // inside this one).
