@@ -181,6 +181,7 @@ struct Machine {
   md::Machine dev_m, host_m;
   int gpus = 0, nodes = 0, ppn = 0;
   double nccl_call = 0;  ///< s per NCCL collective call (the profile's nccl_call_alpha)
+  double host_call = 0;  ///< s per host-path call (host_call_alpha of the outermost level)
 };
 
 bool machine_for(const MachineProfile& p, int gpus, Machine* m, std::string* why) {
@@ -195,6 +196,7 @@ bool machine_for(const MachineProfile& p, int gpus, Machine* m, std::string* why
   m->nodes = nodes_for(p, gpus);
   m->ppn = std::min(gpus, p.gpus_per_node);
   m->nccl_call = p.nccl_call_alpha;
+  m->host_call = p.levels[std::min(h->factors.size(), p.levels.size()) - 1].host_call_alpha;
   return true;
 }
 
@@ -224,8 +226,9 @@ double blueconnect_seconds(const Machine& m, double n) {
          md::blueconnect_allreduce(m.dev, n, m.dev_m, md::StageAlgo::ring).seconds();
 }
 
+/// One call of route ht: the per-call cost once, plus the copies and the host algorithm.
 double ht_seconds(const Machine& m, double n) {
-  return md::host_transfer_allreduce(m.host, n, m.host_m).seconds();
+  return m.host_call + md::host_transfer_allreduce(m.host, n, m.host_m).seconds();
 }
 
 /// The host algorithm host_transfer_allreduce picks (its rule: Rabenseifner when cheaper).
@@ -629,7 +632,8 @@ int cmd_fit(int argc, char** argv) {
 
 // ---- hosts ------------------------------------------------------------------------------
 
-/// A host route and its model on the host path.
+/// A host route and its model on the host path (one call: the per-call cost once, plus the
+/// algorithm).
 struct HostRoute {
   const char* route;  ///< table syntax, as sc_bench's route column writes it
   const char* key;    ///< short name for the crossover lines
@@ -639,20 +643,22 @@ struct HostRoute {
 const std::vector<HostRoute>& host_routes() {
   static const std::vector<HostRoute> routes = {
       {"ht algo=rd", "rd",
-       [](const Machine& m, double n) { return md::recursive_doubling_allreduce(m.host, n, m.host_m).seconds(); }},
+       [](const Machine& m, double n) { return m.host_call + md::recursive_doubling_allreduce(m.host, n, m.host_m).seconds(); }},
       {"ht algo=rabenseifner", "rabenseifner",
-       [](const Machine& m, double n) { return md::rabenseifner_allreduce(m.host, n, m.host_m).seconds(); }},
+       [](const Machine& m, double n) { return m.host_call + md::rabenseifner_allreduce(m.host, n, m.host_m).seconds(); }},
       {"ht algo=ring", "ring",
-       [](const Machine& m, double n) { return md::ring_allreduce(m.host, n, m.host_m).seconds(); }},
+       [](const Machine& m, double n) { return m.host_call + md::ring_allreduce(m.host, n, m.host_m).seconds(); }},
       {"ht algo=ccube", "ccube",
-       [](const Machine& m, double n) { return md::ccube_allreduce(m.host, n, m.host_m).seconds(); }},
+       [](const Machine& m, double n) { return m.host_call + md::ccube_allreduce(m.host, n, m.host_m).seconds(); }},
       {"blueconnect backend=sched", "bc",
        [](const Machine& m, double n) {
-         return md::blueconnect_allreduce(m.host, n, m.host_m, md::StageAlgo::automatic).seconds();
+         return m.host_call +
+                md::blueconnect_allreduce(m.host, n, m.host_m, md::StageAlgo::automatic).seconds();
        }},
       {"blueconnect backend=sched algo=ring", "bc-ring",
        [](const Machine& m, double n) {
-         return md::blueconnect_allreduce(m.host, n, m.host_m, md::StageAlgo::ring).seconds();
+         return m.host_call +
+                md::blueconnect_allreduce(m.host, n, m.host_m, md::StageAlgo::ring).seconds();
        }},
   };
   return routes;
@@ -917,8 +923,9 @@ void print_aluminum(const MachineProfile& p, const std::string& path) {
       const md::Breakdown ring = md::ring_allreduce(m.dev, *x, m.dev_m);
       std::printf("%6s   at the crossover: ht %.1f us (copies %.1f, host %s %.1f), ring %.1f us "
                   "(call %.1f, latency %.1f, bandwidth %.1f, reduction %.1f)\n",
-                  "", ht.seconds() * 1e6, 2 * ht.stages.front().cost.total() * 1e6,
-                  ht_algo(m, *x), (ht.seconds() - 2 * ht.stages.front().cost.total()) * 1e6,
+                  "", ht_seconds(m, *x) * 1e6, 2 * ht.stages.front().cost.total() * 1e6,
+                  ht_algo(m, *x),
+                  (m.host_call + ht.seconds() - 2 * ht.stages.front().cost.total()) * 1e6,
                   (m.nccl_call + ring.seconds()) * 1e6, m.nccl_call * 1e6,
                   ring.total.latency * 1e6, ring.total.bandwidth * 1e6,
                   ring.total.reduction * 1e6);

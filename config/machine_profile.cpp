@@ -184,6 +184,7 @@ std::string check_profile(const MachineProfile& p) {
     if (l.host_alpha && !finite_nonneg(*l.host_alpha)) {
       return at + "host_alpha must be finite and >= 0";
     }
+    if (!finite_nonneg(l.host_call_alpha)) return at + "host_call_alpha must be finite and >= 0";
     const bool middle = i > 0 && i + 1 < p.levels.size();
     if (middle && l.size < 2) return at + "a middle level needs size >= 2";
     if (!middle && l.size != 0) {
@@ -272,6 +273,9 @@ std::optional<MachineProfile> load_profile(std::string_view text, std::string_vi
     if (r.number("host_solo_bandwidth", &l.host_solo_gbps, false)) {
       r.require(l.host_solo_gbps > 0, "host_solo_bandwidth", "must be > 0 (GB/s)");
     }
+    if (r.number("host_call_alpha", &l.host_call_alpha, false)) {
+      r.require(l.host_call_alpha >= 0, "host_call_alpha", "must be >= 0 (seconds)");
+    }
     const bool middle = i > 0 && i + 1 < arr->size();
     if (r.integer("size", &l.size, middle)) {
       r.require(middle, "size",
@@ -332,6 +336,9 @@ std::string write_profile(const MachineProfile& p, std::string_view comment) {
     if (l.host_gbps > 0) out += "host_bandwidth = " + number_text(l.host_gbps) + "\n";
     if (l.host_solo_gbps > 0) {
       out += "host_solo_bandwidth = " + number_text(l.host_solo_gbps) + "\n";
+    }
+    if (l.host_call_alpha > 0) {
+      out += "host_call_alpha = " + number_text(l.host_call_alpha) + "   # s per host call\n";
     }
     if (l.size > 0) out += "size = " + std::to_string(l.size) + "\n";
   }
@@ -411,7 +418,7 @@ std::vector<double> nonneg_least_squares(const std::vector<std::vector<double>>&
   const size_t rows = std::min(x.size(), y.size());
   size_t k = 0;
   for (const auto& r : x) k = std::max(k, r.size());
-  k = std::min<size_t>(k, 3);
+  k = std::min<size_t>(k, 4);
   auto at = [&](size_t i, size_t j) { return j < x[i].size() ? x[i][j] : 0.0; };
   auto residual = [&](const std::vector<double>& th) {
     double s = 0;
@@ -428,9 +435,13 @@ std::vector<double> nonneg_least_squares(const std::vector<std::vector<double>>&
   double yy = 0;
   for (size_t i = 0; i < rows; ++i) yy += y[i] * y[i];
   const double noise = 1e-12 * yy;
-  // Subsets, largest first; among equal fits the earlier one stays (for collinear
-  // columns: β before γ).
-  static const unsigned order[] = {7, 3, 5, 6, 1, 2, 4};
+  // Subsets, largest first, each size in increasing mask order; among equal fits the
+  // earlier one stays (for collinear columns: β before γ).
+  std::vector<unsigned> order;
+  for (unsigned s = 1; s < (1u << k); ++s) order.push_back(s);
+  std::stable_sort(order.begin(), order.end(), [](unsigned a, unsigned b) {
+    return __builtin_popcount(a) > __builtin_popcount(b);
+  });
   for (unsigned s : order) {
     if ((s & free_mask) != s) continue;
     std::vector<size_t> cols;
@@ -446,7 +457,7 @@ std::vector<double> nonneg_least_squares(const std::vector<std::vector<double>>&
       scale[a] = std::sqrt(scale[a]);
     }
     if (std::any_of(scale.begin(), scale.end(), [](double v) { return !(v > 0); })) continue;
-    double a_mat[3][4] = {};
+    double a_mat[4][5] = {};
     for (size_t a = 0; a < m; ++a) {
       for (size_t b = 0; b < m; ++b) {
         for (size_t i = 0; i < rows; ++i) {
@@ -515,9 +526,10 @@ std::optional<model::Algorithm> ht_algo(const std::string& spec) {
   return std::nullopt;
 }
 
-/// The model's coefficients of (α, β, γ) for one sample on one level of p ranks.
+/// The model's coefficients of (α, β, γ, per-call cost) for one sample on one level of p
+/// ranks; the per-call cost's is 1.
 std::vector<double> coefficients(const Sample& s) {
-  std::vector<double> c(3, 0.0);
+  std::vector<double> c(4, 1.0);
   const double unit[3][3] = {{1, 0, 0}, {0, 1, 0}, {0, 0, 1}};
   for (int j = 0; j < 3; ++j) {
     model::Hierarchy h;
@@ -548,18 +560,18 @@ std::string algo_list(const std::vector<Sample>& s) {
   return out;
 }
 
-/// Fits α, β (and γ unless fixed_gamma >= 0) to samples of one level.
+/// Fits α, β, the per-call cost (and γ unless fixed_gamma >= 0) to samples of one level.
 FitQuality fit_level(const std::vector<Sample>& samples, double fixed_gamma) {
   FitQuality q;
   if (samples.empty()) return q;
   std::vector<std::vector<double>> x;
-  std::vector<double> y, third;
+  std::vector<double> y;
   for (const Sample& s : samples) {
     const std::vector<double> c = coefficients(s);
-    x.push_back({c[0] / s.t, c[1] / s.t, c[2] / s.t});
+    x.push_back({c[0] / s.t, c[1] / s.t, c[2] / s.t, c[3] / s.t});
     y.push_back(fixed_gamma >= 0 ? 1 - c[2] * fixed_gamma / s.t : 1.0);
   }
-  const unsigned mask = fixed_gamma >= 0 ? 3u : 7u;
+  const unsigned mask = fixed_gamma >= 0 ? 0b1011u : 0b1111u;
   double ssr = 0;
   const std::vector<double> th = nonneg_least_squares(x, y, mask, &ssr);
   q.fitted = true;
@@ -567,10 +579,12 @@ FitQuality fit_level(const std::vector<Sample>& samples, double fixed_gamma) {
   q.alpha = th[0];
   q.beta = th[1];
   q.gamma = fixed_gamma >= 0 ? fixed_gamma : th[2];
+  q.call_alpha = th[3];
   q.gamma_free = fixed_gamma < 0;
   std::vector<double> rel;
   for (size_t i = 0; i < x.size(); ++i) {
-    const double model = x[i][0] * q.alpha + x[i][1] * q.beta + x[i][2] * q.gamma;
+    const double model =
+        x[i][0] * q.alpha + x[i][1] * q.beta + x[i][2] * q.gamma + x[i][3] * q.call_alpha;
     rel.push_back(std::fabs(model - 1));
   }
   q.median_rel = median(rel);
@@ -585,11 +599,12 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-std::string describe(const char* what, const FitQuality& q) {
+std::string describe(const char* what, const FitQuality& q, bool level = true) {
   return std::string(what) + ": " + std::to_string(q.rows) + " rows (" + q.algos +
          "), alpha " + fmt("%.3g", q.alpha * 1e6) + " us, bandwidth " +
          (q.beta > 0 ? fmt("%.4g", 1e-9 / q.beta) + " GB/s" : std::string("unbounded (beta 0)")) +
          ", gamma " + fmt("%.3g", q.gamma) + " s/B" + (q.gamma_free ? "" : " (fixed)") +
+         (level ? ", per call " + fmt("%.3g", q.call_alpha * 1e6) + " us" : std::string()) +
          "; relative error median " + fmt("%.1f", 100 * q.median_rel) + " %, max " +
          fmt("%.1f", 100 * q.max_rel) + " %";
 }
@@ -708,6 +723,7 @@ FitResult fit_profile(const std::vector<BenchRow>& rows, const MachineProfile* b
     }
     LevelProfile& l = p.levels[i];
     const bool have_device = l.gbps > 0;
+    l.host_call_alpha = q.call_alpha;  // the host path's in every case
     if (l.name.empty()) l.name = name;
     const double bw = gbps_of(q.beta);
     if (bw <= 0) {
@@ -758,7 +774,7 @@ FitResult fit_profile(const std::vector<BenchRow>& rows, const MachineProfile* b
         "host_bandwidth and host_gamma; the device figures of the base are kept");
   }
   if (res.copy.fitted) {
-    res.notes.push_back(describe("copies (device minus host rows)", res.copy));
+    res.notes.push_back(describe("copies (device minus host rows)", res.copy, false));
     if (res.copy.beta > 0) {
       p.copy_alpha = res.copy.alpha;
       p.copy_gbps = gbps_of(res.copy.beta);

@@ -25,6 +25,12 @@
 //   host_bandwidth = 6.25            #   buffers, used for route ht); each defaults to
 //   host_solo_bandwidth = 12.5       #   its device counterpart above (the solo one, when
 //                                    #   no solo is given at all, to host_bandwidth)
+//   host_call_alpha = 30e-6          # optional, s: the fixed cost of one host-path
+//                                    #   collective call whose outermost level is this one
+//                                    #   (the route's hand-off to its progress thread, its
+//                                    #   request, the scheduler), paid once per call on
+//                                    #   top of the per-step α; default 0 (sc_model fit
+//                                    #   fits it)
 //   size = 18                        # levels between the innermost and the outermost
 //                                    # only: units of the level below per group (nodes
 //                                    # per switch); level 0's size is gpus_per_node, the
@@ -56,6 +62,7 @@ struct LevelProfile {
   std::optional<double> host_alpha;  ///< unset = alpha
   double host_gbps = 0;       ///< 0 = gbps
   double host_solo_gbps = 0;  ///< 0 = solo_gbps
+  double host_call_alpha = 0; ///< s per host-path call whose outermost level is this one
 };
 
 struct MachineProfile {
@@ -114,6 +121,7 @@ struct FitQuality {
   double alpha = 0;         ///< s (copies: α_c)
   double beta = 0;          ///< s/B (copies: β_c)
   double gamma = 0;         ///< s/B (levels only)
+  double call_alpha = 0;    ///< s per call (levels only: the host_call_alpha term)
   bool gamma_free = false;  ///< γ was fitted here (not fixed from level 0)
   double median_rel = 0;    ///< median of |t_model / t_measured - 1| over the rows
   double max_rel = 0;       ///< largest of them
@@ -128,13 +136,16 @@ struct FitResult {
 
 /// Fits the profile to sc_bench rows (config/bench_csv.hpp) of allreduce on route ht with
 /// a known host algorithm (spec ht:algo=ring, ht:algo=rd, ht:algo=rabenseifner):
-///  - level 0 from host-buffer rows on one node (p = ranks): α, β, γ;
-///  - level 1 from host-buffer rows with one rank per node (p = nodes): α, β (γ fixed at
-///    level 0's value when level 0 was fitted);
+///  - level 0 from host-buffer rows on one node (p = ranks): α, β, γ and the per-call
+///    cost (host_call_alpha);
+///  - level 1 from host-buffer rows with one rank per node (p = nodes): α, β and the
+///    per-call cost (γ fixed at level 0's value when level 0 was fitted);
 ///  - the copies from device-buffer rows of the same (spec, ranks, nodes, bytes) as a host
 ///    row: t_device - t_host = 2(α_c + n·β_c).
 /// Each model is linear in (α, β, γ) on one level with uniform links, so its coefficients
-/// come from evaluating it at unit parameter vectors; the fit minimises the sum of squared
+/// come from evaluating it at unit parameter vectors; the per-call cost's coefficient is 1
+/// (once per call, whatever the algorithm: without it the fixed cost of a call is read as
+/// per-step latency, and algorithms with many steps, the ring, come out far too slow); the fit minimises the sum of squared
 /// relative errors (t_model / t_measured - 1)² with every parameter >= 0 (the least-squares
 /// solution on each subset of the parameters, the best feasible one kept).
 /// The fitted values go to the host-path fields (host_alpha, host_bandwidth,
@@ -145,7 +156,7 @@ struct FitResult {
 FitResult fit_profile(const std::vector<BenchRow>& rows, const MachineProfile* base,
                       const FitOptions& opt = {});
 
-/// Least squares with non-negative unknowns for up to 3 unknowns: minimises
+/// Least squares with non-negative unknowns for up to 4 unknowns: minimises
 /// Σ_i (Σ_j x[i][j]·θ_j - y_i)² over θ >= 0, θ_j fixed at 0 where bit j of `free_mask` is
 /// clear. Returns θ, and in *ssr the minimum. Exposed for the tests.
 std::vector<double> nonneg_least_squares(const std::vector<std::vector<double>>& x,

@@ -22,6 +22,9 @@
 #
 #   scripts/cluster-bench.sh [--out DIR] [--rates "1gbit 10gbit"] [--max-bytes 16M]
 #   scripts/cluster-bench.sh measure DIR MAX_BYTES   (inside the cluster: one rate)
+#   scripts/cluster-bench.sh model DIR [--rates ...] [--max-bytes 16M]
+#                        the fits, models, predictions and summary again from DIR's
+#                        measurements (after a change to the model; no cluster, no root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -81,6 +84,12 @@ fi
 
 # ---- outside: the clusters, the fits, the comparisons ------------------------------------
 out=bench/results/cluster_$(date -u +%Y-%m-%d) rates="1gbit 10gbit" max=16M
+model_only=0
+if [ "${1:-}" = model ]; then
+  [ $# -ge 2 ] || { echo "cluster-bench.sh model: the directory of an earlier run is needed" >&2; exit 2; }
+  model_only=1 out=$2
+  shift 2
+fi
 while [ $# -gt 0 ]; do
   case $1 in
     --out) out=$2; shift ;;
@@ -90,20 +99,29 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-[ "$(id -u)" -eq 0 ] || { echo "cluster-bench.sh: needs root (scripts/cluster.sh)" >&2; exit 2; }
 case $out in /*) ;; *) out=$root/$out ;; esac
-mkdir -p "$out"
-scripts/build.sh >/dev/null
-trap 'scripts/cluster.sh down >/dev/null 2>&1 || true' EXIT
-commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with local changes)')"
+if [ $model_only = 0 ]; then
+  [ "$(id -u)" -eq 0 ] || { echo "cluster-bench.sh: needs root (scripts/cluster.sh)" >&2; exit 2; }
+  mkdir -p "$out"
+  scripts/build.sh >/dev/null
+  trap 'scripts/cluster.sh down >/dev/null 2>&1 || true' EXIT
+  commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with local changes)')"
+  for rate in $rates; do
+    scripts/cluster.sh up --nodes 4 --ppn 2 --rate "$rate"
+    {
+      echo "# scripts/cluster-bench.sh: commit $commit, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) cores"
+      scripts/cluster.sh status
+    } >"$out/cluster-$rate.txt"
+    scripts/cluster.sh run --timeout 5400 scripts/cluster-bench.sh measure "$out/$rate" "$max"
+    scripts/cluster.sh down
+  done
+else
+  [ -x "$build/bench/sc_model" ] || { echo "cluster-bench.sh model: build $build first (scripts/build.sh)" >&2; exit 2; }
+  for rate in $rates; do
+    [ -f "$out/$rate/fit.csv" ] || { echo "cluster-bench.sh model: no $out/$rate/fit.csv" >&2; exit 2; }
+  done
+fi
 for rate in $rates; do
-  scripts/cluster.sh up --nodes 4 --ppn 2 --rate "$rate"
-  {
-    echo "# scripts/cluster-bench.sh: commit $commit, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) cores"
-    scripts/cluster.sh status
-  } >"$out/cluster-$rate.txt"
-  scripts/cluster.sh run --timeout 5400 scripts/cluster-bench.sh measure "$out/$rate" "$max"
-  scripts/cluster.sh down
   "$build/bench/sc_model" fit --in "$out/$rate/fit.csv" --out "$out/$rate/profile.toml" >"$out/$rate/fit.txt" ||
     echo "cluster-bench: no profile fitted at $rate (fit.txt says why); no model for it" >&2
 done

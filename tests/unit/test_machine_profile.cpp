@@ -98,9 +98,10 @@ model::Algorithm algo_of(const char* a) {
                      : model::Algorithm::rabenseifner;
 }
 
-/// Host rows of the three algorithms on one level of p ranks, from the models.
+/// Host rows of the three algorithms on one level of p ranks, from the models, each call
+/// paying `call` seconds once on top.
 void add_rows(std::vector<BenchRow>* rows, int p, bool one_per_node, double alpha, double beta,
-              double gamma, double noise, Noise* rng) {
+              double gamma, double noise, Noise* rng, double call = 0) {
   model::Hierarchy h;
   h.factors = {p};
   h.links = {model::LinkLevel{alpha, beta, 0, 0}};
@@ -108,7 +109,7 @@ void add_rows(std::vector<BenchRow>* rows, int p, bool one_per_node, double alph
   m.gamma = gamma;
   for (const char* a : {"ring", "rd", "rabenseifner"}) {
     for (uint64_t n = 8; n <= (uint64_t{1} << 26); n *= 4) {
-      const double t = model::evaluate(algo_of(a), h, double(n), m).seconds();
+      const double t = call + model::evaluate(algo_of(a), h, double(n), m).seconds();
       rows->push_back(row(a, "host", p, one_per_node ? p : 1, one_per_node ? 1 : p, n,
                           t * (1 + rng->next(noise))));
     }
@@ -218,6 +219,10 @@ TEST_CASE("machine profile: errors name the key and the line") {
   CHECK(has(e, "'gamma' must be >= 0"));
   e = load_err("gpus_per_node = 4\ngamma = inf\n[[level]]\nalpha = 1\nbandwidth = 1\n");
   CHECK(has(e, "finite"));
+  e = load_err("gpus_per_node = 4\ngamma = 0\n[[level]]\nalpha = 1\nbandwidth = 1\n"
+               "host_call_alpha = -1e-6\n");
+  CHECK(has(e, "level[0].host_call_alpha"));
+  CHECK(has(e, "must be >= 0"));
   // size: required on a middle level, refused elsewhere.
   const std::string three = "gpus_per_node = 4\ngamma = 0\n[[level]]\nalpha = 1\nbandwidth = 1\n"
                             "[[level]]\nalpha = 1\nbandwidth = 1\n[[level]]\nalpha = 1\n"
@@ -329,6 +334,21 @@ TEST_CASE("machine profile: non-negative least squares") {
   CHECK(th[0] == doctest::Approx(1));
   CHECK(th[1] == doctest::Approx(1));
   CHECK(th[2] == 0);
+  // Four unknowns: y = 0.5·x0 + 2·x2 + 4·x3; with x3 fixed at 0 the others absorb it.
+  const std::vector<std::vector<double>> x4 = {
+      {1, 0, 1, 1}, {0, 1, 2, 1}, {1, 1, 0, 1}, {2, 1, 1, 1}, {3, 0, 1, 1}, {1, 2, 5, 1}};
+  std::vector<double> y4;
+  for (const auto& r : x4) y4.push_back(0.5 * r[0] + 2 * r[2] + 4 * r[3]);
+  th = nonneg_least_squares(x4, y4, 15u, &ssr);
+  REQUIRE(th.size() == 4);
+  CHECK(th[0] == doctest::Approx(0.5));
+  CHECK(th[1] == doctest::Approx(0).epsilon(1e-9));
+  CHECK(th[2] == doctest::Approx(2));
+  CHECK(th[3] == doctest::Approx(4));
+  CHECK(ssr == doctest::Approx(0).epsilon(1e-12));
+  th = nonneg_least_squares(x4, y4, 7u, &ssr);
+  CHECK(th[3] == 0);
+  CHECK(ssr > 0.1);
 }
 
 TEST_CASE("machine profile: the fit recovers the model's parameters") {
@@ -424,6 +444,34 @@ TEST_CASE("machine profile: the fit recovers the model's parameters") {
     bool skipped_note = false;
     for (const std::string& n : r.notes) skipped_note = skipped_note || has(n, "rows skipped");
     CHECK(skipped_note);
+  }
+  SUBCASE("a per-call cost: recovered apart from the per-step α, and written") {
+    const double c0 = 3e-6, c1 = 40e-6;  // one node; across nodes (route ht's hand-off)
+    std::vector<BenchRow> rows;
+    Noise rng;
+    add_rows(&rows, 4, false, a0, b0, g, 0, &rng, c0);
+    add_rows(&rows, 8, true, a1, b1, g, 0, &rng, c1);
+    const FitResult r = fit_profile(rows, nullptr);
+    REQUIRE(r.profile);
+    CHECK(r.level0.call_alpha == doctest::Approx(c0).epsilon(1e-6));
+    CHECK(r.level0.alpha == doctest::Approx(a0).epsilon(1e-6));
+    CHECK(r.level0.gamma == doctest::Approx(g).epsilon(1e-6));
+    CHECK(r.level1.call_alpha == doctest::Approx(c1).epsilon(1e-6));
+    CHECK(r.level1.alpha == doctest::Approx(a1).epsilon(1e-6));
+    CHECK(r.level1.beta == doctest::Approx(b1).epsilon(1e-6));
+    CHECK(r.level1.max_rel < 1e-9);
+    const MachineProfile& p = *r.profile;
+    REQUIRE(p.levels.size() == 2);
+    CHECK(p.levels[0].host_call_alpha == doctest::Approx(c0).epsilon(1e-6));
+    CHECK(p.levels[1].host_call_alpha == doctest::Approx(c1).epsilon(1e-6));
+    std::string err;
+    const auto back = load_profile(write_profile(p), "fit", &err);
+    REQUIRE(back);
+    CHECK(back->levels[1].host_call_alpha == p.levels[1].host_call_alpha);
+    // Without a per-call cost in the rows it comes out 0 (the exact rows above).
+    std::vector<BenchRow> plain;
+    add_rows(&plain, 8, true, a1, b1, g, 0, &rng);
+    CHECK(fit_profile(plain, nullptr).level1.call_alpha == doctest::Approx(0).epsilon(1e-12));
   }
   SUBCASE("one algorithm only: β and γ are proportional, γ comes out 0") {
     std::vector<BenchRow> rows;
