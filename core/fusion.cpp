@@ -636,9 +636,10 @@ std::shared_ptr<Queue> open(const CommContext& ctx,
   // worked on every rank.
   Route* ht = find_route(RouteId::ht);
   const config::TuningTable* table = &Runtime::get().table();
+  CommContext* dup = nullptr;  // the duplicate's context, made for the first route set up
   if (ht && (routes(table, RouteId::ht) || routes(forced.get(), RouteId::ht))) {
     int ok = 0;
-    CommContext* dup = comm_context(q->comm, true);
+    dup = comm_context(q->comm, true);
     if (dup) ok = ht->accepts(set_up_call(q->comm), *dup, config::RouteChoice{}, CallEnv{}) ? 1 : 0;
     int all = 0;
     if (PMPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, q->comm) == MPI_SUCCESS && all == 1)
@@ -653,7 +654,11 @@ std::shared_ptr<Queue> open(const CommContext& ctx,
   Route* nccl = find_route(RouteId::nccl);
   if (nccl && Runtime::get().settings().fusion_nccl &&
       (routes(table, RouteId::nccl, true) || routes(forced.get(), RouteId::nccl, true))) {
-    if (CommContext* dup = comm_context(q->comm, true)) {
+    if (!dup) dup = comm_context(q->comm, true);
+    // The set-up is collective: a rank whose duplicate has no context (it could not be
+    // made) cannot enter it, so every rank learns first whether all have one.
+    int have = dup ? 1 : 0, all = 0;
+    if (PMPI_Allreduce(&have, &all, 1, MPI_INT, MPI_MIN, q->comm) == MPI_SUCCESS && all == 1) {
       CallEnv env;
       env.mem = env.agreed_mem = MemKind::device;
       env.device = device;
