@@ -631,39 +631,45 @@ std::shared_ptr<Queue> open(const CommContext& ctx,
   q->async_error = ctx.async_error;
   q->nodes = ctx.nodes;
   q->ppn = ctx.ppn;
-  // Route ht for the fused messages: set up on the duplicate (collective: every rank is
-  // here, at the same blocking call) where a rule may ask for it, and kept only where it
-  // worked on every rank.
+  // The routes for the fused messages are set up on the duplicate's own context where a
+  // rule may ask for them. Both set-ups are collective (every rank is here, at the same
+  // blocking call): a rank whose duplicate has no context (it could not be made) cannot
+  // enter them, so every rank learns first whether all have one.
   Route* ht = find_route(RouteId::ht);
+  Route* nccl = find_route(RouteId::nccl);
   const config::TuningTable* table = &Runtime::get().table();
-  CommContext* dup = nullptr;  // the duplicate's context, made for the first route set up
-  if (ht && (routes(table, RouteId::ht) || routes(forced.get(), RouteId::ht))) {
-    int ok = 0;
+  const bool want_ht = ht && (routes(table, RouteId::ht) || routes(forced.get(), RouteId::ht));
+  // STREAMCOLL_FUSION_NCCL is a job-wide setting, equal on every rank.
+  const bool want_nccl =
+      nccl && Runtime::get().settings().fusion_nccl &&
+      (routes(table, RouteId::nccl, true) || routes(forced.get(), RouteId::nccl, true));
+  CommContext* dup = nullptr;
+  if (want_ht || want_nccl) {
     dup = comm_context(q->comm, true);
-    if (dup) ok = ht->accepts(set_up_call(q->comm), *dup, config::RouteChoice{}, CallEnv{}) ? 1 : 0;
+    int have = dup ? 1 : 0, all = 0;
+    if (PMPI_Allreduce(&have, &all, 1, MPI_INT, MPI_MIN, q->comm) != MPI_SUCCESS || all != 1) {
+      SC_INFO("fusion: no context for the queue's duplicate on some rank: fused messages "
+              "run on route pmpi");
+      dup = nullptr;
+    }
+  }
+  // Route ht: kept only where its set-up worked on every rank.
+  if (want_ht && dup) {
+    int ok = ht->accepts(set_up_call(q->comm), *dup, config::RouteChoice{}, CallEnv{}) ? 1 : 0;
     int all = 0;
     if (PMPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, q->comm) == MPI_SUCCESS && all == 1)
       q->ht_ctx = dup;
     SC_INFO("fusion: route ht for fused messages %s",
             q->ht_ctx ? "set up" : "not available (some rank could not set it up)");
   }
-  // Route nccl for fused messages on GPU memory (STREAMCOLL_FUSION_NCCL, a job-wide
-  // setting): its set-up is collective and all-or-nothing (algorithms/nccl.cpp), and every
-  // rank reaches it alike: accepts() answers from the call's shape and the duplicate's
-  // state before it.
-  Route* nccl = find_route(RouteId::nccl);
-  if (nccl && Runtime::get().settings().fusion_nccl &&
-      (routes(table, RouteId::nccl, true) || routes(forced.get(), RouteId::nccl, true))) {
-    if (!dup) dup = comm_context(q->comm, true);
-    // The set-up is collective: a rank whose duplicate has no context (it could not be
-    // made) cannot enter it, so every rank learns first whether all have one.
-    int have = dup ? 1 : 0, all = 0;
-    if (PMPI_Allreduce(&have, &all, 1, MPI_INT, MPI_MIN, q->comm) == MPI_SUCCESS && all == 1) {
-      CallEnv env;
-      env.mem = env.agreed_mem = MemKind::device;
-      env.device = device;
-      if (nccl->accepts(set_up_call(q->comm), *dup, config::RouteChoice{}, env)) q->nccl_ctx = dup;
-    }
+  // Route nccl for fused messages on GPU memory: its set-up is all-or-nothing
+  // (algorithms/nccl.cpp), and every rank reaches it alike: accepts() answers from the
+  // call's shape and the duplicate's state before it.
+  if (want_nccl && dup) {
+    CallEnv env;
+    env.mem = env.agreed_mem = MemKind::device;
+    env.device = device;
+    if (nccl->accepts(set_up_call(q->comm), *dup, config::RouteChoice{}, env)) q->nccl_ctx = dup;
     SC_INFO("fusion: route nccl for fused messages on GPU memory %s",
             q->nccl_ctx ? "set up" : "not available");
   }
