@@ -32,6 +32,7 @@ uint64_t now_ns() {
 
 std::atomic<uint64_t> g_calls{0}, g_messages{0}, g_agreements{0};
 std::atomic<uint64_t> g_on_route[kNumRoutes] = {};  // fused messages per route
+std::atomic<uint64_t> g_gpu_packed{0};  // fused messages packed in GPU memory
 
 // The least time between two steps that waits and tests make (a wait polls every request
 // of its array in turn; the progress thread steps regardless).
@@ -146,13 +147,16 @@ namespace {
 // small calls on device buffers spent its time there (bench/results/gpu_h200_2026-11-27).
 class Copies {
  public:
-  void add(void* dst, const void* src, uint64_t bytes, bool gpu_side, const void* gpu) {
+  // device_ends: both ends are GPU memory of the GPU that holds `gpu` (or managed), so
+  // the batched-copy kernel may take the copy (host_staging::Copy::device_ends).
+  void add(void* dst, const void* src, uint64_t bytes, bool gpu_side, const void* gpu,
+           bool device_ends = false) {
     if (bytes == 0) return;
     if (!gpu_side) {
       std::memcpy(dst, src, bytes);
       return;
     }
-    gpu_.push_back(host_staging::Copy{dst, src, bytes, gpu});
+    gpu_.push_back(host_staging::Copy{dst, src, bytes, gpu, device_ends});
   }
   // Runs the GPU copies; MPI_SUCCESS or an error code (then any of them may not have run).
   int run() {
@@ -179,6 +183,11 @@ struct Queue : std::enable_shared_from_this<Queue> {
   /// The same context with route nccl set up on it (open(), STREAMCOLL_FUSION_NCCL), or
   /// null: fused messages on GPU memory that the rules give to nccl run there.
   CommContext* nccl_ctx = nullptr;
+  /// Whether, at the last agreement of a group on GPU memory, every rank's NCCL
+  /// communicator for fused messages was usable (at first: it was set up, on every rank
+  /// alike). Agreed, so equal on every rank: groups are packed for route nccl, in GPU
+  /// memory, only while it holds (nccl_pack_rule). Under mu.
+  bool nccl_ok_last = true;
   int size = 1, nodes = 1, ppn = 1;  ///< the communicator's, for the fused message's CallKey
   /// The communicator context's (CommContext::async_error): a stream-ordered call's
   /// failure, found after the call returned, for the next call to report.
@@ -211,12 +220,19 @@ struct Queue : std::enable_shared_from_this<Queue> {
   std::atomic<uint64_t> idle_until{0};  ///< for the progress thread (Task::idle_until_ns)
   struct Group {
     std::vector<Member*> members;     ///< agreed (after the agreement)
-    /// The packed contributions, then the result: pinned host memory from host_staging's
-    /// cache when a member's buffer is on a GPU (the copies then run without the driver
-    /// staging them again), else `own`.
+    /// The packed contributions, then the result: GPU memory of route nccl's (`dev`) for
+    /// a group packed for it, where it could be had; else pinned host memory from
+    /// host_staging's cache when a member's buffer is on a GPU (the copies then run
+    /// without the driver staging them again), else `own`.
     unsigned char* buf = nullptr;
     void* pinned = nullptr;
     std::vector<unsigned char> own;
+    std::shared_ptr<void> dev;  ///< route nccl's device_buffer, on GPU dev_device
+    int dev_device = -1;
+    /// Packed for route nccl (nccl_pack_rule, equal on every rank): its fused message
+    /// goes there, or, where some rank's NCCL communicator is no longer usable, the group
+    /// fails on every rank (this rank's contribution may be in GPU memory only).
+    bool for_nccl = false;
     Group() = default;
     Group(const Group&) = delete;
     Group& operator=(const Group&) = delete;
@@ -234,9 +250,13 @@ struct Queue : std::enable_shared_from_this<Queue> {
     /// is usable (1) or not (0); agreed: their minimum over the ranks.
     int offered[3] = {0, 1, 0};
     int agreed[3] = {0, 0, 0};
+    /// A group packed for nccl that goes to the host (start_recovery): this rank's ok,
+    /// and every rank's (MIN).
+    int recover[2] = {1, 0};
     RouteId route = RouteId::pmpi;    ///< the fused message's
   };
   std::unique_ptr<Group> agreeing;            ///< at most one agreement in flight
+  std::unique_ptr<Group> recovering;          ///< or a second one (start_recovery)
   std::deque<std::unique_ptr<Group>> fused;   ///< fused messages in flight, in order
 
   std::atomic<uint64_t> calls{0}, messages{0}, agreements{0};
@@ -276,6 +296,43 @@ struct Queue : std::enable_shared_from_this<Queue> {
     return r && r->choice.route == RouteId::nccl ? r : nullptr;
   }
 
+  // Whether the next group of h's run is packed for route nccl, and the rule that sends it
+  // there: decided before the group is agreed (its size is not known yet), from facts
+  // equal on every rank: route nccl set up for fused messages and usable on every rank
+  // at the last agreement (nccl_ok_last), the run's agreed GPU memory, and the rules for
+  // its smallest and largest group (one call, the fuse= limit), which must both say nccl
+  // (a group packed for nccl goes there whatever its size), and route nccl taking its
+  // type and op. Each rank then packs in GPU memory where it can have some, else in host
+  // memory, which route nccl stages: only the route must be equal. Under mu.
+  const config::Rule* nccl_pack_rule(const Member& h) {
+    if (!nccl_ok_last) return nullptr;
+    const config::Rule* r = nccl_rule(h, h.limit);
+    if (!r || !nccl_rule(h, h.size_bytes)) return nullptr;
+    Route* nccl = find_route(RouteId::nccl);
+    CallEnv agreed;
+    agreed.mem = agreed.agreed_mem = MemKind::device;
+    agreed.fused = true;
+    return nccl && nccl->accepts(fused_args(h, 0, nullptr, nullptr), *nccl_ctx, r->choice, agreed)
+               ? r
+               : nullptr;
+  }
+
+  // A fused message as a route takes it: an allreduce of count elements of h's type, in
+  // place on `buf`, non-blocking, on the duplicate.
+  CollArgs fused_args(const Member& h, uint64_t count, void* buf, MPI_Request* req) const {
+    CollArgs a;
+    a.coll = Coll::allreduce;
+    a.nonblocking = true;
+    a.sendbuf = MPI_IN_PLACE;
+    a.recvbuf = buf;
+    a.count = static_cast<int>(count);
+    a.datatype = h.type;
+    a.op = h.op;
+    a.comm = comm;
+    a.request = req;
+    return a;
+  }
+
   // Whether this rank can take part in a fused message on NCCL: set up, and its NCCL
   // communicator not aborted (a peer's failure notice, an asynchronous error). Local;
   // the agreement takes every rank's answer.
@@ -292,16 +349,29 @@ struct Queue : std::enable_shared_from_this<Queue> {
   // Starts the fused message of group g (count elements of h's type, size_bytes in the
   // CallKey convention) on its route.
   int start_fused(Group& g, const Member& h, uint64_t count, uint64_t size_bytes) {
-    CollArgs a;  // the fused message, as a route takes it: in place on the fused buffer
-    a.coll = Coll::allreduce;
-    a.nonblocking = true;
-    a.sendbuf = MPI_IN_PLACE;
-    a.recvbuf = g.buf;
-    a.count = static_cast<int>(count);
-    a.datatype = h.type;
-    a.op = h.op;
-    a.comm = comm;
-    a.request = &g.req;
+    const CollArgs a = fused_args(h, count, g.buf, &g.req);
+    if (g.for_nccl) {
+      // Packed for route nccl, and every rank's NCCL communicator usable (on_agreed):
+      // accepts() answers as it did at packing, from the same facts.
+      const config::Rule* rule = nccl_rule(h, h.limit);
+      Route* nccl = find_route(RouteId::nccl);
+      CallEnv agreed;
+      agreed.mem = agreed.agreed_mem = MemKind::device;
+      agreed.fused = true;
+      if (!rule || !nccl || !nccl->accepts(a, *nccl_ctx, rule->choice, agreed)) return MPI_ERR_OTHER;
+      SC_TRACE("fusion: fused message of %llu B on route nccl (%s), packed in %s memory",
+               static_cast<unsigned long long>(size_bytes), rule->origin.c_str(),
+               g.dev ? "GPU" : "host");
+      CallEnv here;  // GPU memory on route nccl's GPU; host memory: route nccl stages it
+      here.agreed_mem = MemKind::device;
+      here.fused = true;
+      if (g.dev) {
+        here.mem = MemKind::device;
+        here.device = g.dev_device;
+      }
+      g.route = RouteId::nccl;
+      return nccl->run(a, *nccl_ctx, rule->choice, here);
+    }
     if (const config::Rule* rule = g.agreed[2] == 1 ? nccl_rule(h, size_bytes) : nullptr) {
       CallEnv agreed;  // what every rank decides from: GPU memory, a fused message
       agreed.mem = agreed.agreed_mem = MemKind::device;
@@ -382,10 +452,23 @@ struct Queue : std::enable_shared_from_this<Queue> {
     auto g = std::make_unique<Group>();
     uint64_t total = 0;
     for (size_t i = 0; i < n; ++i) total += pending[i]->bytes;
-    const void* gpu = nullptr;  // a GPU buffer of the group's, if any
-    for (size_t i = 0; i < n && !gpu; ++i)
-      gpu = pending[i]->send_gpu ? pending[i]->send : pending[i]->recv_gpu ? pending[i]->recv : nullptr;
-    g->allocate(total, gpu);
+    g->for_nccl = nccl_pack_rule(*pending.front()) != nullptr;
+    // Where it is packed is this rank's own choice: in GPU memory when it can have some,
+    // unless a member is stream-ordered (its contribution is in pinned memory already,
+    // and its result goes back there: host packing copies less).
+    bool staged = false;
+    for (size_t i = 0; i < n && !staged; ++i) staged = pending[i]->stage != nullptr;
+    if (g->for_nccl && total > 0 && !staged)
+      if (Route* nccl = find_route(RouteId::nccl)) {
+        g->dev = nccl->device_buffer(*nccl_ctx, total, &g->dev_device);
+        if (g->dev) g->buf = static_cast<unsigned char*>(g->dev.get());
+      }
+    if (!g->dev) {
+      const void* gpu = nullptr;  // a GPU buffer of the group's, if any
+      for (size_t i = 0; i < n && !gpu; ++i)
+        gpu = pending[i]->send_gpu ? pending[i]->send : pending[i]->recv_gpu ? pending[i]->recv : nullptr;
+      g->allocate(total, gpu);
+    }
     uint64_t off = 0;
     bool ok = true;
     Copies copies;
@@ -393,7 +476,10 @@ struct Queue : std::enable_shared_from_this<Queue> {
       const Member& m = *pending[i];
       // A call that failed on this rank at its start (own) fails its group everywhere too.
       ok = m.error_ == MPI_SUCCESS;
-      if (ok) copies.add(g->buf + off, m.send, m.bytes, m.send_gpu, m.send);
+      if (ok && g->dev)
+        copies.add(g->buf + off, m.send, m.bytes, true, g->buf, device_ends(m.send, m.send_gpu, *g));
+      else if (ok)
+        copies.add(g->buf + off, m.send, m.bytes, m.send_gpu, m.send);
       off += m.bytes;
     }
     // Run even when !ok: nothing queued may still be copying when the buffer goes.
@@ -420,6 +506,12 @@ struct Queue : std::enable_shared_from_this<Queue> {
     agreeing = std::move(g);
   }
 
+  // Whether a member's buffer p (on a GPU: gpu) and g's GPU memory are both on g's GPU,
+  // so that the batched-copy kernel may copy between them.
+  static bool device_ends(const void* p, bool gpu, const Group& g) {
+    return gpu && cuda::device_of(p) == g.dev_device;
+  }
+
   // The agreement is done: the group takes its calls and its fused message starts. Under
   // mu. Returns the calls to complete now (a failed group).
   std::vector<Member*> on_agreed() {
@@ -431,29 +523,81 @@ struct Queue : std::enable_shared_from_this<Queue> {
     std::vector<Member*> done;
     int err = MPI_SUCCESS;
     if (g->agreed[1] != 1) err = MPI_ERR_OTHER;  // a copy failed on some rank, or the agreement
+    const MemKind kind = g->members.front()->agreed_mem;
+    if (g->agreed[1] != -1 && (kind == MemKind::device || kind == MemKind::managed))
+      nccl_ok_last = g->agreed[2] == 1;  // agreed: equal on every rank
+    if (err == MPI_SUCCESS && g->for_nccl && g->agreed[2] != 1) {
+      start_recovery(std::move(g));
+      return done;
+    }
+    if (err == MPI_SUCCESS) return launch(std::move(g));
+    fail_group(*g, err, &done);
+    return done;
+  }
+
+  // The group's calls fail with err (a call's own failure stays its error).
+  static void fail_group(Group& g, int err, std::vector<Member*>* done) {
+    for (Member* m : g.members) {
+      if (m->error_ == MPI_SUCCESS) m->error_ = err;
+      done->push_back(m);
+    }
+  }
+
+  // Starts the agreed group's fused message. Under mu. Returns the calls to complete now
+  // (the message could not start).
+  std::vector<Member*> launch(std::unique_ptr<Group> g) {
+    std::vector<Member*> done;
     uint64_t count = 0, bytes = 0, size_bytes = 0;
     for (const Member* m : g->members) {
       count += static_cast<uint64_t>(m->count);
       bytes += m->bytes;
       size_bytes += m->size_bytes;
     }
-    if (err == MPI_SUCCESS) {
-      err = start_fused(*g, *g->members.front(), count, size_bytes);
-    }
-    if (err != MPI_SUCCESS) {
-      for (Member* m : g->members) {
-        if (m->error_ == MPI_SUCCESS) m->error_ = err;  // a call's own failure stays its error
-        done.push_back(m);
-      }
+    if (int err = start_fused(*g, *g->members.front(), count, size_bytes); err != MPI_SUCCESS) {
+      fail_group(*g, err, &done);
       return done;
     }
-    SC_TRACE("fusion: %zu calls agreed at %llu us; fused message of %llu B", k,
+    SC_TRACE("fusion: %zu calls agreed at %llu us; fused message of %llu B", g->members.size(),
              static_cast<unsigned long long>(now_ns() / 1000), static_cast<unsigned long long>(bytes));
     messages.fetch_add(1, std::memory_order_relaxed);
     g_messages.fetch_add(1, std::memory_order_relaxed);
     g_on_route[static_cast<int>(g->route)].fetch_add(1, std::memory_order_relaxed);
+    if (g->dev) g_gpu_packed.fetch_add(1, std::memory_order_relaxed);
     fused.push_back(std::move(g));
     return done;
+  }
+
+  // A group packed for route nccl, which some rank can no longer use (its NCCL
+  // communicator aborted after a failure, and the others not yet told when they packed):
+  // every rank knows it from the agreement, and the group goes to the host routes instead.
+  // A rank that packed it in GPU memory copies it to host memory first; that copy could
+  // fail on this rank alone, so a second agreement (the MIN of every rank's ok) precedes
+  // the fused message, and nothing else is started on the duplicate meanwhile, so the
+  // order of its collectives stays the same on every rank. Under mu.
+  void start_recovery(std::unique_ptr<Group> g) {
+    SC_INFO("fusion: a group packed for route nccl goes to the host routes (some rank's "
+            "NCCL communicator is no longer usable)");
+    g->for_nccl = false;
+    g->recover[0] = 1;
+    if (g->dev) {
+      uint64_t bytes = 0;
+      for (const Member* m : g->members) bytes += m->bytes;
+      std::shared_ptr<void> dev = std::move(g->dev);
+      g->allocate(bytes, dev.get());
+      Copies copies;
+      copies.add(g->buf, dev.get(), bytes, true, dev.get());
+      if (copies.run() != MPI_SUCCESS) g->recover[0] = 0;
+    }
+    g->req = MPI_REQUEST_NULL;
+    agreements.fetch_add(1, std::memory_order_relaxed);
+    g_agreements.fetch_add(1, std::memory_order_relaxed);
+    if (PMPI_Iallreduce(&g->recover[0], &g->recover[1], 1, MPI_INT, MPI_MIN, comm, &g->req) !=
+        MPI_SUCCESS) {
+      SC_WARN("fusion: the second agreement's MPI_Iallreduce failed; the group's calls fail");
+      g->recover[1] = -1;
+      g->req = MPI_REQUEST_NULL;
+    }
+    recovering = std::move(g);
   }
 
   // One step, never blocking; true when the queue has nothing left (the progress thread's
@@ -486,16 +630,34 @@ struct Queue : std::enable_shared_from_this<Queue> {
         Copies copies;
         for (Member* m : g.members) {
           if (rc != MPI_SUCCESS) m->error_ = rc;
+          else if (g.dev)
+            copies.add(m->recv, g.buf + off, m->bytes, true, g.buf, device_ends(m->recv, m->recv_gpu, g));
           else copies.add(m->recv, g.buf + off, m->bytes, m->recv_gpu, m->recv);
           off += m->bytes;
           done.push_back(m);
         }
-        // A failed batch fails every call with a GPU receive buffer (which of its copies
-        // ran is not known); the host ones have their results.
+        // A failed batch fails every call with a GPU receive buffer, or every call when the
+        // fused buffer is in GPU memory (which of its copies ran is not known); the others
+        // have their results.
         if (int c = copies.run(); c != MPI_SUCCESS)
           for (Member* m : g.members)
-            if (m->recv_gpu && m->bytes > 0 && m->error_ == MPI_SUCCESS) m->error_ = c;
+            if ((m->recv_gpu || g.dev) && m->bytes > 0 && m->error_ == MPI_SUCCESS) m->error_ = c;
         fused.pop_front();
+      }
+      if (recovering) {
+        int flag = 1;
+        if (recovering->req != MPI_REQUEST_NULL &&
+            PMPI_Test(&recovering->req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+          recovering->recover[1] = -1;
+          flag = 1;
+        }
+        if (flag) {
+          std::unique_ptr<Group> g = std::move(recovering);
+          std::vector<Member*> failed;
+          if (g->recover[1] == 1) failed = launch(std::move(g));
+          else fail_group(*g, MPI_ERR_OTHER, &failed);
+          done.insert(done.end(), failed.begin(), failed.end());
+        }
       }
       if (agreeing) {
         int flag = 1;
@@ -511,7 +673,7 @@ struct Queue : std::enable_shared_from_this<Queue> {
         }
       }
       bool awaiting_input = false;  // a group to close, its first call's input not in yet
-      if (!agreeing && !pending.empty()) {
+      if (!agreeing && !recovering && !pending.empty()) {
         bool complete = false;
         const size_t n = head_run(&complete);
         if (complete || close_wanted() ||
@@ -523,7 +685,7 @@ struct Queue : std::enable_shared_from_this<Queue> {
           else awaiting_input = true;
         }
       }
-      idle = !agreeing && fused.empty() && pending.empty();
+      idle = !agreeing && !recovering && fused.empty() && pending.empty();
       if (idle) task_active = false;
       // When the progress thread must step again: with only calls waiting for the cycle
       // time, when it ends (poke() wakes it earlier); with messages in flight, at once,
@@ -532,7 +694,7 @@ struct Queue : std::enable_shared_from_this<Queue> {
       // over TCP for 0.2 to 2 s now and then: Open MPI's TCP BTL is progressed by its
       // event loop, which opal_progress runs only every so many calls; measured on the
       // test cluster, bench/results/fusion_2026-11-26.)
-      idle_until.store(!idle && !agreeing && fused.empty() && !awaiting_input
+      idle_until.store(!idle && !agreeing && !recovering && fused.empty() && !awaiting_input
                            ? pending.front()->started_ns + cycle_ns
                            : 0,
                        std::memory_order_relaxed);
@@ -776,5 +938,7 @@ Counts process_counts() { return {g_calls.load(), g_messages.load(), g_agreement
 uint64_t process_messages_on(RouteId route) {
   return g_on_route[static_cast<int>(route)].load(std::memory_order_relaxed);
 }
+
+uint64_t process_messages_packed_on_gpu() { return g_gpu_packed.load(std::memory_order_relaxed); }
 
 }  // namespace streamcoll::fusion

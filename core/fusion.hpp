@@ -12,15 +12,15 @@
 // the queue: pmpi (the MPI's MPI_Iallreduce) and ht (its non-blocking host schedule, on
 // the duplicate's own context, set up at open()); a table rule of another route hands it
 // to the next rule, a forced one to pmpi. A group on GPU memory (the memory kind agreed
-// for its calls) goes where an allreduce of its size on GPU memory goes if that is route
-// nccl and the site allows it (STREAMCOLL_FUSION_NCCL: NCCL kernels started at the
-// agreement interleave with the program's other NCCL operations in an order of each
-// rank's own, see config/env.cpp): one ncclAllReduce on the duplicate's NCCL
-// communicator (set up at open(), on this rank's GPU), the fused buffer staged to the GPU
-// and back by route nccl (algorithms/nccl.cpp, run_staged), whose failures stay
-// collective; only when every rank offered it (the agreement carries whether each rank's
-// NCCL communicator is usable), else on the host as above. The choice is made from the
-// agreed group's size and state equal on every rank.
+// for its calls) goes to route nccl where the site allows it (STREAMCOLL_FUSION_NCCL:
+// NCCL kernels started at the agreement interleave with the program's other NCCL
+// operations in an order of each rank's own, see config/env.cpp) and the rules give
+// route nccl an allreduce on GPU memory of its size, or, for a group packed for nccl
+// (MEMORY), of one call's size and of the fuse= limit: one ncclAllReduce on the
+// duplicate's NCCL communicator (set up at open(), on this rank's GPU), whose failures
+// stay collective; only when every rank offered it (the agreement carries whether each
+// rank's NCCL communicator is usable), else on the host as above. The choice is made
+// from the agreed group and state equal on every rank.
 //
 // AGREEMENT. Every rank must put the same calls in each fused message, yet what closes a
 // group is often local: rank 0 may start a, b and then wait for a, while rank 1 starts a,
@@ -53,10 +53,18 @@
 // MEMORY. Buffers in host memory are copied with memcpy; buffers in GPU memory (a rank may
 // pass them where the agreed facts say host memory) with synchronous copies of the CUDA
 // driver (host_staging's backend), before the agreement (pack) and after the fused
-// message (unpack), by the thread stepping the queue. The fused buffer is host memory
-// whatever the route: on NCCL it is staged to the GPU and back (two copies of the whole
-// buffer that packing on the GPU would save; packing is done before the agreement, where
-// the route is not known yet).
+// message (unpack), by the thread stepping the queue. The fused buffer is host memory,
+// except for a group packed for route nccl: packing comes before the agreement, where the
+// group's size, and so its route, is not known, so the ranks decide from facts equal on
+// every rank (Queue::nccl_pack_rule: NCCL usable on every rank at the last agreement, the
+// rules for one call and for the fuse= limit both nccl) that the group goes to nccl, and
+// each packs it in GPU memory on route nccl's GPU (route nccl's device_buffer; the
+// batched-copy kernel where both ends are on that GPU), or in host memory where it can
+// have none (route nccl then stages it to the GPU and back: two copies of the whole
+// buffer). If the agreement then finds some rank's NCCL communicator unusable (aborted
+// after a failure), that group fails on every rank: a contribution in GPU memory cannot
+// move to the host after the agreement without a copy that could fail on one rank alone.
+// The next groups are packed in host memory and run on the host routes.
 //
 // STREAMS. Where the agreed facts have a stream (every rank's communicator carries one,
 // streamext), a call on GPU buffers is stream-ordered, as route ht's calls are (Aluminum:
@@ -151,8 +159,10 @@ struct Counts {
 Counts counts(const Queue& q);
 /// Sum of counts() over every queue of the process, alive or gone.
 Counts process_counts();
-/// Of process_counts().messages, those that ran on `route` (pmpi or ht).
+/// Of process_counts().messages, those that ran on `route` (pmpi, ht or nccl).
 uint64_t process_messages_on(RouteId route);
+/// Of process_counts().messages, those packed in GPU memory (for route nccl, see MEMORY).
+uint64_t process_messages_packed_on_gpu();
 
 }  // namespace fusion
 }  // namespace streamcoll

@@ -606,13 +606,15 @@ class CudaBackend final : public Backend {
 
   // The batched-copy kernel when the copies [c, c + n) of the current context go by
   // kernel, else null: enough of them, allowed, each between GPU memory (its `gpu` end,
-  // on this context's GPU or managed) and one of our pinned blocks, and the kernel
-  // loadable on this context's GPU.
+  // on this context's GPU or managed) and one of our pinned blocks or GPU memory the
+  // caller vouches for (Copy::device_ends), and the kernel loadable on this context's GPU.
   CUfunction batch_kernel_for(const Copy* c, size_t n) {
 #if STREAMCOLL_HAVE_NVGROUP
     if (n < kBatchMin || !Runtime::get().settings().staging_kernel) return nullptr;
-    for (size_t k = 0; k < n; ++k)  // one end ours and pinned; the other is the GPU's
-      if (!own_pinned(c[k].dst, c[k].bytes) && !own_pinned(c[k].src, c[k].bytes)) return nullptr;
+    for (size_t k = 0; k < n; ++k)  // one end ours and pinned (the other the GPU's), or both the GPU's
+      if (!c[k].device_ends && !own_pinned(c[k].dst, c[k].bytes) &&
+          !own_pinned(c[k].src, c[k].bytes))
+        return nullptr;
     CUdevice dev = 0;
     if (cuda::driver().cuCtxGetDevice(&dev) != CUDA_SUCCESS) return nullptr;
     std::string why;

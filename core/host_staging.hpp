@@ -104,12 +104,17 @@ StagingExtents staging_extents(const CollArgs& a, int rank, int size, const Type
 
 // ---- Running a staged call ----------------------------------------------------------
 
-/// One copy between GPU and host memory; `gpu` is the GPU buffer it belongs to.
+/// One copy between GPU and host memory, or between two GPU buffers; `gpu` is the GPU
+/// buffer it belongs to (its context runs the copy).
 struct Copy {
   void* dst;
   const void* src;
   uint64_t bytes;
   const void* gpu;
+  /// The caller vouches that both ends are device memory of the GPU that holds `gpu` (or
+  /// managed memory), so that a kernel may copy it: the batched-copy kernel then takes it
+  /// as it takes copies with one end in staging's own pinned memory.
+  bool device_ends = false;
 };
 
 /// Where staged data lives and how it moves. The CUDA driver in production; tests use

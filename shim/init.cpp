@@ -147,6 +147,10 @@ SC_EXPORT unsigned long long streamcoll_fusion_messages_on(const char* route) {
   return id ? streamcoll::fusion::process_messages_on(*id) : 0;
 }
 
+SC_EXPORT unsigned long long streamcoll_fusion_messages_packed_on_gpu(void) {
+  return streamcoll::fusion::process_messages_packed_on_gpu();
+}
+
 SC_EXPORT int streamcoll_last_route(char* buf, int len) {
   using namespace streamcoll;
   if (!buf || len <= 0 || !Runtime::get().stats_on()) return -1;

@@ -62,15 +62,22 @@ int streamcoll_last_route(char *buf, int len);
 /** What MPI_Iallreduce fusion (a tuning-table rule with fuse=SIZE; README "Fusion") has
  *  done in this process so far, over all communicators: the calls started as members of
  *  fused groups, the fused messages run for them and the agreements run to form the
- *  groups (one per group). Any pointer may be NULL. Thread-safe; callable at any time. */
+ *  groups (one per group; two for a group packed for NCCL that went to the host after an
+ *  abort, README "Fusion"). Any pointer may be NULL. Thread-safe; callable at any time. */
 void streamcoll_fusion_counts(unsigned long long *calls, unsigned long long *messages,
                               unsigned long long *agreements);
 
 /** Of the fused messages that streamcoll_fusion_counts counts, how many ran on route
  *  `route` ("pmpi": the MPI's MPI_Iallreduce; "ht": the host-transfer route, where the
- *  rules route an allreduce of the fused message's size there). 0 for any other name or
- *  NULL. Thread-safe; callable at any time. */
+ *  rules route an allreduce of the fused message's size there; "nccl": groups on GPU
+ *  memory under STREAMCOLL_FUSION_NCCL). 0 for any other name or NULL. Thread-safe;
+ *  callable at any time. */
 unsigned long long streamcoll_fusion_messages_on(const char *route);
+
+/** Of the fused messages that streamcoll_fusion_counts counts, how many were packed in
+ *  GPU memory on this rank (groups packed for route nccl, README "Fusion"); the others
+ *  were packed in host memory. Thread-safe; callable at any time. */
+unsigned long long streamcoll_fusion_messages_packed_on_gpu(void);
 
 /** The library version, STREAMCOLL_VERSION of the build. */
 const char *streamcoll_version(void);

@@ -119,6 +119,9 @@ const char* g_route = "pmpi";  // --route=ht|nccl: the forced route that fuses
 bool nccl_route() { return std::strcmp(g_route, "nccl") == 0; }
 using MessagesOn = unsigned long long (*)(const char*);
 MessagesOn g_messages_on = nullptr;  // streamcoll_fusion_messages_on
+using PackedOnGpu = unsigned long long (*)();
+PackedOnGpu g_packed_on_gpu = nullptr;  // streamcoll_fusion_messages_packed_on_gpu
+unsigned long long packed_on_gpu() { return g_packed_on_gpu ? g_packed_on_gpu() : 0; }
 int g_kernels = -1;            // --kernels: 1, --no-kernels: 0, else -1 (not checked)
 
 // Starts call `id` with this rank's memory kind `k`; on_stream: the input is written on
@@ -241,6 +244,7 @@ int stream_ordered_section() {
   const unsigned long long syncs0 = cu("cuStreamSynchronize") + cu("cuEventSynchronize");
   const unsigned long long memop0 = cu("memop_waits"), kernel0 = cu("kernel_waits");
   const unsigned long long nccl0 = g_messages_on ? g_messages_on("nccl") : 0;
+  const unsigned long long gpu0 = packed_on_gpu();
   int started = 0;
   static int id = 5000;
   StreamGate gate;
@@ -278,11 +282,16 @@ int stream_ordered_section() {
   }
   if (counts) counts(&calls1, &messages1, &agreements0);
   if (ordered) {
-    // On NCCL, route nccl's copy of each fused result back to the fused buffer is waited
-    // for on its own copy stream (by the thread stepping the queue): one per message.
+    // On NCCL, by the thread stepping the queue, on streams of streamcoll's own: a fused
+    // buffer in host memory is staged by route nccl, whose copy of the result back is
+    // waited for on its copy stream (one synchronisation per message); one in GPU memory
+    // (a group of classic calls alone) is allocated on that stream (one) and packed and
+    // unpacked by host staging's copies, each batch waited for on the thread's stream (two).
     const unsigned long long nccl = g_messages_on ? g_messages_on("nccl") - nccl0 : 0;
+    const unsigned long long gpu = packed_on_gpu() - gpu0;
     if (nccl_route()) check(nccl > 0, "stream-ordered: fused messages on route nccl");
-    check(cu("cuStreamSynchronize") + cu("cuEventSynchronize") - syncs0 == (nccl_route() ? nccl : 0),
+    check(cu("cuStreamSynchronize") + cu("cuEventSynchronize") - syncs0 ==
+              (nccl_route() ? nccl + 2 * gpu : 0),
           "stream-ordered: streamcoll synchronised no stream of the application's");
     // The holds: cuStreamWaitValue32, or the spin kernel without stream memory operations.
     const bool no_memops = std::getenv("FAKE_CUDA_NO_STREAM_MEMOPS") != nullptr;
@@ -403,6 +412,8 @@ int main(int argc, char** argv) {
   check(counts != nullptr, "streamcoll_fusion_counts");
   g_messages_on = reinterpret_cast<MessagesOn>(dlsym(RTLD_DEFAULT, "streamcoll_fusion_messages_on"));
   check(g_messages_on != nullptr, "streamcoll_fusion_messages_on");
+  g_packed_on_gpu = reinterpret_cast<PackedOnGpu>(dlsym(RTLD_DEFAULT, "streamcoll_fusion_messages_packed_on_gpu"));
+  check(g_packed_on_gpu != nullptr, "streamcoll_fusion_messages_packed_on_gpu");
   auto on_nccl = [] { return g_messages_on ? g_messages_on("nccl") : 0ull; };
 
   {  // agreed host memory, every rank's own kinds
@@ -415,27 +426,34 @@ int main(int argc, char** argv) {
     unsigned long long calls0 = 0, messages0 = 0, agreements0 = 0, calls1 = 0, messages1 = 0;
     if (counts) counts(&calls0, &messages0, &agreements0);
     const unsigned long long syncs0 = cu("cuStreamSynchronize"), kernels0 = cu("host_kernels");
-    const unsigned long long nccl0 = on_nccl();
+    const unsigned long long nccl0 = on_nccl(), gpu0 = packed_on_gpu();
     rounds(c, "agreed device", false, Kind::device, false);
-    const unsigned long long nccl = on_nccl() - nccl0;
+    const unsigned long long nccl = on_nccl() - nccl0, gpu = packed_on_gpu() - gpu0;
     const unsigned long long syncs = cu("cuStreamSynchronize") - syncs0;
     const unsigned long long kernels = cu("host_kernels") - kernels0;
     if (g_kernels == 1) check(kernels > 0, "agreed device: batched-copy kernels ran");
     if (g_kernels == 0) check(kernels == 0, "agreed device: no kernel (STREAMCOLL_STAGING_KERNEL=0)");
     if (counts) counts(&calls1, &messages1, &agreements0);
     // A group's copies are issued together: one synchronisation to pack, one to unpack
-    // (on NCCL one more: route nccl's copy of the result back to the fused buffer).
+    // (on NCCL one more: the allocation of the GPU memory it is packed in, or route nccl's
+    // copy of the result back to a fused buffer in host memory).
     const unsigned per = nccl_route() ? 3 : 2;
     check(syncs <= per * (messages1 - messages0),
           "agreed device: " + std::to_string(syncs) + " stream synchronisations for " +
               std::to_string(messages1 - messages0) + " fused messages of " +
               std::to_string(calls1 - calls0) + " calls (at most " + std::to_string(per) +
               " per message)");
-    // Agreed GPU memory, a rule of route nccl for it: every fused message on NCCL.
-    if (nccl_route())
+    // Agreed GPU memory, a rule of route nccl for it: every fused message on NCCL, each
+    // packed in GPU memory (classic calls; GPU memory to be had).
+    if (nccl_route()) {
       check(nccl == messages1 - messages0 && nccl > 0,
             "agreed device: " + std::to_string(nccl) + " of " +
                 std::to_string(messages1 - messages0) + " fused messages on route nccl");
+      check(gpu == nccl, "agreed device: " + std::to_string(gpu) + " of " +
+                             std::to_string(nccl) + " messages on NCCL packed in GPU memory");
+    } else {
+      check(gpu == 0, "agreed device: no message packed in GPU memory off route nccl");
+    }
     MPI_Comm_free(&c);
   }
   {  // agreed device memory, while each rank passes its own kind per call
@@ -483,15 +501,24 @@ int main(int argc, char** argv) {
     // Round 1: packing (rank 1's input is on the GPU): the group fails on every rank.
     // Round 2: unpacking (rank 1's input on the host, its result on the GPU): the call
     // fails on rank 1 alone; the others have the exact result. On NCCL, rank 1's first
-    // copy is route nccl's staging of the fused buffer to its GPU: it cannot take its
-    // part, tells its peers, and the group fails on every rank. Round 3 (NCCL only): the
-    // duplicate's NCCL communicator is aborted now, so the ranks agree to run the next
-    // group on the host: exact everywhere, and not on NCCL.
-    const int copy_rounds = nccl_route() ? 4 : 3;
+    // copy is its packing of the host input into GPU memory (or, where the group is packed
+    // in host memory, route nccl's staging of it to the GPU, after which rank 1 tells its
+    // peers): the group fails on every rank.
+    // NCCL only: round 3: rank 1 cannot start its part of the fused message (route nccl's
+    // event on the legacy stream fails): it aborts the duplicate's NCCL communicator, tells
+    // its peers, and the group fails on every rank. Round 4: the group was packed for
+    // NCCL (every rank could use it at round 3's agreement), but rank 1's is aborted now:
+    // the ranks agree on that, copy it to host memory and agree a second time: exact
+    // everywhere, on the host. Round 5: packed in host memory from the start (one
+    // agreement), exact, on the host.
+    const int copy_rounds = nccl_route() ? 6 : 3;
     for (int round = 0; round < copy_rounds && fail_after; ++round) {
-      const bool failing = (round == 1 || round == 2) && g_rank == 1;
+      const bool failing = (round == 1 || round == 2 || (round == 3 && nccl_route())) && g_rank == 1;
       const unsigned long long nccl0 = g_messages_on ? g_messages_on("nccl") : 0;
-      if (failing) fail_after("cuMemcpyAsync", 1);
+      const unsigned long long fired0 = cu("injected_failures");
+      unsigned long long agreements0 = 0, agreements1 = 0;
+      counts(nullptr, nullptr, &agreements0);
+      if (failing) fail_after(round == 3 ? "cuEventRecord" : "cuMemcpyAsync", 1);
       Buf in(round == 2 && g_rank == 1 ? Kind::host : Kind::device, 6), out(Kind::device, 6);
       check(api.host_access(in.p, 6 * sizeof(double), 1) == 0, "input");
       for (size_t i = 0; i < 6; ++i) in.p[i] = input(g_rank, i, 2000 + round);
@@ -500,13 +527,19 @@ int main(int argc, char** argv) {
       const std::string L = "copy failure round " + std::to_string(round);
       check(rc == MPI_SUCCESS, L + ": the call starts");
       const int wrc = MPI_Wait(&req, MPI_STATUS_IGNORE);
-      const bool everywhere = round == 1 || (round == 2 && nccl_route());
+      const bool everywhere = round == 1 || ((round == 2 || round == 3) && nccl_route());
       check_outcome(wrc, everywhere || (round == 2 && g_rank == 1),
                     everywhere ? "the call fails on every rank" : "the call fails", out, 6,
                     2000 + round, L);
-      if (round == 3)
+      if (failing) check(cu("injected_failures") > fired0, L + ": the failure was injected");
+      counts(nullptr, nullptr, &agreements1);
+      if (round >= 4) {
         check(g_messages_on && g_messages_on("nccl") == nccl0,
               L + ": after the abort, the group ran on the host");
+        check(agreements1 - agreements0 == (round == 4 ? 2u : 1u),
+              L + (round == 4 ? ": packed for NCCL, moved to the host after a second agreement"
+                              : ": packed in host memory, one agreement"));
+      }
       ++copy_calls;
     }
     MPI_Comm_free(&c);
