@@ -230,8 +230,8 @@ struct Queue : std::enable_shared_from_this<Queue> {
     std::shared_ptr<void> dev;  ///< route nccl's device_buffer, on GPU dev_device
     int dev_device = -1;
     /// Packed for route nccl (nccl_pack_rule, equal on every rank): its fused message
-    /// goes there, or, where some rank's NCCL communicator is no longer usable, the group
-    /// fails on every rank (this rank's contribution may be in GPU memory only).
+    /// goes there, or, where some rank's NCCL communicator is no longer usable, to the
+    /// host after a second agreement (start_recovery).
     bool for_nccl = false;
     Group() = default;
     Group(const Group&) = delete;
