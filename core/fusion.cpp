@@ -233,6 +233,7 @@ struct Queue : std::enable_shared_from_this<Queue> {
     /// goes there, or, where some rank's NCCL communicator is no longer usable, to the
     /// host after a second agreement (start_recovery).
     bool for_nccl = false;
+    const config::Rule* pack_rule = nullptr;  ///< nccl_pack_rule's, where for_nccl
     Group() = default;
     Group(const Group&) = delete;
     Group& operator=(const Group&) = delete;
@@ -350,43 +351,34 @@ struct Queue : std::enable_shared_from_this<Queue> {
   // CallKey convention) on its route.
   int start_fused(Group& g, const Member& h, uint64_t count, uint64_t size_bytes) {
     const CollArgs a = fused_args(h, count, g.buf, &g.req);
-    if (g.for_nccl) {
-      // Packed for route nccl, and every rank's NCCL communicator usable (on_agreed):
-      // accepts() answers as it did at packing, from the same facts.
-      const config::Rule* rule = nccl_rule(h, h.limit);
-      Route* nccl = find_route(RouteId::nccl);
-      CallEnv agreed;
-      agreed.mem = agreed.agreed_mem = MemKind::device;
-      agreed.fused = true;
-      if (!rule || !nccl || !nccl->accepts(a, *nccl_ctx, rule->choice, agreed)) return MPI_ERR_OTHER;
-      SC_TRACE("fusion: fused message of %llu B on route nccl (%s), packed in %s memory",
-               static_cast<unsigned long long>(size_bytes), rule->origin.c_str(),
-               g.dev ? "GPU" : "host");
-      CallEnv here;  // GPU memory on route nccl's GPU; host memory: route nccl stages it
-      here.agreed_mem = MemKind::device;
-      here.fused = true;
-      if (g.dev) {
-        here.mem = MemKind::device;
-        here.device = g.dev_device;
-      }
-      g.route = RouteId::nccl;
-      return nccl->run(a, *nccl_ctx, rule->choice, here);
-    }
-    if (const config::Rule* rule = g.agreed[2] == 1 ? nccl_rule(h, size_bytes) : nullptr) {
+    // Route nccl: a group packed for it (every rank's NCCL communicator usable, on_agreed:
+    // the rule found at packing), or one whose size the rules give to it where every rank
+    // offered it.
+    const config::Rule* rule = g.for_nccl ? g.pack_rule
+                               : g.agreed[2] == 1 ? nccl_rule(h, size_bytes)
+                                                  : nullptr;
+    if (rule) {
       CallEnv agreed;  // what every rank decides from: GPU memory, a fused message
       agreed.mem = agreed.agreed_mem = MemKind::device;
       agreed.fused = true;
       Route* nccl = find_route(RouteId::nccl);
-      // accepts() decides from the agreed set-up, the type and op alone: equal everywhere.
+      // accepts() decides from the agreed set-up, the type and op alone: equal everywhere
+      // (for a group packed for nccl, as it did at packing).
       if (nccl && nccl->accepts(a, *nccl_ctx, rule->choice, agreed)) {
-        SC_TRACE("fusion: fused message of %llu B on route nccl (%s)",
-                 static_cast<unsigned long long>(size_bytes), rule->origin.c_str());
-        CallEnv here;  // the fused buffer is host memory here: route nccl stages it
+        SC_TRACE("fusion: fused message of %llu B on route nccl (%s), packed in %s memory",
+                 static_cast<unsigned long long>(size_bytes), rule->origin.c_str(),
+                 g.dev ? "GPU" : "host");
+        CallEnv here;  // GPU memory on route nccl's GPU; host memory: route nccl stages it
         here.agreed_mem = MemKind::device;
         here.fused = true;
+        if (g.dev) {
+          here.mem = MemKind::device;
+          here.device = g.dev_device;
+        }
         g.route = RouteId::nccl;
         return nccl->run(a, *nccl_ctx, rule->choice, here);
       }
+      if (g.for_nccl) return MPI_ERR_OTHER;  // not reached: packing asked the same
     }
     if (const config::Rule* rule = fused_route(h, size_bytes)) {
       CallEnv env;  // host memory on every rank, no stream
@@ -452,7 +444,8 @@ struct Queue : std::enable_shared_from_this<Queue> {
     auto g = std::make_unique<Group>();
     uint64_t total = 0;
     for (size_t i = 0; i < n; ++i) total += pending[i]->bytes;
-    g->for_nccl = nccl_pack_rule(*pending.front()) != nullptr;
+    g->pack_rule = nccl_pack_rule(*pending.front());
+    g->for_nccl = g->pack_rule != nullptr;
     // Where it is packed is this rank's own choice: in GPU memory when it can have some,
     // unless a member is stream-ordered (its contribution is in pinned memory already,
     // and its result goes back there: host packing copies less).
