@@ -120,6 +120,7 @@ struct Layout {
   CUdevice cudev = 0;
   CUcontext cuctx = nullptr;  // the device's primary context (retained)
   CUstream classic = nullptr; // classic calls: ordered after the legacy default stream
+  CUevent legacy = nullptr;   // ... through this event (cuda::wait_for_legacy)
   void* staging = nullptr;    // pinned host memory for host stages (classic calls only)
   uint64_t staging_bytes = 0;
 
@@ -151,9 +152,10 @@ struct Layout {
     for (MPI_Comm& c : sub)
       if (c != MPI_COMM_NULL) PMPI_Comm_free(&c);  // frees their contexts too
 #if STREAMCOLL_HAVE_CUDA
-    if (classic || staging) {
+    if (classic || legacy || staging) {
       cuda::ScopedContext scope(cuctx);
       if (classic) cuda::driver().cuStreamDestroy(classic);
+      if (legacy) cuda::driver().cuEventDestroy(legacy);
       if (staging) cuda::driver().cuMemFreeHost(staging);
     }
     if (cuctx) cuda::driver().cuDevicePrimaryCtxRelease(cudev);
@@ -555,6 +557,9 @@ bool gpu_levels(Layout& lay, BcComm& bc, const CollArgs& a, const CallEnv& env,
       if (d.cuStreamCreate(&lay.classic, CU_STREAM_DEFAULT) != CUDA_SUCCESS) {
         lay.classic = nullptr;
         ok = 0;
+      } else if (d.cuEventCreate(&lay.legacy, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+        lay.legacy = nullptr;
+        ok = 0;
       }
     } else {
       lay.cuctx = nullptr;
@@ -659,6 +664,14 @@ int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_pt
   auto slot_of = [&](int r) {
     return static_cast<uint64_t>(bc::tree_slot(lay.h.factors, lay.h.position_of[static_cast<size_t>(r)]));
   };
+  // A classic call touches the caller's buffers after the work already on the legacy
+  // stream and the application's blocking streams (our stream, a blocking one, would wait
+  // for the legacy stream's alone); where it cannot, this rank takes no data part.
+  if (!env.has_stream)
+    if (CUresult r = cuda::wait_for_legacy(s, lay.legacy); r != CUDA_SUCCESS) {
+      cuda_fail("blueconnect: ordering after the legacy stream", r);
+      lost = true;
+    }
   char* work = recv;
   bool from_send = false;
   const char* input = send;  // with from_send: this rank's input, read by the first stage
@@ -669,7 +682,7 @@ int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_pt
                             (a.coll == Coll::allgather && !lay.identity_slots);
   // Without its work buffer this rank cannot run any stage: it fails every level's
   // NCCL stages collectively, and its host stages run tainted on host scratch.
-  if (need_scratch) {
+  if (need_scratch && !lost) {
     if (CUresult r = d.cuMemAllocAsync(&scratch, vec * ext, s); r != CUDA_SUCCESS) {
       rc = fail(Failure::cuda, cuda::describe("blueconnect: cuMemAllocAsync", r));
       lost = true;

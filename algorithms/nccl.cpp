@@ -79,6 +79,7 @@
 #endif
 #include "core/cuda_driver.hpp"
 #include "core/errors.hpp"
+#include "core/host_staging.hpp"
 #include "core/log.hpp"
 #include "core/requests.hpp"
 #include "core/runtime.hpp"
@@ -1110,8 +1111,10 @@ ncclResult_t enqueue(const CollArgs& a, const CommContext& ctx, const NcclComm& 
 // takes part through device copies. The inputs go to a scratch buffer on the classic
 // stream before the collective; the results come back (on the copy stream, waited for)
 // when the request completes, so that nothing here waits for other ranks. This rank
-// keeps plain MPI semantics: its buffers are final when MPI_Wait/MPI_Test report it.
-// Only the bytes MPI says the call writes on this rank are written.
+// keeps plain MPI semantics: its buffers are final when MPI_Wait/MPI_Test report it,
+// and buffers on another GPU are read and written after the work already on that GPU's
+// legacy stream and the application's blocking streams there. Only the bytes MPI says the
+// call writes on this rank are written.
 int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<NcclComm>& c,
                const Ccube* cc) {
   const TypeInfo* t = call_type(a);
@@ -1179,6 +1182,14 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
     return lost(fail(Failure::cuda, cuda::describe("cuStreamCreate (staging)",
                                                    made ? made : CUDA_ERROR_INVALID_HANDLE)));
   CUstream s = c->classic;
+  int ordered_after = -1;  // the device whose legacy stream s waits for already
+  for (const void* b : {static_cast<const void*>(in), static_cast<const void*>(user)}) {
+    int dev = -1;
+    const MemKind k = b ? cuda::classify(b, &dev) : MemKind::host;
+    if ((k != MemKind::device && k != MemKind::managed) || (dev >= 0 && dev == ordered_after)) continue;
+    if (int rc = host_staging::wait_for_legacy_of(b, s); rc != MPI_SUCCESS) return lost(rc);
+    ordered_after = dev;
+  }
   CUdeviceptr buf = 0;
   if (CUresult r = d.cuMemAllocAsync(&buf, scratch, s); r != CUDA_SUCCESS)
     return lost(fail(Failure::cuda, cuda::describe("cuMemAllocAsync (staging)", r)));
@@ -1425,8 +1436,7 @@ class NcclRoute final : public Route {
       // blocking stream, so nothing of another communicator's is in that event's past.
       CUevent legacy = c->take_event(&rc);
       if (!legacy) return lost(rc);
-      CUresult r = d.cuEventRecord(legacy, CU_STREAM_LEGACY);
-      if (r == CUDA_SUCCESS) r = d.cuStreamWaitEvent(s, legacy, 0);
+      const CUresult r = cuda::wait_for_legacy(s, legacy);
       c->give_event(legacy);
       if (r != CUDA_SUCCESS)
         return lost(fail(Failure::cuda, cuda::describe("cuStreamWaitEvent (legacy stream)", r)));

@@ -962,8 +962,11 @@ class NvgroupRoute final : public Route {
     // (classic), the attached stream (a stream-ordered MPI_I*, on the side stream); and
     // after this communicator's previous kernel on this rank, whatever its stream.
     if (!env.has_stream || a.nonblocking) {
-      CUresult r = d.cuEventRecord(g->legacy, env.has_stream ? user : CU_STREAM_LEGACY);
-      if (r == CUDA_SUCCESS) r = d.cuStreamWaitEvent(s, g->legacy, 0);
+      CUresult r;
+      if (!env.has_stream)
+        r = cuda::wait_for_legacy(s, g->legacy);
+      else if ((r = d.cuEventRecord(g->legacy, user)) == CUDA_SUCCESS)
+        r = d.cuStreamWaitEvent(s, g->legacy, 0);
       if (r != CUDA_SUCCESS)
         return lost(fail(Failure::cuda, cuda::describe("nvgroup: ordering the kernel's stream", r)));
     }

@@ -286,6 +286,15 @@ std::string describe(const char* what, CUresult r) {
          std::to_string(static_cast<int>(r)) + ")";
 }
 
+CUresult wait_for_legacy(CUstream stream, CUevent event) {
+  const Driver& d = driver();
+  // An event recorded on the legacy stream is an action of that stream: it completes only
+  // after the blocking streams' work enqueued before it (CUDA's implicit synchronisation).
+  CUresult r = d.cuEventRecord(event, CU_STREAM_LEGACY);
+  if (r == CUDA_SUCCESS) r = d.cuStreamWaitEvent(stream, event, 0);
+  return r;
+}
+
 ScopedContext::ScopedContext(CUcontext ctx) {
   const Driver& d = driver();
   CUcontext current = nullptr;

@@ -87,6 +87,16 @@ std::string profile_report();
 /// "cuStreamQuery: an illegal memory access was encountered (error 700)".
 std::string describe(const char* what, CUresult r);
 
+/// Orders `stream` after the work already enqueued on the legacy default stream of the
+/// current context, and through it after the earlier work of every blocking stream of that
+/// context (streams made without CU_STREAM_NON_BLOCKING, the per-thread default streams):
+/// where a copy on the legacy stream, as a CUDA-aware MPI makes for a blocking call, would
+/// run. `event` (of the current context) is recorded on the legacy stream and `stream`
+/// waits for it; the event may be recorded again at once. Two driver calls, no host wait.
+/// Every path that reads or writes an application's GPU buffers for a classic call (no
+/// stream attached) starts with this (README, "Ordering and lifetime").
+CUresult wait_for_legacy(CUstream stream, CUevent event);
+
 /// Makes the primary context of a device current for the scope, if it is not already
 /// (the common case for a CUDA runtime application costs one cuCtxGetCurrent).
 class ScopedContext {

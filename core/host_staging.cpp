@@ -453,9 +453,11 @@ void* mpi_symbol(const char* name) {
 }
 
 #if STREAMCOLL_HAVE_CUDA
-// Copies run on the per-thread default stream of the GPU's primary context, then the
-// host waits for it: no stream of the application's is involved, and the result is in
-// GPU memory before the call returns. Host blocks are pinned (portable), cached.
+// Copies run on the per-thread default stream of the GPU's primary context, ordered after
+// the legacy stream (so after the application's blocking streams' earlier work, as a
+// CUDA-aware MPI's copies would be), then the host waits for that stream alone: the result
+// is in GPU memory before the call returns, and later work on any stream sees it. Host
+// blocks are pinned (portable), cached.
 class CudaBackend final : public Backend {
  public:
   MemKind classify(const void* p) override { return cuda::classify(p); }
@@ -518,17 +520,19 @@ class CudaBackend final : public Backend {
     }
   }
 
-  // The copies of one GPU's primary context go on its per-thread stream: one kernel
-  // launch per kBatchMax of them (streamcoll_batch_copy) when there are kBatchMin or more
-  // and every host end is a pinned block of ours (with unified addressing a kernel reads
-  // and writes it at its host address), else a cuMemcpyAsync each; then one
-  // synchronisation. STREAMCOLL_STAGING_KERNEL=no keeps the copies.
+  // The copies of one GPU's primary context go on its per-thread stream, after the
+  // legacy stream's work: one kernel launch per kBatchMax of them (streamcoll_batch_copy)
+  // when there are kBatchMin or more and every host end is a pinned block of ours (with
+  // unified addressing a kernel reads and writes it at its host address), else a
+  // cuMemcpyAsync each; then one synchronisation. STREAMCOLL_STAGING_KERNEL=no keeps the
+  // copies.
   int copy(const Copy* c, size_t n) override {
     const cuda::Driver& d = cuda::driver();
     size_t i = 0;
     while (i < n) {
       CUcontext ctx = nullptr;
-      if (int rc = context_for(c[i].gpu, &ctx, true); rc != MPI_SUCCESS) return rc;
+      int dev = 0;
+      if (int rc = context_for(c[i].gpu, &ctx, true, &dev); rc != MPI_SUCCESS) return rc;
       size_t j = i + 1;  // [i, j): the copies of this context
       for (; j < n; ++j) {
         if (c[j].gpu == c[j - 1].gpu) continue;
@@ -536,8 +540,11 @@ class CudaBackend final : public Backend {
         if (context_for(c[j].gpu, &next, false) != MPI_SUCCESS || next != ctx) break;
       }
       cuda::ScopedContext scope(ctx);
-      const CUfunction batch = batch_kernel_for(c + i, j - i);
-      int rc = batch ? launch_batches(batch, c + i, j - i) : issue_copies(c + i, j - i);
+      int rc = after_legacy(dev);
+      if (rc == MPI_SUCCESS) {
+        const CUfunction batch = batch_kernel_for(c + i, j - i);
+        rc = batch ? launch_batches(batch, c + i, j - i) : issue_copies(c + i, j - i);
+      }
       // Even after a failure: nothing may still be copying when the caller frees memory.
       if (CUresult r = d.cuStreamSynchronize(CU_STREAM_PER_THREAD);
           r != CUDA_SUCCESS && rc == MPI_SUCCESS)
@@ -548,6 +555,15 @@ class CudaBackend final : public Backend {
     return MPI_SUCCESS;
   }
 
+  // `stream` (of any context) after the legacy stream of the GPU that holds `gpu`.
+  int order_after_legacy(const void* gpu, CUstream stream) {
+    CUcontext ctx = nullptr;
+    int dev = 0;
+    if (int rc = context_for(gpu, &ctx, true, &dev); rc != MPI_SUCCESS) return rc;
+    cuda::ScopedContext scope(ctx);
+    return after_legacy(dev, stream);
+  }
+
   void stop() {
     std::lock_guard<std::mutex> lock(mu_);
     stopped_ = true;
@@ -555,8 +571,14 @@ class CudaBackend final : public Backend {
     free_.clear();
     if (!used_.empty()) return;  // blocks of requests still in flight need their contexts
     std::lock_guard<std::mutex> ctx_lock(ctx_mu_);
+    std::lock_guard<std::mutex> legacy_lock(legacy_mu_);
     for (size_t dev = 0; dev < primary_.size(); ++dev)
       if (primary_[dev]) {
+        if (dev < legacy_.size() && legacy_[dev]) {
+          cuda::ScopedContext scope(primary_[dev]);
+          cuda::driver().cuEventDestroy(legacy_[dev]);
+          legacy_[dev] = nullptr;
+        }
         CUdevice cudev;
         if (cuda::driver().cuDeviceGet(&cudev, static_cast<int>(dev)) == CUDA_SUCCESS)
           cuda::driver().cuDevicePrimaryCtxRelease(cudev);
@@ -581,6 +603,30 @@ class CudaBackend final : public Backend {
   }
 
   static constexpr size_t kBatchMin = 4;
+
+  // `stream` (this thread's per-thread stream of the current context by default) waits
+  // for the legacy stream's work of the current context, device `dev`
+  // (cuda::wait_for_legacy), through one event per device, recorded by one thread at a
+  // time (another thread's later recording would only order its wait after more work). A
+  // context reset (cudaDeviceReset) takes the event with it: a use that finds the handle
+  // gone makes a new one, once.
+  int after_legacy(int dev, CUstream stream = CU_STREAM_PER_THREAD) {
+    const cuda::Driver& d = cuda::driver();
+    std::lock_guard<std::mutex> lock(legacy_mu_);
+    if (legacy_.size() <= static_cast<size_t>(dev)) legacy_.resize(static_cast<size_t>(dev) + 1, nullptr);
+    CUevent& ev = legacy_[static_cast<size_t>(dev)];
+    CUresult r = CUDA_SUCCESS;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      if (!ev && (r = d.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS) {
+        ev = nullptr;
+        continue;
+      }
+      if ((r = cuda::wait_for_legacy(stream, ev)) == CUDA_SUCCESS) return MPI_SUCCESS;
+      if (r != CUDA_ERROR_INVALID_HANDLE && r != CUDA_ERROR_CONTEXT_IS_DESTROYED) break;
+      ev = nullptr;  // the reset destroyed it
+    }
+    return fail(Failure::cuda, cuda::describe("staging: ordering after the legacy stream", r));
+  }
 
   int issue_copies(const Copy* c, size_t n) {
     for (size_t k = 0; k < n; ++k) {
@@ -654,8 +700,9 @@ class CudaBackend final : public Backend {
   }
 
   // The primary context of the device that holds `gpu` (managed memory without one: the
-  // current context's device, else device 0), retained once per device.
-  int context_for(const void* gpu, CUcontext* out, bool report) {
+  // current context's device, else device 0), retained once per device; *ordinal: that
+  // device.
+  int context_for(const void* gpu, CUcontext* out, bool report, int* ordinal = nullptr) {
     const cuda::Driver& d = cuda::driver();
     int dev = cuda::device_of(gpu);
     if (dev < 0) {
@@ -681,6 +728,7 @@ class CudaBackend final : public Backend {
       primary_[dev] = ctx;
     }
     *out = primary_[dev];
+    if (ordinal) *ordinal = dev;
     return MPI_SUCCESS;
   }
 
@@ -690,6 +738,8 @@ class CudaBackend final : public Backend {
   bool stopped_ = false;
   std::mutex ctx_mu_;
   std::vector<CUcontext> primary_;  // by device ordinal
+  std::mutex legacy_mu_;
+  std::vector<CUevent> legacy_;  // by device ordinal: after_legacy's events
 };
 
 CudaBackend& cuda_backend() {
@@ -731,7 +781,16 @@ bool start(const Awareness& aw) {
 
 void stop() {
 #if STREAMCOLL_HAVE_CUDA
-  if (g_enabled.load(std::memory_order_relaxed)) cuda_backend().stop();
+  cuda_backend().stop();  // also where only wait_for_legacy_of used it
+#endif
+}
+
+int wait_for_legacy_of(const void* gpu, void* stream) {
+#if STREAMCOLL_HAVE_CUDA
+  return cuda_backend().order_after_legacy(gpu, static_cast<CUstream>(stream));
+#else
+  (void)gpu, (void)stream;
+  return MPI_SUCCESS;
 #endif
 }
 

@@ -6,7 +6,9 @@
 // on them. When the MPI is not CUDA-aware, such a call runs instead on host copies:
 //
 //   inputs   GPU -> host (the stream the communicator carries is already synchronised
-//            by the dispatcher; without one, classic semantics say the input is ready)
+//            by the dispatcher; without one, classic semantics: after the work already on
+//            the legacy stream and the application's blocking streams, as a CUDA-aware
+//            MPI's legacy-stream copy would be)
 //   call     the PMPI_ call on the host copies (MPI_IN_PLACE stays MPI_IN_PLACE, with
 //            the in-place data in the staged receive buffer)
 //   results  host -> GPU, complete before the call returns (blocking), or before
@@ -126,8 +128,10 @@ class Backend {
   /// Host memory for `bytes` (> 0) of staged data for a call on `gpu`; nullptr if none.
   virtual void* alloc(uint64_t bytes, const void* gpu) = 0;
   virtual void release(void* host) = 0;
-  /// Performs the copies; returns once they are complete and visible to later GPU work
-  /// on any stream. MPI_SUCCESS, or an error code from fail().
+  /// Performs the copies, after the work already enqueued on the legacy stream and the
+  /// application's blocking streams of the GPUs involved; returns once they are complete
+  /// and visible to later GPU work on any stream. MPI_SUCCESS, or an error code from
+  /// fail().
   virtual int copy(const Copy* copies, size_t n) = 0;
 };
 
@@ -161,6 +165,14 @@ bool start(const Awareness& aw);
 void stop();
 /// start() found (or was told) that the MPI is not CUDA-aware: GPU buffers are staged.
 bool enabled();
+
+/// Makes `stream` (a CUstream, of any context) wait for the work already enqueued on the
+/// legacy stream of the GPU that holds `gpu` (its primary context; managed memory: the
+/// current context's GPU), and so for the application's earlier work on that GPU's
+/// blocking streams (cuda::wait_for_legacy): for a route whose stream is on another GPU
+/// than the caller's buffer. No host wait. MPI_SUCCESS, or an error code from fail() (not
+/// raised). Thread-safe.
+int wait_for_legacy_of(const void* gpu, void* stream);
 
 /// Whether the dispatcher must stage this pmpi call: enabled() and should_stage.
 inline bool wanted(const CollArgs& a, MemKind mem) {

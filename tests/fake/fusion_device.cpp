@@ -518,7 +518,9 @@ int main(int argc, char** argv) {
       const unsigned long long fired0 = cu("injected_failures");
       unsigned long long agreements0 = 0, agreements1 = 0;
       counts(nullptr, nullptr, &agreements0);
-      if (failing) fail_after(round == 3 ? "cuEventRecord" : "cuMemcpyAsync", 1);
+      // (Round 3: rank 1's first cuEventRecord orders its packing copy after the legacy
+      // stream; the second is route nccl's.)
+      if (failing) fail_after(round == 3 ? "cuEventRecord" : "cuMemcpyAsync", round == 3 ? 2 : 1);
       Buf in(round == 2 && g_rank == 1 ? Kind::host : Kind::device, 6), out(Kind::device, 6);
       check(api.host_access(in.p, 6 * sizeof(double), 1) == 0, "input");
       for (size_t i = 0; i < 6; ++i) in.p[i] = input(g_rank, i, 2000 + round);
