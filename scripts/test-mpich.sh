@@ -24,7 +24,8 @@ if [ ${#tests[@]} -eq 0 ]; then
   more=(comm-contexts-np3 bad-input-linked-np3 stream-attr-preload-np3 stream-attr-plain-np3
         fortran-linked-np3 fortran-f08-linked-np3 fake-nccl-shared-gpu-np3 fake-bc-np4
         fake-divergent-cases-np3 fake-divergent-random-np3 fusion-preload-np3
-        fusion-table-np4)
+        fusion-table-np4 fake-classic-order-pmpi-np3 fake-classic-order-pmpi-np4
+        fake-classic-order-nccl-np3 fake-classic-order-ht-np3 fake-classic-order-blueconnect-np4)
   while read -r name; do
     case $name in
       *-np[3-9]*) if [[ " ${more[*]} " == *" $name "* ]]; then tests+=("$name"); fi ;;
