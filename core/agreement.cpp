@@ -1,6 +1,7 @@
 #include "core/agreement.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <list>
 #include <mutex>
@@ -83,11 +84,14 @@ void check_agreement(MPI_Comm comm, Coll coll, bool nonblocking, RouteId route, 
   settle(MPI_COMM_NULL, false);
 }
 
-AgreedFacts agree_call(MPI_Comm comm, int size, const LocalFacts& mine) {
-  // Each int is OR-ed over the ranks: "some rank has ...".
-  enum { k_host, k_pinned, k_device, k_managed, k_mixed, k_inelig, k_stream, k_nostream,
-         k_unable, k_n };
-  int in[k_n] = {}, out[k_n] = {};
+namespace {
+
+// The exchanged form of LocalFacts: each int is OR-ed over the ranks ("some rank has ...").
+enum { k_host, k_pinned, k_device, k_managed, k_mixed, k_inelig, k_stream, k_nostream,
+       k_unable, k_n };
+
+void encode(const LocalFacts& mine, int in[k_n]) {
+  std::fill(in, in + k_n, 0);
   switch (mine.mem) {
     case MemKind::host: in[k_host] = 1; break;
     case MemKind::pinned: in[k_pinned] = 1; break;
@@ -99,14 +103,11 @@ AgreedFacts agree_call(MPI_Comm comm, int size, const LocalFacts& mine) {
   in[k_stream] = mine.stream;
   in[k_nostream] = !mine.stream;
   in[k_unable] = static_cast<int>(mine.unable);
+}
+
+AgreedFacts decode(const int out[k_n]) {
   AgreedFacts f;
   f.valid = true;
-  if (size == 1) {
-    std::copy(in, in + k_n, out);
-  } else if (PMPI_Allreduce(in, out, k_n, MPI_INT, MPI_BOR, comm) != MPI_SUCCESS) {
-    f.why = "the agreement failed";
-    return f;
-  }
   f.unable = static_cast<uint32_t>(out[k_unable]);
   f.stream = out[k_stream] && !out[k_nostream];
   const int kinds = out[k_host] + out[k_pinned] + out[k_device] + out[k_managed];
@@ -128,6 +129,109 @@ AgreedFacts agree_call(MPI_Comm comm, int size, const LocalFacts& mine) {
     f.routable = true;
   }
   return f;
+}
+
+}  // namespace
+
+std::atomic<uint64_t> g_blocking{0}, g_refreshes{0}, g_waited{0};
+
+AgreementCounts agreement_counts() {
+  AgreementCounts c;
+  c.blocking = g_blocking.load(std::memory_order_relaxed);
+  c.refreshes = g_refreshes.load(std::memory_order_relaxed);
+  c.waited = g_waited.load(std::memory_order_relaxed);
+  return c;
+}
+
+AgreedFacts agree_call(MPI_Comm comm, int size, const LocalFacts& mine) {
+  int in[k_n], out[k_n] = {};
+  encode(mine, in);
+  if (size == 1) return decode(in);
+  g_blocking.fetch_add(1, std::memory_order_relaxed);
+  if (PMPI_Allreduce(in, out, k_n, MPI_INT, MPI_BOR, comm) != MPI_SUCCESS) {
+    AgreedFacts f;
+    f.valid = true;
+    f.why = "the agreement failed";
+    return f;
+  }
+  return decode(out);
+}
+
+// ---- SignatureAgreements ------------------------------------------------------------
+
+static_assert(SignatureAgreements::kInts == k_n, "the exchanged form of LocalFacts");
+
+SignatureAgreements::~SignatureAgreements() { drain(); }
+
+bool SignatureAgreements::refresh_point(uint64_t n) {
+  if (n < 2) return false;
+  const uint64_t m = n - 1;
+  if (m <= kRefreshEvery) return (m & (m - 1)) == 0;  // 1, 2, 4, ... after call 1
+  return m % kRefreshEvery == 0;
+}
+
+bool SignatureAgreements::begin_call() {
+  ++calls_;
+  return calls_ == 1 || !cached_;
+}
+
+const AgreedFacts& SignatureAgreements::agree(MPI_Comm comm, int size, const LocalFacts& mine) {
+  drain();
+  facts_ = agree_call(comm, size, mine);
+  return facts_;
+}
+
+const AgreedFacts& SignatureAgreements::adopt() {
+  // Every pending refresh started kRunAhead or more calls ago, oldest first: the newest
+  // one's facts stand.
+  while (!pending_.empty() && pending_.front()->at + kRunAhead <= calls_) {
+    Pending& p = *pending_.front();
+    if (!p.failed) {
+      int done = 0;
+      if (PMPI_Test(&p.req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+        p.failed = true;
+      } else if (!done) {
+        ++waited_;
+        g_waited.fetch_add(1, std::memory_order_relaxed);
+        if (PMPI_Wait(&p.req, MPI_STATUS_IGNORE) != MPI_SUCCESS) p.failed = true;
+      }
+    }
+    if (p.failed) {
+      // Not routable from here on (the MPI raised its own error on the communicator);
+      // the calls go to pmpi, which takes anything, and the agreement is tried again at
+      // the next refresh.
+      facts_ = AgreedFacts{};
+      facts_.valid = true;
+      facts_.why = "the agreement failed";
+    } else {
+      facts_ = decode(p.out);
+    }
+    pending_.erase(pending_.begin());
+  }
+  return facts_;
+}
+
+bool SignatureAgreements::refreshes() const { return cached_ && refresh_point(calls_); }
+
+void SignatureAgreements::refresh(MPI_Comm comm, int size, const LocalFacts& mine) {
+  auto p = std::make_unique<Pending>();
+  p->at = calls_;
+  encode(mine, p->in);
+  if (size == 1) {
+    std::copy(p->in, p->in + k_n, p->out);
+  } else {
+    g_refreshes.fetch_add(1, std::memory_order_relaxed);
+    if (PMPI_Iallreduce(p->in, p->out, k_n, MPI_INT, MPI_BOR, comm, &p->req) != MPI_SUCCESS)
+      p->failed = true;
+  }
+  ++started_;
+  pending_.push_back(std::move(p));
+}
+
+void SignatureAgreements::drain() {
+  for (auto& p : pending_)
+    if (!p->failed && p->req != MPI_REQUEST_NULL) PMPI_Wait(&p->req, MPI_STATUS_IGNORE);
+  pending_.clear();
 }
 
 void check_inputs(MPI_Comm comm, Coll coll, uint64_t bytes, int root, bool candidate, int rank) {

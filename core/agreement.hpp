@@ -12,6 +12,10 @@
 
 #include <mpi.h>
 
+#include <cstdint>
+#include <memory>
+#include <vector>
+
 #include "core/types.hpp"
 
 namespace streamcoll {
@@ -47,6 +51,93 @@ struct AgreedFacts {
 /// On an MPI failure the result is not routable (the MPI raises its own error in the
 /// call that follows).
 AgreedFacts agree_call(MPI_Comm comm, int size, const LocalFacts& mine);
+
+/// What MPI requires every rank to pass alike in a blocking call, so that "the n-th call
+/// of this signature on this communicator" is the same call on every rank (MPI orders a
+/// communicator's blocking collectives alike everywhere). `op`: 1 + the OpKind of a
+/// predefined op, else 0 (handles of user ops may be reused differently per rank); the
+/// datatype is left out (ranks may describe one type signature differently): its size is
+/// in `bytes`.
+struct CallSignature {
+  Coll coll = Coll::barrier;
+  uint64_t bytes = 0;
+  int root = -1;
+  int op = 0;
+  bool operator==(const CallSignature& o) const {
+    return coll == o.coll && bytes == o.bytes && root == o.root && op == o.op;
+  }
+};
+
+/// The agreements of one signature's blocking calls on a communicator, taken off the
+/// critical path. Call 1 agrees at once (agree_call). While the calls of the signature
+/// route to pmpi (which takes any buffer a rank passes, so a rank whose own facts differ
+/// adapts locally), call n >= 2 decides from the agreement started at the newest refresh
+/// call j <= n - kRunAhead (waiting for it only while some rank has not started call j:
+/// a rank runs at most kRunAhead calls of the signature ahead of the slowest), or from
+/// the last blocking agreement; refresh calls (2, 3, 5, 9, ..., 2^k + 1 up to
+/// kRefreshEvery + 1, then every kRefreshEvery-th) start a non-blocking agreement
+/// (PMPI_Iallreduce on the communicator) of their own facts. A change of memory kind is
+/// thus seen at most kRefreshEvery + kRunAhead calls later. Otherwise (the last call
+/// routed elsewhere) every call agrees at once, as call 1; so does a call whose adopted
+/// facts are not routable facts of host memory on every rank, or would route it elsewhere
+/// (the dispatcher's choice, from agreed facts). Everything here depends on the
+/// call count and on agreed facts alone, so it is equal on every rank. Not thread-safe:
+/// a communicator's blocking calls are ordered by the program.
+class SignatureAgreements {
+ public:
+  static constexpr uint64_t kRunAhead = 4;
+  static constexpr uint64_t kRefreshEvery = 64;
+  static constexpr int kInts = 9;  ///< LocalFacts as exchanged (agreement.cpp)
+
+  SignatureAgreements() = default;
+  SignatureAgreements(const SignatureAgreements&) = delete;
+  SignatureAgreements& operator=(const SignatureAgreements&) = delete;
+  ~SignatureAgreements();  // waits for the pending refreshes
+
+  /// Counts a call of the signature; true when it must agree at once (agree()), false
+  /// when it decides from earlier agreements (adopt()).
+  bool begin_call();
+  /// This call's agreement, blocking (agree_call), after the pending ones.
+  const AgreedFacts& agree(MPI_Comm comm, int size, const LocalFacts& mine);
+  /// The facts this call decides from (without agree()).
+  const AgreedFacts& adopt();
+  /// Whether this call starts a refresh (then call refresh() with its facts).
+  bool refreshes() const;
+  void refresh(MPI_Comm comm, int size, const LocalFacts& mine);
+  /// What the call decided: while calls route to pmpi, the next decides from earlier
+  /// agreements.
+  void decided(bool to_pmpi) { cached_ = to_pmpi; }
+
+  /// Pure: whether call n (1, 2, ...) of a signature starts a refresh.
+  static bool refresh_point(uint64_t n);
+
+  uint64_t calls() const { return calls_; }
+  uint64_t started() const { return started_; }  ///< refreshes started
+  uint64_t waited() const { return waited_; }    ///< adopted refreshes not done when needed
+
+ private:
+  struct Pending {
+    uint64_t at = 0;  // the call that started it
+    int in[kInts] = {}, out[kInts] = {};
+    MPI_Request req = MPI_REQUEST_NULL;
+    bool failed = false;  // the MPI refused to start or complete it
+  };
+  void drain();  // waits for every pending refresh (all ranks started the same ones)
+  uint64_t calls_ = 0;
+  bool cached_ = false;
+  AgreedFacts facts_;
+  std::vector<std::unique_ptr<Pending>> pending_;  // oldest first
+  uint64_t started_ = 0, waited_ = 0;
+};
+
+/// Process-wide counts of streamcoll's own agreement collectives so far: blocking
+/// agreements (agree_call, a PMPI_Allreduce each where the communicator has more than one
+/// rank), refreshes started (a PMPI_Iallreduce each) and refreshes that were not done
+/// when a call needed them (the call waited for a peer). Thread-safe.
+struct AgreementCounts {
+  uint64_t blocking = 0, refreshes = 0, waited = 0;
+};
+AgreementCounts agreement_counts();
 
 /// STREAMCOLL_CHECK, before anything collective of streamcoll's own: verifies that every
 /// rank sees the same rank-invariant inputs of a blocking call (collective, bytes, root,

@@ -152,6 +152,20 @@ CommContext* comm_context(MPI_Comm comm, bool create) {
   return ctx;
 }
 
+size_t CommContext::SignatureHash::operator()(const CallSignature& s) const {
+  uint64_t h = s.bytes * 0x9E3779B97F4A7C15ull;
+  h ^= (static_cast<uint64_t>(s.coll) << 48) ^ (static_cast<uint64_t>(s.op) << 40) ^
+       static_cast<uint64_t>(static_cast<uint32_t>(s.root));
+  return static_cast<size_t>(h ^ (h >> 29));
+}
+
+SignatureAgreements& CommContext::signature(const CallSignature& s) {
+  auto it = signatures_.find(s);
+  if (it != signatures_.end()) return *it->second;
+  if (signatures_.size() >= kMaxSignatures) signatures_.clear();  // equal on every rank
+  return *signatures_.emplace(s, std::make_unique<SignatureAgreements>()).first->second;
+}
+
 size_t comm_contexts_live() {
   std::lock_guard<std::mutex> lock(g_mu);
   return g_live.size();

@@ -95,6 +95,13 @@ struct CommContext {
   AgreedFacts agreed[kNumColls];
   AgreedFacts agreed_last;  ///< the last of those, any collective: for a collective with none
 
+  /// The agreements of this communicator's blocking calls, per signature (what their
+  /// later calls decide from, core/agreement.hpp): made at the signature's first call.
+  /// More than kMaxSignatures: all are dropped (their pending agreements completed) and
+  /// counting starts over, at the same call on every rank.
+  SignatureAgreements& signature(const CallSignature& s);
+  static constexpr size_t kMaxSignatures = 1024;
+
   /// An error found after the call that caused it had returned (a stream-ordered
   /// operation whose host part failed on the progress engine, a peer's failure noticed
   /// later): the next call on this communicator, on this rank, runs as usual and then
@@ -117,14 +124,24 @@ struct CommContext {
   /// tuning table; null when none. Replaced as a whole (atomic shared_ptr access), so a
   /// call in flight keeps the table it matched.
   std::shared_ptr<const config::TuningTable> forced_routes() const {
+    // (The flag spares a communicator without forced routes the shared_ptr's lock.)
+    if (!has_forced_.load(std::memory_order_acquire)) return nullptr;
     return std::atomic_load(&forced_);
   }
   void set_forced_routes(std::shared_ptr<const config::TuningTable> t) {
+    const bool some = t != nullptr;
     std::atomic_store(&forced_, std::move(t));
+    has_forced_.store(some, std::memory_order_release);
   }
 
  private:
   std::shared_ptr<const config::TuningTable> forced_;
+  std::atomic<bool> has_forced_{false};
+  struct SignatureHash {
+    size_t operator()(const CallSignature& s) const;
+  };
+  std::unordered_map<CallSignature, std::unique_ptr<SignatureAgreements>, SignatureHash>
+      signatures_;
 };
 
 /// The context of `comm`. With `create`, it is created if needed: collective over `comm`

@@ -2,7 +2,9 @@
 
 #include <dlfcn.h>
 #include <link.h>
+#include <pthread.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -10,6 +12,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string_view>
 #include <type_traits>
@@ -261,6 +264,65 @@ MemKind classify(const void* p, int* device) {
   (void)p;
   return MemKind::host;
 #endif
+}
+
+namespace {
+
+// The start of the program break (/proc/self/stat, field 47, start_brk), read once; 0
+// when it cannot be read (then no address counts as heap).
+uintptr_t heap_start() {
+  static const uintptr_t start = [] {
+    uintptr_t v = 0;
+    if (FILE* f = std::fopen("/proc/self/stat", "r")) {
+      char buf[4096];
+      const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+      std::fclose(f);
+      buf[n] = '\0';
+      // Fields after the command name, which is in parentheses and may hold spaces.
+      const char* q = std::strrchr(buf, ')');
+      int field = 2;
+      for (; q && *q; ++q)
+        if (*q == ' ' && ++field == 47) {
+          v = static_cast<uintptr_t>(std::strtoull(q + 1, nullptr, 10));
+          break;
+        }
+    }
+    return v;
+  }();
+  return start;
+}
+
+struct StackBounds {
+  uintptr_t lo = 0, hi = 0;
+  bool known = false;
+};
+thread_local StackBounds t_stack;
+
+}  // namespace
+
+bool in_heap_or_stack(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t start = heap_start();
+  if (start && a >= start && a < reinterpret_cast<uintptr_t>(sbrk(0))) return true;
+  if (!t_stack.known) {
+    t_stack.known = true;
+    pthread_attr_t attr;
+    void* base = nullptr;
+    size_t size = 0;
+    if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+      if (pthread_attr_getstack(&attr, &base, &size) == 0) {
+        t_stack.lo = reinterpret_cast<uintptr_t>(base);
+        t_stack.hi = t_stack.lo + size;
+      }
+      pthread_attr_destroy(&attr);
+    }
+  }
+  return a >= t_stack.lo && a < t_stack.hi;
+}
+
+MemKind classify_buffer(const void* p, int* device) {
+  if (in_heap_or_stack(p)) return MemKind::host;
+  return classify(p, device);
 }
 
 int device_of(const void* p) {

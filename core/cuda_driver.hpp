@@ -69,6 +69,18 @@ bool driver_present();
 /// (no context needed).
 MemKind classify(const void* p, int* device = nullptr);
 
+/// Whether `p` lies in the process's heap (between the start of the program break and
+/// the break now) or on the calling thread's stack: memory the CUDA driver never gives
+/// out as device or managed memory (it maps those, and its page-locked allocations, on
+/// pages of their own). Such a buffer is host memory to every route, also where the
+/// application page-locked it with cuMemHostRegister (the driver would say pinned; routes
+/// treat pinned and host memory alike, and only stage less). No driver call: a few loads,
+/// the thread's stack bounds found once per thread. Thread-safe.
+bool in_heap_or_stack(const void* p);
+
+/// classify() for a buffer of a call, without asking the driver where in_heap_or_stack.
+MemKind classify_buffer(const void* p, int* device);
+
 /// The ordinal of the device that holds (or, for managed memory, last held) `p`, or -1.
 int device_of(const void* p);
 

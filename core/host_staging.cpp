@@ -297,7 +297,12 @@ bool mpi_reduce_in_place_broken() {
 }
 }  // namespace
 
-int run(const CollArgs& a, Backend& be, bool outcome, int own) {
+int run(const CollArgs& a, Backend& be, bool outcome, int own, const KnownKinds* known) {
+  auto classify = [&](const void* p) {
+    for (int i = 0; known && i < known->n; ++i)
+      if (known->ptr[i] == p) return known->kind[i];
+    return be.classify(p);
+  };
   // What this rank stages: C calls with GPU buffers (Fortran calls go to the MPI's own
   // binding as they are).
   int rank = 0, size = 1;
@@ -308,8 +313,8 @@ int run(const CollArgs& a, Backend& be, bool outcome, int own) {
       PMPI_Comm_size(a.comm, &size) == MPI_SUCCESS && spans_of(a, &S, &R)) {
     x = staging_extents(a, rank, size, S, R);
     stage_send = a.sendbuf != MPI_IN_PLACE && a.coll != Coll::bcast && !x.send.empty() &&
-                 on_gpu(be.classify(at(a.sendbuf, x.send.lo)));
-    stage_recv = !x.recv.empty() && on_gpu(be.classify(at(a.recvbuf, x.recv.lo)));
+                 on_gpu(classify(at(a.sendbuf, x.send.lo)));
+    stage_recv = !x.recv.empty() && on_gpu(classify(at(a.recvbuf, x.recv.lo)));
   }
   if (!stage_send && !stage_recv && !outcome) {
     const int rc = run_pmpi(a);  // the MPI raises whatever is wrong
@@ -802,11 +807,11 @@ Backend* gpu_backend() {
 #endif
 }
 
-int run(const CollArgs& a, bool outcome, int own) {
+int run(const CollArgs& a, bool outcome, int own, const KnownKinds* known) {
 #if STREAMCOLL_HAVE_CUDA
-  return run(a, cuda_backend(), outcome, own);
+  return run(a, cuda_backend(), outcome, own, known);
 #else
-  (void)outcome;
+  (void)outcome, (void)known;
   const int rc = run_pmpi(a);
   if (own != MPI_SUCCESS) PMPI_Comm_call_errhandler(a.comm, own);
   return own != MPI_SUCCESS ? own : rc;

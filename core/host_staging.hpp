@@ -135,6 +135,14 @@ class Backend {
   virtual int copy(const Copy* copies, size_t n) = 0;
 };
 
+/// Memory kinds the caller has found already (the dispatcher classifies each significant
+/// buffer once per call): run() asks the backend only about other addresses.
+struct KnownKinds {
+  const void* ptr[2] = {nullptr, nullptr};
+  MemKind kind[2] = {MemKind::host, MemKind::host};
+  int n = 0;
+};
+
 /// Runs the call `a` on the MPI with this rank's GPU buffers staged through host memory
 /// (see the file comment); buffers that are not on a GPU, and Fortran calls, go to the
 /// MPI as they are. Returns what the MPI returns; a failed copy or allocation is raised
@@ -151,7 +159,8 @@ class Backend {
 /// returns at once (the other ranks are left in the call: used only where no rank stages).
 /// Non-blocking calls that stage or exchange get a streamcoll-owned request in
 /// *a.request (Fortran calls too: the MPI's request is wrapped).
-int run(const CollArgs& a, Backend& backend, bool outcome = false, int own = MPI_SUCCESS);
+int run(const CollArgs& a, Backend& backend, bool outcome = false, int own = MPI_SUCCESS,
+        const KnownKinds* known = nullptr);
 
 // ---- Process-wide state -------------------------------------------------------------
 
@@ -180,7 +189,7 @@ inline bool wanted(const CollArgs& a, MemKind mem) {
          enabled() && should_stage(mem, a.fortran != nullptr, false);
 }
 /// run() with the CUDA driver.
-int run(const CollArgs& a, bool outcome, int own);
+int run(const CollArgs& a, bool outcome, int own, const KnownKinds* known = nullptr);
 /// The CUDA driver's Backend (classify, copy), or nullptr in a build without CUDA.
 Backend* gpu_backend();
 

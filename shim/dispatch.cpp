@@ -18,15 +18,19 @@
 //     treats alike;
 //   - routes forced on the communicator: streamcoll_comm_set_route is collective over it
 //     (same spec on every rank), and affects that communicator only;
-//   - the facts agreed per call (core/agreement: agree_call): at a blocking call that may
-//     leave pmpi, the ranks exchange, in one small allreduce, what only each of them can
-//     see: the memory kind of its buffers (MPI lets a rank pass host memory where another
-//     passes device memory, and makes MPI_Reduce's receive buffer significant at the root
-//     only), whether its arguments suit a route at all (language binding, how it
-//     describes a type signature), whether the communicator carries a stream attribute
-//     on it, and which routes it cannot run (Route::able_here: a driver that cannot hold
-//     a stream, a buffer on another GPU than the communicator's NCCL one). Ranks that
-//     pass different memory kinds go to pmpi together.
+//   - the facts agreed per signature (core/agreement: agree_call, SignatureAgreements):
+//     at the first blocking call of a signature that may leave pmpi (and at every call
+//     while they leave it), the ranks exchange, in one small allreduce, what only each of
+//     them can see; later calls that go to pmpi decide from agreements started at earlier
+//     calls of the signature (the n-th call of a signature is the same call on every
+//     rank), and a rank whose own facts differ adapts in pmpi. What each rank sees: the
+//     memory kind of its buffers (MPI lets a rank pass host memory where another passes
+//     device memory, and makes MPI_Reduce's receive buffer significant at the root only),
+//     whether its arguments suit a route at all (language binding, how it describes a
+//     type signature), whether the communicator carries a stream attribute on it, and
+//     which routes it cannot run (Route::able_here: a driver that cannot hold a stream, a
+//     buffer on another GPU than the communicator's NCCL one). Ranks that pass different
+//     memory kinds go to pmpi together.
 //   - a non-blocking call cannot agree (starting one must not wait for other ranks): it is
 //     routed from the facts agreed at the last blocking call of the same collective on
 //     the communicator (before one, of any collective; equal everywhere: MPI orders
@@ -53,7 +57,8 @@
 //                 memory kind of the significant buffers (CUDA driver)
 //                 the communicator's stream, if any          streamext/
 //        step 1   candidate? (rank-invariant: table, forced routes, arguments)  -> pmpi
-//        step 2   blocking: agree_call (context created the first time, collectively)
+//        step 2   blocking: the signature's agreement, at once or from earlier calls
+//                 (context created the first time, collectively)
 //                 non-blocking: the last blocking call's agreement, or pmpi
 //                 agreed facts not routable (mixed kinds, a rank's arguments) -> pmpi
 //        step 3   tuning table with the agreed facts: first matching rule
@@ -93,6 +98,7 @@ struct Decision {
   MPI_Comm error_comm = MPI_COMM_NULL;  ///< where `error` is raised
   RouteId route = RouteId::pmpi;
   CallEnv env;  ///< memory kind, attached stream
+  host_staging::KnownKinds kinds;  ///< each significant buffer's kind, classified once
   bool agreed_stream = false;  ///< the agreed facts: every rank's call carries a stream
   uint64_t bytes = 0;
   bool well_formed = false;  ///< arguments checked: MPI will not reject the call
@@ -117,12 +123,17 @@ int type_size(MPI_Datatype t, const TypeInfo* info) {
   return size;
 }
 
-// The memory kind of the call's buffers, and the GPU of the first one in device memory.
-MemKind combine(const BufferUse* bufs, int n, int* device) {
+// The memory kind of the call's buffers, and the GPU of the first one in device memory;
+// each buffer's kind into *known.
+MemKind combine(const BufferUse* bufs, int n, int* device, host_staging::KnownKinds* known) {
   MemKind kind = MemKind::host;
   for (int i = 0; i < n; ++i) {
     int dev = -1;
-    MemKind k = cuda::classify(bufs[i].ptr, &dev);
+    MemKind k = cuda::classify_buffer(bufs[i].ptr, &dev);
+    if (known->n < 2) {
+      known->ptr[known->n] = bufs[i].ptr;
+      known->kind[known->n++] = k;
+    }
     if (*device < 0) *device = dev;
     if (i == 0) kind = k;
     else if (k != kind) return MemKind::mixed;
@@ -163,157 +174,79 @@ uint64_t rule_fuse_limit(const CollArgs& a, const CommContext& ctx,
   return limit && bytes <= *limit ? *limit : 0;
 }
 
-Decision decide(const CollArgs& a, Runtime& rt) {
-  Decision d;
-  if (a.comm == MPI_COMM_NULL) {
-    // Raised here because some MPIs (Open MPI 4.1's MPI_Allgather) crash on it. Errors
-    // without a valid communicator go to MPI_COMM_WORLD's handler, as Open MPI and
-    // MPICH raise them.
-    d.error = MPI_ERR_COMM;
-    d.error_comm = MPI_COMM_WORLD;
-    return d;
-  }
-  if (a.nonblocking && a.request == nullptr) {  // Open MPI 4.1 writes through it
-    d.error = MPI_ERR_REQUEST;
-    d.error_comm = a.comm;
-    return d;
-  }
-  // A negative count (MPICH 4.0's MPI_Allreduce takes one without an error, and writes
-  // outside its buffers). sendcount means nothing with MPI_IN_PLACE.
-  const bool gather_like = a.coll == Coll::allgather || a.coll == Coll::allgatherv ||
-                           a.coll == Coll::alltoall;
-  if (a.coll != Coll::barrier &&
-      (gather_like ? (a.sendbuf != MPI_IN_PLACE && a.sendcount < 0) ||
-                         (a.coll != Coll::allgatherv && a.recvcount < 0)
-                   : a.coll != Coll::reduce_scatter && a.count < 0)) {
-    d.error = MPI_ERR_COUNT;
-    d.error_comm = a.comm;
-    return d;
-  }
-  CallFacts f;
-  f.coll = a.coll;
-  f.fortran = a.fortran != nullptr;
-  f.invalid_args = obviously_invalid(a);
-  if (f.invalid_args) return d;  // PMPI raises the error; nothing else may touch a.comm
+// The call's signature: what MPI requires every rank to pass alike (core/agreement.hpp).
+CallSignature signature_of(const CollArgs& a, uint64_t bytes) {
+  CallSignature s;
+  s.coll = a.coll;
+  s.bytes = bytes;
+  if (a.coll == Coll::reduce || a.coll == Coll::bcast) s.root = a.root;
+  if (takes_op(a.coll))
+    if (const OpInfo* op = find_op(a.op)) s.op = 1 + static_cast<int>(op->kind);
+  return s;
+}
 
-  int inter = 0;
-  if (PMPI_Comm_test_inter(a.comm, &inter) != MPI_SUCCESS || inter) return d;
-  int rank = 0, size = 1;
-  PMPI_Comm_rank(a.comm, &rank);
-  PMPI_Comm_size(a.comm, &size);
-  if (a.recvcounts) {
-    // Open MPI 4.1 copies a negative count of the v-variants before checking it.
-    for (int i = 0; i < size; ++i)
-      if (a.recvcounts[i] < 0) {
-        d.error = MPI_ERR_COUNT;
-        d.error_comm = a.comm;
-        return d;
-      }
+// What this rank sees of a call (core/agreement.hpp), its unable routes asked of the
+// routes only when the facts are exchanged.
+class Mine {
+ public:
+  Mine(const CollArgs& a, const CallEnv& env, bool ineligible, bool stream) : a_(a), env_(env) {
+    f_.mem = env.mem;
+    f_.ineligible = ineligible;
+    f_.stream = stream;
   }
-  if ((a.coll == Coll::reduce || a.coll == Coll::bcast) && (a.root < 0 || a.root >= size))
-    return d;  // MPI_ERR_ROOT from PMPI
-  d.well_formed = true;
-
-  const bool reduction_family = a.coll == Coll::allreduce || a.coll == Coll::reduce ||
-                                a.coll == Coll::bcast || a.coll == Coll::reduce_scatter ||
-                                a.coll == Coll::reduce_scatter_block;
-  const MPI_Datatype rtype = reduction_family ? a.datatype : a.recvtype;
-  const MPI_Datatype stype =
-      reduction_family ? a.datatype : (a.sendbuf == MPI_IN_PLACE ? rtype : a.sendtype);
-  f.send_type = a.coll == Coll::barrier ? nullptr : find_type(stype);
-  f.recv_type = a.coll == Coll::barrier ? nullptr : find_type(rtype);
-  const int sts = type_size(stype, f.send_type), rts = type_size(rtype, f.recv_type);
-  f.counts_match = a.sendbuf == MPI_IN_PLACE || reduction_family ||
-                   a.coll == Coll::allgatherv || a.sendcount == a.recvcount;
-  f.op = takes_op(a.coll) ? find_op(a.op) : nullptr;
-  d.bytes = f.bytes = call_bytes(a, size, sts, rts);
-
-  // A null pointer where a predefined datatype says data lives: MPI_ERR_BUFFER (as
-  // MPICH reports it), rather than handing it to an MPI that may dereference it.
-  if (has_null_pointer(a) && f.send_type && f.recv_type &&
-      null_data_buffer(a, rank, size, sts, rts)) {
-    SC_WARN("%s: null buffer with %llu bytes of data; raising MPI_ERR_BUFFER",
-            call_name(a.coll, a.nonblocking).c_str(), static_cast<unsigned long long>(d.bytes));
-    d.error = MPI_ERR_BUFFER;
-    d.error_comm = a.comm;
-    return d;
+  CommContext* ctx = nullptr;  ///< set before get()
+  const LocalFacts& get() {
+    if (!unable_known_)
+      for (int r = 0; r < kNumRoutes; ++r)
+        if (Route* route = find_route(static_cast<RouteId>(r)); route && !f_.ineligible &&
+                                                               !route->able_here(a_, *ctx, env_))
+          f_.unable |= 1u << r;
+    unable_known_ = true;
+    return f_;
   }
 
-  BufferUse bufs[2];
-  d.env.mem = f.mem = combine(bufs, significant_buffers(a, rank, size, sts, rts, bufs),
-                                  &d.env.device);
-  if (!rt.full_path(a.coll)) return d;  // only statistics asked for the facts above
-  void* stream = nullptr;
-  const bool attached = streamext::attached(a.comm, &stream);
-  if (attached && (d.env.mem == MemKind::device || d.env.mem == MemKind::managed)) {
-    d.env.has_stream = true;
-    d.env.stream = stream;
-  }
-  const Verdict verdict = eligibility(f);
-  const bool check = rt.check_on();
+ private:
+  const CollArgs& a_;
+  const CallEnv& env_;
+  LocalFacts f_;
+  bool unable_known_ = false;
+};
 
-  // Step 1, rank-invariant: may this call leave pmpi at all? From the call's arguments
-  // that MPI requires to match, the table (agreed at MPI_Init) and the communicator's
-  // forced routes (streamcoll_comm_set_route is collective). A verdict that only this
-  // rank's arguments can cause (memory kinds, binding, how a gather-like call describes
-  // its type signature) is not used here: it goes into the agreement below.
-  CommContext* ctx = comm_context(a.comm, false);
-  std::shared_ptr<const config::TuningTable> forced = ctx ? ctx->forced_routes() : nullptr;
-  const bool candidate =
-      invariant_verdict(verdict, a.coll) &&
-      (rt.candidate(a.coll) || (forced && forced->may_leave_pmpi_any(a.coll)));
-  if (check && !a.nonblocking) check_inputs(a.comm, a.coll, d.bytes, a.root, candidate, rank);
-  if (!candidate) {
-    if (check) check_agreement(a.comm, a.coll, a.nonblocking, d.route, MemKind::host, rank);
-    SC_TRACE("%s %llu B on %s memory -> pmpi (%s)", call_name(a.coll, a.nonblocking).c_str(),
-             static_cast<unsigned long long>(d.bytes), std::string(name(d.env.mem)).c_str(),
-             verdict == Verdict::eligible ? "no rule routes it" : describe(verdict));
-    return d;
+// Step 2 of decide() for a blocking call: the facts it decides from, agreed now
+// (*agreed_now) or at earlier calls of its signature (SignatureAgreements), starting a
+// refresh where the schedule says.
+AgreedFacts signature_facts(SignatureAgreements& sig, MPI_Comm comm, int size, Mine& mine,
+                            bool* agreed_now) {
+  *agreed_now = sig.begin_call();
+  if (*agreed_now) return sig.agree(comm, size, mine.get());
+  AgreedFacts agreed = sig.adopt();
+  if (sig.refreshes()) sig.refresh(comm, size, mine.get());
+  // Earlier facts stand in for this call's only where every rank passed host memory to a
+  // call that suits routes (then a stream attribute changes nothing, and pmpi takes
+  // whatever a rank passes now); otherwise (some rank's binding, datatype or memory kinds
+  // suited only pmpi; GPU memory, whose calls follow a stream attribute as soon as it is
+  // set) every rank, deciding alike, agrees now.
+  if (!agreed.routable || (agreed.mem != MemKind::host && agreed.mem != MemKind::pinned)) {
+    *agreed_now = true;
+    agreed = sig.agree(comm, size, mine.get());
   }
+  return agreed;
+}
 
-  // Step 2, agreement. A blocking call is a point every rank of the communicator reaches
-  // and decides alike (step 1): the context is created there (collectively, the first
-  // time) and the ranks agree on what each of them sees. A non-blocking call must start
-  // without waiting for the others: it uses the facts agreed at the last blocking call of
-  // its collective on the communicator, and goes to pmpi before there was one.
-  LocalFacts mine;
-  mine.mem = d.env.mem;
-  mine.ineligible = verdict != Verdict::eligible;
-  mine.stream = attached;
-  AgreedFacts agreed;
-  if (!a.nonblocking) {
-    if (!ctx) ctx = comm_context(a.comm, true);
-    if (!ctx) return d;  // the MPI failed to set one up (on every rank)
-    for (int r = 0; r < kNumRoutes; ++r)
-      if (Route* route = find_route(static_cast<RouteId>(r)); route && !mine.ineligible &&
-                                                             !route->able_here(a, *ctx, d.env))
-        mine.unable |= 1u << r;
-    agreed = agree_call(a.comm, size, mine);
-    ctx->agreed[static_cast<int>(a.coll)] = agreed;
-    ctx->agreed_last = agreed;
-    // MPI_Iallreduce fusion's queue (core/fusion.hpp), made at the first blocking call
-    // that agrees here (every rank of the communicator reaches this point alike) when a
-    // rule can fuse and the progress thread may call MPI: equal on every rank.
-    if (!ctx->fusion_tried && rt.thread_multiple() &&
-        (rt.table().fuses() || (forced && forced->fuses()))) {
-      ctx->fusion_tried = true;
-      ctx->fusion = fusion::open(*ctx, forced, d.env.device);
-    }
-  } else if (ctx) {
-    agreed = ctx->agreed[static_cast<int>(a.coll)];
-    if (!agreed.valid) agreed = ctx->agreed_last;
-  }
-  d.ctx = ctx;
+// Step 3 of decide(), the route: the table and the forced routes matched with the agreed
+// facts; routes decide whether they accept from the agreed facts too (Route::accepts).
+// Fills d.route, d.choice, d.fuse, d.env.agreed_mem, d.agreed_stream.
+void choose_route(Decision& d, const CollArgs& a, const AgreedFacts& agreed, int size, int rank,
+                  bool check, Runtime& rt) {
+  CommContext* ctx = d.ctx;
+  const std::shared_ptr<const config::TuningTable>& forced = d.forced;
   if (!agreed.valid || !agreed.routable) {
     if (check) check_agreement(a.comm, a.coll, a.nonblocking, d.route, MemKind::host, rank);
     SC_TRACE("%s %llu B on %s memory -> pmpi (%s)", call_name(a.coll, a.nonblocking).c_str(),
              static_cast<unsigned long long>(d.bytes), std::string(name(d.env.mem)).c_str(),
              agreed.valid ? agreed.why : "no blocking call has agreed on its facts yet");
-    return d;
+    return;
   }
-
-  // Step 3, the route: the table and the forced routes matched with the agreed facts;
-  // routes decide whether they accept from the agreed facts too (Route::accepts).
   d.env.agreed_mem = agreed.mem;
   CallEnv env = d.env;  // what the route decides from: agreed, with this rank's GPU
   env.mem = agreed.mem;
@@ -325,7 +258,6 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   // The matching rules: the forced routes' first (streamcoll_comm_set_route), else the
   // table's in order; from the communicator's decision cache when a call with this key was
   // walked before (STREAMCOLL_DECISION_CACHE), else walked now, one rule at a time.
-  d.forced = forced;
   DecisionCache::Rules walk;
   const int cache = rt.settings().decision_cache;
   if (cache > 0 || (cache < 0 && rt.table().rules().size() >= config::kDecisionCacheRules)) {
@@ -386,6 +318,172 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   SC_TRACE("%s %llu B on %s memory%s -> %s", call_name(a.coll, a.nonblocking).c_str(),
            static_cast<unsigned long long>(d.bytes), std::string(name(d.env.mem)).c_str(),
            d.env.has_stream ? " with a stream" : "", std::string(name(d.route)).c_str());
+}
+
+// The errors streamcoll raises itself before looking at a call further (MPIs that crash
+// on them, or write outside the buffers): an error class and where it is raised, or
+// MPI_SUCCESS.
+int screen(const CollArgs& a, MPI_Comm* where) {
+  if (a.comm == MPI_COMM_NULL) {
+    // Raised here because some MPIs (Open MPI 4.1's MPI_Allgather) crash on it. Errors
+    // without a valid communicator go to MPI_COMM_WORLD's handler, as Open MPI and
+    // MPICH raise them.
+    *where = MPI_COMM_WORLD;
+    return MPI_ERR_COMM;
+  }
+  *where = a.comm;
+  if (a.nonblocking && a.request == nullptr) return MPI_ERR_REQUEST;  // Open MPI 4.1 writes through it
+  // A negative count (MPICH 4.0's MPI_Allreduce takes one without an error, and writes
+  // outside its buffers). sendcount means nothing with MPI_IN_PLACE.
+  const bool gather_like = a.coll == Coll::allgather || a.coll == Coll::allgatherv ||
+                           a.coll == Coll::alltoall;
+  if (a.coll != Coll::barrier &&
+      (gather_like ? (a.sendbuf != MPI_IN_PLACE && a.sendcount < 0) ||
+                         (a.coll != Coll::allgatherv && a.recvcount < 0)
+                   : a.coll != Coll::reduce_scatter && a.count < 0))
+    return MPI_ERR_COUNT;
+  return MPI_SUCCESS;
+}
+
+Decision decide(const CollArgs& a, Runtime& rt) {
+  Decision d;
+  if ((d.error = screen(a, &d.error_comm)) != MPI_SUCCESS) return d;
+  CallFacts f;
+  f.coll = a.coll;
+  f.fortran = a.fortran != nullptr;
+  f.invalid_args = obviously_invalid(a);
+  if (f.invalid_args) return d;  // PMPI raises the error; nothing else may touch a.comm
+
+  int inter = 0;
+  if (PMPI_Comm_test_inter(a.comm, &inter) != MPI_SUCCESS || inter) return d;
+  int rank = 0, size = 1;
+  PMPI_Comm_rank(a.comm, &rank);
+  PMPI_Comm_size(a.comm, &size);
+  if (a.recvcounts) {
+    // Open MPI 4.1 copies a negative count of the v-variants before checking it.
+    for (int i = 0; i < size; ++i)
+      if (a.recvcounts[i] < 0) {
+        d.error = MPI_ERR_COUNT;
+        d.error_comm = a.comm;
+        return d;
+      }
+  }
+  if ((a.coll == Coll::reduce || a.coll == Coll::bcast) && (a.root < 0 || a.root >= size))
+    return d;  // MPI_ERR_ROOT from PMPI
+  d.well_formed = true;
+
+  const bool reduction_family = a.coll == Coll::allreduce || a.coll == Coll::reduce ||
+                                a.coll == Coll::bcast || a.coll == Coll::reduce_scatter ||
+                                a.coll == Coll::reduce_scatter_block;
+  const MPI_Datatype rtype = reduction_family ? a.datatype : a.recvtype;
+  const MPI_Datatype stype =
+      reduction_family ? a.datatype : (a.sendbuf == MPI_IN_PLACE ? rtype : a.sendtype);
+  f.send_type = a.coll == Coll::barrier ? nullptr : find_type(stype);
+  f.recv_type = a.coll == Coll::barrier ? nullptr : find_type(rtype);
+  const int sts = type_size(stype, f.send_type), rts = type_size(rtype, f.recv_type);
+  f.counts_match = a.sendbuf == MPI_IN_PLACE || reduction_family ||
+                   a.coll == Coll::allgatherv || a.sendcount == a.recvcount;
+  f.op = takes_op(a.coll) ? find_op(a.op) : nullptr;
+  d.bytes = f.bytes = call_bytes(a, size, sts, rts);
+
+  // A null pointer where a predefined datatype says data lives: MPI_ERR_BUFFER (as
+  // MPICH reports it), rather than handing it to an MPI that may dereference it.
+  if (has_null_pointer(a) && f.send_type && f.recv_type &&
+      null_data_buffer(a, rank, size, sts, rts)) {
+    SC_WARN("%s: null buffer with %llu bytes of data; raising MPI_ERR_BUFFER",
+            call_name(a.coll, a.nonblocking).c_str(), static_cast<unsigned long long>(d.bytes));
+    d.error = MPI_ERR_BUFFER;
+    d.error_comm = a.comm;
+    return d;
+  }
+
+  BufferUse bufs[2];
+  d.env.mem = f.mem = combine(bufs, significant_buffers(a, rank, size, sts, rts, bufs),
+                              &d.env.device, &d.kinds);
+  if (!rt.full_path(a.coll)) return d;  // only statistics asked for the facts above
+  void* stream = nullptr;
+  const bool attached = streamext::attached(a.comm, &stream);
+  if (attached && (d.env.mem == MemKind::device || d.env.mem == MemKind::managed)) {
+    d.env.has_stream = true;
+    d.env.stream = stream;
+  }
+  const Verdict verdict = eligibility(f);
+  const bool check = rt.check_on();
+
+  // Step 1, rank-invariant: may this call leave pmpi at all? From the call's arguments
+  // that MPI requires to match, the table (agreed at MPI_Init) and the communicator's
+  // forced routes (streamcoll_comm_set_route is collective). A verdict that only this
+  // rank's arguments can cause (memory kinds, binding, how a gather-like call describes
+  // its type signature) is not used here: it goes into the agreement below.
+  CommContext* ctx = comm_context(a.comm, false);
+  std::shared_ptr<const config::TuningTable> forced = ctx ? ctx->forced_routes() : nullptr;
+  const bool candidate =
+      invariant_verdict(verdict, a.coll) &&
+      (rt.candidate(a.coll) || (forced && forced->may_leave_pmpi_any(a.coll)));
+  if (check && !a.nonblocking) check_inputs(a.comm, a.coll, d.bytes, a.root, candidate, rank);
+  if (!candidate) {
+    if (check) check_agreement(a.comm, a.coll, a.nonblocking, d.route, MemKind::host, rank);
+    SC_TRACE("%s %llu B on %s memory -> pmpi (%s)", call_name(a.coll, a.nonblocking).c_str(),
+             static_cast<unsigned long long>(d.bytes), std::string(name(d.env.mem)).c_str(),
+             verdict == Verdict::eligible ? "no rule routes it" : describe(verdict));
+    return d;
+  }
+
+  // Step 2, agreement. A blocking call is a point every rank of the communicator reaches
+  // and decides alike (step 1): the context is created there (collectively, the first
+  // time). The first call of a signature (core/agreement.hpp: CallSignature) agrees at
+  // once on what each rank sees; while its calls go to pmpi, later ones decide from
+  // agreements started at earlier calls of the signature (SignatureAgreements: no
+  // collective of streamcoll's own on their path but a refresh now and then), and a call
+  // that those facts would route elsewhere, or whose facts were not routable host-memory
+  // facts, agrees at once. A non-blocking call must start
+  // without waiting for the others: it uses the facts of the last blocking call of its
+  // collective on the communicator, and goes to pmpi before there was one.
+  Mine mine(a, d.env, verdict != Verdict::eligible, attached);
+  AgreedFacts agreed;
+  SignatureAgreements* sig = nullptr;
+  bool agreed_now = false;
+  if (!a.nonblocking) {
+    if (!ctx) ctx = comm_context(a.comm, true);
+    if (!ctx) return d;  // the MPI failed to set one up (on every rank)
+    mine.ctx = ctx;
+    sig = &ctx->signature(signature_of(a, d.bytes));
+    agreed = signature_facts(*sig, a.comm, size, mine, &agreed_now);
+    // MPI_Iallreduce fusion's queue (core/fusion.hpp), made at the first blocking call
+    // that gets here (every rank of the communicator reaches this point alike) when a
+    // rule can fuse and the progress thread may call MPI: equal on every rank.
+    if (!ctx->fusion_tried && rt.thread_multiple() &&
+        (rt.table().fuses() || (forced && forced->fuses()))) {
+      ctx->fusion_tried = true;
+      ctx->fusion = fusion::open(*ctx, forced, d.env.device);
+    }
+  } else if (ctx) {
+    agreed = ctx->agreed[static_cast<int>(a.coll)];
+    if (!agreed.valid) agreed = ctx->agreed_last;
+  }
+  d.ctx = ctx;
+  d.forced = forced;
+  if (!sig) {
+    choose_route(d, a, agreed, size, rank, check, rt);
+    return d;
+  }
+  const CallEnv local_env = d.env;
+  choose_route(d, a, agreed, size, rank, check, rt);
+  if (!agreed_now && d.route != RouteId::pmpi) {
+    // Facts from earlier calls would take this one off pmpi, where a rank whose own facts
+    // differ could not adapt: every rank (deciding alike) agrees on this call's facts,
+    // and the route is chosen again (what choose_route sets, reset).
+    agreed = sig->agree(a.comm, size, mine.get());
+    d.env = local_env;
+    d.route = RouteId::pmpi;
+    d.choice = nullptr;
+    d.fuse = 0;
+    d.agreed_stream = false;
+    choose_route(d, a, agreed, size, rank, check, rt);
+  }
+  sig->decided(d.route == RouteId::pmpi);
+  ctx->agreed[static_cast<int>(a.coll)] = agreed;
+  ctx->agreed_last = agreed;
   return d;
 }
 
@@ -469,7 +567,7 @@ int dispatch_described(const CollArgs& a, Runtime& rt) {
     const int own = d.env.has_stream ? sync_stream(d.env.stream) : MPI_SUCCESS;
     const bool outcome = rt.staging_job() && a.coll != Coll::barrier && d.well_formed;
     if (outcome || host_staging::wanted(a, d.env.mem)) {
-      rc = host_staging::run(a, outcome, own);  // raises its own failures
+      rc = host_staging::run(a, outcome, own, &d.kinds);  // raises its own failures
     } else {
       rc = run_pmpi(a);
       if (own != MPI_SUCCESS) {

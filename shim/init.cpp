@@ -11,6 +11,7 @@
 
 #include "config/env.hpp"
 #include "config/tuning_table.hpp"
+#include "core/agreement.hpp"
 #include "core/comm_context.hpp"
 #include "core/errors.hpp"
 #include "core/log.hpp"
@@ -139,6 +140,15 @@ SC_EXPORT void streamcoll_fusion_counts(unsigned long long* calls, unsigned long
   if (calls) *calls = c.calls;
   if (messages) *messages = c.messages;
   if (agreements) *agreements = c.agreements;
+}
+
+SC_EXPORT void streamcoll_agreement_counts(unsigned long long* blocking,
+                                           unsigned long long* refreshes,
+                                           unsigned long long* waited) {
+  const streamcoll::AgreementCounts c = streamcoll::agreement_counts();
+  if (blocking) *blocking = c.blocking;
+  if (refreshes) *refreshes = c.refreshes;
+  if (waited) *waited = c.waited;
 }
 
 SC_EXPORT unsigned long long streamcoll_fusion_messages_on(const char* route) {

@@ -79,6 +79,15 @@ unsigned long long streamcoll_fusion_messages_on(const char *route);
  *  were packed in host memory. Thread-safe; callable at any time. */
 unsigned long long streamcoll_fusion_messages_packed_on_gpu(void);
 
+/** streamcoll's own collectives for agreeing on what ranks see (README, "Safety rules")
+ *  in this process so far, over all communicators: blocking agreements (one small
+ *  MPI_Allreduce each, at the first call of a signature and wherever the calls leave
+ *  pmpi), refreshes started (one small MPI_Iallreduce each, off the calls' path) and
+ *  refreshes a call had to wait for (a peer had not started the call that began one).
+ *  Any pointer may be NULL. Thread-safe; callable at any time. */
+void streamcoll_agreement_counts(unsigned long long *blocking, unsigned long long *refreshes,
+                                 unsigned long long *waited);
+
 /** The library version, STREAMCOLL_VERSION of the build. */
 const char *streamcoll_version(void);
 

@@ -15,7 +15,9 @@
 //    anything else is used as is. The local rank is OMPI_COMM_WORLD_LOCAL_RANK or
 //    MPI_LOCALRANKID (MPICH).
 //  - Memory: "device memory" is host memory from fake_cuda_malloc, _device, _managed or
-//    cuMemAllocAsync; "pinned memory" from fake_cuda_malloc_pinned or cuMemHostAlloc.
+//    cuMemAllocAsync; "pinned memory" from fake_cuda_malloc_pinned or cuMemHostAlloc; each
+//    allocation on pages of its own (mmap), never in the heap or on a stack, as the real
+//    driver's.
 //    cuPointerGetAttributes reports CU_MEMORYTYPE_DEVICE (HOST for pinned memory), the
 //    device and IS_MANAGED for it, and, like the real driver, succeeds with zeroed values
 //    for any other pointer; cuPointerGetAttribute fails with CUDA_ERROR_INVALID_VALUE for
@@ -718,10 +720,16 @@ bool is_kernel_reachable(uint64_t p, uint64_t n) {
   return find_alloc(reinterpret_cast<const void*>(p), n, nullptr) != nullptr;
 }
 
+// Pages of their own (mmap), outside the process's heap and stacks, as the real driver's
+// device, managed and page-locked allocations are (streamcoll takes memory in the heap or
+// on a stack for host memory without asking the driver).
+size_t mapped_length(size_t bytes) { return (bytes + 4095) / 4096 * 4096; }
+
 void* allocate(size_t bytes, int device, bool managed, bool async, bool pinned = false) {
   if (bytes == 0) return nullptr;
-  void* p = aligned_alloc(256, (bytes + 255) / 256 * 256);
-  if (!p) return nullptr;
+  void* p = mmap(nullptr, mapped_length(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                 -1, 0);
+  if (p == MAP_FAILED) return nullptr;
   g_allocs[reinterpret_cast<uintptr_t>(p)] =
       Alloc{bytes, device, managed, pinned, async, false, ++g_alloc_ids, 0u, Alloc::plain, {}};
   count(async ? "live_async_allocs" : pinned ? "live_host_allocs" : "live_allocs");
@@ -781,7 +789,7 @@ void release(uintptr_t base) {
     munmap(reinterpret_cast<void*>(base), hi - base);
     if (kind == Alloc::shm) shm_unlink(shm_name.c_str());
   } else if (kind == Alloc::plain) {
-    free(reinterpret_cast<void*>(base));
+    munmap(reinterpret_cast<void*>(base), mapped_length(hi - base));
   }
 }
 
