@@ -31,6 +31,18 @@
 //            drawn per rank; non-blocking calls completed in batches by a completion
 //            call drawn per rank (Wait in order or reverse, Waitall, Waitany, Waitsome,
 //            Test/Testall loops). Reproduce one with DIVERGENT_SEED_BASE.
+//   signatures  SEEDS seeded programs (default 1) of few signatures called many times, so
+//            that later calls decide from agreements of earlier ones (core/agreement.hpp:
+//            SignatureAgreements): phases on host, device and host memory again, in which
+//            each rank leaves the phase's kind on its own (about one buffer in six:
+//            host, device, pinned or managed), blocking and non-blocking calls, and a
+//            rank that arrives late (sleeps) now and then; then a steady phase of 300
+//            calls of one signature on host memory on every rank, in which streamcoll may
+//            start no blocking agreement and at most one refresh per 32 calls
+//            (streamcoll_agreement_counts); with STREAMCOLL_MPI_CUDA_AWARE unset (an MPI
+//            that is not CUDA-aware: GPU buffers staged) and DIVERGENT_FAIL_STAGING=1, a
+//            staging copy fails on the last rank while it alone passes GPU memory: that
+//            call fails on every rank (none reports a wrong value), the next is exact.
 // DIVERGENT_ALLREDUCE_ROUTE: the route allreduce is forced to (STREAMCOLL_ROUTE; default
 // nccl), which the cases check took the all-device calls and, with
 // STREAMCOLL_NCCL_NONBLOCKING, the last rank's host-buffer MPI_Iallreduce calls.
@@ -466,6 +478,118 @@ void random_program(MPI_Comm world, unsigned seed) {
   MPI_Comm_free(&comm);
 }
 
+// ---- many calls of few signatures ---------------------------------------------------------
+
+using AgreementCountsFn = void (*)(unsigned long long*, unsigned long long*, unsigned long long*);
+
+void signature_program(MPI_Comm world, unsigned seed) {
+  const int rank = comm_rank(world), size = comm_size(world);
+  std::mt19937 shared(seed);
+  std::mt19937 mine(seed * 7919u + rank * 104729u);
+  MPI_Comm comm;
+  MPI_Comm_dup(world, &comm);
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  const Mem kinds[] = {Mem::host, Mem::device, Mem::pinned, Mem::managed};
+  struct Sig {
+    Kind kind;
+    size_t n;
+    int root;
+  };
+  const Sig sigs[] = {{Kind::allreduce, 64, 0}, {Kind::bcast, 1000, size - 1},
+                      {Kind::allgather, 7, 0}, {Kind::reduce, 64, size / 2},
+                      {Kind::rsb, 7, 0}, {Kind::alltoall, 7, 0}};
+  unsigned step = 0;
+  for (const Mem phase : {Mem::host, Mem::device, Mem::host}) {
+    for (int i = 0; i < 150; ++i, ++step) {
+      const Sig& sg = sigs[shared() % 6];
+      const bool nb = shared() % 4 == 0;
+      const Mem sm = mine() % 6 ? phase : kinds[mine() % 4];
+      const Mem rm = mine() % 6 ? sm : kinds[mine() % 4];
+      const bool late = shared() % 25 == 0;  // (drawn on every rank: the draws stay alike)
+      if (late && rank == size - 1) usleep(20000);
+      Call c = make(sg.kind, sg.n, sg.root, false, seed * 10000 + step, comm);
+      const std::string label = "signatures seed " + std::to_string(seed) + " step " +
+                                std::to_string(step) + ": " +
+                                label_of(c, sm, rm, nb ? "non-blocking" : "blocking");
+      c.prepare(sm, rm);
+      MPI_Request req = MPI_REQUEST_NULL;
+      check(c.start(nb ? &req : nullptr) == MPI_SUCCESS, label + ": returns MPI_SUCCESS");
+      if (nb) check(MPI_Wait(&req, MPI_STATUS_IGNORE) == MPI_SUCCESS, label + ": completes");
+      c.verify(label);
+    }
+  }
+  // Steady state: one signature on host memory everywhere. After its first call (which
+  // agrees), no blocking agreement; refreshes only at the schedule's points.
+  auto counts = reinterpret_cast<AgreementCountsFn>(dlsym(RTLD_DEFAULT, "streamcoll_agreement_counts"));
+  check(counts != nullptr, "streamcoll_agreement_counts found");
+  unsigned long long b0 = 0, r0 = 0, b1 = 0, r1 = 0;
+  std::vector<int> in(16), out(16);
+  for (int i = 0; i < 16; ++i) in[i] = rank + i;
+  MPI_Allreduce(in.data(), out.data(), 16, MPI_INT, MPI_MAX, comm);  // the signature's first
+  if (counts) counts(&b0, &r0, nullptr);
+  bool exact = true;
+  for (int k = 0; k < 300; ++k) {
+    MPI_Allreduce(in.data(), out.data(), 16, MPI_INT, MPI_MAX, comm);
+    for (int i = 0; i < 16; ++i) exact = exact && out[i] == size - 1 + i;
+  }
+  if (counts) counts(&b1, &r1, nullptr);
+  check(exact, "steady host phase: every result exact");
+  // DIVERGENT_SET_ROUTE=SPEC: the routes forced on the communicator change
+  // (streamcoll_comm_set_route) while the signature decides from earlier agreements: its
+  // next calls go where the new rules and this call's facts say, on every rank alike
+  // (some ranks on GPU memory now and then), every result exact.
+  if (const char* spec = std::getenv("DIVERGENT_SET_ROUTE")) {
+    check(api.set_route(comm, spec) == MPI_SUCCESS, std::string("set_route ") + spec);
+    const unsigned long long ht0 = stat_calls("allreduce", "ht", "host");
+    for (int k = 0; k < 40; ++k) {
+      const Mem m = mine() % 5 ? Mem::host : Mem::device;
+      Buf sb(16 * sizeof(int), m), rb(16 * sizeof(int), m);
+      sb.put(in.data(), 16 * sizeof(int));
+      check(MPI_Allreduce(sb.get(), rb.get(), 16, MPI_INT, MPI_MAX, comm) == MPI_SUCCESS,
+            "after set_route: the call succeeds");
+      const std::vector<char> got = rb.read();
+      bool right = true;
+      for (int i = 0; i < 16; ++i) {
+        int v;
+        std::memcpy(&v, got.data() + i * sizeof(int), sizeof v);
+        right = right && v == size - 1 + i;
+      }
+      check(right, "after set_route: call " + std::to_string(k) + " exact");
+    }
+    check(stat_calls("allreduce", "ht", "host") > ht0, "after set_route: calls took route ht");
+  }
+  check(b1 == b0, "steady host phase: no blocking agreement in 300 calls (" +
+                      std::to_string(b1 - b0) + ")");
+  // Calls 2 to 301 of the signature: refreshes at 2, 3, 5, ..., 65 (7), then every 64th (4).
+  check(r1 - r0 <= 11, "steady host phase: " + std::to_string(r1 - r0) + " refreshes in 300 calls");
+  // A staging copy failing on the last rank, the only one on GPU memory, while the facts
+  // its peers decide from say host memory (an MPI that is not CUDA-aware).
+  auto fail_after = reinterpret_cast<fake_cuda_fail_after_fn>(
+      dlsym(dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL), "fake_cuda_fail_after"));
+  if (std::getenv("DIVERGENT_FAIL_STAGING") && fail_after) {
+    // Rounds 0-9 on host memory everywhere (the facts later calls decide from), round 10
+    // the last rank on GPU memory with its staging copy failing, 11 the same without the
+    // failure, 12 host again.
+    for (int round = 0; round < 13; ++round) {
+      const bool failing = round == 10 && rank == size - 1;
+      Call c = make(Kind::allreduce, 16, 0, false, seed * 10000 + 9000 + round, comm);
+      const Mem m = (round == 10 || round == 11) && rank == size - 1 ? Mem::device : Mem::host;
+      c.prepare(m, m);
+      if (failing) fail_after("cuMemcpyAsync", 1);
+      const int rc = c.start(nullptr);
+      if (failing) fail_after("cuMemcpyAsync", 0);
+      const std::string L = "staging failure round " + std::to_string(round);
+      if (round == 10) {
+        check(rc != MPI_SUCCESS, L + ": the call fails on every rank");
+      } else if (round != 10) {
+        check(rc == MPI_SUCCESS, L + ": the call succeeds");
+        c.verify(L);
+      }
+    }
+  }
+  MPI_Comm_free(&comm);
+}
+
 void on_alarm(int) {
   static const char msg[] = "divergent: watchdog expired: a call hung\n";
   (void)!write(2, msg, sizeof msg - 1);
@@ -481,7 +605,8 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   const bool need_nccl = std::getenv("STREAMCOLL_NCCL_LIB") != nullptr &&
                          access(std::getenv("STREAMCOLL_NCCL_LIB"), R_OK) == 0;
-  int ok = (mode == "cases" || mode == "random") && load_api(need_nccl) ? 1 : 0, all_ok = 0;
+  int ok = (mode == "cases" || mode == "random" || mode == "signatures") && load_api(need_nccl) ? 1 : 0,
+      all_ok = 0;
   MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (!all_ok) {
     if (g_rank == 0) std::fprintf(stderr, "divergent: unknown mode '%s' or the fakes not loaded\n", mode.c_str());
@@ -520,6 +645,12 @@ int main(int argc, char** argv) {
         check(stat_calls("iallreduce", ar_route.c_str(), "host") + stat_calls("iallreduce", ar_route.c_str(), "pinned") > 0,
               "host-buffer MPI_Iallreduce calls took part on route " + ar_route);
     }
+  } else if (mode == "signatures") {
+    const int seeds = argc > 2 ? std::atoi(argv[2]) : 1;
+    const unsigned base = std::getenv("DIVERGENT_SEED_BASE")
+                              ? static_cast<unsigned>(std::atoi(std::getenv("DIVERGENT_SEED_BASE")))
+                              : 1u;
+    for (int s = 0; s < seeds; ++s) signature_program(comm, base + s);
   } else {
     const int seeds = argc > 2 ? std::atoi(argv[2]) : 2;
     const unsigned base = std::getenv("DIVERGENT_SEED_BASE")
