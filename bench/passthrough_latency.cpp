@@ -4,10 +4,16 @@
 // machine state. Reports, per size, the median over batches of the mean latency per call.
 //
 //   passthrough_latency [--min 8] [--max 1M] [--iters 2000] [--batches 21] [--csv FILE]
+//                       [--cuda]
 //
 // Sizes are bytes of MPI_FLOAT data, powers of two from --min to --max. Each batch is
 // preceded by a barrier; batches alternate shim/direct and start with a different one
 // at each size. Rank 0's timings are reported.
+// --cuda: the program loads the CUDA driver first (dlopen libcuda.so.1, cuInit), as every
+// CUDA program does: streamcoll then classifies buffers and agrees on what ranks see
+// (README, "Safety rules"); its own collectives per shim call (streamcoll_agreement_counts:
+// blocking agreements and refreshes) are reported per size. The fake driver of
+// tests/fake stands in for a real one on a machine without a GPU (LD_LIBRARY_PATH).
 #include <dlfcn.h>
 #include <mpi.h>
 
@@ -43,22 +49,45 @@ int main(int argc, char** argv) {
   uint64_t min_bytes = 8, max_bytes = 1 << 20;
   int iters = 2000, batches = 21;
   std::string csv;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string a = argv[i];
-    if (a == "--min") min_bytes = parse_bytes(argv[i + 1]);
-    else if (a == "--max") max_bytes = parse_bytes(argv[i + 1]);
-    else if (a == "--iters") iters = std::atoi(argv[i + 1]);
-    else if (a == "--batches") batches = std::atoi(argv[i + 1]);
-    else if (a == "--csv") csv = argv[i + 1];
+  bool cuda = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--cuda") {
+      cuda = true;
+      continue;
+    }
+    if (i + 1 >= argc) break;
+    const char* v = argv[++i];
+    if (a == "--min") min_bytes = parse_bytes(v);
+    else if (a == "--max") max_bytes = parse_bytes(v);
+    else if (a == "--iters") iters = std::atoi(v);
+    else if (a == "--batches") batches = std::atoi(v);
+    else if (a == "--csv") csv = v;
   }
+  if (cuda) {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    auto init = lib ? reinterpret_cast<int (*)(unsigned)>(dlsym(lib, "cuInit")) : nullptr;
+    if (!init || init(0) != 0) {
+      std::fprintf(stderr, "--cuda: no usable libcuda.so.1 (%s)\n", lib ? "cuInit failed" : dlerror());
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+  }
+  using Counts = void (*)(unsigned long long*, unsigned long long*, unsigned long long*);
+  auto counts = reinterpret_cast<Counts>(dlsym(RTLD_DEFAULT, "streamcoll_agreement_counts"));
+  auto own_collectives = [&] {
+    unsigned long long blocking = 0, refreshes = 0;
+    if (counts) counts(&blocking, &refreshes, nullptr);
+    return blocking + refreshes;
+  };
   auto version = reinterpret_cast<const char* (*)()>(dlsym(RTLD_DEFAULT, "streamcoll_version"));
   if (rank == 0)
     std::printf("# MPI_Allreduce (MPI_SUM, MPI_FLOAT, host buffers), %d ranks, %d iterations x "
-                "%d batches; shim: %s\n# %10s %14s %14s %10s\n",
-                size, iters, batches, version ? version() : "NOT LOADED", "bytes",
-                "shim us", "direct us", "ratio");
+                "%d batches; shim: %s; CUDA driver %s\n# %10s %14s %14s %10s %14s\n",
+                size, iters, batches, version ? version() : "NOT LOADED",
+                cuda ? "loaded" : "not loaded", "bytes", "shim us", "direct us", "ratio",
+                "own coll/call");
   FILE* out = csv.empty() || rank != 0 ? nullptr : std::fopen(csv.c_str(), "w");
-  if (out) std::fprintf(out, "bytes,shim_us,direct_us,ratio\n");
+  if (out) std::fprintf(out, "bytes,shim_us,direct_us,ratio,own_per_call\n");
 
   std::vector<float> send(max_bytes / sizeof(float) + 1, 1.0f), recv(send.size());
   int flip = 0;
@@ -72,6 +101,7 @@ int main(int argc, char** argv) {
       PMPI_Allreduce(send.data(), recv.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     }
     std::vector<double> shim, direct;
+    const unsigned long long own0 = own_collectives();
     for (int b = 0; b < 2 * batches; ++b) {
       const bool via_shim = (b + flip) % 2 == 0;
       PMPI_Barrier(MPI_COMM_WORLD);
@@ -90,11 +120,15 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "wrong allreduce result %g (expected %d)\n", recv[0], size);
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
+    // streamcoll's own collectives per timed shim call (the barriers are the MPI's own)
+    const double own = static_cast<double>(own_collectives() - own0) / (static_cast<double>(n) * batches);
     if (rank == 0) {
       double s = median(shim), d = median(direct);
-      std::printf("  %10llu %14.3f %14.3f %10.4f\n", static_cast<unsigned long long>(bytes), s, d,
-                  s / d);
-      if (out) std::fprintf(out, "%llu,%.4f,%.4f,%.5f\n", static_cast<unsigned long long>(bytes), s, d, s / d);
+      std::printf("  %10llu %14.3f %14.3f %10.4f %14.4f\n", static_cast<unsigned long long>(bytes), s,
+                  d, s / d, own);
+      if (out)
+        std::fprintf(out, "%llu,%.4f,%.4f,%.5f,%.5f\n", static_cast<unsigned long long>(bytes), s, d,
+                     s / d, own);
     }
   }
   if (out) std::fclose(out);
