@@ -219,6 +219,8 @@ void SignatureAgreements::refresh(MPI_Comm comm, int size, const LocalFacts& min
   encode(mine, p->in);
   if (size == 1) {
     std::copy(p->in, p->in + k_n, p->out);
+  } else if (comm == MPI_COMM_NULL) {
+    p->failed = true;  // no communicator to agree on: adopted as not routable
   } else {
     g_refreshes.fetch_add(1, std::memory_order_relaxed);
     if (PMPI_Iallreduce(p->in, p->out, k_n, MPI_INT, MPI_BOR, comm, &p->req) != MPI_SUCCESS)

@@ -76,7 +76,7 @@ struct CallSignature {
 /// a rank runs at most kRunAhead calls of the signature ahead of the slowest), or from
 /// the last blocking agreement; refresh calls (2, 3, 5, 9, ..., 2^k + 1 up to
 /// kRefreshEvery + 1, then every kRefreshEvery-th) start a non-blocking agreement
-/// (PMPI_Iallreduce on the communicator) of their own facts. A change of memory kind is
+/// (PMPI_Iallreduce, on CommContext::agreement_comm) of their own facts. A change of memory kind is
 /// thus seen at most kRefreshEvery + kRunAhead calls later. Otherwise (the last call
 /// routed elsewhere) every call agrees at once, as call 1; so does a call whose adopted
 /// facts are not routable facts of host memory on every rank, or would route it elsewhere
@@ -110,6 +110,10 @@ class SignatureAgreements {
 
   /// Pure: whether call n (1, 2, ...) of a signature starts a refresh.
   static bool refresh_point(uint64_t n);
+
+  /// Waits for the pending refreshes (collective: every rank started the same ones),
+  /// before their communicator is freed.
+  void finish() { drain(); }
 
   uint64_t calls() const { return calls_; }
   uint64_t started() const { return started_; }  ///< refreshes started

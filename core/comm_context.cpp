@@ -4,6 +4,7 @@
 #include <map>
 #include <mutex>
 #include <unordered_set>
+#include <vector>
 
 #include "core/log.hpp"
 
@@ -16,6 +17,7 @@ std::unordered_set<CommContext*> g_live;      // contexts not yet deleted
 uint64_t g_seq = 0;                           // contexts created so far
 
 void destroy(CommContext* ctx) {
+  ctx->finish_agreements();  // before their communicator goes
   if (ctx->local != MPI_COMM_NULL) PMPI_Comm_free(&ctx->local);
   delete ctx;
 }
@@ -164,6 +166,17 @@ SignatureAgreements& CommContext::signature(const CallSignature& s) {
   if (it != signatures_.end()) return *it->second;
   if (signatures_.size() >= kMaxSignatures) signatures_.clear();  // equal on every rank
   return *signatures_.emplace(s, std::make_unique<SignatureAgreements>()).first->second;
+}
+
+void CommContext::finish_agreements() {
+  for (auto& [sig, agreements] : signatures_) agreements->finish();
+  if (agree_comm_ != MPI_COMM_NULL) PMPI_Comm_free(&agree_comm_);
+}
+
+MPI_Comm CommContext::agreement_comm() {
+  if (agree_comm_ == MPI_COMM_NULL && PMPI_Comm_dup(comm, &agree_comm_) == MPI_SUCCESS)
+    PMPI_Comm_set_errhandler(agree_comm_, MPI_ERRORS_RETURN);
+  return agree_comm_;
 }
 
 size_t comm_contexts_live() {

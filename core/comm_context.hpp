@@ -100,6 +100,16 @@ struct CommContext {
   /// More than kMaxSignatures: all are dropped (their pending agreements completed) and
   /// counting starts over, at the same call on every rank.
   SignatureAgreements& signature(const CallSignature& s);
+  /// The communicator the refreshes run on: a private duplicate of `comm`, made at the
+  /// first refresh (collective: every rank makes its calls alike), so that nothing of
+  /// streamcoll's is in flight on the application's communicator when the application
+  /// frees it (an MPI may then keep it, and call the context's delete callback from a
+  /// later wait: MPICH does). MPI_COMM_NULL if the MPI refused (the refreshes then fail
+  /// alike, and the calls agree at once).
+  MPI_Comm agreement_comm();
+  /// Every signature's pending refreshes waited for (SignatureAgreements::finish), then
+  /// the duplicate freed; at the context's end.
+  void finish_agreements();
   static constexpr size_t kMaxSignatures = 1024;
 
   /// An error found after the call that caused it had returned (a stream-ordered
@@ -137,6 +147,7 @@ struct CommContext {
  private:
   std::shared_ptr<const config::TuningTable> forced_;
   std::atomic<bool> has_forced_{false};
+  MPI_Comm agree_comm_ = MPI_COMM_NULL;
   struct SignatureHash {
     size_t operator()(const CallSignature& s) const;
   };

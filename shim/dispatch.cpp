@@ -215,12 +215,12 @@ class Mine {
 // Step 2 of decide() for a blocking call: the facts it decides from, agreed now
 // (*agreed_now) or at earlier calls of its signature (SignatureAgreements), starting a
 // refresh where the schedule says.
-AgreedFacts signature_facts(SignatureAgreements& sig, MPI_Comm comm, int size, Mine& mine,
-                            bool* agreed_now) {
+AgreedFacts signature_facts(SignatureAgreements& sig, CommContext& ctx, MPI_Comm comm, int size,
+                            Mine& mine, bool* agreed_now) {
   *agreed_now = sig.begin_call();
   if (*agreed_now) return sig.agree(comm, size, mine.get());
   AgreedFacts agreed = sig.adopt();
-  if (sig.refreshes()) sig.refresh(comm, size, mine.get());
+  if (sig.refreshes()) sig.refresh(size > 1 ? ctx.agreement_comm() : comm, size, mine.get());
   // Earlier facts stand in for this call's only where every rank passed host memory to a
   // call that suits routes (then a stream attribute changes nothing, and pmpi takes
   // whatever a rank passes now); otherwise (some rank's binding, datatype or memory kinds
@@ -448,7 +448,7 @@ Decision decide(const CollArgs& a, Runtime& rt) {
     if (!ctx) return d;  // the MPI failed to set one up (on every rank)
     mine.ctx = ctx;
     sig = &ctx->signature(signature_of(a, d.bytes));
-    agreed = signature_facts(*sig, a.comm, size, mine, &agreed_now);
+    agreed = signature_facts(*sig, *ctx, a.comm, size, mine, &agreed_now);
     // MPI_Iallreduce fusion's queue (core/fusion.hpp), made at the first blocking call
     // that gets here (every rank of the communicator reaches this point alike) when a
     // rule can fuse and the progress thread may call MPI: equal on every rank.
