@@ -1105,18 +1105,20 @@ ncclResult_t enqueue(const CollArgs& a, const CommContext& ctx, const NcclComm& 
   }
 }
 
-// A non-blocking call whose buffers on this rank are not on the NCCL communicator's GPU
-// (host memory, another GPU's, or a mix) while the other ranks' are: it was routed from
-// the memory kinds agreed at an earlier blocking call (shim/dispatch.cpp), so this rank
-// takes part through device copies. The inputs go to a scratch buffer on the classic
-// stream before the collective; the results come back (on the copy stream, waited for)
-// when the request completes, so that nothing here waits for other ranks. This rank
-// keeps plain MPI semantics: its buffers are final when MPI_Wait/MPI_Test report it,
-// and buffers on another GPU are read and written after the work already on that GPU's
-// legacy stream and the application's blocking streams there. Only the bytes MPI says the
-// call writes on this rank are written.
+// A call whose buffers on this rank are not on the NCCL communicator's GPU (host memory,
+// another GPU's, or a mix) while the other ranks' are: it was routed from memory kinds
+// agreed at an earlier call (shim/dispatch.cpp), so this rank takes part through device
+// copies. The inputs go to a scratch buffer on the classic stream before the collective.
+// Non-blocking: the results come back (on the copy stream, waited for) when the request
+// completes, so that nothing here waits for other ranks. Blocking: the host waits for the
+// collective (polling for failure notices, as a classic call does), then for the copies
+// back. This rank keeps plain MPI semantics: its buffers are final when the call returns or
+// MPI_Wait/MPI_Test report it, and buffers on another GPU are read and written after the
+// work already on that GPU's legacy stream and the application's blocking streams there,
+// and after the work on the stream attached to the communicator (env.has_stream). Only
+// the bytes MPI says the call writes on this rank are written.
 int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<NcclComm>& c,
-               const Ccube* cc) {
+               const Ccube* cc, const CallEnv& env) {
   const TypeInfo* t = call_type(a);
   const uint64_t ts = static_cast<uint64_t>(t->size);
   const uint64_t p = static_cast<uint64_t>(ctx.size), me = static_cast<uint64_t>(ctx.rank);
@@ -1172,7 +1174,7 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
   ScopedContext scope(c->cuctx);
   // Any failure before the collective is enqueued leaves this rank out: its peers are told.
   auto lost = [&](int rc) {
-    c->fail_collectively(rc, call_name(a.coll, true) + " (staged) could not take its part on this rank");
+    c->fail_collectively(rc, call_name(a.coll, a.nonblocking) + " (staged) could not take its part on this rank");
     d.cuStreamSynchronize(c->classic);  // nothing enqueued may still read the caller's buffers
     return rc;
   };
@@ -1189,6 +1191,16 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
     if ((k != MemKind::device && k != MemKind::managed) || (dev >= 0 && dev == ordered_after)) continue;
     if (int rc = host_staging::wait_for_legacy_of(b, s); rc != MPI_SUCCESS) return lost(rc);
     ordered_after = dev;
+  }
+  if (env.has_stream) {  // and after the attached stream's work, which goes on
+    int rc = MPI_SUCCESS;
+    CUevent ready = c->take_event(&rc);
+    if (!ready) return lost(rc);
+    CUresult r = d.cuEventRecord(ready, static_cast<CUstream>(env.stream));
+    if (r == CUDA_SUCCESS) r = d.cuStreamWaitEvent(s, ready, 0);
+    c->give_event(ready);
+    if (r != CUDA_SUCCESS)
+      return lost(fail(Failure::cuda, cuda::describe("cuStreamWaitEvent (attached stream)", r)));
   }
   CUdeviceptr buf = 0;
   if (CUresult r = d.cuMemAllocAsync(&buf, scratch, s); r != CUDA_SUCCESS)
@@ -1222,22 +1234,6 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
                     : fail(Failure::cuda, cuda::describe(call_name(a.coll, true).c_str(), cu)));
   }
   c->note(s);
-  // Enqueued, but without a request the caller cannot wait for it: lost to it, so its
-  // peers are told (the scratch buffer goes once the stream is through).
-  CUevent done = c->take_event(&rc);
-  if (!done) {
-    *a.request = MPI_REQUEST_NULL;
-    rc = lost(rc);
-    d.cuMemFreeAsync(buf, s);
-    return rc;
-  }
-  if (CUresult r = d.cuEventRecord(done, s); r != CUDA_SUCCESS) {
-    c->give_event(done);
-    *a.request = MPI_REQUEST_NULL;
-    rc = lost(fail(Failure::cuda, cuda::describe("cuEventRecord", r)));
-    d.cuMemFreeAsync(buf, s);
-    return rc;
-  }
   // Runs once the collective is done (or the request is dropped unstarted): results back
   // on the copy stream, which nothing else uses, so waiting for it waits for no other rank.
   auto back = [c, buf, user, out = std::move(out), release]() -> int {
@@ -1255,6 +1251,29 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
       rc = fail(Failure::cuda, cuda::describe("cuStreamSynchronize (staging out)", e));
     return rc;
   };
+  if (!a.nonblocking) {
+    if (rc = c->wait(nullptr, s); rc != MPI_SUCCESS) {
+      release();
+      return rc;
+    }
+    return back();
+  }
+  // Enqueued, but without a request the caller cannot wait for it: lost to it, so its
+  // peers are told (the scratch buffer goes once the stream is through).
+  CUevent done = c->take_event(&rc);
+  if (!done) {
+    *a.request = MPI_REQUEST_NULL;
+    rc = lost(rc);
+    d.cuMemFreeAsync(buf, s);
+    return rc;
+  }
+  if (CUresult r = d.cuEventRecord(done, s); r != CUDA_SUCCESS) {
+    c->give_event(done);
+    *a.request = MPI_REQUEST_NULL;
+    rc = lost(fail(Failure::cuda, cuda::describe("cuEventRecord", r)));
+    d.cuMemFreeAsync(buf, s);
+    return rc;
+  }
   return start_request(new NcclRequest(c, done, false, nullptr, std::move(back)), a.request);
 }
 
@@ -1386,9 +1405,9 @@ class NcclRoute final : public Route {
       if (s && !env.has_stream) driver().cuStreamSynchronize(s);
       return rc;
     };
-    // Managed memory is reachable from any GPU; device memory only from its own. A
-    // blocking call never gets here otherwise (the ranks agreed on able_here); a
-    // non-blocking one, routed from an earlier agreement, stages this rank's buffers.
+    // Managed memory is reachable from any GPU; device memory only from its own. A call
+    // routed from an earlier agreement (non-blocking, or blocking from its signature's:
+    // shim/dispatch.cpp) whose buffers here are elsewhere stages them.
     const bool reachable = env.mem == MemKind::managed ||
                            (env.mem == MemKind::device && env.device == c->device);
     // Route ccube: its chunk (the table's, else model::ccube_device_chunk) and kernel.
@@ -1404,13 +1423,7 @@ class NcclRoute final : public Route {
 #endif
       cc = &ccube;
     }
-    if (!reachable) {
-      if (a.nonblocking) return run_staged(a, ctx, c, cc);
-      return lost(fail(Failure::wrong_device,
-                       what + ": buffer on device " + std::to_string(env.device) +
-                           ", but this communicator's NCCL communicator is on device " +
-                           std::to_string(c->device)));
-    }
+    if (!reachable) return run_staged(a, ctx, c, cc, env);
     const cuda::Driver& d = driver();
     ScopedContext scope(c->cuctx);
     auto user = static_cast<CUstream>(env.stream);

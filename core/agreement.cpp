@@ -211,7 +211,9 @@ const AgreedFacts& SignatureAgreements::adopt() {
   return facts_;
 }
 
-bool SignatureAgreements::refreshes() const { return cached_ && refresh_point(calls_); }
+bool SignatureAgreements::refreshes() const {
+  return cached_ && (refresh_point(calls_) || (routed_ && calls_ % kRefreshRouted == 0));
+}
 
 void SignatureAgreements::refresh(MPI_Comm comm, int size, const LocalFacts& mine) {
   auto p = std::make_unique<Pending>();

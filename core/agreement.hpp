@@ -70,23 +70,26 @@ struct CallSignature {
 
 /// The agreements of one signature's blocking calls on a communicator, taken off the
 /// critical path. Call 1 agrees at once (agree_call). While the calls of the signature
-/// route to pmpi (which takes any buffer a rank passes, so a rank whose own facts differ
-/// adapts locally), call n >= 2 decides from the agreement started at the newest refresh
+/// are cacheable (the dispatcher's word: routed to pmpi, which takes any buffer a rank
+/// passes, or to a route that adapts locally to any buffer, so a rank whose own facts
+/// differ adapts), call n >= 2 decides from the agreement started at the newest refresh
 /// call j <= n - kRunAhead (waiting for it only while some rank has not started call j:
 /// a rank runs at most kRunAhead calls of the signature ahead of the slowest), or from
 /// the last blocking agreement; refresh calls (2, 3, 5, 9, ..., 2^k + 1 up to
-/// kRefreshEvery + 1, then every kRefreshEvery-th) start a non-blocking agreement
-/// (PMPI_Iallreduce, on CommContext::agreement_comm) of their own facts. A change of memory kind is
-/// thus seen at most kRefreshEvery + kRunAhead calls later. Otherwise (the last call
-/// routed elsewhere) every call agrees at once, as call 1; so does a call whose adopted
-/// facts are not routable facts of host memory on every rank, or would route it elsewhere
-/// (the dispatcher's choice, from agreed facts). Everything here depends on the
-/// call count and on agreed facts alone, so it is equal on every rank. Not thread-safe:
-/// a communicator's blocking calls are ordered by the program.
+/// kRefreshEvery + 1, then every kRefreshEvery-th; while the calls leave pmpi, every
+/// kRefreshRouted-th too) start a non-blocking agreement (PMPI_Iallreduce, on
+/// CommContext::agreement_comm) of their own facts. A change of memory kind (or of a
+/// route's ability on a rank) is thus seen at most kRefreshEvery + kRunAhead calls later
+/// (kRefreshRouted + kRunAhead off pmpi). Otherwise (the last call was not cacheable)
+/// every call agrees at once, as call 1; so does a call whose adopted facts would route
+/// it where it is not cacheable. Everything here depends on the call count and on agreed
+/// facts alone, so it is equal on every rank. Not thread-safe: a communicator's blocking
+/// calls are ordered by the program.
 class SignatureAgreements {
  public:
   static constexpr uint64_t kRunAhead = 4;
   static constexpr uint64_t kRefreshEvery = 64;
+  static constexpr uint64_t kRefreshRouted = 8;
   static constexpr int kInts = 9;  ///< LocalFacts as exchanged (agreement.cpp)
 
   SignatureAgreements() = default;
@@ -104,9 +107,12 @@ class SignatureAgreements {
   /// Whether this call starts a refresh (then call refresh() with its facts).
   bool refreshes() const;
   void refresh(MPI_Comm comm, int size, const LocalFacts& mine);
-  /// What the call decided: while calls route to pmpi, the next decides from earlier
-  /// agreements.
-  void decided(bool to_pmpi) { cached_ = to_pmpi; }
+  /// What the call decided: whether the next may decide from earlier agreements
+  /// (`cacheable`), and whether it left pmpi (refreshes come more often then).
+  void decided(bool cacheable, bool routed) {
+    cached_ = cacheable;
+    routed_ = routed;
+  }
 
   /// Pure: whether call n (1, 2, ...) of a signature starts a refresh.
   static bool refresh_point(uint64_t n);
@@ -129,6 +135,7 @@ class SignatureAgreements {
   void drain();  // waits for every pending refresh (all ranks started the same ones)
   uint64_t calls_ = 0;
   bool cached_ = false;
+  bool routed_ = false;
   AgreedFacts facts_;
   std::vector<std::unique_ptr<Pending>> pending_;  // oldest first
   uint64_t started_ = 0, waited_ = 0;

@@ -20,10 +20,13 @@
 //     (same spec on every rank), and affects that communicator only;
 //   - the facts agreed per signature (core/agreement: agree_call, SignatureAgreements):
 //     at the first blocking call of a signature that may leave pmpi (and at every call
-//     while they leave it), the ranks exchange, in one small allreduce, what only each of
-//     them can see; later calls that go to pmpi decide from agreements started at earlier
-//     calls of the signature (the n-th call of a signature is the same call on every
-//     rank), and a rank whose own facts differ adapts in pmpi. What each rank sees: the
+//     while they go to a route that cannot take what a rank passes), the ranks exchange,
+//     in one small allreduce, what only each of them can see; later calls that go to
+//     pmpi, or to nccl for a reduction, decide from agreements started
+//     at earlier calls of the signature (the n-th call of a signature is the same call on
+//     every rank: no rank waits for another there, unless one runs ahead by more than
+//     SignatureAgreements::kRunAhead calls), and a rank whose own facts differ adapts
+//     inside the route (as for a non-blocking call, below). What each rank sees: the
 //     memory kind of its buffers (MPI lets a rank pass host memory where another passes
 //     device memory, and makes MPI_Reduce's receive buffer significant at the root only),
 //     whether its arguments suit a route at all (language binding, how it describes a
@@ -221,16 +224,24 @@ AgreedFacts signature_facts(SignatureAgreements& sig, CommContext& ctx, MPI_Comm
   if (*agreed_now) return sig.agree(comm, size, mine.get());
   AgreedFacts agreed = sig.adopt();
   if (sig.refreshes()) sig.refresh(size > 1 ? ctx.agreement_comm() : comm, size, mine.get());
-  // Earlier facts stand in for this call's only where every rank passed host memory to a
-  // call that suits routes (then a stream attribute changes nothing, and pmpi takes
-  // whatever a rank passes now); otherwise (some rank's binding, datatype or memory kinds
-  // suited only pmpi; GPU memory, whose calls follow a stream attribute as soon as it is
-  // set) every rank, deciding alike, agrees now.
-  if (!agreed.routable || (agreed.mem != MemKind::host && agreed.mem != MemKind::pinned)) {
-    *agreed_now = true;
-    agreed = sig.agree(comm, size, mine.get());
-  }
   return agreed;
+}
+
+// Whether a blocking call routed as `d` may decide from earlier agreements (the next call
+// of its signature too): where every rank takes part with whatever buffers and stream it
+// has now, whatever the adopted facts said. pmpi takes anything. nccl stages host,
+// managed, mixed and other-GPU memory through its GPU (run_staged), runs classic or
+// stream-ordered per rank, and runs a Fortran call on its C arguments: one NCCL operation
+// on every rank whatever each passes; for the reductions a rank's datatype cannot differ
+// from the others' (no repacking needed, which blocking calls lack). Not ht: its
+// blocking classic, stream-ordered and host forms of algo=mpi run on different
+// communicators and forms, so ranks whose buffers or streams differ must agree first.
+// Fused calls and the other routes agree at every call. From the route and the call's
+// arguments that MPI makes equal on every rank: equal everywhere.
+bool cacheable(const Decision& d, const CollArgs& a) {
+  if (d.fuse) return false;
+  if (d.route == RouteId::pmpi) return true;
+  return d.route == RouteId::nccl && takes_op(a.coll);
 }
 
 // Step 3 of decide(), the route: the table and the forced routes matched with the agreed
@@ -432,11 +443,11 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   // Step 2, agreement. A blocking call is a point every rank of the communicator reaches
   // and decides alike (step 1): the context is created there (collectively, the first
   // time). The first call of a signature (core/agreement.hpp: CallSignature) agrees at
-  // once on what each rank sees; while its calls go to pmpi, later ones decide from
-  // agreements started at earlier calls of the signature (SignatureAgreements: no
-  // collective of streamcoll's own on their path but a refresh now and then), and a call
-  // that those facts would route elsewhere, or whose facts were not routable host-memory
-  // facts, agrees at once. A non-blocking call must start
+  // once on what each rank sees; while its calls go where any rank's buffers can be
+  // taken (cacheable()), later ones decide from agreements started at earlier calls of
+  // the signature (SignatureAgreements: no collective of streamcoll's own on their path
+  // but a refresh now and then, so a stream-ordered call does not wait for late peers),
+  // and a call that those facts would route elsewhere agrees at once. A non-blocking call must start
   // without waiting for the others: it uses the facts of the last blocking call of its
   // collective on the communicator, and goes to pmpi before there was one.
   Mine mine(a, d.env, verdict != Verdict::eligible, attached);
@@ -469,10 +480,10 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   }
   const CallEnv local_env = d.env;
   choose_route(d, a, agreed, size, rank, check, rt);
-  if (!agreed_now && d.route != RouteId::pmpi) {
-    // Facts from earlier calls would take this one off pmpi, where a rank whose own facts
-    // differ could not adapt: every rank (deciding alike) agrees on this call's facts,
-    // and the route is chosen again (what choose_route sets, reset).
+  if (!agreed_now && !cacheable(d, a)) {
+    // Facts from earlier calls would take this one where a rank whose own facts differ
+    // could not adapt: every rank (deciding alike) agrees on this call's facts, and the
+    // route is chosen again (what choose_route sets, reset).
     agreed = sig->agree(a.comm, size, mine.get());
     d.env = local_env;
     d.route = RouteId::pmpi;
@@ -481,7 +492,7 @@ Decision decide(const CollArgs& a, Runtime& rt) {
     d.agreed_stream = false;
     choose_route(d, a, agreed, size, rank, check, rt);
   }
-  sig->decided(d.route == RouteId::pmpi);
+  sig->decided(cacheable(d, a), d.route != RouteId::pmpi);
   ctx->agreed[static_cast<int>(a.coll)] = agreed;
   ctx->agreed_last = agreed;
   return d;

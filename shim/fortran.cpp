@@ -4,8 +4,10 @@
 // statistics, the agreement check and, later, routing) and hands it the MPI's own
 // Fortran binding with the caller's original arguments: the pmpi route runs that, so
 // Fortran handles, MPI_IN_PLACE/MPI_BOTTOM and ierr behave exactly as without streamcoll.
-// Blocking calls made here go to pmpi (Verdict::fortran, agreed with the other ranks); a
-// non-blocking one follows the communicator's earlier agreement, as a C call does.
+// Blocking calls made here go to pmpi (Verdict::fortran, agreed with the other ranks),
+// unless they decide from an earlier agreement of their signature in which the other ranks
+// made C calls (shim/dispatch.cpp): then, as a non-blocking one following the
+// communicator's earlier agreement, the route runs them on the converted C arguments.
 // The wait/test family, MPI_REQUEST_GET_STATUS and MPI_REQUEST_FREE are bound too, so
 // that streamcoll's own requests (core/requests.hpp) get their turn when Fortran waits
 // for them: with no owned request alive, the real binding unchanged; otherwise the same
@@ -148,7 +150,10 @@ void run(CollArgs& a, FortranCall& call, F* ierr, MPI_Request* scratch,
     *ierr = rc;
     return;
   }
-  if (rc != MPI_SUCCESS) *ierr = rc;  // raised by streamcoll itself (ierr already set otherwise)
+  // A blocking call that a route ran on its C arguments (one decided from its signature's
+  // earlier agreement: shim/dispatch.cpp) sets no ierr itself; the MPI's binding set the
+  // value dispatch returns. A non-blocking one that the binding ran set it already.
+  if (!a.nonblocking || rc != MPI_SUCCESS) *ierr = rc;
 }
 
 CollArgs reduction(Coll c, void* s, void* r, F count, F type, F op, F comm, bool nb) {

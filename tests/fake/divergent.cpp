@@ -43,6 +43,10 @@
 //            that is not CUDA-aware: GPU buffers staged) and DIVERGENT_FAIL_STAGING=1, a
 //            staging copy fails on the last rank while it alone passes GPU memory: that
 //            call fails on every rank (none reports a wrong value), the next is exact.
+//            DIVERGENT_STREAM=1: with a stream attached, which each rank detaches and
+//            attaches again on its own.
+//   skew     stream-ordered MPI_Allreduce calls on route nccl with the last rank 300 ms
+//            late: rank 0's host is back in well under 100 ms (skew_program).
 // DIVERGENT_ALLREDUCE_ROUTE: the route allreduce is forced to (STREAMCOLL_ROUTE; default
 // nccl), which the cases check took the all-device calls and, with
 // STREAMCOLL_NCCL_NONBLOCKING, the last rank's host-buffer MPI_Iallreduce calls.
@@ -62,6 +66,7 @@
 #include <vector>
 
 #include "calls.hpp"
+#include "streamcoll/streamext.h"
 #include "harness.hpp"
 
 namespace {
@@ -498,6 +503,11 @@ void signature_program(MPI_Comm world, unsigned seed) {
   const Sig sigs[] = {{Kind::allreduce, 64, 0}, {Kind::bcast, 1000, size - 1},
                       {Kind::allgather, 7, 0}, {Kind::reduce, 64, size / 2},
                       {Kind::rsb, 7, 0}, {Kind::alltoall, 7, 0}};
+  // DIVERGENT_STREAM=1: a stream attached to the communicator (GPU calls stream-ordered),
+  // which each rank detaches and attaches again on its own now and then.
+  CUstream_st* stream = std::getenv("DIVERGENT_STREAM") ? api.stream_create(1) : nullptr;
+  bool attached = stream && streamcoll_comm_attach_stream(comm, stream) == MPI_SUCCESS;
+  check(!stream || attached, "attach the stream");
   unsigned step = 0;
   for (const Mem phase : {Mem::host, Mem::device, Mem::host}) {
     for (int i = 0; i < 150; ++i, ++step) {
@@ -507,6 +517,12 @@ void signature_program(MPI_Comm world, unsigned seed) {
       const Mem rm = mine() % 6 ? sm : kinds[mine() % 4];
       const bool late = shared() % 25 == 0;  // (drawn on every rank: the draws stay alike)
       if (late && rank == size - 1) usleep(20000);
+      if (stream && mine() % 10 == 0) {
+        attached = !attached;
+        check((attached ? streamcoll_comm_attach_stream(comm, stream)
+                        : streamcoll_comm_detach_stream(comm)) == MPI_SUCCESS,
+              "attach or detach the stream");
+      }
       Call c = make(sg.kind, sg.n, sg.root, false, seed * 10000 + step, comm);
       const std::string label = "signatures seed " + std::to_string(seed) + " step " +
                                 std::to_string(step) + ": " +
@@ -515,9 +531,61 @@ void signature_program(MPI_Comm world, unsigned seed) {
       MPI_Request req = MPI_REQUEST_NULL;
       check(c.start(nb ? &req : nullptr) == MPI_SUCCESS, label + ": returns MPI_SUCCESS");
       if (nb) check(MPI_Wait(&req, MPI_STATUS_IGNORE) == MPI_SUCCESS, label + ": completes");
+      if (stream) check(api.stream_sync(stream) == 0, label + ": synchronise the stream");
       c.verify(label);
     }
   }
+  if (stream) {
+    // The reductions' own signatures on device memory (route nccl where the fake NCCL is
+    // loaded: DIVERGENT_STREAM runs force it), each rank leaving device memory and its
+    // stream on its own: calls after each signature's first decide from earlier
+    // agreements, and a rank whose buffers differ takes part staged through its GPU.
+    const Sig reds[] = {{Kind::allreduce, 96, 0}, {Kind::reduce, 96, size - 1}, {Kind::rsb, 9, 0}};
+    const unsigned long long staged0 = stat_calls("allreduce", "nccl", "host") +
+                                       stat_calls("allreduce", "nccl", "pinned") +
+                                       stat_calls("allreduce", "nccl", "mixed");
+    for (int i = 0; i < 240; ++i, ++step) {
+      const Sig& sg = reds[shared() % 3];
+      const bool nb = shared() % 5 == 0;
+      // (each buffer off device memory about once in 3 * size calls: the agreements
+      // find every rank on device memory often enough to route nccl at any size)
+      const unsigned leave = 3u * static_cast<unsigned>(size);
+      const Mem sm = mine() % leave ? Mem::device : kinds[mine() % 4];
+      const Mem rm = mine() % leave ? sm : kinds[mine() % 4];
+      if (shared() % 40 == 0 && rank == size - 1) usleep(20000);
+      // (a rank detaches its stream for one call now and then: "the stream attribute is
+      // set on some ranks only" is not routable, and the agreements must see it rarely)
+      if (!attached || mine() % (10u * static_cast<unsigned>(size)) == 0) {
+        attached = !attached;
+        check((attached ? streamcoll_comm_attach_stream(comm, stream)
+                        : streamcoll_comm_detach_stream(comm)) == MPI_SUCCESS,
+              "attach or detach the stream");
+      }
+      Call c = make(sg.kind, sg.n, sg.root, false, seed * 10000 + step, comm);
+      const std::string label = "stream phase seed " + std::to_string(seed) + " step " +
+                                std::to_string(step) + ": " +
+                                label_of(c, sm, rm, nb ? "non-blocking" : "blocking");
+      c.prepare(sm, rm);
+      MPI_Request req = MPI_REQUEST_NULL;
+      check(c.start(nb ? &req : nullptr) == MPI_SUCCESS, label + ": returns MPI_SUCCESS");
+      if (nb) check(MPI_Wait(&req, MPI_STATUS_IGNORE) == MPI_SUCCESS, label + ": completes");
+      check(api.stream_sync(stream) == 0, label + ": synchronise the stream");
+      c.verify(label);
+    }
+    if (const char* r = std::getenv("DIVERGENT_ALLREDUCE_ROUTE"); r && std::string(r) == "nccl") {
+      check(stat_calls("allreduce", "nccl", "device") > 0, "stream phase: calls took route nccl");
+      // Some rank took part in a route-nccl allreduce with host memory (staged): summed
+      // over the ranks.
+      int mine_staged = static_cast<int>(stat_calls("allreduce", "nccl", "host") +
+                                         stat_calls("allreduce", "nccl", "pinned") +
+                                         stat_calls("allreduce", "nccl", "mixed") - staged0),
+          all_staged = 0;
+      MPI_Allreduce(&mine_staged, &all_staged, 1, MPI_INT, MPI_SUM, world);
+      check(all_staged > 0, "stream phase: a rank on host memory took part in route nccl");
+    }
+  }
+  if (attached) streamcoll_comm_detach_stream(comm);
+  if (stream) api.stream_destroy(stream);
   // Steady state: one signature on host memory everywhere. After its first call (which
   // agrees), no blocking agreement; refreshes only at the schedule's points.
   auto counts = reinterpret_cast<AgreementCountsFn>(dlsym(RTLD_DEFAULT, "streamcoll_agreement_counts"));
@@ -590,6 +658,50 @@ void signature_program(MPI_Comm world, unsigned seed) {
   MPI_Comm_free(&comm);
 }
 
+// ---- a late rank under stream-ordered calls ----------------------------------------------
+
+// A stream-ordered MPI_Allreduce (a stream attached, device buffers, route nccl) returns
+// once the operation is enqueued, whatever its peers do: after the signature's first call
+// (which agrees at once), the last rank arrives 300 ms late at call kLate, and rank 0's
+// calls kLate to kLate + 3 (within SignatureAgreements::kRunAhead of the last refresh the
+// late rank started) return in well under that. Then a deep run-ahead: the last rank
+// late again while the others make 12 more calls (they wait where the run-ahead bound
+// says). Every value is checked after the stream is synchronised.
+void skew_program(MPI_Comm world) {
+  const int rank = comm_rank(world), size = comm_size(world);
+  MPI_Comm comm;
+  MPI_Comm_dup(world, &comm);
+  CUstream_st* stream = api.stream_create(1);
+  check(streamcoll_comm_attach_stream(comm, stream) == MPI_SUCCESS, "skew: attach the stream");
+  constexpr int kLate = 6, kCalls = 30, kDeep = 16;
+  constexpr double kSkew = 0.3, kBound = 0.1;
+  const unsigned long long nccl0 = stat_calls("allreduce", "nccl", "device");
+  std::vector<Call> calls;
+  calls.reserve(kCalls);
+  for (int n = 1; n <= kCalls; ++n) {
+    calls.push_back(make(Kind::allreduce, 4096, 0, false, 5000 + n, comm));
+    Call& c = calls.back();
+    c.prepare(Mem::device, Mem::device);
+    if (rank == size - 1 && size > 1 && (n == kLate || n == kDeep)) usleep(static_cast<useconds_t>(kSkew * 1e6));
+    const double t0 = MPI_Wtime();
+    check(c.start(nullptr) == MPI_SUCCESS, "skew: call " + std::to_string(n) + " returns MPI_SUCCESS");
+    const double dt = MPI_Wtime() - t0;
+    if (rank == 0 && size > 1 && n >= kLate && n <= kLate + 3)
+      check(dt < kBound, "skew: call " + std::to_string(n) + " returned after " +
+                             std::to_string(static_cast<int>(dt * 1e3)) + " ms with a peer " +
+                             std::to_string(static_cast<int>(kSkew * 1e3)) + " ms late (bound " +
+                             std::to_string(static_cast<int>(kBound * 1e3)) + " ms)");
+  }
+  check(api.stream_sync(stream) == 0, "skew: synchronise the stream");
+  for (int n = 1; n <= kCalls; ++n) calls[n - 1].verify("skew: call " + std::to_string(n));
+  if (std::getenv("STREAMCOLL_NCCL_LIB") && size > 1)
+    check(stat_calls("allreduce", "nccl", "device") == nccl0 + kCalls,
+          "skew: every call took route nccl");
+  streamcoll_comm_detach_stream(comm);
+  api.stream_destroy(stream);
+  MPI_Comm_free(&comm);
+}
+
 void on_alarm(int) {
   static const char msg[] = "divergent: watchdog expired: a call hung\n";
   (void)!write(2, msg, sizeof msg - 1);
@@ -605,7 +717,7 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   const bool need_nccl = std::getenv("STREAMCOLL_NCCL_LIB") != nullptr &&
                          access(std::getenv("STREAMCOLL_NCCL_LIB"), R_OK) == 0;
-  int ok = (mode == "cases" || mode == "random" || mode == "signatures") && load_api(need_nccl) ? 1 : 0,
+  int ok = (mode == "cases" || mode == "random" || mode == "signatures" || mode == "skew") && load_api(need_nccl) ? 1 : 0,
       all_ok = 0;
   MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (!all_ok) {
@@ -645,6 +757,8 @@ int main(int argc, char** argv) {
         check(stat_calls("iallreduce", ar_route.c_str(), "host") + stat_calls("iallreduce", ar_route.c_str(), "pinned") > 0,
               "host-buffer MPI_Iallreduce calls took part on route " + ar_route);
     }
+  } else if (mode == "skew") {
+    skew_program(comm);
   } else if (mode == "signatures") {
     const int seeds = argc > 2 ? std::atoi(argv[2]) : 1;
     const unsigned base = std::getenv("DIVERGENT_SEED_BASE")

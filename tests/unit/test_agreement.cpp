@@ -62,7 +62,7 @@ TEST_CASE("each call decides from the newest refresh started kRunAhead calls bef
     // (the refresh of call 129 still in it; call 193's, host again, from call 197).
     if (n == 68 || n == 197) CHECK(f.mem == MemKind::host);
     if (n == 69 || n == 196) CHECK(f.mem == MemKind::device);
-    sig.decided(true);
+    sig.decided(true, false);
   }
   CHECK(sig.started() == started.size());
 }
@@ -72,16 +72,16 @@ TEST_CASE("a call that leaves pmpi makes the next one agree at once; agree() wai
   SignatureAgreements sig;
   CHECK(sig.begin_call());
   sig.agree(MPI_COMM_SELF, 2, facts_of(MemKind::host));
-  sig.decided(true);
+  sig.decided(true, false);
   CHECK_FALSE(sig.begin_call());  // call 2: a refresh
   sig.adopt();
   REQUIRE(sig.refreshes());
   sig.refresh(MPI_COMM_SELF, 2, facts_of(MemKind::device));
-  sig.decided(false);  // say its facts took it elsewhere
+  sig.decided(false, true);  // say its facts took it elsewhere
   CHECK(sig.begin_call());  // call 3 agrees at once
   const AgreedFacts f = sig.agree(MPI_COMM_SELF, 2, facts_of(MemKind::managed));
   CHECK(f.mem == MemKind::managed);
-  sig.decided(true);
+  sig.decided(true, false);
   CHECK_FALSE(sig.begin_call());  // call 4: decides from call 3's agreement, not call 2's
   CHECK(sig.adopt().mem == MemKind::managed);
 }
@@ -94,4 +94,27 @@ TEST_CASE("ranks that disagree on the memory kind give a fact that is not routab
   const AgreedFacts f = sig.agree(MPI_COMM_SELF, 2, mine);
   CHECK(f.valid);
   CHECK_FALSE(f.routable);
+}
+
+TEST_CASE("calls that leave pmpi refresh every kRefreshRouted-th call as well") {
+  SignatureAgreements sig;
+  sig.begin_call();
+  sig.agree(MPI_COMM_SELF, 2, facts_of(MemKind::device));
+  sig.decided(true, true);
+  std::vector<uint64_t> refreshed;
+  for (uint64_t n = 2; n <= 200; ++n) {
+    CHECK_FALSE(sig.begin_call());
+    sig.adopt();
+    const bool expect = SignatureAgreements::refresh_point(n) ||
+                        n % SignatureAgreements::kRefreshRouted == 0;
+    CHECK_MESSAGE(sig.refreshes() == expect, "call " << n);
+    if (sig.refreshes()) {
+      sig.refresh(MPI_COMM_SELF, 2, facts_of(MemKind::device));
+      refreshed.push_back(n);
+    }
+    sig.decided(true, true);
+  }
+  // Never more than kRefreshRouted calls between two refreshes.
+  for (size_t i = 1; i < refreshed.size(); ++i)
+    CHECK(refreshed[i] - refreshed[i - 1] <= SignatureAgreements::kRefreshRouted);
 }
