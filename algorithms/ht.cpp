@@ -180,15 +180,31 @@ int start_mpi(const HostCall& h, MPI_Comm comm, MPI_Request* req) {
   }
 }
 
+// The MPI's own blocking collective for `h` on `comm`. (Blocking, as the host path's
+// run_pmpi is: ranks of one call may take either, and MPI matches a blocking collective
+// with a blocking one only.)
+int call_mpi(const HostCall& h, MPI_Comm comm) {
+  const void* s = h.send ? h.send : MPI_IN_PLACE;
+  const int n = static_cast<int>(h.count);
+  switch (h.coll) {
+    case Coll::allreduce: return PMPI_Allreduce(s, h.recv, n, h.type, h.op, comm);
+    case Coll::reduce: return PMPI_Reduce(s, h.recv, n, h.type, h.op, h.root, comm);
+    case Coll::bcast: return PMPI_Bcast(h.recv, n, h.type, h.root, comm);
+    case Coll::allgather:
+      return PMPI_Allgather(s, h.send ? n : 0, h.type, h.recv, n, h.type, comm);
+    case Coll::reduce_scatter_block:
+      return PMPI_Reduce_scatter_block(s, h.recv, n, h.type, h.op, comm);
+    default: return MPI_ERR_INTERN;
+  }
+}
+
 // The host collective of `h` on the calling thread, blocking: a schedule on hc's private
 // communicator, or the MPI's collective on the application's `comm` (in call order there;
 // with h.status followed by the failure flags' allreduce there). Returns the MPI's error,
 // or, for a rank whose result a tainted peer spoiled, Failure::peer (outcome()).
 int run_blocking(const HostCall& h, HtComm& hc, MPI_Comm comm) {
   if (h.algo == Algo::mpi) {
-    MPI_Request req = MPI_REQUEST_NULL;
-    int rc = start_mpi(h, comm, &req);
-    if (rc == MPI_SUCCESS) rc = PMPI_Wait(&req, MPI_STATUS_IGNORE);
+    const int rc = call_mpi(h, comm);
     int any = 0;
     if (h.status) {
       int mine = h.tainted ? 1 : 0;
@@ -1339,6 +1355,15 @@ class HtRoute final : public Route {
     // algo=mpi on GPU memory (as agreed: every rank decides alike) exchanges the ranks'
     // failure flags with the collective; schedules carry them in their messages.
     const bool status = algo == Algo::mpi && env.agreed_mem == MemKind::device;
+    // A blocking call decided from earlier agreements, whose ranks may differ in stream
+    // and memory: algo=mpi's forms do not match each other (the engine's collective on
+    // the private duplicate in ticket order, stream-ordered; the MPI's blocking one on the
+    // communicator, classic), so every rank's part goes through the engine, a rank
+    // without a stream waiting for its own. A schedule's forms match (one tag per call
+    // on the private duplicate, from the application thread in call order either way):
+    // each rank takes its own.
+    if (env.adopted && !a.nonblocking && algo == Algo::mpi && !env.has_stream)
+      return run_through_engine(a, ctx, choice, env);
 
 #if STREAMCOLL_HAVE_CUDA
     // GPU memory on this rank: device memory, and, for an MPI_I* routed from an
@@ -1387,6 +1412,27 @@ class HtRoute final : public Route {
   }
 
  private:
+  // This rank's part of a blocking call run through the engine (as the MPI_I* form),
+  // waited for here: classic semantics on this rank.
+  int run_through_engine(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,
+                         const CallEnv& env) {
+    CollArgs b = a;
+    MPI_Request req = MPI_REQUEST_NULL;
+    b.nonblocking = true;
+    b.request = &req;
+    CallEnv e = env;
+    e.adopted = false;
+    int rc = run(b, ctx, choice, e);
+    if (req != MPI_REQUEST_NULL) {
+      if (OwnedRequest* op = requests::peek(req)) {
+        requests::complete_one(op);
+        if (rc == MPI_SUCCESS) rc = op->error();
+      }
+      PMPI_Request_free(&req);  // complete: frees it at once
+    }
+    return rc;
+  }
+
   static void warn_once(std::atomic<bool>& flag, const char* msg) {
     if (!flag.exchange(true)) SC_WARN("%s", msg);
   }

@@ -27,6 +27,11 @@ struct CallEnv {
   /// from it what every rank must do alike (e.g. exchange a failure status), while `mem`
   /// is this rank's own.
   MemKind agreed_mem = MemKind::host;
+  /// A blocking call decided from its signature's earlier agreements (shim/dispatch.cpp:
+  /// cacheable): the ranks' buffers and streams may differ from the agreed facts and from
+  /// each other, so a route whose blocking forms differ by stream (ht's algo=mpi) takes
+  /// one form on every rank. False for every other call (the facts were agreed at it).
+  bool adopted = false;
   /// Set by a route whose classic call runs other routes' stream-ordered operations as
   /// its stages (blueconnect): the count of those stages' work still with the progress
   /// engine, which ends only after it has recorded any failure it found

@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "algorithms/pmpi.hpp"
 #if STREAMCOLL_HAVE_NVGROUP
@@ -16,6 +18,7 @@
 #include "algorithms/nvgroup_kernel.hpp"
 #endif
 #include "core/cuda_driver.hpp"
+#include "core/datatypes.hpp"
 #include "core/errors.hpp"
 #include "core/log.hpp"
 #include "core/requests.hpp"
@@ -271,6 +274,93 @@ int raise(MPI_Comm comm, int rc) {
   return rc;
 }
 
+// ---- The staging outcome in band (blocking MPI_Allreduce) ------------------------------
+//
+// A blocking MPI_Allreduce of a small message carries the ranks' staging outcomes in its
+// own message instead of a separate allreduce before it: one more element, this rank's
+// flag, written as the value that the call's op leaves unchanged when no rank failed
+// (SUM, MAX, BOR, LOR: 0 when fine, 1 when lost; PROD, MIN, BAND, LAND: 1 when fine, 0
+// when lost), so the reduced flag equals the "fine" value only if every rank's staging
+// succeeded. The result goes to the caller's buffer only then; otherwise every rank
+// reports an error, as after the exchange. Exact: 0 and 1 and their sums up to 2^24
+// ranks are exact in every type taken (integers of 4 and 8 bytes, IEEE float and
+// double). Equal on every rank whether a call takes it (the call's count, datatype and op,
+// and kInBandMax), so all ranks pass count + 1 alike.
+
+constexpr uint64_t kInBandMax = 64 * 1024;  // bytes: above, the exchange costs little
+
+// The flag's "fine" value for `op` (0 or 1), or -1 where the call cannot carry it.
+int in_band_fine(const CollArgs& a, const TypeInfo** type) {
+  if (a.coll != Coll::allreduce || a.nonblocking || a.fortran || a.count < 0 ||
+      a.count >= INT32_MAX)
+    return -1;
+  const TypeInfo* t = find_type(a.datatype);
+  const OpInfo* op = find_op(a.op);
+  if (!t || !op || !op_defined_for(op->kind, t->cls)) return -1;
+  const Numeric n = numeric(*t);
+  const bool integer = (n == Numeric::signed_int || n == Numeric::unsigned_int) &&
+                       (t->size == 4 || t->size == 8);
+  const bool floating = n == Numeric::ieee_float && (t->size == 4 || t->size == 8);
+  if (!integer && !floating) return -1;
+  if (static_cast<uint64_t>(a.count) * static_cast<uint64_t>(t->size) > kInBandMax) return -1;
+  *type = t;
+  switch (op->kind) {
+    case OpKind::sum: case OpKind::max: case OpKind::bor: case OpKind::lor: return 0;
+    case OpKind::prod: case OpKind::min: case OpKind::band: case OpKind::land: return 1;
+    default: return -1;  // XOR (failures cancel), MAXLOC/MINLOC (pairs)
+  }
+}
+
+void put_flag(char* p, const TypeInfo& t, int v) {
+  if (numeric(t) == Numeric::ieee_float) {
+    if (t.size == 4) { const float f = static_cast<float>(v); std::memcpy(p, &f, 4); }
+    else { const double d = v; std::memcpy(p, &d, 8); }
+  } else if (t.size == 4) {
+    const int32_t i = v;
+    std::memcpy(p, &i, 4);
+  } else {
+    const int64_t i = v;
+    std::memcpy(p, &i, 8);
+  }
+}
+
+bool flag_is(const char* p, const TypeInfo& t, int v) {
+  if (numeric(t) == Numeric::ieee_float) {
+    if (t.size == 4) { float f; std::memcpy(&f, p, 4); return f == static_cast<float>(v); }
+    double d;
+    std::memcpy(&d, p, 8);
+    return d == v;
+  }
+  if (t.size == 4) { int32_t i; std::memcpy(&i, p, 4); return i == v; }
+  int64_t i;
+  std::memcpy(&i, p, 8);
+  return i == v;
+}
+
+// The blocking allreduce `b` (its buffers in host memory, staged or the caller's; or,
+// where `readable` is false, not to be read: this rank's input is lost anyway) with the
+// outcome in band. Returns MPI_SUCCESS with the result in b.recvbuf, the MPI's error, or
+// (raised here) this rank's own failure or a peer's.
+int allreduce_in_band(const CollArgs& a, const CollArgs& b, const TypeInfo& t, int fine,
+                      int own, bool readable) {
+  const size_t n = static_cast<size_t>(b.count), es = static_cast<size_t>(t.size);
+  std::vector<char> msg((n + 1) * es, 0);
+  const void* in = b.sendbuf == MPI_IN_PLACE ? b.recvbuf : b.sendbuf;
+  if (readable && own == MPI_SUCCESS && n > 0) std::memcpy(msg.data(), in, n * es);
+  put_flag(msg.data() + n * es, t, own == MPI_SUCCESS ? fine : 1 - fine);
+  const int rc = PMPI_Allreduce(MPI_IN_PLACE, msg.data(), static_cast<int>(n + 1), b.datatype,
+                                b.op, b.comm);
+  if (rc != MPI_SUCCESS) return rc;  // the MPI raised it
+  if (own != MPI_SUCCESS) return raise(a.comm, own);
+  if (!flag_is(msg.data() + n * es, t, fine)) {
+    log_error("%s: another rank could not stage its GPU buffers; the result is not used",
+              call_name(a.coll, false).c_str());
+    return raise(a.comm, error_code(Failure::peer));
+  }
+  if (n > 0) std::memcpy(b.recvbuf, msg.data(), n * es);
+  return MPI_SUCCESS;
+}
+
 }  // namespace
 
 bool reduce_in_place_broken(const char* library_version) {
@@ -379,6 +469,18 @@ int run(const CollArgs& a, Backend& be, bool outcome, int own, const KnownKinds*
   }
 
   if (!a.nonblocking) {
+    const TypeInfo* type = nullptr;
+    const int fine = outcome ? in_band_fine(a, &type) : -1;
+    if (fine >= 0) {
+      const bool readable = host != nullptr || (!stage_send && !stage_recv);
+      int rc = allreduce_in_band(a, b, *type, fine, own, readable);
+      if (rc == MPI_SUCCESS && !back.empty()) {
+        rc = be.copy(back.data(), back.size());
+        if (rc != MPI_SUCCESS) raise(a.comm, rc);
+      }
+      if (host) be.release(host);
+      return rc;
+    }
     if (outcome) {
       // Every rank's staging outcome first: if any rank's input is lost, no rank runs the
       // call (all alike), and each reports an error.

@@ -151,7 +151,10 @@ struct KnownKinds {
 /// `outcome` (equal on every rank: the dispatcher passes it for every call with data
 /// in a job whose MPI is not CUDA-aware, staging or not): the ranks exchange whether
 /// their staging failed, in one small allreduce on a.comm before the call (an
-/// MPI_Iallreduce started before it for MPI_I*), so that a rank that lost its input
+/// MPI_Iallreduce started before it for MPI_I*; for a blocking MPI_Allreduce of at most
+/// 64 KiB with a predefined op other than XOR/MAXLOC/MINLOC on 4- or 8-byte integers or
+/// float/double, in band instead: one more element of the call's own message carries
+/// each rank's flag, host_staging.cpp), so that a rank that lost its input
 /// still takes part and no rank reports a result built on it as a success: blocking, no
 /// rank runs the call if any staging failed; non-blocking, the call runs and its request
 /// completes with the error. `own`: a failure of this rank's found before (the stream

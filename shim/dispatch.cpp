@@ -10,7 +10,8 @@
 //     hence its size, must match);
 //   - the tuning table, STREAMCOLL_ROUTE and the other steering settings, whether any
 //     node of the job has a CUDA driver, whether the MPI is CUDA-aware everywhere (if not,
-//     every call with data exchanges the ranks' staging outcomes: core/host_staging.hpp)
+//     every call with data exchanges the ranks' staging outcomes, in band for a small
+//     blocking allreduce: core/host_staging.hpp)
 //     and the thread level: agreed over MPI_COMM_WORLD at MPI_Init (core/runtime.cpp);
 //     ranks that differ get no routing at all;
 //   - the communicator: its size, and its node layout found collectively when its
@@ -21,8 +22,9 @@
 //   - the facts agreed per signature (core/agreement: agree_call, SignatureAgreements):
 //     at the first blocking call of a signature that may leave pmpi (and at every call
 //     while they go to a route that cannot take what a rank passes), the ranks exchange,
-//     in one small allreduce, what only each of them can see; later calls that go to
-//     pmpi, or to nccl for a reduction, decide from agreements started
+//     in one small allreduce, what only each of them can see; later calls that pass
+//     host memory or are stream-ordered (to pmpi, or to nccl or ht for a reduction)
+//     decide from agreements started
 //     at earlier calls of the signature (the n-th call of a signature is the same call on
 //     every rank: no rank waits for another there, unless one runs ahead by more than
 //     SignatureAgreements::kRunAhead calls), and a rank whose own facts differ adapts
@@ -227,21 +229,30 @@ AgreedFacts signature_facts(SignatureAgreements& sig, CommContext& ctx, MPI_Comm
   return agreed;
 }
 
-// Whether a blocking call routed as `d` may decide from earlier agreements (the next call
-// of its signature too): where every rank takes part with whatever buffers and stream it
-// has now, whatever the adopted facts said. pmpi takes anything. nccl stages host,
-// managed, mixed and other-GPU memory through its GPU (run_staged), runs classic or
-// stream-ordered per rank, and runs a Fortran call on its C arguments: one NCCL operation
-// on every rank whatever each passes; for the reductions a rank's datatype cannot differ
-// from the others' (no repacking needed, which blocking calls lack). Not ht: its
-// blocking classic, stream-ordered and host forms of algo=mpi run on different
-// communicators and forms, so ranks whose buffers or streams differ must agree first.
-// Fused calls and the other routes agree at every call. From the route and the call's
+// Whether a blocking call routed as `d` from `agreed` may decide from earlier agreements
+// (the next call of its signature too). Host-memory facts (and facts that are not
+// routable: ranks' kinds differ, a rank's arguments suit only pmpi), and stream-ordered
+// facts (GPU memory with a stream on every rank), where an agreement per
+// call would hold the host for late peers, are; classic GPU calls, whose host waits for
+// the operation (and so the peers) anyway, agree at every call, so a stream attached
+// later, or a route that became unable, is seen at the next one. Then the route must
+// take part with whatever buffers and stream each rank has now, whatever the adopted
+// facts said. pmpi takes anything. nccl stages host, managed, mixed and other-GPU memory
+// through its GPU (run_staged) and runs classic or stream-ordered per rank: one NCCL
+// operation on every rank whatever each passes. ht stages GPU memory through the host,
+// runs classic or stream-ordered per rank (algo=mpi through its engine on every rank:
+// CallEnv::adopted), with the failure flags the agreed kind says. Both run a Fortran call
+// on its C arguments. Only the reductions: there a rank's datatype cannot differ from
+// the others' (no repacking needed, which blocking calls lack). Fused calls and the
+// other routes agree at every call. From the route, the agreed facts and the call's
 // arguments that MPI makes equal on every rank: equal everywhere.
-bool cacheable(const Decision& d, const CollArgs& a) {
+bool cacheable(const Decision& d, const CollArgs& a, const AgreedFacts& agreed) {
   if (d.fuse) return false;
+  if (!agreed.valid || !agreed.routable) return true;  // pmpi
+  const bool host = agreed.mem == MemKind::host || agreed.mem == MemKind::pinned;
+  if (!host && !d.agreed_stream) return false;  // classic GPU calls agree at every call
   if (d.route == RouteId::pmpi) return true;
-  return d.route == RouteId::nccl && takes_op(a.coll);
+  return (d.route == RouteId::nccl || d.route == RouteId::ht) && takes_op(a.coll);
 }
 
 // Step 3 of decide(), the route: the table and the forced routes matched with the agreed
@@ -480,7 +491,7 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   }
   const CallEnv local_env = d.env;
   choose_route(d, a, agreed, size, rank, check, rt);
-  if (!agreed_now && !cacheable(d, a)) {
+  if (!agreed_now && !cacheable(d, a, agreed)) {
     // Facts from earlier calls would take this one where a rank whose own facts differ
     // could not adapt: every rank (deciding alike) agrees on this call's facts, and the
     // route is chosen again (what choose_route sets, reset).
@@ -491,8 +502,10 @@ Decision decide(const CollArgs& a, Runtime& rt) {
     d.fuse = 0;
     d.agreed_stream = false;
     choose_route(d, a, agreed, size, rank, check, rt);
+  } else if (!agreed_now) {
+    d.env.adopted = true;
   }
-  sig->decided(cacheable(d, a), d.route != RouteId::pmpi);
+  sig->decided(cacheable(d, a, agreed), d.route != RouteId::pmpi);
   ctx->agreed[static_cast<int>(a.coll)] = agreed;
   ctx->agreed_last = agreed;
   return d;

@@ -889,8 +889,13 @@ void unsupported(const Ctx& c) {
   }
 }
 
-// Host, pinned and managed buffers go to pmpi by the default table.
-void other_memory(MPI_Comm comm) {
+// Host, pinned and managed buffers go to pmpi by the default table. On a duplicate of
+// `comm`: there the first call of each signature agrees at once (on `comm`, a signature
+// last called stream-ordered on device memory would decide from those facts for a few
+// calls, its host-memory calls staged through NCCL: shim/dispatch.cpp, cacheable).
+void other_memory(MPI_Comm parent) {
+  MPI_Comm comm;
+  MPI_Comm_dup(parent, &comm);
   const TypeCase t{"MPI_DOUBLE", MPI_DOUBLE, Tag::dbl};
   const Variant plain{}, nb{wait, no_stream, false, false}, st{blocking, own_stream, false, false};
   for (const Variant& v : {plain, nb, st}) {
@@ -899,6 +904,7 @@ void other_memory(MPI_Comm comm) {
     allreduce<double>({comm, "pmpi", Mem::pinned, "pinned"}, t, kOps[3], 1000, v, 6);
     allgather({comm, "pmpi", Mem::managed, "managed"}, "MPI_INT", MPI_INT, 100, v, 5);
   }
+  MPI_Comm_free(&comm);
 }
 
 // Set-up happens at the first blocking call on a communicator: non-blocking calls before

@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -450,6 +451,87 @@ TEST_CASE("mixed and managed memory, and calls with nothing to stage") {
   a.comm = half;
   check_call(a, ints(5), ints(5));
   MPI_Comm_free(&half);
+}
+
+// The staging outcome of a blocking MPI_Allreduce of at most 64 KiB travels in band (one
+// more element of the call's message: core/host_staging.cpp): every type and op that
+// takes it, and those that keep the separate exchange (XOR, larger messages), give the
+// MPI's own result on host and guarded GPU buffers; a failure on the last rank fails the
+// call on every rank and leaves every receive buffer as it was.
+template <class T>
+void in_band_case(MPI_Datatype type, MPI_Op op, int n, bool in_place, MemKind mem, MPI_Comm comm) {
+  GuardedGpu& gpu = *g_gpu;
+  const size_t bytes = static_cast<size_t>(n) * sizeof(T);
+  std::vector<T> in(static_cast<size_t>(n)), ref(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) in[static_cast<size_t>(i)] = static_cast<T>(g_rank + i % 3 + 1);
+  REQUIRE(PMPI_Allreduce(in.data(), ref.data(), n, type, op, comm) == MPI_SUCCESS);
+  CollArgs a;
+  a.coll = Coll::allreduce;
+  a.count = n;
+  a.datatype = type;
+  a.op = op;
+  a.comm = comm;
+  char* dsend = nullptr;
+  char* drecv = nullptr;
+  std::vector<T> hsend = in, hrecv = in;
+  if (mem == MemKind::host) {
+    a.sendbuf = in_place ? MPI_IN_PLACE : static_cast<const void*>(hsend.data());
+    a.recvbuf = hrecv.data();
+  } else {
+    drecv = gpu.gpu_malloc(bytes);
+    gpu.put(drecv, in.data(), bytes);
+    a.recvbuf = drecv;
+    if (!in_place) {
+      dsend = gpu.gpu_malloc(bytes);
+      gpu.put(dsend, in.data(), bytes);
+    }
+    a.sendbuf = in_place ? MPI_IN_PLACE : static_cast<const void*>(dsend);
+  }
+  CHECK(host_staging::run(a, gpu, true, MPI_SUCCESS) == MPI_SUCCESS);
+  if (drecv) gpu.get(got.data(), drecv, bytes);
+  else got = hrecv;
+  CHECK(std::memcmp(got.data(), ref.data(), bytes) == 0);
+  // The last rank's staging failed (as a failed copy or stream synchronisation says):
+  // the call fails everywhere, and nothing is written.
+  std::vector<T> before(static_cast<size_t>(n));
+  if (drecv) gpu.get(before.data(), drecv, bytes);
+  else before = hrecv;
+  const int own = g_rank == g_size - 1 ? MPI_ERR_OTHER : MPI_SUCCESS;
+  CHECK(host_staging::run(a, gpu, true, own) != MPI_SUCCESS);
+  if (drecv) gpu.get(got.data(), drecv, bytes);
+  else got = hrecv;
+  CHECK(std::memcmp(got.data(), before.data(), bytes) == 0);
+  if (dsend) gpu.gpu_free(dsend);
+  if (drecv) gpu.gpu_free(drecv);
+}
+
+TEST_CASE("the staging outcome in band: blocking allreduce of every type and op it takes") {
+  MPI_Comm comm;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  const MPI_Op arith[] = {MPI_SUM, MPI_PROD, MPI_MAX, MPI_MIN};
+  const MPI_Op bits[] = {MPI_BAND, MPI_BOR, MPI_LAND, MPI_LOR, MPI_BXOR, MPI_LXOR};
+  // 20000 ints (80 KB): above the in-band limit, the exchange.
+  for (int n : {1, 100, 20000})
+    for (bool in_place : {false, true})
+      for (MemKind mem : {MemKind::host, MemKind::device}) {
+        CAPTURE(n);
+        CAPTURE(in_place);
+        CAPTURE(static_cast<int>(mem));
+        for (MPI_Op op : arith) {
+          in_band_case<int32_t>(MPI_INT, op, n, in_place, mem, comm);
+          in_band_case<int64_t>(MPI_INT64_T, op, n, in_place, mem, comm);
+          in_band_case<uint32_t>(MPI_UNSIGNED, op, n, in_place, mem, comm);
+          in_band_case<float>(MPI_FLOAT, op, n, in_place, mem, comm);
+          in_band_case<double>(MPI_DOUBLE, op, n, in_place, mem, comm);
+        }
+        for (MPI_Op op : bits) {
+          in_band_case<int32_t>(MPI_INT, op, n, in_place, mem, comm);
+          in_band_case<uint64_t>(MPI_UINT64_T, op, n, in_place, mem, comm);
+        }
+        in_band_case<int16_t>(MPI_SHORT, MPI_SUM, n, in_place, mem, comm);  // the exchange
+      }
+  MPI_Comm_free(&comm);
 }
 
 int main(int argc, char** argv) {
