@@ -344,20 +344,25 @@ bool flag_is(const char* p, const TypeInfo& t, int v) {
 int allreduce_in_band(const CollArgs& a, const CollArgs& b, const TypeInfo& t, int fine,
                       int own, bool readable) {
   const size_t n = static_cast<size_t>(b.count), es = static_cast<size_t>(t.size);
-  std::vector<char> msg((n + 1) * es, 0);
+  // The message, in a buffer each thread keeps (at most kInBandMax + 8 bytes): no
+  // allocation per call.
+  thread_local std::vector<char> buffer;
+  if (buffer.size() < (n + 1) * es) buffer.resize((n + 1) * es);
+  char* msg = buffer.data();
   const void* in = b.sendbuf == MPI_IN_PLACE ? b.recvbuf : b.sendbuf;
-  if (readable && own == MPI_SUCCESS && n > 0) std::memcpy(msg.data(), in, n * es);
-  put_flag(msg.data() + n * es, t, own == MPI_SUCCESS ? fine : 1 - fine);
-  const int rc = PMPI_Allreduce(MPI_IN_PLACE, msg.data(), static_cast<int>(n + 1), b.datatype,
-                                b.op, b.comm);
+  if (readable && own == MPI_SUCCESS && n > 0) std::memcpy(msg, in, n * es);
+  else std::memset(msg, 0, n * es);  // (a lost input: any value, flagged)
+  put_flag(msg + n * es, t, own == MPI_SUCCESS ? fine : 1 - fine);
+  const int rc = PMPI_Allreduce(MPI_IN_PLACE, msg, static_cast<int>(n + 1), b.datatype, b.op,
+                                b.comm);
   if (rc != MPI_SUCCESS) return rc;  // the MPI raised it
   if (own != MPI_SUCCESS) return raise(a.comm, own);
-  if (!flag_is(msg.data() + n * es, t, fine)) {
+  if (!flag_is(msg + n * es, t, fine)) {
     log_error("%s: another rank could not stage its GPU buffers; the result is not used",
               call_name(a.coll, false).c_str());
     return raise(a.comm, error_code(Failure::peer));
   }
-  if (n > 0) std::memcpy(b.recvbuf, msg.data(), n * es);
+  if (n > 0) std::memcpy(b.recvbuf, msg, n * es);
   return MPI_SUCCESS;
 }
 

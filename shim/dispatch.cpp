@@ -376,11 +376,20 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   f.invalid_args = obviously_invalid(a);
   if (f.invalid_args) return d;  // PMPI raises the error; nothing else may touch a.comm
 
-  int inter = 0;
-  if (PMPI_Comm_test_inter(a.comm, &inter) != MPI_SUCCESS || inter) return d;
+  // The communicator's context, where one was made, knows its rank, size and kind (the
+  // MPI's queries cost tens of nanoseconds a call).
+  CommContext* ctx = comm_context(a.comm, false);
   int rank = 0, size = 1;
-  PMPI_Comm_rank(a.comm, &rank);
-  PMPI_Comm_size(a.comm, &size);
+  if (ctx) {
+    if (ctx->inter) return d;
+    rank = ctx->rank;
+    size = ctx->size;
+  } else {
+    int inter = 0;
+    if (PMPI_Comm_test_inter(a.comm, &inter) != MPI_SUCCESS || inter) return d;
+    PMPI_Comm_rank(a.comm, &rank);
+    PMPI_Comm_size(a.comm, &size);
+  }
   if (a.recvcounts) {
     // Open MPI 4.1 copies a negative count of the v-variants before checking it.
     for (int i = 0; i < size; ++i)
@@ -437,7 +446,6 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   // forced routes (streamcoll_comm_set_route is collective). A verdict that only this
   // rank's arguments can cause (memory kinds, binding, how a gather-like call describes
   // its type signature) is not used here: it goes into the agreement below.
-  CommContext* ctx = comm_context(a.comm, false);
   std::shared_ptr<const config::TuningTable> forced = ctx ? ctx->forced_routes() : nullptr;
   const bool candidate =
       invariant_verdict(verdict, a.coll) &&
