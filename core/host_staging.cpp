@@ -398,6 +398,15 @@ int run(const CollArgs& a, Backend& be, bool outcome, int own, const KnownKinds*
       if (known->ptr[i] == p) return known->kind[i];
     return be.classify(p);
   };
+  // A blocking allreduce whose buffers the dispatcher found in host memory, with the
+  // outcome in band: nothing to stage, nothing to work out.
+  if (outcome && !a.nonblocking && known && known->n > 0 &&
+      std::all_of(known->kind, known->kind + known->n,
+                  [](MemKind k) { return k == MemKind::host || k == MemKind::pinned; })) {
+    const TypeInfo* type = nullptr;
+    if (const int fine = in_band_fine(a, &type); fine >= 0)
+      return allreduce_in_band(a, a, *type, fine, own, true);
+  }
   // What this rank stages: C calls with GPU buffers (Fortran calls go to the MPI's own
   // binding as they are).
   int rank = 0, size = 1;
