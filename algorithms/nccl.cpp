@@ -1105,32 +1105,30 @@ ncclResult_t enqueue(const CollArgs& a, const CommContext& ctx, const NcclComm& 
   }
 }
 
-// A call whose buffers on this rank are not on the NCCL communicator's GPU (host memory,
-// another GPU's, or a mix) while the other ranks' are: it was routed from memory kinds
-// agreed at an earlier call (shim/dispatch.cpp), so this rank takes part through device
-// copies. The inputs go to a scratch buffer on the classic stream before the collective.
-// Non-blocking: the results come back (on the copy stream, waited for) when the request
-// completes, so that nothing here waits for other ranks. Blocking: the host waits for the
-// collective (polling for failure notices, as a classic call does), then for the copies
-// back. This rank keeps plain MPI semantics: its buffers are final when the call returns or
-// MPI_Wait/MPI_Test report it, and buffers on another GPU are read and written after the
-// work already on that GPU's legacy stream and the application's blocking streams there,
-// and after the work on the stream attached to the communicator (env.has_stream). Only
-// the bytes MPI says the call writes on this rank are written.
-int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<NcclComm>& c,
-               const Ccube* cc, const CallEnv& env) {
+// Where a staged call's data goes in its scratch buffer on the NCCL communicator's GPU:
+// the input (`in`, in_bytes of it at in_off), the scratch size, and the ranges copied back
+// to the same offsets of recvbuf. False for a collective with no staged form.
+struct StagedLayout {
+  struct Range {
+    uint64_t off, bytes;
+  };
+  const char* in = nullptr;
+  uint64_t scratch = 0, in_off = 0, in_bytes = 0;
+  std::vector<Range> out;
+};
+
+bool staged_layout(const CollArgs& a, const CommContext& ctx, StagedLayout* l) {
   const TypeInfo* t = call_type(a);
   const uint64_t ts = static_cast<uint64_t>(t->size);
   const uint64_t p = static_cast<uint64_t>(ctx.size), me = static_cast<uint64_t>(ctx.rank);
   const bool in_place = a.sendbuf == MPI_IN_PLACE;
   auto* user = static_cast<char*>(a.recvbuf);
   const char* in = static_cast<const char*>(in_place ? a.recvbuf : a.sendbuf);
-  struct Range {
-    uint64_t off, bytes;
-  };
-  uint64_t scratch = 0, in_off = 0, in_bytes = 0;
+  uint64_t& scratch = l->scratch;
+  uint64_t& in_off = l->in_off;
+  uint64_t& in_bytes = l->in_bytes;
+  std::vector<StagedLayout::Range>& out = l->out;
   if (in_place && a.coll == Coll::allgather) in += me * a.recvcount * ts;
-  std::vector<Range> out;  // scratch ranges copied back to the same offsets of recvbuf
   switch (a.coll) {
     case Coll::allreduce:
       scratch = in_bytes = a.count * ts;
@@ -1168,8 +1166,33 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
       out.push_back({0, scratch});
       break;
     default:
-      return fail(Failure::nccl, call_name(a.coll, true) + ": no staged form");
+      return false;
   }
+  l->in = in;
+  return true;
+}
+
+// A call whose buffers on this rank are not on the NCCL communicator's GPU (host memory,
+// another GPU's, or a mix) while the other ranks' are: it was routed from memory kinds
+// agreed at an earlier call (shim/dispatch.cpp), so this rank takes part through device
+// copies. The inputs go to a scratch buffer on the classic stream before the collective.
+// Non-blocking: the results come back (on the copy stream, waited for) when the request
+// completes, so that nothing here waits for other ranks. Blocking: the host waits for the
+// collective (polling for failure notices, as a classic call does), then for the copies
+// back. This rank keeps plain MPI semantics: its buffers are final when the call returns or
+// MPI_Wait/MPI_Test report it, and buffers on another GPU are read and written after the
+// work already on that GPU's legacy stream and the application's blocking streams there,
+// and after the work on the stream attached to the communicator (env.has_stream). Only
+// the bytes MPI says the call writes on this rank are written.
+int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<NcclComm>& c,
+               const Ccube* cc, const CallEnv& env) {
+  StagedLayout l;
+  if (!staged_layout(a, ctx, &l))
+    return fail(Failure::nccl, call_name(a.coll, a.nonblocking) + ": no staged form");
+  auto* user = static_cast<char*>(a.recvbuf);
+  const char* in = l.in;
+  const uint64_t scratch = l.scratch, in_off = l.in_off, in_bytes = l.in_bytes;
+  std::vector<StagedLayout::Range> out = std::move(l.out);
   const cuda::Driver& d = driver();
   ScopedContext scope(c->cuctx);
   // Any failure before the collective is enqueued leaves this rank out: its peers are told.
@@ -1240,7 +1263,7 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
     const cuda::Driver& d = driver();
     ScopedContext scope(c->cuctx);
     int rc = MPI_SUCCESS;
-    for (const Range& r : out) {
+    for (const StagedLayout::Range& r : out) {
       CUresult e = d.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(user + r.off), buf + r.off,
                                    r.bytes, c->copy);
       if (e != CUDA_SUCCESS && rc == MPI_SUCCESS)

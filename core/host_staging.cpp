@@ -366,6 +366,21 @@ int allreduce_in_band(const CollArgs& a, const CollArgs& b, const TypeInfo& t, i
   return MPI_SUCCESS;
 }
 
+// A blocking allreduce whose buffers the dispatcher found in host memory (`known`), with
+// the outcome in band: nothing to stage, nothing to work out. False where it does not
+// apply; else true with the call's result in *rc.
+bool host_in_band(const CollArgs& a, int own, const KnownKinds* known, int* rc) {
+  if (a.nonblocking || !known || known->n == 0 ||
+      !std::all_of(known->kind, known->kind + known->n,
+                   [](MemKind k) { return k == MemKind::host || k == MemKind::pinned; }))
+    return false;
+  const TypeInfo* type = nullptr;
+  const int fine = in_band_fine(a, &type);
+  if (fine < 0) return false;
+  *rc = allreduce_in_band(a, a, *type, fine, own, true);
+  return true;
+}
+
 }  // namespace
 
 bool reduce_in_place_broken(const char* library_version) {
@@ -398,15 +413,7 @@ int run(const CollArgs& a, Backend& be, bool outcome, int own, const KnownKinds*
       if (known->ptr[i] == p) return known->kind[i];
     return be.classify(p);
   };
-  // A blocking allreduce whose buffers the dispatcher found in host memory, with the
-  // outcome in band: nothing to stage, nothing to work out.
-  if (outcome && !a.nonblocking && known && known->n > 0 &&
-      std::all_of(known->kind, known->kind + known->n,
-                  [](MemKind k) { return k == MemKind::host || k == MemKind::pinned; })) {
-    const TypeInfo* type = nullptr;
-    if (const int fine = in_band_fine(a, &type); fine >= 0)
-      return allreduce_in_band(a, a, *type, fine, own, true);
-  }
+  if (int rc; outcome && host_in_band(a, own, known, &rc)) return rc;
   // What this rank stages: C calls with GPU buffers (Fortran calls go to the MPI's own
   // binding as they are).
   int rank = 0, size = 1;
@@ -485,17 +492,7 @@ int run(const CollArgs& a, Backend& be, bool outcome, int own, const KnownKinds*
   if (!a.nonblocking) {
     const TypeInfo* type = nullptr;
     const int fine = outcome ? in_band_fine(a, &type) : -1;
-    if (fine >= 0) {
-      const bool readable = host != nullptr || (!stage_send && !stage_recv);
-      int rc = allreduce_in_band(a, b, *type, fine, own, readable);
-      if (rc == MPI_SUCCESS && !back.empty()) {
-        rc = be.copy(back.data(), back.size());
-        if (rc != MPI_SUCCESS) raise(a.comm, rc);
-      }
-      if (host) be.release(host);
-      return rc;
-    }
-    if (outcome) {
+    if (outcome && fine < 0) {
       // Every rank's staging outcome first: if any rank's input is lost, no rank runs the
       // call (all alike), and each reports an error.
       int mine = own != MPI_SUCCESS ? 1 : 0, any = 0;
@@ -517,7 +514,9 @@ int run(const CollArgs& a, Backend& be, bool outcome, int own, const KnownKinds*
       input.assign(hbase + recv_off, hbase + recv_off + x.recv.bytes());
       b.sendbuf = at(static_cast<const void*>(input.data()), -x.recv.lo);
     }
-    int rc = run_pmpi(b);
+    int rc = fine >= 0 ? allreduce_in_band(a, b, *type, fine, own,
+                                           host != nullptr || (!stage_send && !stage_recv))
+                       : run_pmpi(b);
     if (rc == MPI_SUCCESS && !back.empty()) {
       rc = be.copy(back.data(), back.size());
       if (rc != MPI_SUCCESS) raise(a.comm, rc);

@@ -367,6 +367,21 @@ int screen(const CollArgs& a, MPI_Comm* where) {
   return MPI_SUCCESS;
 }
 
+// This rank and the size of `comm`, from its context where one was made (the MPI's
+// queries cost tens of nanoseconds a call); false for an inter-communicator.
+bool intra_rank_size(MPI_Comm comm, const CommContext* ctx, int* rank, int* size) {
+  if (ctx) {
+    *rank = ctx->rank;
+    *size = ctx->size;
+    return !ctx->inter;
+  }
+  int inter = 0;
+  if (PMPI_Comm_test_inter(comm, &inter) != MPI_SUCCESS || inter) return false;
+  PMPI_Comm_rank(comm, rank);
+  PMPI_Comm_size(comm, size);
+  return true;
+}
+
 Decision decide(const CollArgs& a, Runtime& rt) {
   Decision d;
   if ((d.error = screen(a, &d.error_comm)) != MPI_SUCCESS) return d;
@@ -376,20 +391,9 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   f.invalid_args = obviously_invalid(a);
   if (f.invalid_args) return d;  // PMPI raises the error; nothing else may touch a.comm
 
-  // The communicator's context, where one was made, knows its rank, size and kind (the
-  // MPI's queries cost tens of nanoseconds a call).
   CommContext* ctx = comm_context(a.comm, false);
   int rank = 0, size = 1;
-  if (ctx) {
-    if (ctx->inter) return d;
-    rank = ctx->rank;
-    size = ctx->size;
-  } else {
-    int inter = 0;
-    if (PMPI_Comm_test_inter(a.comm, &inter) != MPI_SUCCESS || inter) return d;
-    PMPI_Comm_rank(a.comm, &rank);
-    PMPI_Comm_size(a.comm, &size);
-  }
+  if (!intra_rank_size(a.comm, ctx, &rank, &size)) return d;
   if (a.recvcounts) {
     // Open MPI 4.1 copies a negative count of the v-variants before checking it.
     for (int i = 0; i < size; ++i)
