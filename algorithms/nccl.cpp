@@ -1276,7 +1276,7 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
   };
   if (!a.nonblocking) {
     if (rc = c->wait(nullptr, s); rc != MPI_SUCCESS) {
-      release();
+      d.cuMemFreeAsync(buf, s);  // after whatever of the operation is still on s
       return rc;
     }
     return back();
