@@ -230,9 +230,7 @@ AgreedFacts signature_facts(SignatureAgreements& sig, CommContext& ctx, MPI_Comm
 }
 
 // Whether a blocking call routed as `d` from `agreed` may decide from earlier agreements
-// (the next call of its signature too). Host-memory facts (and facts that are not
-// routable: ranks' kinds differ, a rank's arguments suit only pmpi), and stream-ordered
-// facts (GPU memory with a stream on every rank), where an agreement per
+// (the next call of its signature too). Host-memory facts and stream-ordered facts (GPU memory with a stream on every rank), where an agreement per
 // call would hold the host for late peers, are; classic GPU calls, whose host waits for
 // the operation (and so the peers) anyway, agree at every call, so a stream attached
 // later, or a route that became unable, is seen at the next one. Then the route must
@@ -248,7 +246,10 @@ AgreedFacts signature_facts(SignatureAgreements& sig, CommContext& ctx, MPI_Comm
 // arguments that MPI makes equal on every rank: equal everywhere.
 bool cacheable(const Decision& d, const CollArgs& a, const AgreedFacts& agreed) {
   if (d.fuse) return false;
-  if (!agreed.valid || !agreed.routable) return true;  // pmpi
+  // Facts that are not routable (ranks' kinds differ, or a rank's arguments suited only
+  // pmpi: its binding, or how it described an earlier call's type signature, which the
+  // call signature does not hold) are this call's only when agreed at it.
+  if (!agreed.valid || !agreed.routable) return false;
   const bool host = agreed.mem == MemKind::host || agreed.mem == MemKind::pinned;
   if (!host && !d.agreed_stream) return false;  // classic GPU calls agree at every call
   if (d.route == RouteId::pmpi) return true;
