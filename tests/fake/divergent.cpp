@@ -509,6 +509,25 @@ void signature_program(MPI_Comm world, unsigned seed) {
   bool attached = stream && streamcoll_comm_attach_stream(comm, stream) == MPI_SUCCESS;
   check(!stream || attached, "attach the stream");
   unsigned step = 0;
+  auto toggle = [&] {
+    attached = !attached;
+    check((attached ? streamcoll_comm_attach_stream(comm, stream)
+                    : streamcoll_comm_detach_stream(comm)) == MPI_SUCCESS,
+          "attach or detach the stream");
+  };
+  // One call of `sg` with this rank's kinds, checked (after the stream, if any).
+  auto one_call = [&](const Sig& sg, bool nb, Mem sm, Mem rm, const char* phase) {
+    Call c = make(sg.kind, sg.n, sg.root, false, seed * 10000 + step, comm);
+    const std::string label = std::string(phase) + " seed " + std::to_string(seed) + " step " +
+                              std::to_string(step) + ": " +
+                              label_of(c, sm, rm, nb ? "non-blocking" : "blocking");
+    c.prepare(sm, rm);
+    MPI_Request req = MPI_REQUEST_NULL;
+    check(c.start(nb ? &req : nullptr) == MPI_SUCCESS, label + ": returns MPI_SUCCESS");
+    if (nb) check(MPI_Wait(&req, MPI_STATUS_IGNORE) == MPI_SUCCESS, label + ": completes");
+    if (stream) check(api.stream_sync(stream) == 0, label + ": synchronise the stream");
+    c.verify(label);
+  };
   for (const Mem phase : {Mem::host, Mem::device, Mem::host}) {
     for (int i = 0; i < 150; ++i, ++step) {
       const Sig& sg = sigs[shared() % 6];
@@ -518,21 +537,9 @@ void signature_program(MPI_Comm world, unsigned seed) {
       const bool late = shared() % 25 == 0;  // (drawn on every rank: the draws stay alike)
       if (late && rank == size - 1) usleep(20000);
       if (stream && mine() % 10 == 0) {
-        attached = !attached;
-        check((attached ? streamcoll_comm_attach_stream(comm, stream)
-                        : streamcoll_comm_detach_stream(comm)) == MPI_SUCCESS,
-              "attach or detach the stream");
+        toggle();
       }
-      Call c = make(sg.kind, sg.n, sg.root, false, seed * 10000 + step, comm);
-      const std::string label = "signatures seed " + std::to_string(seed) + " step " +
-                                std::to_string(step) + ": " +
-                                label_of(c, sm, rm, nb ? "non-blocking" : "blocking");
-      c.prepare(sm, rm);
-      MPI_Request req = MPI_REQUEST_NULL;
-      check(c.start(nb ? &req : nullptr) == MPI_SUCCESS, label + ": returns MPI_SUCCESS");
-      if (nb) check(MPI_Wait(&req, MPI_STATUS_IGNORE) == MPI_SUCCESS, label + ": completes");
-      if (stream) check(api.stream_sync(stream) == 0, label + ": synchronise the stream");
-      c.verify(label);
+      one_call(sg, nb, sm, rm, "signatures");
     }
   }
   if (stream) {
@@ -558,21 +565,9 @@ void signature_program(MPI_Comm world, unsigned seed) {
       // (a rank detaches its stream for one call now and then: "the stream attribute is
       // set on some ranks only" is not routable, and the agreements must see it rarely)
       if (!attached || mine() % (10u * static_cast<unsigned>(size)) == 0) {
-        attached = !attached;
-        check((attached ? streamcoll_comm_attach_stream(comm, stream)
-                        : streamcoll_comm_detach_stream(comm)) == MPI_SUCCESS,
-              "attach or detach the stream");
+        toggle();
       }
-      Call c = make(sg.kind, sg.n, sg.root, false, seed * 10000 + step, comm);
-      const std::string label = "stream phase seed " + std::to_string(seed) + " step " +
-                                std::to_string(step) + ": " +
-                                label_of(c, sm, rm, nb ? "non-blocking" : "blocking");
-      c.prepare(sm, rm);
-      MPI_Request req = MPI_REQUEST_NULL;
-      check(c.start(nb ? &req : nullptr) == MPI_SUCCESS, label + ": returns MPI_SUCCESS");
-      if (nb) check(MPI_Wait(&req, MPI_STATUS_IGNORE) == MPI_SUCCESS, label + ": completes");
-      check(api.stream_sync(stream) == 0, label + ": synchronise the stream");
-      c.verify(label);
+      one_call(sg, nb, sm, rm, "stream phase");
     }
     if (route == "nccl" || route == "ht") {
       check(on_route("device") > device0, "stream phase: calls took route " + route);
