@@ -356,9 +356,13 @@ HostCall host_call(const CollArgs& a, AlgoSel algo, int rank, int extent, void* 
   h.op = a.op;
   if (staging) {
     h.recv = staging;
-    if (a.coll == Coll::reduce && rank != a.root) {
+    if (a.coll == Coll::reduce) {
+      // Input in the first half, the root's result in the second (plan_copies): no
+      // MPI_IN_PLACE of ours reaches the MPI, which MPICH 4.0-4.1 cannot take at a root
+      // other than 0 (reduce_in_place_broken).
       h.send = staging;
-      h.recv = nullptr;
+      h.recv = rank == a.root ? static_cast<char*>(staging) + h.count * static_cast<uint64_t>(extent)
+                              : nullptr;
     }
     return h;
   }
@@ -829,8 +833,10 @@ Copies plan_copies(const CollArgs& a, uint64_t count, int extent, int rank, int 
       c.staging_bytes = n;
       c.in_src = (in_place && rank == a.root) ? a.recvbuf : a.sendbuf;
       c.in_bytes = n;
-      if (rank == a.root) {
+      if (rank == a.root) {  // the result apart from the input (host_call)
+        c.staging_bytes = 2 * n;
         c.out_dst = a.recvbuf;
+        c.out_off = n;
         c.out_bytes = n;
       }
       break;

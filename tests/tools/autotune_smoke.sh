@@ -125,10 +125,18 @@ awk -F, -v OFS=, 'NR > 1 && $NF > 0 && $10 == "pmpi fuse=64M" {
   "$out/measured.csv" >"$out/fused-faster.csv"
 "$build/bench/sc_tune" table --out "$out/fused-table.txt" "$out/fused-faster.csv" \
   >"$out/fused-table.log" || fail "sc_tune table on fused-faster.csv"
-grep -Eq '^allreduce +0-1448 +2- +1 +\* +host,pinned +no +pmpi fuse=64M$' "$out/fused-table.txt" ||
-  { cat "$out/fused-table.txt"; fail "no fuse=64M rule for 0-1448 B in fused-table.txt"; }
-[ "$(grep -c '^allreduce .*fuse=' "$out/fused-table.txt")" = 1 ] ||
-  fail "fuse= on more than the rule up to 1448 B"
+# The single calls' measurements may split 0-1448 B among routes (a run here measured ht
+# fastest at 8 B): the rules that fuse are then several, and together exactly 0-1448 B.
+fused_span=$(awk '$1 == "allreduce" && $3 == "2-" && $4 == "1" && $6 == "host,pinned" &&
+                   $7 == "no" { split($2, r, "-")
+                   if ($NF == "fuse=64M") { if (r[1] != next_lo) bad = 1; next_lo = r[2] + 1 }
+                   else if (r[1] < 1449) bad = 1 }
+                 BEGIN { next_lo = 0 } END { print bad ? "bad" : next_lo - 1 }' \
+              "$out/fused-table.txt")
+[ "$fused_span" = 1448 ] ||
+  { cat "$out/fused-table.txt"; fail "the fuse=64M rules are not exactly 0-1448 B (got $fused_span)"; }
+! grep -E '^allreduce .*fuse=' "$out/fused-table.txt" | grep -Evq ' 2- +1 +\* +host,pinned +no ' ||
+  fail "fuse= on a rule other than the host allreduces up to 1448 B"
 "$build/bench/sc_tune" check --table "$out/fused-table.txt" --measured "$out/fused-faster.csv" \
   >"$out/fused-check.txt" || { cat "$out/fused-check.txt"; fail "check of fused-table.txt"; }
 sed 's/ fuse=64M$//' "$out/fused-table.txt" >"$out/unfused-table.txt"
