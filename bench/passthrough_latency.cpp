@@ -4,7 +4,7 @@
 // machine state. Reports, per size, the median over batches of the mean latency per call.
 //
 //   passthrough_latency [--min 8] [--max 1M] [--iters 2000] [--batches 21] [--csv FILE]
-//                       [--cuda]
+//                       [--cuda] [--assert-kinds VALUE]
 //
 // Sizes are bytes of MPI_FLOAT data, powers of two from --min to --max. Each batch is
 // preceded by a barrier; batches alternate shim/direct and start with a different one
@@ -14,6 +14,9 @@
 // (README, "Safety rules"); its own collectives per shim call (streamcoll_agreement_counts:
 // blocking agreements and refreshes) are reported per size. The fake driver of
 // tests/fake stands in for a real one on a machine without a GPU (LD_LIBRARY_PATH).
+// --assert-kinds VALUE: the calls run on a duplicate of MPI_COMM_WORLD made with
+// MPI_Comm_dup_with_info and mpi_assert_memory_alloc_kinds=VALUE ("system": the program
+// asserts host memory only; MPI 4.1 sec. 11.4.3), for both paths.
 #include <dlfcn.h>
 #include <mpi.h>
 
@@ -50,6 +53,7 @@ int main(int argc, char** argv) {
   int iters = 2000, batches = 21;
   std::string csv;
   bool cuda = false;
+  std::string kinds;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--cuda") {
@@ -63,6 +67,7 @@ int main(int argc, char** argv) {
     else if (a == "--iters") iters = std::atoi(v);
     else if (a == "--batches") batches = std::atoi(v);
     else if (a == "--csv") csv = v;
+    else if (a == "--assert-kinds") kinds = v;
   }
   if (cuda) {
     void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
@@ -71,6 +76,14 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "--cuda: no usable libcuda.so.1 (%s)\n", lib ? "cuInit failed" : dlerror());
       MPI_Abort(MPI_COMM_WORLD, 2);
     }
+  }
+  MPI_Comm comm = MPI_COMM_WORLD;
+  if (!kinds.empty()) {
+    MPI_Info info;
+    MPI_Info_create(&info);
+    MPI_Info_set(info, "mpi_assert_memory_alloc_kinds", kinds.c_str());
+    MPI_Comm_dup_with_info(MPI_COMM_WORLD, info, &comm);
+    MPI_Info_free(&info);
   }
   using Counts = void (*)(unsigned long long*, unsigned long long*, unsigned long long*);
   auto counts = reinterpret_cast<Counts>(dlsym(RTLD_DEFAULT, "streamcoll_agreement_counts"));
@@ -82,9 +95,10 @@ int main(int argc, char** argv) {
   auto version = reinterpret_cast<const char* (*)()>(dlsym(RTLD_DEFAULT, "streamcoll_version"));
   if (rank == 0)
     std::printf("# MPI_Allreduce (MPI_SUM, MPI_FLOAT, host buffers), %d ranks, %d iterations x "
-                "%d batches; shim: %s; CUDA driver %s\n# %10s %14s %14s %10s %14s\n",
+                "%d batches; shim: %s; CUDA driver %s%s%s\n# %10s %14s %14s %10s %14s\n",
                 size, iters, batches, version ? version() : "NOT LOADED",
-                cuda ? "loaded" : "not loaded", "bytes", "shim us", "direct us", "ratio",
+                cuda ? "loaded" : "not loaded", kinds.empty() ? "" : "; asserted kinds: ",
+                kinds.c_str(), "bytes", "shim us", "direct us", "ratio",
                 "own coll/call");
   FILE* out = csv.empty() || rank != 0 ? nullptr : std::fopen(csv.c_str(), "w");
   if (out) std::fprintf(out, "bytes,shim_us,direct_us,ratio,own_per_call\n");
@@ -97,21 +111,21 @@ int main(int argc, char** argv) {
     const int n = std::max(10, static_cast<int>(iters *
                                                  (bytes <= 4096 ? 1.0 : 4096.0 / bytes)));
     for (int w = 0; w < n; ++w) {  // warm-up both paths
-      MPI_Allreduce(send.data(), recv.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-      PMPI_Allreduce(send.data(), recv.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      MPI_Allreduce(send.data(), recv.data(), count, MPI_FLOAT, MPI_SUM, comm);
+      PMPI_Allreduce(send.data(), recv.data(), count, MPI_FLOAT, MPI_SUM, comm);
     }
     std::vector<double> shim, direct;
     const unsigned long long own0 = own_collectives();
     for (int b = 0; b < 2 * batches; ++b) {
       const bool via_shim = (b + flip) % 2 == 0;
-      PMPI_Barrier(MPI_COMM_WORLD);
+      PMPI_Barrier(comm);
       double t0 = MPI_Wtime();
       if (via_shim)
         for (int i = 0; i < n; ++i)
-          MPI_Allreduce(send.data(), recv.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+          MPI_Allreduce(send.data(), recv.data(), count, MPI_FLOAT, MPI_SUM, comm);
       else
         for (int i = 0; i < n; ++i)
-          PMPI_Allreduce(send.data(), recv.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+          PMPI_Allreduce(send.data(), recv.data(), count, MPI_FLOAT, MPI_SUM, comm);
       double us = (MPI_Wtime() - t0) * 1e6 / n;
       (via_shim ? shim : direct).push_back(us);
     }
@@ -132,6 +146,7 @@ int main(int argc, char** argv) {
     }
   }
   if (out) std::fclose(out);
+  if (comm != MPI_COMM_WORLD) MPI_Comm_free(&comm);
   MPI_Finalize();
   return 0;
 }

@@ -128,6 +128,10 @@ struct CommContext {
   /// which finishes the calls in flight after the context is gone.
   std::shared_ptr<fusion::Queue> fusion;
   bool fusion_tried = false;  ///< fusion::open ran (once per communicator)
+  /// The memory kinds the application asserts it passes on this communicator
+  /// (mpi_assert_memory_alloc_kinds, core/alloc_kinds.hpp), 0: none asserted. Set at the
+  /// collective info calls (shim/comm_info.cpp) only when every rank asserted the same.
+  std::atomic<uint32_t> asserted_kinds{0};
   uint64_t seq = 0;  ///< creation order in this process (contexts are torn down in it)
 
   /// Routes forced on this communicator (streamcoll_comm_set_route), matched before the

@@ -21,7 +21,7 @@
   X(MPI_Ireduce_scatter_block) X(MPI_Ireduce_scatter) X(MPI_Ialltoall) X(MPI_Ibarrier)   \
   X(MPI_Wait) X(MPI_Test) X(MPI_Request_get_status) X(MPI_Waitall) X(MPI_Testall)        \
   X(MPI_Waitany) X(MPI_Testany) X(MPI_Waitsome) X(MPI_Testsome) X(MPI_Request_free)    \
-  X(MPI_Error_string)
+  X(MPI_Error_string) X(MPI_Comm_set_info) X(MPI_Comm_dup_with_info) X(MPI_Comm_split_type)
 
 namespace streamcoll::next {
 

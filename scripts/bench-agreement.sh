@@ -11,6 +11,8 @@
 #               staged, and every call with data exchanges staging outcomes)
 #   cuda-aware  STREAMCOLL_MPI_CUDA_AWARE=yes (no staging, no outcome exchange)
 #   no-driver   without --cuda: the pass-through path (target: ratio <= 1.02)
+#   staged-system, cuda-aware-system   the first two on a communicator that asserts host
+#               memory (--assert-kinds system: mpi_assert_memory_alloc_kinds)
 # SC_BENCH_NP: rank counts (default "2 4"); SC_BENCH_ARGS: passthrough_latency options
 # (default --min 8 --max 64 --iters 2000 --batches 11).
 # Then bench/stream_skew per rank count, route (nccl on the fake NCCL, ht) and library:
@@ -35,13 +37,15 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) commit $(git rev-parse --short HEAD 2>/dev/null); $(nproc) cores; runs $runs; ${args[*]}"
 for np in ${SC_BENCH_NP:-2 4}; do
-  for config in staged cuda-aware no-driver; do
+  for config in staged cuda-aware no-driver staged-system cuda-aware-system; do
     for lib in "${libs[@]}"; do
       env_=(LD_PRELOAD="$lib" LD_LIBRARY_PATH="$fake${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
       extra=()
       case $config in
         cuda-aware) env_+=(STREAMCOLL_MPI_CUDA_AWARE=yes); extra=(--cuda) ;;
         staged) extra=(--cuda) ;;
+        cuda-aware-system) env_+=(STREAMCOLL_MPI_CUDA_AWARE=yes); extra=(--cuda --assert-kinds system) ;;
+        staged-system) extra=(--cuda --assert-kinds system) ;;
         no-driver) env_=(LD_PRELOAD="$lib") ;;
       esac
       key=$(echo "$np@$config@$lib" | tr '/' '_')
@@ -68,7 +72,7 @@ for key in groups:
     np_, config, lib = key.split("@", 2)
     for b in sorted(groups[key]):
         ratios, own = groups[key][b]
-        print(f"{np_} ranks  {config:<10}  {lib.replace('_', '/'):<50}  {b:>6} B  "
+        print(f"{np_} ranks  {config:<17}  {lib.replace('_', '/'):<50}  {b:>6} B  "
               f"ratio {statistics.median(ratios):.3f}  own {statistics.median(own):.4f}  "
               f"(runs {', '.join(f'{x:.3f}' for x in ratios)})")
 PY

@@ -83,6 +83,7 @@
 #include "algorithms/pmpi.hpp"
 #include "algorithms/route.hpp"
 #include "core/agreement.hpp"
+#include "core/alloc_kinds.hpp"
 #include "core/comm_context.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/datatypes.hpp"
@@ -113,6 +114,9 @@ struct Decision {
   /// The fuse= limit of `choice` when the call is fused (core/fusion.hpp), else 0: found
   /// by the rule walk, once per call.
   uint64_t fuse = 0;
+  /// The communicator asserts host memory only (core/alloc_kinds.hpp): env.mem is from
+  /// the assertion, equal on every rank; no GPU buffer to stage.
+  bool asserted_host = false;
 };
 
 uint64_t now_ns() {
@@ -144,6 +148,21 @@ MemKind combine(const BufferUse* bufs, int n, int* device, host_staging::KnownKi
     else if (k != kind) return MemKind::mixed;
   }
   return kind;
+}
+
+// STREAMCOLL_CHECK: the buffers of a call on a communicator that asserts memory kinds
+// (mpi_assert_memory_alloc_kinds) are of those kinds; otherwise the program broke its
+// assertion, and streamcoll, which routes from it, aborts with a message.
+void check_asserted(const CollArgs& a, uint32_t asserted, const host_staging::KnownKinds& kinds,
+                    int rank) {
+  for (int i = 0; i < kinds.n; ++i) {
+    if (alloc_kinds::allows(asserted, kinds.kind[i])) continue;
+    log_error("STREAMCOLL_CHECK: rank %d passed %s memory to %s on a communicator whose "
+              "%s does not allow it. Aborting.", rank,
+              std::string(name(kinds.kind[i])).c_str(), call_name(a.coll, a.nonblocking).c_str(),
+              alloc_kinds::kAssertKey);
+    PMPI_Abort(a.comm, MPI_ERR_OTHER);
+  }
 }
 
 // Whether `v` leaves the call to the agreement (step 2 of decide()): the verdicts that
@@ -433,9 +452,22 @@ Decision decide(const CollArgs& a, Runtime& rt) {
     return d;
   }
 
-  BufferUse bufs[2];
-  d.env.mem = f.mem = combine(bufs, significant_buffers(a, rank, size, sts, rts, bufs),
-                              &d.env.device, &d.kinds);
+  // Host memory asserted on the communicator (mpi_assert_memory_alloc_kinds, agreed when
+  // the info was set: shim/comm_info.cpp): the memory kind is a fact equal on every rank;
+  // no buffer is classified, and a call that no rule routes for it goes to pmpi at once.
+  const uint32_t asserted = ctx ? ctx->asserted_kinds.load(std::memory_order_relaxed) : 0;
+  const bool check = rt.check_on();
+  if (alloc_kinds::host_only(asserted) && !check) {
+    d.env.mem = f.mem = alloc_kinds::routing_kind(asserted);
+    d.asserted_host = true;
+    std::shared_ptr<const config::TuningTable> forced = ctx->forced_routes();
+    if (!rt.table().routes_host(a.coll) && !(forced && forced->routes_host(a.coll))) return d;
+  } else {
+    BufferUse bufs[2];
+    d.env.mem = f.mem = combine(bufs, significant_buffers(a, rank, size, sts, rts, bufs),
+                                &d.env.device, &d.kinds);
+    if (asserted && check) check_asserted(a, asserted, d.kinds, rank);
+  }
   if (!rt.full_path(a.coll)) return d;  // only statistics asked for the facts above
   void* stream = nullptr;
   const bool attached = streamext::attached(a.comm, &stream);
@@ -444,7 +476,6 @@ Decision decide(const CollArgs& a, Runtime& rt) {
     d.env.stream = stream;
   }
   const Verdict verdict = eligibility(f);
-  const bool check = rt.check_on();
 
   // Step 1, rank-invariant: may this call leave pmpi at all? From the call's arguments
   // that MPI requires to match, the table (agreed at MPI_Init) and the communicator's
@@ -602,7 +633,8 @@ int dispatch_described(const CollArgs& a, Runtime& rt) {
     // A failed synchronisation of the stream still leaves this rank in the call (the
     // others are in it); it is this rank's failure (with an outcome exchange: everyone's).
     const int own = d.env.has_stream ? sync_stream(d.env.stream) : MPI_SUCCESS;
-    const bool outcome = rt.staging_job() && a.coll != Coll::barrier && d.well_formed;
+    const bool outcome =
+        rt.staging_job() && a.coll != Coll::barrier && d.well_formed && !d.asserted_host;
     if (outcome || host_staging::wanted(a, d.env.mem)) {
       rc = host_staging::run(a, outcome, own, &d.kinds);  // raises its own failures
     } else {
