@@ -80,7 +80,7 @@ struct AlgoSel {
   bool operator!=(Algo a) const { return algo != a; }
 };
 
-// ccube's chunk when the table gives none (README, "C-Cube").
+// ccube's chunk when the table gives none (docs/guide.md, "C-Cube").
 constexpr uint64_t kCcubeChunk = 256 * 1024;
 
 // ---------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@
 // at each size. Rank 0's timings are reported.
 // --cuda: the program loads the CUDA driver first (dlopen libcuda.so.1, cuInit), as every
 // CUDA program does: streamcoll then classifies buffers and agrees on what ranks see
-// (README, "Safety rules"); its own collectives per shim call (streamcoll_agreement_counts:
+// (docs/design.md, "Safety rules"); its own collectives per shim call (streamcoll_agreement_counts:
 // blocking agreements and refreshes) are reported per size. The fake driver of
 // tests/fake stands in for a real one on a machine without a GPU (LD_LIBRARY_PATH).
 // --assert-kinds VALUE: the calls run on a duplicate of MPI_COMM_WORLD made with

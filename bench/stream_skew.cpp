@@ -1,7 +1,7 @@
 // The host time of a stream-ordered MPI_Allreduce (a stream attached to the communicator
 // with streamcoll_comm_attach_stream, device buffers) when a peer is late: the extension's
 // promise is that the call returns once the operation is enqueued, so rank 0's host time
-// must not depend on the others' arrival (README, "Safety rules": decisions from earlier
+// must not depend on the others' arrival (docs/design.md, "Safety rules": decisions from earlier
 // agreements). Each round: the last rank sleeps --late-ms (0 in the reference rounds)
 // before its call, every rank makes one call, rank 0 timing it, then synchronises the
 // stream (which waits for the late rank on the GPU side and realigns the ranks). The

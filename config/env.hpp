@@ -1,5 +1,5 @@
 // Every environment variable streamcoll reads is declared here, and only here.
-// README.md's environment table documents the same list (a unit test keeps them equal).
+// docs/reference.md's environment table documents the same list (a unit test keeps them equal).
 #pragma once
 
 #include <cstdint>
@@ -18,7 +18,7 @@ struct Knob {
   std::string_view help;
 };
 
-/// All knobs, in the order README lists them.
+/// All knobs, in the order docs/reference.md lists them.
 const std::vector<Knob>& knobs();
 
 /// STREAMCOLL_MPI_CUDA_AWARE: whether the MPI library accepts GPU buffers.

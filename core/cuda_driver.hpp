@@ -106,7 +106,7 @@ std::string describe(const char* what, CUresult r);
 /// run. `event` (of the current context) is recorded on the legacy stream and `stream`
 /// waits for it; the event may be recorded again at once. Two driver calls, no host wait.
 /// Every path that reads or writes an application's GPU buffers for a classic call (no
-/// stream attached) starts with this (README, "Ordering and lifetime").
+/// stream attached) starts with this (docs/design.md, "Ordering and lifetime").
 CUresult wait_for_legacy(CUstream stream, CUevent event);
 
 /// Makes the primary context of a device current for the scope, if it is not already

@@ -447,7 +447,7 @@ int run(const CollArgs& a, Backend& be, bool outcome, int own, const KnownKinds*
     if (host == nullptr) {
       // Not even pageable memory. A blocking call with an outcome exchange still takes
       // part (the exchange makes every rank skip the call); otherwise there is no way to
-      // take part without handing the MPI GPU pointers it cannot read (README, limits).
+      // take part without handing the MPI GPU pointers it cannot read (docs/design.md, limits).
       log_error("%s: no host memory to stage %llu bytes of GPU buffers",
                 call_name(a.coll, a.nonblocking).c_str(), static_cast<unsigned long long>(total));
       if (!outcome || a.nonblocking) return raise(a.comm, MPI_ERR_NO_MEM);

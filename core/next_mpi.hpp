@@ -7,7 +7,7 @@
 // costs one load of the pointer, as a PMPI_ call through the GOT does.
 // A tool preloaded before streamcoll reaches it when that tool chains the same way (its
 // MPI_X calls the next MPI_X); one that calls PMPI_X goes straight to the MPI library
-// (streamcoll defines no PMPI_ names), so it belongs after streamcoll (README).
+// (streamcoll defines no PMPI_ names), so it belongs after streamcoll (docs/guide.md, "Stacking").
 #pragma once
 
 #include <mpi.h>

@@ -41,7 +41,7 @@ bool needed(const CollArgs& a);
 /// and the data is unpacked (its error: b's, or an unpacking failure). Returns inner's
 /// result, or an error code of its own when reading a GPU buffer fails (this rank then
 /// still takes part, so that no rank waits for it, with zeros for the input it could not
-/// read, and reports the error; the other ranks cannot learn of it: README, limits).
+/// read, and reports the error; the other ranks cannot learn of it: docs/design.md, limits).
 int run(const CollArgs& a, const std::function<int(const CollArgs&)>& inner);
 
 }  // namespace streamcoll::repack

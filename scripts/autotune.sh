@@ -26,10 +26,10 @@
 #                         (sc_bench --burst) of every candidate and of pmpi:fuse=FUSE,
 #                         from --min-bytes to --burst-max-bytes; where the fused bursts
 #                         are faster, the table's rule gets fuse=FUSE (Horovod's tensor
-#                         fusion, README "Fusion"). Default 100; 0: no fusion measured.
+#                         fusion, docs/guide.md "Fusion"). Default 100; 0: no fusion measured.
 #                         Not for device buffers with the stream attribute. On device
 #                         buffers with STREAMCOLL_FUSION_NCCL=1 set, nccl:fuse=FUSE too
-#                         (fused messages on NCCL, README "Fusion")
+#                         (fused messages on NCCL, docs/guide.md "Fusion")
 #     --fuse SIZE         the fused candidate's fuse= (default 64M, Horovod's threshold)
 #     --burst-max-bytes N the largest burst size (default 64K)
 #     --out DIR           where everything goes (default autotune-YYYYmmdd-HHMMSS)

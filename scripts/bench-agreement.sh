@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The price of agreeing on what ranks see (README, "Safety rules"), on host-memory
+# The price of agreeing on what ranks see (docs/design.md, "Safety rules"), on host-memory
 # MPI_Allreduce in a process that loaded the CUDA driver: bench/passthrough_latency
 # --cuda, which alternates batches through streamcoll and straight to PMPI_ in one
 # process, under the fake CUDA driver of tests/fake (no GPU needed; a real driver where

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The host routes measured across nodes, on the test cluster (scripts/cluster.sh): 4 nodes
 # of 2 ranks at each link rate, with Open MPI (MPICH's ranks poll without yielding, and 8
-# of them on this machine's 2 cores take a scheduler slice per step: README, "MPICH").
+# of them on this machine's 2 cores take a scheduler slice per step: docs/guide.md, "MPICH").
 # Root only; takes about an hour. Everything goes into OUT (default
 # bench/results/cluster_<date>), with every command in its log:
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# MPI_Iallreduce fusion measured (README, "Fusion"): bursts of N MPI_Iallreduce and one
+# MPI_Iallreduce fusion measured (docs/guide.md, "Fusion"): bursts of N MPI_Iallreduce and one
 # MPI_Waitall (sc_bench --burst), per call, on three communicators in one run:
 #   table           nothing forced: the default table passes MPI_Iallreduce on host
 #                   memory straight to the MPI (the MPI's own)

@@ -2,7 +2,7 @@
 # The suite under MPICH (Debian's mpich and libmpich-dev), in a second build folder
 # (build-mpich: -Dmpi=mpich, no nvgroup kernels), run with mpiexec.mpich (the launcher
 # scripts/mpi-launcher.sh picks for that build folder's MPI): every test at one and two
-# ranks, and some at three and four (the list below). What is left out and why: README,
+# ranks, and some at three and four (the list below). What is left out and why: docs/guide.md,
 # "MPICH". Ends with "mpich: N passed, N failed, N skipped". Without MPICH installed it
 # says so and exits 0.
 #   scripts/test-mpich.sh [TEST NAME ...]   (default: the set above)
@@ -20,7 +20,7 @@ tests=("$@")
 if [ ${#tests[@]} -eq 0 ]; then
   # Every test at one or two ranks (and those without a rank count), and these at three
   # and four: MPICH's ranks spin without yielding, so where they outnumber the cores each
-  # step waits for a scheduler slice (about 5 ms here; README, "MPICH").
+  # step waits for a scheduler slice (about 5 ms here; docs/guide.md, "MPICH").
   more=(comm-contexts-np3 bad-input-linked-np3 stream-attr-preload-np3 stream-attr-plain-np3
         fortran-linked-np3 fortran-f08-linked-np3 fake-nccl-shared-gpu-np3 fake-bc-np4
         fake-divergent-cases-np3 fake-divergent-random-np3 fusion-preload-np3

@@ -25,7 +25,7 @@ extern "C" {
 /** Counters of this process (not summed over ranks). */
 typedef struct {
   unsigned long long calls;   /**< calls made */
-  unsigned long long bytes;   /**< bytes, as the tuning table counts them (README) */
+  unsigned long long bytes;   /**< bytes, as the tuning table counts them (docs/reference.md) */
   double seconds;             /**< host time spent inside the calls */
 } streamcoll_stat_t;
 
@@ -59,11 +59,11 @@ int streamcoll_comm_set_route(MPI_Comm comm, const char *spec);
  *  or len <= 0. */
 int streamcoll_last_route(char *buf, int len);
 
-/** What MPI_Iallreduce fusion (a tuning-table rule with fuse=SIZE; README "Fusion") has
+/** What MPI_Iallreduce fusion (a tuning-table rule with fuse=SIZE; docs/guide.md "Fusion") has
  *  done in this process so far, over all communicators: the calls started as members of
  *  fused groups, the fused messages run for them and the agreements run to form the
  *  groups (one per group; two for a group packed for NCCL that went to the host after an
- *  abort, README "Fusion"). Any pointer may be NULL. Thread-safe; callable at any time. */
+ *  abort, docs/guide.md "Fusion"). Any pointer may be NULL. Thread-safe; callable at any time. */
 void streamcoll_fusion_counts(unsigned long long *calls, unsigned long long *messages,
                               unsigned long long *agreements);
 
@@ -75,11 +75,11 @@ void streamcoll_fusion_counts(unsigned long long *calls, unsigned long long *mes
 unsigned long long streamcoll_fusion_messages_on(const char *route);
 
 /** Of the fused messages that streamcoll_fusion_counts counts, how many were packed in
- *  GPU memory on this rank (groups packed for route nccl, README "Fusion"); the others
+ *  GPU memory on this rank (groups packed for route nccl, docs/guide.md "Fusion"); the others
  *  were packed in host memory. Thread-safe; callable at any time. */
 unsigned long long streamcoll_fusion_messages_packed_on_gpu(void);
 
-/** streamcoll's own collectives for agreeing on what ranks see (README, "Safety rules")
+/** streamcoll's own collectives for agreeing on what ranks see (docs/design.md, "Safety rules")
  *  in this process so far, over all communicators: blocking agreements (one small
  *  MPI_Allreduce each, at the first call of a signature and wherever the calls leave
  *  pmpi), refreshes started (one small MPI_Iallreduce each, off the calls' path) and

@@ -3,7 +3,7 @@
 # namespaces, addresses and state folder, so a cluster someone runs by hand is left
 # alone), 2 ranks per node under Open MPI, 1 under MPICH (whose ranks poll without
 # yielding: 4 ranks on this machine's 2 cores take a scheduler slice, 4-8 ms, per step;
-# README, "MPICH"), then, with the build's MPI:
+# docs/guide.md, "MPICH"), then, with the build's MPI:
 #   - sc_bench on every rank: streamcoll finds 2 nodes and, with 2 ranks per node, the
 #     hierarchy 2x2 (node x nodes) from the real layout (nothing imposed); pmpi, ht (rd,
 #     ring) and, on that hierarchy, blueconnect each take their calls and give exact

@@ -1,4 +1,4 @@
-// fusion_stream: stream-ordered MPI_Iallreduce fusion (core/fusion.hpp, README "Fusion")
+// fusion_stream: stream-ordered MPI_Iallreduce fusion (core/fusion.hpp, docs/guide.md "Fusion")
 // on a real GPU, every rank on GPU 0 (ranks share it; the fused messages run on the host,
 // route pmpi or ht, so NCCL's one-rank-per-GPU rule does not apply).
 //

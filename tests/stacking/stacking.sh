@@ -3,7 +3,7 @@
 # every call is seen by both and every result is right (stack_app.c checks). A tool that
 # chains (its MPI_X calls the next MPI_X) works before or after streamcoll; a classic PMPI
 # tool (it calls PMPI_X) works after streamcoll, and before it bypasses it (streamcoll
-# defines no PMPI_ names: README, "Stacking with other PMPI tools"), which the last case
+# defines no PMPI_ names: docs/guide.md, "Stacking with other PMPI tools"), which the last case
 # records.
 #   stacking.sh LIBSTREAMCOLL LIBCOUNTER STACK_APP
 set -euo pipefail

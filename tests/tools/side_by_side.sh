@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Two installations side by side, one per MPI (README, "Installing for a site"): each
+# Two installations side by side, one per MPI (docs/guide.md, "Installing for a site"): each
 # build folder installed into a fresh tree of its own (DESTDIR), both trees' modulefile
 # directories on MODULEPATH. `module load streamcoll/VERSION-MPI` must select that
 # installation (its prefix, its streamcoll-info, built for that MPI, its pkg-config

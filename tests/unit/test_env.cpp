@@ -54,8 +54,8 @@ TEST_CASE("settings from the environment, bad values reported") {
   CHECK(d.problems.empty());
 }
 
-TEST_CASE("README documents every environment knob") {
-  std::ifstream in(STREAMCOLL_SOURCE_DIR "/README.md");
+TEST_CASE("docs/reference.md documents every environment knob") {
+  std::ifstream in(STREAMCOLL_SOURCE_DIR "/docs/reference.md");
   REQUIRE(in);
   std::stringstream text;
   text << in.rdbuf();
