@@ -3,8 +3,6 @@
 namespace streamcoll::alloc_kinds {
 namespace {
 
-constexpr uint32_t bit(MemKind k) { return 1u << static_cast<int>(k); }
-
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);

@@ -27,19 +27,21 @@ inline constexpr const char kAssertKey[] = "mpi_assert_memory_alloc_kinds";
 /// Spaces around entries are ignored; an empty value is 0. Thread safe (pure).
 uint32_t parse(std::string_view value);
 
+/// The bit of kind `k` in a parse() mask.
+constexpr uint32_t bit(MemKind k) { return 1u << static_cast<int>(k); }
+
 /// Whether `kinds` (nonzero, from parse()) allows host memory only.
 inline bool host_only(uint32_t kinds) {
-  const uint32_t host = 1u << static_cast<int>(MemKind::host) | 1u << static_cast<int>(MemKind::pinned);
-  return kinds != 0 && (kinds & ~host) == 0;
+  return kinds != 0 && (kinds & ~(bit(MemKind::host) | bit(MemKind::pinned))) == 0;
 }
 
 /// The memory kind a call on a communicator asserting host_only `kinds` is routed as:
 /// pinned when only page-locked memory is allowed, else host.
 inline MemKind routing_kind(uint32_t kinds) {
-  return kinds == 1u << static_cast<int>(MemKind::pinned) ? MemKind::pinned : MemKind::host;
+  return kinds == bit(MemKind::pinned) ? MemKind::pinned : MemKind::host;
 }
 
 /// Whether a buffer of kind `k` is one that `kinds` allows.
-inline bool allows(uint32_t kinds, MemKind k) { return kinds >> static_cast<int>(k) & 1u; }
+inline bool allows(uint32_t kinds, MemKind k) { return (kinds & bit(k)) != 0; }
 
 }  // namespace streamcoll::alloc_kinds

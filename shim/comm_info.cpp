@@ -14,6 +14,7 @@
 // bindings call PMPI_ directly, so the assertion is seen from C (and MPICH's Fortran).
 #include <mpi.h>
 
+#include <cstdint>
 #include <string>
 
 #include "core/alloc_kinds.hpp"
@@ -54,11 +55,12 @@ void record(MPI_Comm comm, MPI_Info info) {
   int inter = 0;
   if (PMPI_Comm_test_inter(comm, &inter) != MPI_SUCCESS || inter) return;
   const uint32_t mine = asserted_in(info);
-  // Equal on every rank: the kinds, and whether they were the same everywhere.
-  unsigned both[2] = {mine, ~mine};
-  if (PMPI_Allreduce(MPI_IN_PLACE, both, 2, MPI_UNSIGNED, MPI_BAND, comm) != MPI_SUCCESS) return;
-  const bool same = both[0] == ~both[1];
-  const uint32_t kinds = same ? both[0] : 0;
+  // Equal on every rank: the largest and smallest value ({v, -v} under MPI_MAX, as the
+  // project's other checks of equality), so whether all were the same.
+  int64_t v[2] = {mine, -static_cast<int64_t>(mine)};
+  if (PMPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT64_T, MPI_MAX, comm) != MPI_SUCCESS) return;
+  const bool same = v[0] == -v[1];
+  const uint32_t kinds = same ? static_cast<uint32_t>(v[0]) : 0;
   if (!same && mine) SC_INFO("%s differs between ranks: not used", alloc_kinds::kAssertKey);
   CommContext* ctx = comm_context(comm, kinds != 0);  // collective the first time
   if (ctx) ctx->asserted_kinds.store(kinds, std::memory_order_relaxed);
