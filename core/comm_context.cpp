@@ -1,6 +1,7 @@
 #include "core/comm_context.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <unordered_set>
@@ -15,8 +16,22 @@ int g_keyval = MPI_KEYVAL_INVALID;
 std::mutex g_mu;                              // guards creation and the live set
 std::unordered_set<CommContext*> g_live;      // contexts not yet deleted
 uint64_t g_seq = 0;                           // contexts created so far
+// Bumped whenever a context goes (its communicator freed, or every context at stop), so
+// that no thread's remembered lookup (comm_context) outlives it: an MPI may hand a freed
+// communicator's handle to the next one it makes.
+std::atomic<uint64_t> g_generation{0};
+
+// A thread's last lookup that found a context: the MPI's attribute lookup costs tens of
+// nanoseconds, a large part of a small host call's price (bench/passthrough_latency).
+struct Remembered {
+  MPI_Comm comm = MPI_COMM_NULL;
+  CommContext* ctx = nullptr;
+  uint64_t generation = 0;
+};
+thread_local Remembered t_last;
 
 void destroy(CommContext* ctx) {
+  g_generation.fetch_add(1, std::memory_order_acq_rel);
   ctx->finish_agreements();  // before their communicator goes
   if (ctx->local != MPI_COMM_NULL) PMPI_Comm_free(&ctx->local);
   delete ctx;
@@ -128,10 +143,16 @@ DecisionCache::Rules DecisionCache::lookup(const config::CallKey& key,
 
 CommContext* comm_context(MPI_Comm comm, bool create) {
   if (g_keyval == MPI_KEYVAL_INVALID) return nullptr;
+  const uint64_t generation = g_generation.load(std::memory_order_acquire);
+  if (t_last.comm == comm && t_last.generation == generation && comm != MPI_COMM_NULL)
+    return t_last.ctx;
   void* value = nullptr;
   int found = 0;
   if (PMPI_Comm_get_attr(comm, g_keyval, &value, &found) != MPI_SUCCESS) return nullptr;
-  if (found) return static_cast<CommContext*>(value);
+  if (found) {
+    t_last = Remembered{comm, static_cast<CommContext*>(value), generation};
+    return t_last.ctx;
+  }
   if (!create) return nullptr;
 
   // Not yet created. Every rank arrives here at the same call on comm, so the collective
@@ -162,10 +183,15 @@ size_t CommContext::SignatureHash::operator()(const CallSignature& s) const {
 }
 
 SignatureAgreements& CommContext::signature(const CallSignature& s) {
+  if (last_signature_ && s == last_key_) return *last_signature_;  // a run of one signature
   auto it = signatures_.find(s);
-  if (it != signatures_.end()) return *it->second;
-  if (signatures_.size() >= kMaxSignatures) signatures_.clear();  // equal on every rank
-  return *signatures_.emplace(s, std::make_unique<SignatureAgreements>()).first->second;
+  if (it == signatures_.end()) {
+    if (signatures_.size() >= kMaxSignatures) signatures_.clear();  // equal on every rank
+    it = signatures_.emplace(s, std::make_unique<SignatureAgreements>()).first;
+  }
+  last_key_ = s;
+  last_signature_ = it->second.get();
+  return *last_signature_;
 }
 
 void CommContext::finish_agreements() {

@@ -157,6 +157,8 @@ struct CommContext {
   };
   std::unordered_map<CallSignature, std::unique_ptr<SignatureAgreements>, SignatureHash>
       signatures_;
+  CallSignature last_key_;  ///< the last signature() asked for, and its agreements
+  SignatureAgreements* last_signature_ = nullptr;
 };
 
 /// The context of `comm`. With `create`, it is created if needed: collective over `comm`

@@ -94,6 +94,34 @@ TEST_CASE("non-blocking calls never create one; MPI_Comm_free frees it") {
   CHECK(comm_contexts_live() == live);
 }
 
+TEST_CASE("a lookup remembered by the thread does not outlive its context") {
+  // comm_context remembers the thread's last find; an MPI may give a freed communicator's
+  // handle to the next one made (both MPIs here do, often), which has no context yet.
+  int reused = 0;
+  for (int i = 0; i < 8; ++i) {
+    MPI_Comm a;
+    MPI_Comm_dup(MPI_COMM_WORLD, &a);
+    CommContext* c = comm_context(a, true);
+    REQUIRE(c != nullptr);
+    CHECK(comm_context(a, false) == c);  // remembered now
+    const MPI_Comm old = a;
+    MPI_Comm_free(&a);
+    MPI_Comm b;
+    MPI_Comm_dup(MPI_COMM_WORLD, &b);
+    reused += b == old;
+    CHECK(comm_context(b, false) == nullptr);
+    CommContext* d = comm_context(b, true);
+    REQUIRE(d != nullptr);
+    CHECK(d->comm == b);
+    CHECK(comm_context(b, false) == d);
+    // Two communicators in turn: each finds its own.
+    CHECK(comm_context(MPI_COMM_WORLD, false) != d);
+    CHECK(comm_context(b, false) == d);
+    MPI_Comm_free(&b);
+  }
+  MESSAGE("handles reused by the MPI: " << reused << " of 8");
+}
+
 TEST_CASE("split communicators get their own layout") {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
