@@ -291,8 +291,10 @@ constexpr uint64_t kInBandMax = 64 * 1024;  // bytes: above, the exchange costs 
 
 // The flag's "fine" value for `op` (0 or 1), or -1 where the call cannot carry it.
 int in_band_fine(const CollArgs& a, const TypeInfo** type) {
-  if (a.coll != Coll::allreduce || a.nonblocking || a.fortran || a.count < 0 ||
-      a.count >= INT32_MAX)
+  // Not from the language binding: ranks may call one collective from different ones, and
+  // every rank must give the call the same form (a Fortran call goes in band through the C
+  // binding, on the C handles the shim converted, its buffers staged as a C call's).
+  if (a.coll != Coll::allreduce || a.nonblocking || a.count < 0 || a.count >= INT32_MAX)
     return -1;
   const TypeInfo* t = find_type(a.datatype);
   const OpInfo* op = find_op(a.op);
@@ -420,7 +422,12 @@ int run(const CollArgs& a, Backend& be, bool outcome, int own, const KnownKinds*
   TypeSpan S, R;
   StagingExtents x;
   bool stage_send = false, stage_recv = false;
-  if (!a.fortran && PMPI_Comm_rank(a.comm, &rank) == MPI_SUCCESS &&
+  // A blocking call that carries the outcome in band runs as a C call (allreduce_in_band),
+  // so a Fortran one is staged there as a C one is; otherwise the MPI's Fortran binding
+  // runs it as it was made.
+  const TypeInfo* type = nullptr;
+  const int fine = outcome && !a.nonblocking ? in_band_fine(a, &type) : -1;
+  if ((!a.fortran || fine >= 0) && PMPI_Comm_rank(a.comm, &rank) == MPI_SUCCESS &&
       PMPI_Comm_size(a.comm, &size) == MPI_SUCCESS && spans_of(a, &S, &R)) {
     x = staging_extents(a, rank, size, S, R);
     stage_send = a.sendbuf != MPI_IN_PLACE && a.coll != Coll::bcast && !x.send.empty() &&
@@ -490,8 +497,6 @@ int run(const CollArgs& a, Backend& be, bool outcome, int own, const KnownKinds*
   }
 
   if (!a.nonblocking) {
-    const TypeInfo* type = nullptr;
-    const int fine = outcome ? in_band_fine(a, &type) : -1;
     if (outcome && fine < 0) {
       // Every rank's staging outcome first: if any rank's input is lost, no rank runs the
       // call (all alike), and each reports an error.

@@ -21,7 +21,9 @@
 // staged (managed memory is host-accessible, but not while the GPU may be using it on
 // devices without concurrent managed access, so staging is the choice that is always
 // correct); host and pinned buffers go to the MPI as they are, also in a call that mixes
-// kinds. Calls through the Fortran bindings are not staged (passed through unchanged).
+// kinds. Calls through the Fortran bindings are not staged (passed through unchanged),
+// but for a blocking MPI_Allreduce that carries the staging outcome in band: that one runs
+// as a C call, staged as one, so that it takes the same form on a rank that calls from C.
 // Host copies are pinned (cuMemHostAlloc), from a small cache.
 #pragma once
 
