@@ -4,7 +4,7 @@
 // machine state. Reports, per size, the median over batches of the mean latency per call.
 //
 //   passthrough_latency [--min 8] [--max 1M] [--iters 2000] [--batches 21] [--csv FILE]
-//                       [--cuda] [--assert-kinds VALUE]
+//                       [--cuda] [--assert-kinds VALUE] [--coll allreduce|bcast|allgather]
 //
 // Sizes are bytes of MPI_FLOAT data, powers of two from --min to --max. Each batch is
 // preceded by a barrier; batches alternate shim/direct and start with a different one
@@ -17,6 +17,8 @@
 // --assert-kinds VALUE: the calls run on a duplicate of MPI_COMM_WORLD made with
 // MPI_Comm_dup_with_info and mpi_assert_memory_alloc_kinds=VALUE ("system": the program
 // asserts host memory only; MPI 4.1 sec. 11.4.3), for both paths.
+// --coll: the collective timed (default allreduce: MPI_SUM; bcast from rank 0; allgather
+// of BYTES per rank); every result is checked after each size.
 #include <dlfcn.h>
 #include <mpi.h>
 
@@ -53,7 +55,7 @@ int main(int argc, char** argv) {
   int iters = 2000, batches = 21;
   std::string csv;
   bool cuda = false;
-  std::string kinds;
+  std::string kinds, coll = "allreduce";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--cuda") {
@@ -68,6 +70,11 @@ int main(int argc, char** argv) {
     else if (a == "--batches") batches = std::atoi(v);
     else if (a == "--csv") csv = v;
     else if (a == "--assert-kinds") kinds = v;
+    else if (a == "--coll") coll = v;
+  }
+  if (coll != "allreduce" && coll != "bcast" && coll != "allgather") {
+    if (rank == 0) std::fprintf(stderr, "--coll: allreduce, bcast or allgather\n");
+    MPI_Abort(MPI_COMM_WORLD, 2);
   }
   if (cuda) {
     void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
@@ -94,8 +101,9 @@ int main(int argc, char** argv) {
   };
   auto version = reinterpret_cast<const char* (*)()>(dlsym(RTLD_DEFAULT, "streamcoll_version"));
   if (rank == 0)
-    std::printf("# MPI_Allreduce (MPI_SUM, MPI_FLOAT, host buffers), %d ranks, %d iterations x "
+    std::printf("# MPI_%s (MPI_FLOAT, host buffers), %d ranks, %d iterations x "
                 "%d batches; shim: %s; CUDA driver %s%s%s\n# %10s %14s %14s %10s %14s\n",
+                coll == "allreduce" ? "Allreduce (MPI_SUM" : coll == "bcast" ? "Bcast (root 0" : "Allgather (",
                 size, iters, batches, version ? version() : "NOT LOADED",
                 cuda ? "loaded" : "not loaded", kinds.empty() ? "" : "; asserted kinds: ",
                 kinds.c_str(), "bytes", "shim us", "direct us", "ratio",
@@ -103,7 +111,21 @@ int main(int argc, char** argv) {
   FILE* out = csv.empty() || rank != 0 ? nullptr : std::fopen(csv.c_str(), "w");
   if (out) std::fprintf(out, "bytes,shim_us,direct_us,ratio,own_per_call\n");
 
-  std::vector<float> send(max_bytes / sizeof(float) + 1, 1.0f), recv(send.size());
+  std::vector<float> send(max_bytes / sizeof(float) + 1, 1.0f),
+      recv(send.size() * static_cast<size_t>(coll == "allgather" ? size : 1));
+  // The call timed, through streamcoll (MPI_) or straight to the MPI (PMPI_).
+  auto call = [&](bool via_shim, int count) {
+    if (coll == "bcast") {
+      if (rank == 0) std::fill(recv.begin(), recv.begin() + count, 1.0f);
+      (via_shim ? MPI_Bcast : PMPI_Bcast)(recv.data(), count, MPI_FLOAT, 0, comm);
+    } else if (coll == "allgather") {
+      (via_shim ? MPI_Allgather : PMPI_Allgather)(send.data(), count, MPI_FLOAT, recv.data(),
+                                                 count, MPI_FLOAT, comm);
+    } else {
+      (via_shim ? MPI_Allreduce : PMPI_Allreduce)(send.data(), recv.data(), count, MPI_FLOAT,
+                                                 MPI_SUM, comm);
+    }
+  };
   int flip = 0;
   for (uint64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
     const int count = static_cast<int>(bytes / sizeof(float));
@@ -111,8 +133,8 @@ int main(int argc, char** argv) {
     const int n = std::max(10, static_cast<int>(iters *
                                                  (bytes <= 4096 ? 1.0 : 4096.0 / bytes)));
     for (int w = 0; w < n; ++w) {  // warm-up both paths
-      MPI_Allreduce(send.data(), recv.data(), count, MPI_FLOAT, MPI_SUM, comm);
-      PMPI_Allreduce(send.data(), recv.data(), count, MPI_FLOAT, MPI_SUM, comm);
+      call(true, count);
+      call(false, count);
     }
     std::vector<double> shim, direct;
     const unsigned long long own0 = own_collectives();
@@ -120,20 +142,22 @@ int main(int argc, char** argv) {
       const bool via_shim = (b + flip) % 2 == 0;
       PMPI_Barrier(comm);
       double t0 = MPI_Wtime();
-      if (via_shim)
-        for (int i = 0; i < n; ++i)
-          MPI_Allreduce(send.data(), recv.data(), count, MPI_FLOAT, MPI_SUM, comm);
-      else
-        for (int i = 0; i < n; ++i)
-          PMPI_Allreduce(send.data(), recv.data(), count, MPI_FLOAT, MPI_SUM, comm);
+      for (int i = 0; i < n; ++i) call(via_shim, count);
       double us = (MPI_Wtime() - t0) * 1e6 / n;
       (via_shim ? shim : direct).push_back(us);
     }
     flip ^= 1;
-    if (recv[0] != static_cast<float>(size)) {
-      std::fprintf(stderr, "wrong allreduce result %g (expected %d)\n", recv[0], size);
-      MPI_Abort(MPI_COMM_WORLD, 1);
-    }
+    // Checked after a shim call whose output was cleared first.
+    std::fill(recv.begin(), recv.end(), 0.0f);
+    call(true, count);
+    const float want = coll == "allreduce" ? static_cast<float>(size) : 1.0f;
+    const size_t filled = static_cast<size_t>(count) * (coll == "allgather" ? size : 1);
+    for (size_t i = 0; i < filled; ++i)
+      if (recv[i] != want) {
+        std::fprintf(stderr, "wrong %s result %g at %zu (expected %g)\n", coll.c_str(), recv[i],
+                     i, want);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
     // streamcoll's own collectives per timed shim call (the barriers are the MPI's own)
     const double own = static_cast<double>(own_collectives() - own0) / (static_cast<double>(n) * batches);
     if (rank == 0) {
