@@ -368,14 +368,97 @@ int allreduce_in_band(const CollArgs& a, const CollArgs& b, const TypeInfo& t, i
   return MPI_SUCCESS;
 }
 
-// A blocking allreduce whose buffers the dispatcher found in host memory (`known`), with
-// the outcome in band: nothing to stage, nothing to work out. False where it does not
-// apply; else true with the call's result in *rc.
+// A blocking MPI_Bcast of 1 byte to kInBandMax carries the root's staging outcome in band
+// too: the message is the data's bytes and one flag byte (0: the root's input is there, 1:
+// lost), sent as MPI_BYTE. Only the root's outcome matters to the others (a rank that
+// fails to stage its result reports that itself). The form depends on the call's size
+// alone, equal on every rank (MPI makes the type signatures match), never on how a rank
+// describes its data: a predefined type's elements are copied as they are, a derived
+// type's packed with PMPI_Pack (whose output on a homogeneous system is the data's
+// bytes; a rank whose packed size differs takes part and fails the call).
+// The call's size in bytes where it carries the root's outcome this way, else 0.
+uint64_t bcast_in_band_bytes(const CollArgs& a) {
+  if (a.coll != Coll::bcast || a.nonblocking || a.count <= 0) return 0;
+  int ts = 0;
+  if (a.datatype == MPI_DATATYPE_NULL || PMPI_Type_size(a.datatype, &ts) != MPI_SUCCESS || ts <= 0)
+    return 0;
+  const uint64_t bytes = static_cast<uint64_t>(a.count) * static_cast<uint64_t>(ts);
+  return bytes <= kInBandMax ? bytes : 0;
+}
+
+// Whether `count` elements of `t` are `bytes` contiguous bytes at the buffer's address.
+bool dense_type(MPI_Datatype t) {
+  const TypeInfo* info = find_type(t);
+  return info && is_contiguous_basic(info->cls);
+}
+
+// The blocking bcast `b` (its buffer in host memory, staged or the caller's; at the root,
+// where `readable` is false, not to be read) of `bytes` bytes with the root's outcome in
+// band. MPI_SUCCESS with the data in b.recvbuf, the MPI's error, or (raised here) this
+// rank's own failure or the root's.
+int bcast_in_band(const CollArgs& a, const CollArgs& b, uint64_t bytes, int own, bool readable,
+                  int rank) {
+  thread_local std::vector<char> buffer;
+  if (buffer.size() < bytes + 1) buffer.resize(bytes + 1);
+  char* msg = buffer.data();
+  const bool dense = dense_type(b.datatype);
+  const int n = static_cast<int>(bytes);
+  if (rank == b.root) {
+    int lost = own != MPI_SUCCESS || !readable;
+    if (!lost && dense) {
+      std::memcpy(msg, b.recvbuf, bytes);
+    } else if (!lost) {
+      int position = 0, packed = 0;
+      lost = PMPI_Pack_size(b.count, b.datatype, b.comm, &packed) != MPI_SUCCESS ||
+             static_cast<uint64_t>(packed) != bytes ||
+             PMPI_Pack(b.recvbuf, b.count, b.datatype, msg, n, &position, b.comm) != MPI_SUCCESS ||
+             position != n;
+      if (lost && own == MPI_SUCCESS) {
+        log_error("MPI_Bcast: the root's data does not pack into its %llu bytes",
+                  static_cast<unsigned long long>(bytes));
+        own = MPI_ERR_TYPE;
+      }
+    }
+    if (lost) std::memset(msg, 0, bytes);
+    msg[bytes] = lost ? 1 : 0;
+  }
+  const int rc = PMPI_Bcast(msg, n + 1, MPI_BYTE, b.root, b.comm);
+  if (rc != MPI_SUCCESS) return rc;  // the MPI raised it
+  if (own != MPI_SUCCESS) return raise(a.comm, own);
+  if (msg[bytes] != 0) {
+    log_error("%s: the root could not stage its GPU buffer; the data is not used",
+              call_name(a.coll, false).c_str());
+    return raise(a.comm, error_code(Failure::peer));
+  }
+  if (rank == b.root) return MPI_SUCCESS;
+  if (dense) {
+    std::memcpy(b.recvbuf, msg, bytes);
+    return MPI_SUCCESS;
+  }
+  int position = 0;
+  if (PMPI_Unpack(msg, n, &position, b.recvbuf, b.count, b.datatype, b.comm) != MPI_SUCCESS ||
+      position != n) {
+    log_error("MPI_Bcast: the root's %llu bytes do not unpack into this rank's datatype",
+              static_cast<unsigned long long>(bytes));
+    return raise(a.comm, MPI_ERR_TYPE);
+  }
+  return MPI_SUCCESS;
+}
+
+// A blocking allreduce or bcast whose buffers the dispatcher found in host memory
+// (`known`), with the outcome in band: nothing to stage, nothing to work out. False where
+// it does not apply; else true with the call's result in *rc.
 bool host_in_band(const CollArgs& a, int own, const KnownKinds* known, int* rc) {
   if (a.nonblocking || !known || known->n == 0 ||
       !std::all_of(known->kind, known->kind + known->n,
                    [](MemKind k) { return k == MemKind::host || k == MemKind::pinned; }))
     return false;
+  if (const uint64_t bytes = bcast_in_band_bytes(a)) {
+    int rank = 0;
+    if (PMPI_Comm_rank(a.comm, &rank) != MPI_SUCCESS) return false;
+    *rc = bcast_in_band(a, a, bytes, own, true, rank);
+    return true;
+  }
   const TypeInfo* type = nullptr;
   const int fine = in_band_fine(a, &type);
   if (fine < 0) return false;
@@ -427,7 +510,9 @@ int run(const CollArgs& a, Backend& be, bool outcome, int own, const KnownKinds*
   // runs it as it was made.
   const TypeInfo* type = nullptr;
   const int fine = outcome && !a.nonblocking ? in_band_fine(a, &type) : -1;
-  if ((!a.fortran || fine >= 0) && PMPI_Comm_rank(a.comm, &rank) == MPI_SUCCESS &&
+  const uint64_t bcast_bytes = outcome ? bcast_in_band_bytes(a) : 0;
+  const bool in_band = fine >= 0 || bcast_bytes > 0;
+  if ((!a.fortran || in_band) && PMPI_Comm_rank(a.comm, &rank) == MPI_SUCCESS &&
       PMPI_Comm_size(a.comm, &size) == MPI_SUCCESS && spans_of(a, &S, &R)) {
     x = staging_extents(a, rank, size, S, R);
     stage_send = a.sendbuf != MPI_IN_PLACE && a.coll != Coll::bcast && !x.send.empty() &&
@@ -497,7 +582,7 @@ int run(const CollArgs& a, Backend& be, bool outcome, int own, const KnownKinds*
   }
 
   if (!a.nonblocking) {
-    if (outcome && fine < 0) {
+    if (outcome && !in_band) {
       // Every rank's staging outcome first: if any rank's input is lost, no rank runs the
       // call (all alike), and each reports an error.
       int mine = own != MPI_SUCCESS ? 1 : 0, any = 0;
@@ -519,9 +604,10 @@ int run(const CollArgs& a, Backend& be, bool outcome, int own, const KnownKinds*
       input.assign(hbase + recv_off, hbase + recv_off + x.recv.bytes());
       b.sendbuf = at(static_cast<const void*>(input.data()), -x.recv.lo);
     }
-    int rc = fine >= 0 ? allreduce_in_band(a, b, *type, fine, own,
-                                           host != nullptr || (!stage_send && !stage_recv))
-                       : run_pmpi(b);
+    const bool readable = host != nullptr || (!stage_send && !stage_recv);
+    int rc = fine >= 0       ? allreduce_in_band(a, b, *type, fine, own, readable)
+             : bcast_bytes ? bcast_in_band(a, b, bcast_bytes, own, readable, rank)
+                           : run_pmpi(b);
     if (rc == MPI_SUCCESS && !back.empty()) {
       rc = be.copy(back.data(), back.size());
       if (rc != MPI_SUCCESS) raise(a.comm, rc);

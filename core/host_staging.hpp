@@ -156,7 +156,8 @@ struct KnownKinds {
 /// MPI_Iallreduce started before it for MPI_I*; for a blocking MPI_Allreduce of at most
 /// 64 KiB with a predefined op other than XOR/MAXLOC/MINLOC on 4- or 8-byte integers or
 /// float/double, in band instead: one more element of the call's own message carries
-/// each rank's flag, host_staging.cpp), so that a rank that lost its input
+/// each rank's flag; for a blocking MPI_Bcast of at most 64 KiB, one more byte carries the
+/// root's, host_staging.cpp), so that a rank that lost its input
 /// still takes part and no rank reports a result built on it as a success: blocking, no
 /// rank runs the call if any staging failed; non-blocking, the call runs and its request
 /// completes with the error. `own`: a failure of this rank's found before (the stream

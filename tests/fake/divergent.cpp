@@ -21,6 +21,8 @@
 //            - non-blocking bcast, allgather and alltoall where one rank describes its
 //              data with derived datatypes (a strided vector, a contiguous type) of the
 //              others' type signature, on device and host memory;
+//            - blocking bcast with a derived datatype on one rank (its bytes carried in
+//              band with the root's staging outcome, or exchanged, by size);
 //            - non-blocking bcast and allgather of pair types (one rank's MPI_2INT for
 //              the others' twice as many MPI_INT; MPI_DOUBLE_INT on every rank);
 //            - with FAKE_CUDA_DEVICES=2: one rank's buffer on the second GPU after the
@@ -41,8 +43,9 @@
 //            start no blocking agreement and at most one refresh per 32 calls
 //            (streamcoll_agreement_counts); with STREAMCOLL_MPI_CUDA_AWARE unset (an MPI
 //            that is not CUDA-aware: GPU buffers staged) and DIVERGENT_FAIL_STAGING=1, a
-//            staging copy fails on the last rank while it alone passes GPU memory: that
-//            call fails on every rank (none reports a wrong value), the next is exact.
+//            staging copy fails on the last rank while it alone passes GPU memory (an
+//            allreduce, then a bcast from it): that call fails on every rank (none
+//            reports a wrong value), the next is exact.
 //            DIVERGENT_STREAM=1: with a stream attached, which each rank detaches and
 //            attaches again on its own.
 //   skew     stream-ordered MPI_Allreduce calls on route nccl (or ht) with the last rank 300 ms
@@ -330,6 +333,51 @@ void derived_nonblocking(MPI_Comm comm) {
   }
   MPI_Type_free(&vec);
   MPI_Type_free(&contig);
+}
+
+// Blocking MPI_Bcast where the last rank describes its data with a strided vector and the
+// others with MPI_INTs (same type signature), on device and host memory, every root, small
+// and large: under an MPI that is not CUDA-aware a small one carries the root's staging
+// outcome in band, as bytes that each rank packs or unpacks from its own description
+// (core/host_staging.cpp), a large one exchanges it; values and holes checked.
+void derived_blocking_bcast(MPI_Comm comm) {
+  const int rank = comm_rank(comm), size = comm_size(comm);
+  const bool odd = rank == size - 1;
+  int sentinel;
+  std::memset(&sentinel, Buf::kSentinel, sizeof sentinel);
+  unsigned salt = 1500;
+  for (int n : {3, 300, 20000}) {
+    MPI_Datatype vec;
+    MPI_Type_vector(n, 1, 2, MPI_INT, &vec);
+    MPI_Type_commit(&vec);
+    for (Mem m : {Mem::device, Mem::host})
+      for (int root = 0; root < size; ++root) {
+        ++salt;
+        const std::string label = "blocking bcast, derived datatype on the last rank, n " +
+                                  std::to_string(n) + " root " + std::to_string(root) + " " +
+                                  mem_name(m);
+        const size_t elems = odd ? 2 * static_cast<size_t>(n) : static_cast<size_t>(n);
+        Buf recv(elems * sizeof(int), m);
+        std::vector<int> v(elems, sentinel), want(elems, sentinel);
+        for (int i = 0; i < n; ++i) {
+          want[odd ? 2 * i : i] = in_val(root, i, salt);
+          if (rank == root) v[odd ? 2 * i : i] = in_val(root, i, salt);
+        }
+        recv.put(v.data(), v.size() * sizeof(int));
+        const int rc = odd ? MPI_Bcast(recv.get(), 1, vec, root, comm)
+                           : MPI_Bcast(recv.get(), n, MPI_INT, root, comm);
+        check(rc == MPI_SUCCESS, label + ": succeeds");
+        const std::vector<char> got = recv.read();
+        size_t bad = 0;
+        for (size_t i = 0; i < want.size(); ++i) {
+          int g;
+          std::memcpy(&g, got.data() + i * sizeof(int), sizeof g);
+          bad += g != want[i];
+        }
+        check(bad == 0, label + ": " + std::to_string(bad) + " wrong elements (holes included)");
+      }
+    MPI_Type_free(&vec);
+  }
 }
 
 // Non-blocking bcast and allgather of MINLOC/MAXLOC pair types after a blocking call
@@ -638,16 +686,20 @@ void signature_program(MPI_Comm world, unsigned seed) {
   if (std::getenv("DIVERGENT_FAIL_STAGING") && fail_after) {
     // Rounds 0-9 on host memory everywhere (the facts later calls decide from), round 10
     // the last rank on GPU memory with its staging copy failing, 11 the same without the
-    // failure, 12 host again.
+    // failure, 12 host again. MPI_Allreduce (each rank's outcome in band), then MPI_Bcast
+    // whose root is the last rank (the root's outcome in band).
+    for (Kind kind : {Kind::allreduce, Kind::bcast})
     for (int round = 0; round < 13; ++round) {
       const bool failing = round == 10 && rank == size - 1;
-      Call c = make(Kind::allreduce, 16, 0, false, seed * 10000 + 9000 + round, comm);
+      Call c = make(kind, 16, kind == Kind::bcast ? size - 1 : 0, false,
+                    seed * 10000 + 9000 + round, comm);
       const Mem m = (round == 10 || round == 11) && rank == size - 1 ? Mem::device : Mem::host;
       c.prepare(m, m);
       if (failing) fail_after("cuMemcpyAsync", 1);
       const int rc = c.start(nullptr);
       if (failing) fail_after("cuMemcpyAsync", 0);
-      const std::string L = "staging failure round " + std::to_string(round);
+      const std::string L = std::string(kind_name(kind)) + " staging failure round " +
+                            std::to_string(round);
       if (round == 10) {
         check(rc != MPI_SUCCESS, L + ": the call fails on every rank");
       } else if (round != 10) {
@@ -743,6 +795,7 @@ int main(int argc, char** argv) {
     opposite_orders(comm);
     classic_ordering(comm);
     derived_nonblocking(comm);
+    derived_blocking_bcast(comm);
     pair_nonblocking(comm);
     if (std::getenv("FAKE_CUDA_DEVICES") && std::atoi(std::getenv("FAKE_CUDA_DEVICES")) >= 2)
       other_gpu(comm);
