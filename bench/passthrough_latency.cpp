@@ -4,7 +4,7 @@
 // machine state. Reports, per size, the median over batches of the mean latency per call.
 //
 //   passthrough_latency [--min 8] [--max 1M] [--iters 2000] [--batches 21] [--csv FILE]
-//                       [--cuda] [--assert-kinds VALUE] [--coll allreduce|bcast|allgather]
+//                       [--cuda] [--assert-kinds VALUE] [--coll allreduce|bcast|allgather|reduce]
 //
 // Sizes are bytes of MPI_FLOAT data, powers of two from --min to --max. Each batch is
 // preceded by a barrier; batches alternate shim/direct and start with a different one
@@ -17,8 +17,8 @@
 // --assert-kinds VALUE: the calls run on a duplicate of MPI_COMM_WORLD made with
 // MPI_Comm_dup_with_info and mpi_assert_memory_alloc_kinds=VALUE ("system": the program
 // asserts host memory only; MPI 4.1 sec. 11.4.3), for both paths.
-// --coll: the collective timed (default allreduce: MPI_SUM; bcast from rank 0; allgather
-// of BYTES per rank); every result is checked after each size.
+// --coll: the collective timed (default allreduce: MPI_SUM; reduce: MPI_SUM to rank 0; bcast
+// from rank 0; allgather of BYTES per rank); every result is checked after each size.
 #include <dlfcn.h>
 #include <mpi.h>
 
@@ -72,8 +72,8 @@ int main(int argc, char** argv) {
     else if (a == "--assert-kinds") kinds = v;
     else if (a == "--coll") coll = v;
   }
-  if (coll != "allreduce" && coll != "bcast" && coll != "allgather") {
-    if (rank == 0) std::fprintf(stderr, "--coll: allreduce, bcast or allgather\n");
+  if (coll != "allreduce" && coll != "bcast" && coll != "allgather" && coll != "reduce") {
+    if (rank == 0) std::fprintf(stderr, "--coll: allreduce, reduce, bcast or allgather\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   if (cuda) {
@@ -103,7 +103,10 @@ int main(int argc, char** argv) {
   if (rank == 0)
     std::printf("# MPI_%s (MPI_FLOAT, host buffers), %d ranks, %d iterations x "
                 "%d batches; shim: %s; CUDA driver %s%s%s\n# %10s %14s %14s %10s %14s\n",
-                coll == "allreduce" ? "Allreduce (MPI_SUM" : coll == "bcast" ? "Bcast (root 0" : "Allgather (",
+                coll == "allreduce" ? "Allreduce (MPI_SUM"
+                : coll == "reduce"  ? "Reduce (MPI_SUM, root 0"
+                : coll == "bcast"   ? "Bcast (root 0"
+                                    : "Allgather (",
                 size, iters, batches, version ? version() : "NOT LOADED",
                 cuda ? "loaded" : "not loaded", kinds.empty() ? "" : "; asserted kinds: ",
                 kinds.c_str(), "bytes", "shim us", "direct us", "ratio",
@@ -121,6 +124,9 @@ int main(int argc, char** argv) {
     } else if (coll == "allgather") {
       (via_shim ? MPI_Allgather : PMPI_Allgather)(send.data(), count, MPI_FLOAT, recv.data(),
                                                  count, MPI_FLOAT, comm);
+    } else if (coll == "reduce") {
+      (via_shim ? MPI_Reduce : PMPI_Reduce)(send.data(), recv.data(), count, MPI_FLOAT, MPI_SUM,
+                                           0, comm);
     } else {
       (via_shim ? MPI_Allreduce : PMPI_Allreduce)(send.data(), recv.data(), count, MPI_FLOAT,
                                                  MPI_SUM, comm);
@@ -150,8 +156,10 @@ int main(int argc, char** argv) {
     // Checked after a shim call whose output was cleared first.
     std::fill(recv.begin(), recv.end(), 0.0f);
     call(true, count);
-    const float want = coll == "allreduce" ? static_cast<float>(size) : 1.0f;
-    const size_t filled = static_cast<size_t>(count) * (coll == "allgather" ? size : 1);
+    const float want = coll == "allreduce" || coll == "reduce" ? static_cast<float>(size) : 1.0f;
+    const size_t filled = coll == "reduce" && rank != 0
+                              ? 0
+                              : static_cast<size_t>(count) * (coll == "allgather" ? size : 1);
     for (size_t i = 0; i < filled; ++i)
       if (recv[i] != want) {
         std::fprintf(stderr, "wrong %s result %g at %zu (expected %g)\n", coll.c_str(), recv[i],

@@ -274,15 +274,16 @@ int raise(MPI_Comm comm, int rc) {
   return rc;
 }
 
-// ---- The staging outcome in band (blocking MPI_Allreduce) ------------------------------
+// ---- The staging outcome in band (small blocking allreduce, reduce, bcast, allgather) ----
 //
-// A blocking MPI_Allreduce of a small message carries the ranks' staging outcomes in its
-// own message instead of a separate allreduce before it: one more element, this rank's
+// A blocking MPI_Allreduce or MPI_Reduce of a small message carries the ranks' staging
+// outcomes in its own message instead of a separate allreduce before it: one more
+// element, this rank's
 // flag, written as the value that the call's op leaves unchanged when no rank failed
 // (SUM, MAX, BOR, LOR: 0 when fine, 1 when lost; PROD, MIN, BAND, LAND: 1 when fine, 0
 // when lost), so the reduced flag equals the "fine" value only if every rank's staging
-// succeeded. The result goes to the caller's buffer only then; otherwise every rank
-// reports an error, as after the exchange. Exact: 0 and 1 and their sums up to 2^24
+// succeeded. The result goes to the caller's buffer only then; otherwise every rank that
+// gets a result (a reduce's root) reports an error, as after the exchange. Exact: 0 and 1 and their sums up to 2^24
 // ranks are exact in every type taken (integers of 4 and 8 bytes, IEEE float and
 // double). Equal on every rank whether a call takes it (the call's count, datatype and op,
 // and kInBandMax), so all ranks pass count + 1 alike.
@@ -294,7 +295,8 @@ int in_band_fine(const CollArgs& a, const TypeInfo** type) {
   // Not from the language binding: ranks may call one collective from different ones, and
   // every rank must give the call the same form (a Fortran call goes in band through the C
   // binding, on the C handles the shim converted, its buffers staged as a C call's).
-  if (a.coll != Coll::allreduce || a.nonblocking || a.count < 0 || a.count >= INT32_MAX)
+  if ((a.coll != Coll::allreduce && a.coll != Coll::reduce) || a.nonblocking || a.count < 0 ||
+      a.count >= INT32_MAX)
     return -1;
   const TypeInfo* t = find_type(a.datatype);
   const OpInfo* op = find_op(a.op);
@@ -339,26 +341,34 @@ bool flag_is(const char* p, const TypeInfo& t, int v) {
   return i == v;
 }
 
-// The blocking allreduce `b` (its buffers in host memory, staged or the caller's; or,
-// where `readable` is false, not to be read: this rank's input is lost anyway) with the
-// outcome in band. Returns MPI_SUCCESS with the result in b.recvbuf, the MPI's error, or
-// (raised here) this rank's own failure or a peer's.
-int allreduce_in_band(const CollArgs& a, const CollArgs& b, const TypeInfo& t, int fine,
-                      int own, bool readable) {
+// The blocking allreduce or reduce `b` (its buffers in host memory, staged or the
+// caller's; or, where `readable` is false, not to be read: this rank's input is lost
+// anyway) with the outcome in band; `rank` is this rank (a reduce's root gets the result).
+// Returns MPI_SUCCESS with the result in b.recvbuf, the MPI's error, or (raised here) this
+// rank's own failure or a peer's.
+int reduction_in_band(const CollArgs& a, const CollArgs& b, const TypeInfo& t, int fine,
+                      int own, bool readable, int rank) {
   const size_t n = static_cast<size_t>(b.count), es = static_cast<size_t>(t.size);
-  // The message, in a buffer each thread keeps (at most kInBandMax + 8 bytes): no
-  // allocation per call.
-  thread_local std::vector<char> buffer;
+  // The message, in buffers each thread keeps (at most kInBandMax + 8 bytes): no
+  // allocation per call. A reduce's result goes to the second (no MPI_IN_PLACE: MPICH 4.0
+  // crashes on it at a root other than 0, pmodels/mpich#6540).
+  thread_local std::vector<char> buffer, result;
+  const bool reduce = b.coll == Coll::reduce, root = reduce && rank == b.root;
   if (buffer.size() < (n + 1) * es) buffer.resize((n + 1) * es);
+  if (root && result.size() < (n + 1) * es) result.resize((n + 1) * es);
   char* msg = buffer.data();
   const void* in = b.sendbuf == MPI_IN_PLACE ? b.recvbuf : b.sendbuf;
   if (readable && own == MPI_SUCCESS && n > 0) std::memcpy(msg, in, n * es);
   else std::memset(msg, 0, n * es);  // (a lost input: any value, flagged)
   put_flag(msg + n * es, t, own == MPI_SUCCESS ? fine : 1 - fine);
-  const int rc = PMPI_Allreduce(MPI_IN_PLACE, msg, static_cast<int>(n + 1), b.datatype, b.op,
-                                b.comm);
+  const int count = static_cast<int>(n + 1);
+  const int rc = reduce ? PMPI_Reduce(msg, root ? result.data() : nullptr, count, b.datatype,
+                                      b.op, b.root, b.comm)
+                        : PMPI_Allreduce(MPI_IN_PLACE, msg, count, b.datatype, b.op, b.comm);
   if (rc != MPI_SUCCESS) return rc;  // the MPI raised it
   if (own != MPI_SUCCESS) return raise(a.comm, own);
+  if (reduce && !root) return MPI_SUCCESS;  // no result here
+  if (root) msg = result.data();
   if (!flag_is(msg + n * es, t, fine)) {
     log_error("%s: another rank could not stage its GPU buffers; the result is not used",
               call_name(a.coll, false).c_str());
@@ -368,101 +378,146 @@ int allreduce_in_band(const CollArgs& a, const CollArgs& b, const TypeInfo& t, i
   return MPI_SUCCESS;
 }
 
-// A blocking MPI_Bcast of 1 byte to kInBandMax carries the root's staging outcome in band
-// too: the message is the data's bytes and one flag byte (0: the root's input is there, 1:
-// lost), sent as MPI_BYTE. Only the root's outcome matters to the others (a rank that
-// fails to stage its result reports that itself). The form depends on the call's size
-// alone, equal on every rank (MPI makes the type signatures match), never on how a rank
-// describes its data: a predefined type's elements are copied as they are, a derived
-// type's packed with PMPI_Pack (whose output on a homogeneous system is the data's
-// bytes; a rank whose packed size differs takes part and fails the call).
-// The call's size in bytes where it carries the root's outcome this way, else 0.
-uint64_t bcast_in_band_bytes(const CollArgs& a) {
-  if (a.coll != Coll::bcast || a.nonblocking || a.count <= 0) return 0;
+// A blocking MPI_Bcast or MPI_Allgather of at most kInBandMax bytes (all blocks together)
+// carries the outcomes in band too: its data as bytes and one flag byte per block (0: the
+// input is there, 1: lost), sent as MPI_BYTE: the root's for a bcast (only the root's input
+// reaches the others; a rank that fails to stage its result reports that itself), every
+// rank's for an allgather. The form depends on the call's size alone, equal on every rank
+// (MPI makes the type signatures match), never on how a rank describes its data: a
+// predefined type's elements are copied as they are, a derived type's packed with
+// PMPI_Pack (whose output on a homogeneous system is the data's bytes; a rank whose packed
+// size differs takes part, flags its input lost and fails).
+
+// The bytes of one block (a bcast's message, an allgather's per rank) where the call
+// carries its outcomes this way, else 0.
+uint64_t bytes_in_band(const CollArgs& a, int size) {
+  if (a.nonblocking || (a.coll != Coll::bcast && a.coll != Coll::allgather)) return 0;
+  const bool bcast = a.coll == Coll::bcast;
+  const int count = bcast ? a.count : a.recvcount;
+  const MPI_Datatype type = bcast ? a.datatype : a.recvtype;
   int ts = 0;
-  if (a.datatype == MPI_DATATYPE_NULL || PMPI_Type_size(a.datatype, &ts) != MPI_SUCCESS || ts <= 0)
+  if (count <= 0 || type == MPI_DATATYPE_NULL || PMPI_Type_size(type, &ts) != MPI_SUCCESS ||
+      ts <= 0)
     return 0;
-  const uint64_t bytes = static_cast<uint64_t>(a.count) * static_cast<uint64_t>(ts);
-  return bytes <= kInBandMax ? bytes : 0;
+  const uint64_t block = static_cast<uint64_t>(count) * static_cast<uint64_t>(ts);
+  return (block + 1) * static_cast<uint64_t>(bcast ? 1 : size) <= kInBandMax ? block : 0;
 }
 
-// Whether `count` elements of `t` are `bytes` contiguous bytes at the buffer's address.
-bool dense_type(MPI_Datatype t) {
-  const TypeInfo* info = find_type(t);
-  return info && is_contiguous_basic(info->cls);
+// `count` elements of `type` at `p` as their `bytes` bytes at `out`; false when they are not
+// (a packed size that differs, a failed pack).
+bool to_bytes(const void* p, int count, MPI_Datatype type, MPI_Comm comm, char* out,
+              uint64_t bytes) {
+  const TypeInfo* info = find_type(type);
+  if (info && is_contiguous_basic(info->cls)) {
+    std::memcpy(out, p, bytes);
+    return true;
+  }
+  int packed = 0, position = 0;
+  return PMPI_Pack_size(count, type, comm, &packed) == MPI_SUCCESS &&
+         static_cast<uint64_t>(packed) == bytes &&
+         PMPI_Pack(p, count, type, out, packed, &position, comm) == MPI_SUCCESS &&
+         static_cast<uint64_t>(position) == bytes;
 }
 
-// The blocking bcast `b` (its buffer in host memory, staged or the caller's; at the root,
-// where `readable` is false, not to be read) of `bytes` bytes with the root's outcome in
-// band. MPI_SUCCESS with the data in b.recvbuf, the MPI's error, or (raised here) this
-// rank's own failure or the root's.
-int bcast_in_band(const CollArgs& a, const CollArgs& b, uint64_t bytes, int own, bool readable,
-                  int rank) {
-  thread_local std::vector<char> buffer;
-  if (buffer.size() < bytes + 1) buffer.resize(bytes + 1);
-  char* msg = buffer.data();
-  const bool dense = dense_type(b.datatype);
-  const int n = static_cast<int>(bytes);
-  if (rank == b.root) {
-    int lost = own != MPI_SUCCESS || !readable;
-    if (!lost && dense) {
-      std::memcpy(msg, b.recvbuf, bytes);
-    } else if (!lost) {
-      int position = 0, packed = 0;
-      lost = PMPI_Pack_size(b.count, b.datatype, b.comm, &packed) != MPI_SUCCESS ||
-             static_cast<uint64_t>(packed) != bytes ||
-             PMPI_Pack(b.recvbuf, b.count, b.datatype, msg, n, &position, b.comm) != MPI_SUCCESS ||
-             position != n;
-      if (lost && own == MPI_SUCCESS) {
-        log_error("MPI_Bcast: the root's data does not pack into its %llu bytes",
-                  static_cast<unsigned long long>(bytes));
-        own = MPI_ERR_TYPE;
-      }
-    }
-    if (lost) std::memset(msg, 0, bytes);
-    msg[bytes] = lost ? 1 : 0;
-  }
-  const int rc = PMPI_Bcast(msg, n + 1, MPI_BYTE, b.root, b.comm);
-  if (rc != MPI_SUCCESS) return rc;  // the MPI raised it
-  if (own != MPI_SUCCESS) return raise(a.comm, own);
-  if (msg[bytes] != 0) {
-    log_error("%s: the root could not stage its GPU buffer; the data is not used",
-              call_name(a.coll, false).c_str());
-    return raise(a.comm, error_code(Failure::peer));
-  }
-  if (rank == b.root) return MPI_SUCCESS;
-  if (dense) {
-    std::memcpy(b.recvbuf, msg, bytes);
-    return MPI_SUCCESS;
+// The reverse: `bytes` bytes at `in` into `count` elements of `type` at `p`.
+bool from_bytes(const char* in, uint64_t bytes, void* p, int count, MPI_Datatype type,
+                MPI_Comm comm) {
+  const TypeInfo* info = find_type(type);
+  if (info && is_contiguous_basic(info->cls)) {
+    std::memcpy(p, in, bytes);
+    return true;
   }
   int position = 0;
-  if (PMPI_Unpack(msg, n, &position, b.recvbuf, b.count, b.datatype, b.comm) != MPI_SUCCESS ||
-      position != n) {
-    log_error("MPI_Bcast: the root's %llu bytes do not unpack into this rank's datatype",
-              static_cast<unsigned long long>(bytes));
-    return raise(a.comm, MPI_ERR_TYPE);
+  const int n = static_cast<int>(bytes);
+  return PMPI_Unpack(in, n, &position, p, count, type, comm) == MPI_SUCCESS && position == n;
+}
+
+// The blocking bcast or allgather `b` (its buffers in host memory, staged or the caller's;
+// where `readable` is false, this rank's input not to be read) of `block` bytes per block
+// with the outcomes in band. MPI_SUCCESS with the data in b.recvbuf, the MPI's error, or
+// (raised here) this rank's own failure or another's.
+int data_in_band(const CollArgs& a, const CollArgs& b, uint64_t block, int own, bool readable,
+                 int rank, int size) {
+  const bool bcast = b.coll == Coll::bcast;
+  const uint64_t stride = block + 1;
+  const int blocks = bcast ? 1 : size;
+  // Per thread, at most kInBandMax bytes each: no allocation per call.
+  thread_local std::vector<char> mine, all;
+  if (mine.size() < stride) mine.resize(stride);
+  if (all.size() < stride * blocks) all.resize(stride * blocks);
+  MPI_Aint lb = 0, extent = 0;  // an allgather's receive blocks' stride, in recvtype's extent
+  if (!bcast) PMPI_Type_get_extent(b.recvtype, &lb, &extent);
+  if (!bcast || rank == b.root) {  // this rank's input, flagged
+    const void* in = bcast ? b.recvbuf : b.sendbuf;
+    int count = bcast ? b.count : b.sendcount;
+    MPI_Datatype type = bcast ? b.datatype : b.sendtype;
+    if (!bcast && b.sendbuf == MPI_IN_PLACE) {  // this rank's block of recvbuf
+      in = static_cast<const char*>(b.recvbuf) + static_cast<int64_t>(rank) * b.recvcount * extent;
+      count = b.recvcount;
+      type = b.recvtype;
+    }
+    char* out = bcast ? all.data() : mine.data();
+    bool lost = own != MPI_SUCCESS || !readable;
+    if (!lost && !to_bytes(in, count, type, b.comm, out, block)) {
+      log_error("%s: this rank's data does not pack into the call's %llu bytes",
+                call_name(a.coll, false).c_str(), static_cast<unsigned long long>(block));
+      if (own == MPI_SUCCESS) own = MPI_ERR_TYPE;
+      lost = true;
+    }
+    if (lost) std::memset(out, 0, block);
+    out[block] = lost ? 1 : 0;
+  }
+  const int n = static_cast<int>(stride);
+  const int rc = bcast ? PMPI_Bcast(all.data(), n, MPI_BYTE, b.root, b.comm)
+                       : PMPI_Allgather(mine.data(), n, MPI_BYTE, all.data(), n, MPI_BYTE, b.comm);
+  if (rc != MPI_SUCCESS) return rc;  // the MPI raised it
+  if (own != MPI_SUCCESS) return raise(a.comm, own);
+  for (int q = 0; q < blocks; ++q)
+    if (all[q * stride + block] != 0) {
+      log_error("%s: %s could not stage its GPU buffers; the data is not used",
+                call_name(a.coll, false).c_str(), bcast ? "the root" : "another rank");
+      return raise(a.comm, error_code(Failure::peer));
+    }
+  if (bcast && rank == b.root) return MPI_SUCCESS;
+  for (int q = 0; q < blocks; ++q) {
+    if (!bcast && q == rank && b.sendbuf == MPI_IN_PLACE) continue;  // its input, as it was
+    void* at_q = bcast ? b.recvbuf
+                       : static_cast<char*>(b.recvbuf) + static_cast<int64_t>(q) * b.recvcount * extent;
+    if (!from_bytes(all.data() + q * stride, block, at_q, bcast ? b.count : b.recvcount,
+                    bcast ? b.datatype : b.recvtype, b.comm)) {
+      log_error("%s: %llu bytes do not unpack into this rank's datatype",
+                call_name(a.coll, false).c_str(), static_cast<unsigned long long>(block));
+      return raise(a.comm, MPI_ERR_TYPE);
+    }
   }
   return MPI_SUCCESS;
 }
 
-// A blocking allreduce or bcast whose buffers the dispatcher found in host memory
-// (`known`), with the outcome in band: nothing to stage, nothing to work out. False where
-// it does not apply; else true with the call's result in *rc.
+// A blocking call whose buffers the dispatcher found in host memory (`known`), with the
+// outcomes in band: nothing to stage, nothing to work out. False where it does not apply;
+// else true with the call's result in *rc.
 bool host_in_band(const CollArgs& a, int own, const KnownKinds* known, int* rc) {
   if (a.nonblocking || !known || known->n == 0 ||
       !std::all_of(known->kind, known->kind + known->n,
                    [](MemKind k) { return k == MemKind::host || k == MemKind::pinned; }))
     return false;
-  if (const uint64_t bytes = bcast_in_band_bytes(a)) {
-    int rank = 0;
-    if (PMPI_Comm_rank(a.comm, &rank) != MPI_SUCCESS) return false;
-    *rc = bcast_in_band(a, a, bytes, own, true, rank);
-    return true;
-  }
   const TypeInfo* type = nullptr;
   const int fine = in_band_fine(a, &type);
-  if (fine < 0) return false;
-  *rc = allreduce_in_band(a, a, *type, fine, own, true);
+  if (fine >= 0 && a.coll == Coll::allreduce) {  // (no rank needed)
+    *rc = reduction_in_band(a, a, *type, fine, own, true, 0);
+    return true;
+  }
+  if (fine < 0 && a.coll != Coll::bcast && a.coll != Coll::allgather) return false;
+  int rank = 0, size = 1;
+  if (PMPI_Comm_rank(a.comm, &rank) != MPI_SUCCESS || PMPI_Comm_size(a.comm, &size) != MPI_SUCCESS)
+    return false;
+  if (fine >= 0) {
+    *rc = reduction_in_band(a, a, *type, fine, own, true, rank);
+    return true;
+  }
+  const uint64_t block = bytes_in_band(a, size);
+  if (block == 0) return false;
+  *rc = data_in_band(a, a, block, own, true, rank, size);
   return true;
 }
 
@@ -505,15 +560,16 @@ int run(const CollArgs& a, Backend& be, bool outcome, int own, const KnownKinds*
   TypeSpan S, R;
   StagingExtents x;
   bool stage_send = false, stage_recv = false;
-  // A blocking call that carries the outcome in band runs as a C call (allreduce_in_band),
-  // so a Fortran one is staged there as a C one is; otherwise the MPI's Fortran binding
-  // runs it as it was made.
+  // A blocking call that carries the outcome in band runs as a C call (reduction_in_band,
+  // data_in_band), so a Fortran one is staged there as a C one is; otherwise the MPI's
+  // Fortran binding runs it as it was made.
   const TypeInfo* type = nullptr;
   const int fine = outcome && !a.nonblocking ? in_band_fine(a, &type) : -1;
-  const uint64_t bcast_bytes = outcome ? bcast_in_band_bytes(a) : 0;
-  const bool in_band = fine >= 0 || bcast_bytes > 0;
-  if ((!a.fortran || in_band) && PMPI_Comm_rank(a.comm, &rank) == MPI_SUCCESS &&
-      PMPI_Comm_size(a.comm, &size) == MPI_SUCCESS && spans_of(a, &S, &R)) {
+  const bool ranked = PMPI_Comm_rank(a.comm, &rank) == MPI_SUCCESS &&
+                      PMPI_Comm_size(a.comm, &size) == MPI_SUCCESS;
+  const uint64_t block = outcome && ranked ? bytes_in_band(a, size) : 0;
+  const bool in_band = fine >= 0 || block > 0;
+  if ((!a.fortran || in_band) && ranked && spans_of(a, &S, &R)) {
     x = staging_extents(a, rank, size, S, R);
     stage_send = a.sendbuf != MPI_IN_PLACE && a.coll != Coll::bcast && !x.send.empty() &&
                  on_gpu(classify(at(a.sendbuf, x.send.lo)));
@@ -605,9 +661,9 @@ int run(const CollArgs& a, Backend& be, bool outcome, int own, const KnownKinds*
       b.sendbuf = at(static_cast<const void*>(input.data()), -x.recv.lo);
     }
     const bool readable = host != nullptr || (!stage_send && !stage_recv);
-    int rc = fine >= 0       ? allreduce_in_band(a, b, *type, fine, own, readable)
-             : bcast_bytes ? bcast_in_band(a, b, bcast_bytes, own, readable, rank)
-                           : run_pmpi(b);
+    int rc = fine >= 0 ? reduction_in_band(a, b, *type, fine, own, readable, rank)
+             : block   ? data_in_band(a, b, block, own, readable, rank, size)
+                       : run_pmpi(b);
     if (rc == MPI_SUCCESS && !back.empty()) {
       rc = be.copy(back.data(), back.size());
       if (rc != MPI_SUCCESS) raise(a.comm, rc);

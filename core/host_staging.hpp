@@ -22,8 +22,9 @@
 // devices without concurrent managed access, so staging is the choice that is always
 // correct); host and pinned buffers go to the MPI as they are, also in a call that mixes
 // kinds. Calls through the Fortran bindings are not staged (passed through unchanged),
-// but for a blocking MPI_Allreduce that carries the staging outcome in band: that one runs
-// as a C call, staged as one, so that it takes the same form on a rank that calls from C.
+// but for a blocking call that carries the staging outcomes in band (see run()): that one
+// runs as a C call, staged as one, so that it takes the same form on a rank that calls
+// from C.
 // Host copies are pinned (cuMemHostAlloc), from a small cache.
 #pragma once
 
@@ -152,17 +153,20 @@ struct KnownKinds {
 ///
 /// `outcome` (equal on every rank: the dispatcher passes it for every call with data
 /// in a job whose MPI is not CUDA-aware, staging or not): the ranks exchange whether
-/// their staging failed, in one small allreduce on a.comm before the call (an
-/// MPI_Iallreduce started before it for MPI_I*; for a blocking MPI_Allreduce of at most
-/// 64 KiB with a predefined op other than XOR/MAXLOC/MINLOC on 4- or 8-byte integers or
-/// float/double, in band instead: one more element of the call's own message carries
-/// each rank's flag; for a blocking MPI_Bcast of at most 64 KiB, one more byte carries the
-/// root's, host_staging.cpp), so that a rank that lost its input
-/// still takes part and no rank reports a result built on it as a success: blocking, no
-/// rank runs the call if any staging failed; non-blocking, the call runs and its request
-/// completes with the error. `own`: a failure of this rank's found before (the stream
-/// synchronisation), treated as a failed staging. Without `outcome` a staging failure
-/// returns at once (the other ranks are left in the call: used only where no rank stages).
+/// their staging failed, so that a rank that lost its input still takes part and no rank
+/// reports a result built on it as a success. Blocking calls of at most 64 KiB carry the
+/// flags in band (host_staging.cpp): an MPI_Allreduce or MPI_Reduce with a predefined op
+/// other than XOR/MAXLOC/MINLOC on 4- or 8-byte integers or float/double, one more
+/// element; an MPI_Bcast or MPI_Allgather, one more byte per block; the call runs, and
+/// every rank that gets a result built on a lost input reports an error instead. Other
+/// blocking calls exchange the flags in one small allreduce on a.comm first, and no rank
+/// runs the call if any staging failed; non-blocking ones start an MPI_Iallreduce before
+/// the call, which runs, and its request completes with the error. The form depends only
+/// on what MPI makes equal on every rank (the collective, its size, a reduction's
+/// datatype and op), never on the binding or how a rank describes its data. `own`: a
+/// failure of this rank's found before (the stream synchronisation), treated as a failed
+/// staging. Without `outcome` a staging failure returns at once (the other ranks are
+/// left in the call: used only where no rank stages).
 /// Non-blocking calls that stage or exchange get a streamcoll-owned request in
 /// *a.request (Fortran calls too: the MPI's request is wrapped).
 int run(const CollArgs& a, Backend& backend, bool outcome = false, int own = MPI_SUCCESS,

@@ -21,8 +21,8 @@
 //            - non-blocking bcast, allgather and alltoall where one rank describes its
 //              data with derived datatypes (a strided vector, a contiguous type) of the
 //              others' type signature, on device and host memory;
-//            - blocking bcast with a derived datatype on one rank (its bytes carried in
-//              band with the root's staging outcome, or exchanged, by size);
+//            - blocking bcast and allgather with derived datatypes on one rank (their bytes
+//              carried in band with the staging outcomes, or exchanged, by size);
 //            - non-blocking bcast and allgather of pair types (one rank's MPI_2INT for
 //              the others' twice as many MPI_INT; MPI_DOUBLE_INT on every rank);
 //            - with FAKE_CUDA_DEVICES=2: one rank's buffer on the second GPU after the
@@ -44,8 +44,9 @@
 //            (streamcoll_agreement_counts); with STREAMCOLL_MPI_CUDA_AWARE unset (an MPI
 //            that is not CUDA-aware: GPU buffers staged) and DIVERGENT_FAIL_STAGING=1, a
 //            staging copy fails on the last rank while it alone passes GPU memory (an
-//            allreduce, then a bcast from it): that call fails on every rank (none
-//            reports a wrong value), the next is exact.
+//            allreduce, a bcast from it, an allgather, a reduce to rank 0): that call
+//            fails on every rank that gets a result (none reports a wrong value), the
+//            next is exact.
 //            DIVERGENT_STREAM=1: with a stream attached, which each rank detaches and
 //            attaches again on its own.
 //   skew     stream-ordered MPI_Allreduce calls on route nccl (or ht) with the last rank 300 ms
@@ -335,6 +336,18 @@ void derived_nonblocking(MPI_Comm comm) {
   MPI_Type_free(&contig);
 }
 
+// Elements of `b` (ints) that differ from `want`.
+size_t count_wrong(Buf& b, const std::vector<int>& want) {
+  const std::vector<char> got = b.read();
+  size_t bad = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    int g;
+    std::memcpy(&g, got.data() + i * sizeof(int), sizeof g);
+    bad += g != want[i];
+  }
+  return bad;
+}
+
 // Blocking MPI_Bcast where the last rank describes its data with a strided vector and the
 // others with MPI_INTs (same type signature), on device and host memory, every root, small
 // and large: under an MPI that is not CUDA-aware a small one carries the root's staging
@@ -367,15 +380,39 @@ void derived_blocking_bcast(MPI_Comm comm) {
         const int rc = odd ? MPI_Bcast(recv.get(), 1, vec, root, comm)
                            : MPI_Bcast(recv.get(), n, MPI_INT, root, comm);
         check(rc == MPI_SUCCESS, label + ": succeeds");
-        const std::vector<char> got = recv.read();
-        size_t bad = 0;
-        for (size_t i = 0; i < want.size(); ++i) {
-          int g;
-          std::memcpy(&g, got.data() + i * sizeof(int), sizeof g);
-          bad += g != want[i];
-        }
-        check(bad == 0, label + ": " + std::to_string(bad) + " wrong elements (holes included)");
+        check(count_wrong(recv, want) == 0, label + ": wrong elements (holes included)");
       }
+    // Allgather: the last rank sends its block with `vec` (from 2n ints) and receives the
+    // blocks as `contig`; the others send and receive MPI_INTs; then in place, the last
+    // rank's blocks in `contig`.
+    MPI_Datatype contig;
+    MPI_Type_contiguous(n, MPI_INT, &contig);
+    MPI_Type_commit(&contig);
+    for (Mem m : {Mem::device, Mem::host})
+      for (bool in_place : {false, true}) {
+        ++salt;
+        const std::string label = std::string("blocking allgather, derived datatypes on the ") +
+                                  "last rank, n " + std::to_string(n) + (in_place ? " in place " : " ") +
+                                  mem_name(m);
+        const size_t selems = odd ? 2 * static_cast<size_t>(n) : static_cast<size_t>(n);
+        Buf send(selems * sizeof(int), m);
+        std::vector<int> v(selems, sentinel);
+        for (int i = 0; i < n; ++i) v[odd ? 2 * i : i] = in_val(rank, i, salt);
+        send.put(v.data(), v.size() * sizeof(int));
+        Buf recv(static_cast<size_t>(n) * size * sizeof(int), m);
+        std::vector<int> want(static_cast<size_t>(n) * size), init(want.size(), sentinel);
+        for (int q = 0; q < size; ++q)
+          for (int i = 0; i < n; ++i) want[q * n + i] = in_val(q, i, salt);
+        if (in_place)
+          for (int i = 0; i < n; ++i) init[rank * n + i] = in_val(rank, i, salt);
+        recv.put(init.data(), init.size() * sizeof(int));
+        const void* sb = in_place ? MPI_IN_PLACE : send.get();
+        const int rc = odd ? MPI_Allgather(sb, 1, vec, recv.get(), 1, contig, comm)
+                           : MPI_Allgather(sb, n, MPI_INT, recv.get(), n, MPI_INT, comm);
+        check(rc == MPI_SUCCESS, label + ": succeeds");
+        check(count_wrong(recv, want) == 0, label + ": wrong elements");
+      }
+    MPI_Type_free(&contig);
     MPI_Type_free(&vec);
   }
 }
@@ -686,9 +723,10 @@ void signature_program(MPI_Comm world, unsigned seed) {
   if (std::getenv("DIVERGENT_FAIL_STAGING") && fail_after) {
     // Rounds 0-9 on host memory everywhere (the facts later calls decide from), round 10
     // the last rank on GPU memory with its staging copy failing, 11 the same without the
-    // failure, 12 host again. MPI_Allreduce (each rank's outcome in band), then MPI_Bcast
-    // whose root is the last rank (the root's outcome in band).
-    for (Kind kind : {Kind::allreduce, Kind::bcast})
+    // failure, 12 host again. MPI_Allreduce (each rank's outcome in band), MPI_Bcast
+    // whose root is the last rank (the root's outcome in band), MPI_Allgather (every
+    // rank's), MPI_Reduce to rank 0 (every rank's, seen at the root).
+    for (Kind kind : {Kind::allreduce, Kind::bcast, Kind::allgather, Kind::reduce})
     for (int round = 0; round < 13; ++round) {
       const bool failing = round == 10 && rank == size - 1;
       Call c = make(kind, 16, kind == Kind::bcast ? size - 1 : 0, false,
@@ -700,8 +738,11 @@ void signature_program(MPI_Comm world, unsigned seed) {
       if (failing) fail_after("cuMemcpyAsync", 0);
       const std::string L = std::string(kind_name(kind)) + " staging failure round " +
                             std::to_string(round);
-      if (round == 10) {
-        check(rc != MPI_SUCCESS, L + ": the call fails on every rank");
+      if (round == 10 && kind == Kind::reduce && rank != 0 && rank != size - 1) {
+        // A reduce's ranks other than the root and the failing one get no result.
+        check(rc == MPI_SUCCESS, L + ": a non-root rank's part succeeds");
+      } else if (round == 10) {
+        check(rc != MPI_SUCCESS, L + ": the call fails on every rank that gets a result");
       } else if (round != 10) {
         check(rc == MPI_SUCCESS, L + ": the call succeeds");
         c.verify(L);
