@@ -1428,6 +1428,7 @@ class NcclRoute final : public Route {
       if (s && !env.has_stream) driver().cuStreamSynchronize(s);
       return rc;
     };
+    if (env.input_failure != MPI_SUCCESS) return lost(env.input_failure);
     // Managed memory is reachable from any GPU; device memory only from its own. A call
     // routed from an earlier agreement (non-blocking, or blocking from its signature's:
     // shim/dispatch.cpp) whose buffers here are elsewhere stages them.

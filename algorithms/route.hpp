@@ -42,6 +42,10 @@ struct CallEnv {
   /// was agreed, on the fusion queue's private duplicate. Route nccl takes it under
   /// STREAMCOLL_FUSION_NCCL rather than STREAMCOLL_NCCL_NONBLOCKING.
   bool fused = false;
+  /// This rank could not read its input (a call repacked from a derived datatype whose
+  /// data it failed to read: core/repack.hpp): the route fails the call on every rank, as
+  /// after a failure of its own, rather than take part with data it does not have.
+  int input_failure = MPI_SUCCESS;
 };
 
 class Route {

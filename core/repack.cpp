@@ -192,7 +192,7 @@ MPI_Datatype basic_of(MPI_Datatype t) {
 }
 
 bool needed(const CollArgs& a) {
-  if (!a.nonblocking || a.request == nullptr) return false;
+  if (a.nonblocking && a.request == nullptr) return false;
   switch (a.coll) {
     case Coll::bcast:
       return a.count > 0 && !contiguous_basic(a.datatype);
@@ -205,74 +205,119 @@ bool needed(const CollArgs& a) {
   }
 }
 
-int run(const CollArgs& a, const std::function<int(const CollArgs&)>& inner) {
-  int rank = 0, size = 1;
-  PMPI_Comm_rank(a.comm, &rank);
-  PMPI_Comm_size(a.comm, &size);
+namespace {
+
+// A call repacked: `b` is `a` on contiguous host copies described with the basic type;
+// what to unpack afterwards, and whether reading this rank's input failed (`own`).
+struct Plan {
+  CollArgs b;
+  MPI_Datatype basic = MPI_DATATYPE_NULL;
+  std::unique_ptr<Side> send = std::make_unique<Side>(), recv = std::make_unique<Side>();
+  bool unpack_recv = true;
+  int own = MPI_SUCCESS;
+};
+
+// b's datatypes and counts for `a` (no data touched): false where MPI cannot tell the
+// basic type (the call then runs as it is, and MPI says what is wrong).
+bool describe(const CollArgs& a, int size, CollArgs* b, MPI_Datatype* basic_out, int64_t* block_out) {
   const MPI_Datatype described = a.coll == Coll::bcast ? a.datatype : a.recvtype;
   const MPI_Datatype basic = basic_of(described);
   const int bs = basic == MPI_DATATYPE_NULL ? 0 : type_size(basic);
-  if (bs <= 0 || !contiguous_basic(basic)) return inner(a);  // MPI will say what is wrong
-  CollArgs b = a;
-  b.fortran = nullptr;  // the repacked call is streamcoll's own, on C arguments
-  auto send = std::make_unique<Side>();
-  auto recv = std::make_unique<Side>();
-  int own = MPI_SUCCESS;
-  bool unpack_recv = true;
+  if (bs <= 0 || !contiguous_basic(basic)) return false;
   const int64_t block = static_cast<int64_t>(a.coll == Coll::bcast ? a.count : a.recvcount) *
                         type_size(described) / bs;  // basic elements per block
-  const int nblocks = a.coll == Coll::bcast ? 1 : size;
-  recv->user = a.recvbuf;
-  recv->count = (a.coll == Coll::bcast ? a.count : a.recvcount) * nblocks;
-  recv->type = described;
-  recv->packed.assign(static_cast<size_t>(block * nblocks * bs), 0);
-  const int64_t block_bytes = block * bs;
-  switch (a.coll) {
-    case Coll::bcast:
-      b.recvbuf = recv->packed.data();
-      b.count = static_cast<int>(block);
-      b.datatype = basic;
-      if (rank == a.root) {
-        own = pack(a.recvbuf, a.count, a.datatype, basic, recv->packed.data());
-        unpack_recv = false;  // the root's buffer is its input
-      }
-      break;
-    case Coll::allgather:
-    case Coll::alltoall: {
-      b.recvbuf = recv->packed.data();
-      b.recvcount = static_cast<int>(block);
-      b.recvtype = basic;
-      MPI_Aint lb = 0, extent = 0;
-      PMPI_Type_get_extent(a.recvtype, &lb, &extent);
-      if (a.sendbuf == MPI_IN_PLACE) {
-        if (a.coll == Coll::allgather) {  // this rank's block, where it lies in recvbuf
-          own = pack(static_cast<char*>(a.recvbuf) + static_cast<int64_t>(rank) * a.recvcount * extent,
-                     a.recvcount, a.recvtype, basic, recv->packed.data() + rank * block_bytes);
-        } else {  // all of recvbuf is the input
-          own = pack(a.recvbuf, a.recvcount * size, a.recvtype, basic, recv->packed.data());
-        }
-      } else {
-        const int scount = a.coll == Coll::allgather ? a.sendcount : a.sendcount * size;
-        send->count = scount;
-        send->type = a.sendtype;
-        send->packed.assign(static_cast<size_t>(block_bytes * (a.coll == Coll::allgather ? 1 : size)), 0);
-        own = pack(a.sendbuf, scount, a.sendtype, basic, send->packed.data());
-        b.sendbuf = send->packed.data();
-        b.sendcount = static_cast<int>(block);
-        b.sendtype = basic;
-      }
-      break;
+  *b = a;
+  b->fortran = nullptr;  // the repacked call is streamcoll's own, on C arguments
+  if (a.coll == Coll::bcast) {
+    b->count = static_cast<int>(block);
+    b->datatype = basic;
+  } else {
+    b->recvcount = static_cast<int>(block);
+    b->recvtype = basic;
+    if (a.sendbuf != MPI_IN_PLACE) {
+      b->sendcount = static_cast<int>(block);
+      b->sendtype = basic;
     }
-    default:
-      return inner(a);
   }
-  if (own != MPI_SUCCESS)
-    log_error("%s: could not read this rank's input to repack it (its datatype is derived); "
-              "it takes part with zeros and reports the error",
-              call_name(a.coll, true).c_str());
-  auto* req = new RepackRequest(a.comm, basic, std::move(send), std::move(recv), unpack_recv, own);
-  b.request = req->inner();
-  const int rc = inner(b);
+  (void)size;
+  *basic_out = basic;
+  *block_out = block;
+  return true;
+}
+
+// The plan for `a` with its data packed; `own`: a failure of this rank's found before
+// (taken as a failure to read its input). False where `a` is not repacked (run as it is).
+bool make_plan(const CollArgs& a, int own_before, Plan* p) {
+  int rank = 0, size = 1;
+  PMPI_Comm_rank(a.comm, &rank);
+  PMPI_Comm_size(a.comm, &size);
+  int64_t block = 0;
+  if ((a.coll != Coll::bcast && a.coll != Coll::allgather && a.coll != Coll::alltoall) ||
+      !describe(a, size, &p->b, &p->basic, &block))
+    return false;
+  const MPI_Datatype described = a.coll == Coll::bcast ? a.datatype : a.recvtype;
+  const MPI_Datatype basic = p->basic;
+  const int bs = type_size(basic);
+  p->own = own_before;
+  const int nblocks = a.coll == Coll::bcast ? 1 : size;
+  Side& recv = *p->recv;
+  Side& send = *p->send;
+  recv.user = a.recvbuf;
+  recv.count = (a.coll == Coll::bcast ? a.count : a.recvcount) * nblocks;
+  recv.type = described;
+  recv.packed.assign(static_cast<size_t>(block * nblocks * bs), 0);
+  p->b.recvbuf = recv.packed.data();
+  const int64_t block_bytes = block * bs;
+  int own = MPI_SUCCESS;
+  if (a.coll == Coll::bcast) {
+    if (rank == a.root) {
+      own = pack(a.recvbuf, a.count, a.datatype, basic, recv.packed.data());
+      p->unpack_recv = false;  // the root's buffer is its input
+    }
+  } else if (a.sendbuf == MPI_IN_PLACE) {
+    MPI_Aint lb = 0, extent = 0;
+    PMPI_Type_get_extent(a.recvtype, &lb, &extent);
+    if (a.coll == Coll::allgather) {  // this rank's block, where it lies in recvbuf
+      own = pack(static_cast<char*>(a.recvbuf) + static_cast<int64_t>(rank) * a.recvcount * extent,
+                 a.recvcount, a.recvtype, basic, recv.packed.data() + rank * block_bytes);
+    } else {  // all of recvbuf is the input
+      own = pack(a.recvbuf, a.recvcount * size, a.recvtype, basic, recv.packed.data());
+    }
+  } else {
+    const int scount = a.coll == Coll::allgather ? a.sendcount : a.sendcount * size;
+    send.count = scount;
+    send.type = a.sendtype;
+    send.packed.assign(static_cast<size_t>(block_bytes * (a.coll == Coll::allgather ? 1 : size)), 0);
+    own = pack(a.sendbuf, scount, a.sendtype, basic, send.packed.data());
+    p->b.sendbuf = send.packed.data();
+  }
+  if (p->own == MPI_SUCCESS) p->own = own;
+  if (p->own != MPI_SUCCESS)
+    log_error("%s: could not read this rank's input to repack it (its datatype is derived)",
+              call_name(a.coll, a.nonblocking).c_str());
+  return true;
+}
+
+}  // namespace
+
+bool basic_view(const CollArgs& a, CollArgs* view) {
+  if (!needed(a)) return false;
+  int size = 1;
+  PMPI_Comm_size(a.comm, &size);
+  MPI_Datatype basic = MPI_DATATYPE_NULL;
+  int64_t block = 0;
+  return describe(a, size, view, &basic, &block);
+}
+
+int run(const CollArgs& a, const std::function<int(const CollArgs&)>& inner, int own) {
+  Plan p;
+  if (!make_plan(a, own, &p)) return inner(a);
+  if (p.own != MPI_SUCCESS) log_error("%s: this rank takes part with zeros and reports the error",
+                                      call_name(a.coll, true).c_str());
+  auto* req = new RepackRequest(a.comm, p.basic, std::move(p.send), std::move(p.recv),
+                                p.unpack_recv, p.own);
+  p.b.request = req->inner();
+  const int rc = inner(p.b);
   if (rc != MPI_SUCCESS) {
     // The repacked call failed to start (its route raised the error): nothing to wait for.
     *req->inner() = MPI_REQUEST_NULL;
@@ -282,6 +327,21 @@ int run(const CollArgs& a, const std::function<int(const CollArgs&)>& inner) {
   }
   // A failure to read this rank's input is reported when the request completes.
   return start_request(req, a.request);
+}
+
+int run_blocking(const CollArgs& a, const std::function<int(const CollArgs&, int)>& inner,
+                 int own) {
+  Plan p;
+  if (!make_plan(a, own, &p)) return inner(a, own);
+  int rc = inner(p.b, p.own);
+  if (rc == MPI_SUCCESS && p.own != MPI_SUCCESS) rc = p.own;  // a route that took no notice
+  if (rc == MPI_SUCCESS && p.unpack_recv) {
+    rc = unpack(p.recv->packed.data(), p.recv->user, p.recv->count, p.recv->type, p.basic);
+    if (rc != MPI_SUCCESS)
+      log_error("%s: could not write the repacked result into this rank's buffer",
+                call_name(a.coll, false).c_str());
+  }
+  return rc;
 }
 
 }  // namespace streamcoll::repack

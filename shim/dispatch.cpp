@@ -23,12 +23,13 @@
 //     at the first blocking call of a signature that may leave pmpi (and at every call
 //     while they go to a route that cannot take what a rank passes), the ranks exchange,
 //     in one small allreduce, what only each of them can see; later calls that pass
-//     host memory or are stream-ordered (to pmpi, or to nccl or ht for a reduction)
-//     decide from agreements started
+//     host memory or are stream-ordered (to pmpi, to nccl or ht for a reduction, to nccl
+//     for a bcast, allgather or alltoall) decide from agreements started
 //     at earlier calls of the signature (the n-th call of a signature is the same call on
 //     every rank: no rank waits for another there, unless one runs ahead by more than
 //     SignatureAgreements::kRunAhead calls), and a rank whose own facts differ adapts
-//     inside the route (as for a non-blocking call, below). What each rank sees: the
+//     inside the route (as for a non-blocking call, below; a bcast or gather-like call it
+//     describes with a derived datatype repacked: core/repack). What each rank sees: the
 //     memory kind of its buffers (MPI lets a rank pass host memory where another passes
 //     device memory, and makes MPI_Reduce's receive buffer significant at the root only),
 //     whether its arguments suit a route at all (language binding, how it describes a
@@ -259,10 +260,12 @@ AgreedFacts signature_facts(SignatureAgreements& sig, CommContext& ctx, MPI_Comm
 // operation on every rank whatever each passes. ht stages GPU memory through the host,
 // runs classic or stream-ordered per rank (algo=mpi through its engine on every rank:
 // CallEnv::adopted), with the failure flags the agreed kind says. Both run a Fortran call
-// on its C arguments. Only the reductions: there a rank's datatype cannot differ from
-// the others' (no repacking needed, which blocking calls lack). Fused calls and the
-// other routes agree at every call. From the route, the agreed facts and the call's
-// arguments that MPI makes equal on every rank: equal everywhere.
+// on its C arguments. nccl also takes bcast, allgather and alltoall so: a rank that
+// describes its data with a derived datatype is asked (accepts) and runs repacked to the
+// datatype the others pass (core/repack.hpp: basic_view, run_blocking), and one that
+// cannot read its data fails the call on every rank through the route (input_failure).
+// Fused calls and the other routes agree at every call. From the route, the agreed facts
+// and the call's arguments that MPI makes equal on every rank: equal everywhere.
 bool cacheable(const Decision& d, const CollArgs& a, const AgreedFacts& agreed) {
   if (d.fuse) return false;
   // Facts that are not routable (ranks' kinds differ, or a rank's arguments suited only
@@ -272,7 +275,9 @@ bool cacheable(const Decision& d, const CollArgs& a, const AgreedFacts& agreed) 
   const bool host = agreed.mem == MemKind::host || agreed.mem == MemKind::pinned;
   if (!host && !d.agreed_stream) return false;  // classic GPU calls agree at every call
   if (d.route == RouteId::pmpi) return true;
-  return (d.route == RouteId::nccl || d.route == RouteId::ht) && takes_op(a.coll);
+  if (takes_op(a.coll)) return d.route == RouteId::nccl || d.route == RouteId::ht;
+  return d.route == RouteId::nccl && (a.coll == Coll::bcast || a.coll == Coll::allgather ||
+                                      a.coll == Coll::alltoall);
 }
 
 // Step 3 of decide(), the route: the table and the forced routes matched with the agreed
@@ -313,6 +318,10 @@ void choose_route(Decision& d, const CollArgs& a, const AgreedFacts& agreed, int
   }
   // A forced route (streamcoll_comm_set_route, STREAMCOLL_ROUTE) that declines goes to
   // pmpi; a table rule's route that declines hands the call to the next matching rule.
+  // Routes are asked about the call as every rank describes it: where this rank describes
+  // a bcast or gather-like call's data its own way, as repacking would pass it.
+  CollArgs view;
+  const CollArgs& asked = !takes_op(a.coll) && repack::basic_view(a, &view) ? view : a;
   const bool by_comm = walk.forced != nullptr;
   const config::Rule* rule = by_comm ? walk.forced : walk.count ? walk.table[0] : nullptr;
   int at = 0;            // rule's index in walk.table
@@ -332,7 +341,7 @@ void choose_route(Decision& d, const CollArgs& a, const AgreedFacts& agreed, int
     }
     Route* route = find_route(rule->choice.route);
     if (route && !(env.unable >> static_cast<int>(rule->choice.route) & 1u) &&
-        route->accepts(a, *ctx, rule->choice, env)) {
+        route->accepts(asked, *ctx, rule->choice, env)) {
       d.route = rule->choice.route;
       break;
     }
@@ -595,8 +604,12 @@ int dispatch(const CollArgs& a) {
   // on a communicator whose agreement may route it: it runs repacked to the datatype the
   // other ranks pass (core/repack.hpp), through the same routing (once: the repacked call
   // is never repacked again).
-  if (a.nonblocking && repack::needed(a) && rt.full_path(a.coll) && may_route(a))
-    return repack::run(a, [&rt](const CollArgs& b) { return dispatch_described(b, rt); });
+  if (a.nonblocking && repack::needed(a) && rt.full_path(a.coll) && may_route(a)) {
+    // (The data is read now: after the work on the communicator's stream, if it has one.)
+    void* stream = nullptr;
+    const int own = streamext::attached(a.comm, &stream) ? sync_stream(stream) : MPI_SUCCESS;
+    return repack::run(a, [&rt](const CollArgs& b) { return dispatch_described(b, rt); }, own);
+  }
   return dispatch_described(a, rt);
 }
 
@@ -646,7 +659,28 @@ int dispatch_described(const CollArgs& a, Runtime& rt) {
     }
   } else {
     static const config::RouteChoice kNoParams;
-    rc = find_route(d.route)->run(a, *d.ctx, d.choice ? *d.choice : kNoParams, d.env);
+    Route* route = find_route(d.route);
+    const config::RouteChoice& choice = d.choice ? *d.choice : kNoParams;
+    if (!a.nonblocking && repack::needed(a)) {
+      // Routed from earlier agreements while this rank describes its data its own way
+      // (cacheable(): route nccl): it takes part repacked, on host copies, its host waiting
+      // for its stream's work first (its own adaptation; the others are not held).
+      const int own = d.env.has_stream ? sync_stream(d.env.stream) : MPI_SUCCESS;
+      rc = repack::run_blocking(
+          a,
+          [&](const CollArgs& b, int lost) {
+            CallEnv env = d.env;
+            env.mem = MemKind::host;
+            env.device = -1;
+            env.has_stream = false;
+            env.stream = nullptr;
+            env.input_failure = lost;
+            return route->run(b, *d.ctx, choice, env);
+          },
+          own);
+    } else {
+      rc = route->run(a, *d.ctx, choice, d.env);
+    }
     if (rc != MPI_SUCCESS) PMPI_Comm_call_errhandler(a.comm, rc);
   }
   // An earlier stream-ordered operation on this communicator failed after its call had

@@ -48,9 +48,13 @@
 //            fails on every rank that gets a result (none reports a wrong value), the
 //            next is exact.
 //            DIVERGENT_STREAM=1: with a stream attached, which each rank detaches and
-//            attaches again on its own.
-//   skew     stream-ordered MPI_Allreduce calls on route nccl (or ht) with the last rank 300 ms
-//            late: rank 0's host is back in well under 100 ms (skew_program).
+//            attaches again on its own; with route nccl, then stream-ordered bcast and
+//            allgather where the last rank describes its data with derived datatypes now
+//            and then, and once fails to read it (derived_adopted).
+//   skew     stream-ordered MPI_Allreduce calls on route nccl (or ht), and on nccl MPI_Bcast,
+//            MPI_Allgather and MPI_Alltoall too, with the last rank 300 ms late: rank 0's
+//            host is back in well under 100 ms (skew_program).
+// DIVERGENT_THREAD_MULTIPLE=1: the program asks for MPI_THREAD_MULTIPLE.
 // DIVERGENT_ALLREDUCE_ROUTE: the route allreduce is forced to (STREAMCOLL_ROUTE; default
 // nccl), which the cases check took the all-device calls and, with
 // STREAMCOLL_NCCL_NONBLOCKING, the last rank's host-buffer MPI_Iallreduce calls.
@@ -754,48 +758,171 @@ void signature_program(MPI_Comm world, unsigned seed) {
 
 // ---- a late rank under stream-ordered calls ----------------------------------------------
 
-// A stream-ordered MPI_Allreduce (a stream attached, device buffers, route nccl, or the
-// route DIVERGENT_ALLREDUCE_ROUTE names and STREAMCOLL_ROUTE forces) returns
-// once the operation is enqueued, whatever its peers do: after the signature's first call
-// (which agrees at once), the last rank arrives 300 ms late at call kLate, and rank 0's
-// calls kLate to kLate + 3 (within SignatureAgreements::kRunAhead of the last refresh the
-// late rank started) return in well under that. Then a deep run-ahead: the last rank
-// late again while the others make 12 more calls (they wait where the run-ahead bound
-// says). Every value is checked after the stream is synchronised.
-void skew_program(MPI_Comm world) {
+// Stream-ordered blocking MPI_Bcast and MPI_Allgather on device memory, routed to nccl
+// from their signatures' earlier agreements, while the last rank now and then describes
+// its data with derived datatypes (a strided vector; a contiguous type), which the facts
+// it decides from never saw: it takes part repacked (core/repack.hpp: run_blocking), its
+// host waiting for its stream first; the others' calls stay stream-ordered. Where MPI runs
+// at MPI_THREAD_MULTIPLE, once (call 30) that rank (the bcast's root) fails to read its
+// input while repacking: the call fails on every rank (route nccl's failure notice, which
+// the watchdog takes in while a peer's host waits in cudaStreamSynchronize; without
+// MPI_THREAD_MULTIPLE only at the peer's next call into streamcoll, docs/design.md): on
+// that rank at once, on a peer whose call had returned (stream-ordered) at its next call
+// on the communicator, and no rank takes a wrong value without that report; then the calls
+// succeed again (the route is left at the next agreement). Every value and every hole
+// checked. Each collective on its own duplicate (an aborted NCCL communicator stays so).
+void derived_adopted(MPI_Comm world, unsigned seed) {
   const int rank = comm_rank(world), size = comm_size(world);
-  MPI_Comm comm;
-  MPI_Comm_dup(world, &comm);
+  const bool odd = rank == size - 1;
+  std::mt19937 mine(seed * 31u + static_cast<unsigned>(rank) * 7u);
   CUstream_st* stream = api.stream_create(1);
-  check(streamcoll_comm_attach_stream(comm, stream) == MPI_SUCCESS, "skew: attach the stream");
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  auto fail_after = level == MPI_THREAD_MULTIPLE
+                        ? reinterpret_cast<fake_cuda_fail_after_fn>(dlsym(
+                              dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL), "fake_cuda_fail_after"))
+                        : nullptr;
+  const int n = 256, root = size - 1;
+  MPI_Datatype vec, contig;
+  MPI_Type_vector(n, 1, 2, MPI_INT, &vec);
+  MPI_Type_commit(&vec);
+  MPI_Type_contiguous(n, MPI_INT, &contig);
+  MPI_Type_commit(&contig);
+  int sentinel;
+  std::memset(&sentinel, Buf::kSentinel, sizeof sentinel);
+  for (Kind kind : {Kind::bcast, Kind::allgather}) {
+    const std::string what = std::string("derived, adopted: ") + kind_name(kind);
+    MPI_Comm comm;
+    MPI_Comm_dup(world, &comm);
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    check(streamcoll_comm_attach_stream(comm, stream) == MPI_SUCCESS, what + ": attach");
+    const unsigned long long routed0 = stat_calls(kind_name(kind), "nccl", "device");
+    int repacked = 0, failed = 0, late_failures = 0;
+    bool owed = false;  // the last call returned MPI_SUCCESS with wrong values
+    for (int i = 0; i < 60; ++i) {
+      const unsigned salt = seed * 1000 + 800 + static_cast<unsigned>(i) +
+                            (kind == Kind::bcast ? 0u : 100u);
+      const bool lose = i == 30 && odd && fail_after;
+      const bool derived = odd && i > 0 && (lose || mine() % 3 == 0);
+      const std::string L = what + " call " + std::to_string(i) + (derived ? " (derived)" : "");
+      std::vector<int> want, init;
+      Buf* send = nullptr;
+      Buf* recv = nullptr;
+      int rc;
+      if (lose) fail_after("cuMemcpyAsync", 1);
+      if (kind == Kind::bcast) {  // from the last rank, its data every other int of 2n
+        const size_t elems = derived ? 2 * static_cast<size_t>(n) : static_cast<size_t>(n);
+        init.assign(elems, sentinel);
+        want.assign(elems, sentinel);
+        for (int k = 0; k < n; ++k) {
+          want[derived ? 2 * k : k] = in_val(root, k, salt);
+          if (rank == root) init[derived ? 2 * k : k] = in_val(root, k, salt);
+        }
+        recv = new Buf(elems * sizeof(int), Mem::device);
+        recv->put(init.data(), init.size() * sizeof(int));
+        rc = derived ? MPI_Bcast(recv->get(), 1, vec, root, comm)
+                     : MPI_Bcast(recv->get(), n, MPI_INT, root, comm);
+      } else {  // the last rank sends with `vec`, receives blocks of `contig`
+        const size_t selems = derived ? 2 * static_cast<size_t>(n) : static_cast<size_t>(n);
+        std::vector<int> v(selems, sentinel);
+        for (int k = 0; k < n; ++k) v[derived ? 2 * k : k] = in_val(rank, k, salt);
+        send = new Buf(selems * sizeof(int), Mem::device);
+        send->put(v.data(), v.size() * sizeof(int));
+        want.resize(static_cast<size_t>(n) * size);
+        for (int q = 0; q < size; ++q)
+          for (int k = 0; k < n; ++k) want[q * n + k] = in_val(q, k, salt);
+        recv = new Buf(want.size() * sizeof(int), Mem::device);
+        rc = derived ? MPI_Allgather(send->get(), 1, vec, recv->get(), 1, contig, comm)
+                     : MPI_Allgather(send->get(), n, MPI_INT, recv->get(), n, MPI_INT, comm);
+      }
+      if (lose) fail_after("cuMemcpyAsync", 0);
+      check(api.stream_sync(stream) == 0, L + ": synchronise the stream");
+      repacked += derived && rc == MPI_SUCCESS;
+      if (owed) check(rc != MPI_SUCCESS, L + ": reports the failure of the call before");
+      owed = false;
+      if (rc == MPI_SUCCESS) {
+        // Wrong values only where a stream-ordered operation failed after its call had
+        // returned: the next call must report it (checked above), and never after call 30.
+        const size_t wrong = count_wrong(*recv, want);
+        check(wrong == 0 || (fail_after && i == 30 && !derived),
+              L + ": " + std::to_string(wrong) + " wrong elements (holes included)");
+        owed = wrong != 0;
+      } else {
+        ++failed;
+        late_failures += i >= 46;
+      }
+      if (lose) check(rc != MPI_SUCCESS, L + ": fails where this rank could not read its input");
+      delete send;
+      delete recv;
+    }
+    // Every rank saw the failure (call 30, or a later call before the route was left).
+    int any = failed > 0, all = 0;
+    MPI_Allreduce(&any, &all, 1, MPI_INT, MPI_MIN, world);
+    if (fail_after) check(all == 1, what + ": the lost input failed a call on every rank");
+    check(late_failures == 0, what + ": calls 46 to 59 succeed");
+    if (odd) check(repacked >= 5, what + ": " + std::to_string(repacked) + " repacked calls succeeded");
+    check(stat_calls(kind_name(kind), "nccl", "device") >= routed0 + 30,
+          what + ": most calls took route nccl");
+    streamcoll_comm_detach_stream(comm);
+    MPI_Comm_free(&comm);
+  }
+  MPI_Type_free(&vec);
+  MPI_Type_free(&contig);
+  api.stream_destroy(stream);
+}
+
+// One collective's stream-ordered calls with a late rank (skew_program).
+void skew_calls(MPI_Comm comm, Kind kind, const std::string& route, unsigned salt) {
+  const int rank = comm_rank(comm), size = comm_size(comm);
   constexpr int kLate = 6, kCalls = 30, kDeep = 16;
   constexpr double kSkew = 0.3, kBound = 0.1;
-  const char* forced = std::getenv("DIVERGENT_ALLREDUCE_ROUTE");
-  const std::string route = forced ? forced : "nccl";
-  const unsigned long long routed0 = stat_calls("allreduce", route.c_str(), "device");
+  const std::string what = std::string("skew: ") + kind_name(kind);
+  const unsigned long long routed0 = stat_calls(kind_name(kind), route.c_str(), "device");
+  CUstream_st* stream = api.stream_create(1);
+  check(streamcoll_comm_attach_stream(comm, stream) == MPI_SUCCESS, what + ": attach the stream");
   std::vector<Call> calls;
   calls.reserve(kCalls);
   for (int n = 1; n <= kCalls; ++n) {
-    calls.push_back(make(Kind::allreduce, 4096, 0, false, 5000 + n, comm));
+    calls.push_back(make(kind, kind == Kind::allreduce ? 4096 : 512, 0, false, salt + n, comm));
     Call& c = calls.back();
     c.prepare(Mem::device, Mem::device);
     if (rank == size - 1 && size > 1 && (n == kLate || n == kDeep)) usleep(static_cast<useconds_t>(kSkew * 1e6));
     const double t0 = MPI_Wtime();
-    check(c.start(nullptr) == MPI_SUCCESS, "skew: call " + std::to_string(n) + " returns MPI_SUCCESS");
+    check(c.start(nullptr) == MPI_SUCCESS, what + " call " + std::to_string(n) + " returns MPI_SUCCESS");
     const double dt = MPI_Wtime() - t0;
     if (rank == 0 && size > 1 && n >= kLate && n <= kLate + 3)
-      check(dt < kBound, "skew: call " + std::to_string(n) + " returned after " +
+      check(dt < kBound, what + " call " + std::to_string(n) + " returned after " +
                              std::to_string(static_cast<int>(dt * 1e3)) + " ms with a peer " +
                              std::to_string(static_cast<int>(kSkew * 1e3)) + " ms late (bound " +
                              std::to_string(static_cast<int>(kBound * 1e3)) + " ms)");
   }
-  check(api.stream_sync(stream) == 0, "skew: synchronise the stream");
-  for (int n = 1; n <= kCalls; ++n) calls[n - 1].verify("skew: call " + std::to_string(n));
+  check(api.stream_sync(stream) == 0, what + ": synchronise the stream");
+  for (int n = 1; n <= kCalls; ++n) calls[n - 1].verify(what + " call " + std::to_string(n));
   if (size > 1)
-    check(stat_calls("allreduce", route.c_str(), "device") == routed0 + kCalls,
-          "skew: every call took route " + route);
+    check(stat_calls(kind_name(kind), route.c_str(), "device") == routed0 + kCalls,
+          what + ": every call took route " + route);
   streamcoll_comm_detach_stream(comm);
   api.stream_destroy(stream);
+}
+
+// Stream-ordered blocking calls on device memory return once enqueued, whatever their
+// peers do: after the signature's first call (which agrees at once), the last rank arrives
+// 300 ms late at call kLate, and rank 0's calls kLate to kLate + 3 (within
+// SignatureAgreements::kRunAhead of the last refresh the late rank started) return in
+// under 100 ms; a second late arrival (kDeep) after a deep run-ahead. MPI_Allreduce on
+// route nccl (or the route DIVERGENT_ALLREDUCE_ROUTE names and STREAMCOLL_ROUTE forces);
+// on route nccl also MPI_Bcast, MPI_Allgather and MPI_Alltoall.
+void skew_program(MPI_Comm world) {
+  MPI_Comm comm;
+  MPI_Comm_dup(world, &comm);
+  const char* forced = std::getenv("DIVERGENT_ALLREDUCE_ROUTE");
+  const std::string route = forced ? forced : "nccl";
+  skew_calls(comm, Kind::allreduce, route, 5000);
+  if (route == "nccl") {
+    skew_calls(comm, Kind::bcast, route, 5100);
+    skew_calls(comm, Kind::allgather, route, 5200);
+    skew_calls(comm, Kind::alltoall, route, 5300);
+  }
   MPI_Comm_free(&comm);
 }
 
@@ -808,7 +935,13 @@ void on_alarm(int) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  // DIVERGENT_THREAD_MULTIPLE=1: the program asks for MPI_THREAD_MULTIPLE itself.
+  if (std::getenv("DIVERGENT_THREAD_MULTIPLE")) {
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  } else {
+    MPI_Init(&argc, &argv);
+  }
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_size);
   const std::string mode = argc > 1 ? argv[1] : "";
@@ -863,6 +996,9 @@ int main(int argc, char** argv) {
                               ? static_cast<unsigned>(std::atoi(std::getenv("DIVERGENT_SEED_BASE")))
                               : 1u;
     for (int s = 0; s < seeds; ++s) signature_program(comm, base + s);
+    const char* ar = std::getenv("DIVERGENT_ALLREDUCE_ROUTE");
+    if (std::getenv("DIVERGENT_STREAM") && ar && std::string(ar) == "nccl" && g_size > 1)
+      derived_adopted(comm, base);
   } else {
     const int seeds = argc > 2 ? std::atoi(argv[2]) : 2;
     const unsigned base = std::getenv("DIVERGENT_SEED_BASE")
