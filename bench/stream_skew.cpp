@@ -1,4 +1,4 @@
-// The host time of a stream-ordered MPI_Allreduce (a stream attached to the communicator
+// The host time of a stream-ordered collective (a stream attached to the communicator
 // with streamcoll_comm_attach_stream, device buffers) when a peer is late: the extension's
 // promise is that the call returns once the operation is enqueued, so rank 0's host time
 // must not depend on the others' arrival (docs/design.md, "Safety rules": decisions from earlier
@@ -8,7 +8,10 @@
 // signature's first call (which agrees at once) is a warm-up, not counted.
 //
 //   stream_skew [--bytes 4096] [--rounds 20] [--late-ms 300] [--csv FILE]
+//               [--coll allreduce|bcast|allgather]
 //
+// --coll: MPI_Allreduce (MPI_SUM; the default), MPI_Bcast from rank 0, or MPI_Allgather of
+// --bytes per rank, all of MPI_FLOAT; every result checked.
 // The route is the table's (STREAMCOLL_ROUTE forces one: scripts/bench-agreement.sh runs
 // nccl and ht). Uses the CUDA driver API through dlopen("libcuda.so.1"), so the fake
 // driver of tests/fake (LD_LIBRARY_PATH) stands in for a GPU; a real driver where one is.
@@ -81,14 +84,21 @@ int main(int argc, char** argv) {
   size_t bytes = 4096;
   int rounds = 20;
   double late_ms = 300;
-  std::string csv;
+  std::string csv, coll = "allreduce";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--bytes") bytes = std::strtoull(argv[i + 1], nullptr, 10);
     else if (a == "--rounds") rounds = std::atoi(argv[i + 1]);
     else if (a == "--late-ms") late_ms = std::atof(argv[i + 1]);
     else if (a == "--csv") csv = argv[i + 1];
+    else if (a == "--coll") coll = argv[i + 1];
   }
+  if (coll != "allreduce" && coll != "bcast" && coll != "allgather") {
+    if (rank == 0) std::fprintf(stderr, "stream_skew: --coll allreduce, bcast or allgather\n");
+    MPI_Finalize();
+    return 2;
+  }
+  const bool gather = coll == "allgather";
   Driver d;
   int ok = d.load() ? 1 : 0, all = 0;
   MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
@@ -107,18 +117,27 @@ int main(int argc, char** argv) {
   const size_t n = std::max<size_t>(1, bytes / sizeof(float));
   CUdeviceptr send = 0, recv = 0;
   d.alloc(&send, n * sizeof(float));
-  d.alloc(&recv, n * sizeof(float));
-  std::vector<float> ones(n, 1.0f), out(n, 0.0f);
+  const size_t rn = gather ? n * static_cast<size_t>(size) : n;  // received floats
+  d.alloc(&recv, rn * sizeof(float));
+  std::vector<float> ones(n, 1.0f), zeros(n, 0.0f), out(rn, 0.0f);
   MPI_Comm comm;
   MPI_Comm_dup(MPI_COMM_WORLD, &comm);
   streamcoll_comm_attach_stream(comm, stream);
   auto call = [&]() {
-    d.copy(send, reinterpret_cast<CUdeviceptr>(ones.data()), n * sizeof(float), stream);
+    // The input (a bcast's others: their buffer cleared, for the call to write).
+    const bool cleared = coll == "bcast" && rank != 0;
+    d.copy(coll == "bcast" ? recv : send,
+           reinterpret_cast<CUdeviceptr>(cleared ? zeros.data() : ones.data()),
+           n * sizeof(float), stream);
     const auto t0 = std::chrono::steady_clock::now();
-    MPI_Allreduce(reinterpret_cast<void*>(send), reinterpret_cast<void*>(recv), static_cast<int>(n),
-                  MPI_FLOAT, MPI_SUM, comm);
+    auto* sb = reinterpret_cast<void*>(send);
+    auto* rb = reinterpret_cast<void*>(recv);
+    const int count = static_cast<int>(n);
+    if (coll == "bcast") MPI_Bcast(rb, count, MPI_FLOAT, 0, comm);
+    else if (gather) MPI_Allgather(sb, count, MPI_FLOAT, rb, count, MPI_FLOAT, comm);
+    else MPI_Allreduce(sb, rb, count, MPI_FLOAT, MPI_SUM, comm);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    d.copy(reinterpret_cast<CUdeviceptr>(out.data()), recv, n * sizeof(float), stream);
+    d.copy(reinterpret_cast<CUdeviceptr>(out.data()), recv, rn * sizeof(float), stream);
     d.stream_sync(stream);
     return ms;
   };
@@ -130,7 +149,8 @@ int main(int argc, char** argv) {
     if (is_late && rank == size - 1 && size > 1) usleep(static_cast<useconds_t>(late_ms * 1000));
     const double ms = call();
     (is_late ? late : on_time).push_back(ms);
-    for (float v : out) right = right && v == static_cast<float>(size);
+    const float want = coll == "allreduce" ? static_cast<float>(size) : 1.0f;
+    for (float v : out) right = right && v == want;
   }
   // The route the calls took: streamcoll's statistics (STREAMCOLL_STATS=1), if loaded.
   using GetStats = int (*)(const char*, const char*, const char*, streamcoll_stat_t*);
@@ -138,15 +158,16 @@ int main(int argc, char** argv) {
   std::string route = get ? "?" : "none (streamcoll not loaded)";
   for (const char* r : {"nccl", "ht", "pmpi", "nvgroup", "ccube", "blueconnect"}) {
     streamcoll_stat_t st{};
-    if (get && get("allreduce", r, "device", &st) == 0 && st.calls > 0) route = r;
+    if (get && get(coll.c_str(), r, "device", &st) == 0 && st.calls > 0) route = r;
   }
   int mine = right ? 1 : 0, every = 0;
   MPI_Allreduce(&mine, &every, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (rank == 0) {
-    std::printf("# stream_skew: %d ranks, %zu B MPI_Allreduce on device memory with an attached "
+    std::printf("# stream_skew: %d ranks, %zu B MPI_%s on device memory with an attached "
                 "stream, route %s; rank 0's host time per call (ms), %d rounds each; the last rank "
                 "%.0f ms late in the late rounds; results %s\n",
-                size, bytes, route.c_str(), rounds, late_ms, every ? "right" : "WRONG");
+                size, bytes, coll == "bcast" ? "Bcast" : gather ? "Allgather" : "Allreduce",
+                route.c_str(), rounds, late_ms, every ? "right" : "WRONG");
     std::printf("%-10s %12s %12s\n", "rounds", "median_ms", "max_ms");
     std::printf("%-10s %12.3f %12.3f\n", "on-time", median(on_time),
                 *std::max_element(on_time.begin(), on_time.end()));

@@ -14,11 +14,14 @@
 #   staged-system, cuda-aware-system   the first two on a communicator that asserts host
 #               memory (--assert-kinds system: mpi_assert_memory_alloc_kinds)
 # SC_BENCH_NP: rank counts (default "2 4"); SC_BENCH_ARGS: passthrough_latency options
-# (default --min 8 --max 64 --iters 2000 --batches 11).
-# Then bench/stream_skew per rank count, route (nccl on the fake NCCL, ht) and library:
-# rank 0's host time of a stream-ordered MPI_Allreduce on device memory, with every rank
+# (default --min 8 --max 64 --iters 2000 --batches 11; add --coll bcast, allgather or
+# reduce for another host collective).
+# Then bench/stream_skew per rank count, collective and route (allreduce on nccl, the fake
+# NCCL, and on ht; bcast and allgather on nccl) and library: rank 0's host time of a
+# stream-ordered call on device memory, with every rank
 # on time and with the last rank 300 ms late (target: independent of the lateness after
-# the signature's first call, < 5 ms). SC_SKEW_ARGS: its options (default --rounds 10).
+# the signature's first call, < 5 ms). SC_SKEW_ARGS: its options (default --rounds 10);
+# SC_SKIP_SKEW=1 leaves it out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-3}
@@ -76,17 +79,20 @@ for key in groups:
               f"ratio {statistics.median(ratios):.3f}  own {statistics.median(own):.4f}  "
               f"(runs {', '.join(f'{x:.3f}' for x in ratios)})")
 PY
-echo "## stream-ordered MPI_Allreduce with a late rank (bench/stream_skew)"
+[ "${SC_SKIP_SKEW:-0}" = 1 ] && exit 0
+echo "## stream-ordered calls with a late rank (bench/stream_skew)"
 read -r -a skew_args <<< "${SC_SKEW_ARGS:---rounds 10 --late-ms 300}"
 for np in ${SC_BENCH_NP:-2 4}; do
-  for route in nccl ht; do
+  # MPI_Allreduce on nccl and ht; MPI_Bcast and MPI_Allgather on nccl.
+  for case in allreduce:nccl allreduce:ht bcast:nccl allgather:nccl; do
+    coll=${case%%:*} route=${case#*:}
     for lib in "${libs[@]}"; do
-      echo "## $np ranks, route $route, $lib"
+      echo "## $np ranks, $coll on route $route, $lib"
       env LD_PRELOAD="$lib" LD_LIBRARY_PATH="$fake${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
         STREAMCOLL_STATS=1 STREAMCOLL_THREAD_MULTIPLE=1 \
         STREAMCOLL_NCCL_LIB="$PWD/$build/tests/fake/libfakenccl.so" FAKE_CUDA_BUS_ID=per-rank \
-        STREAMCOLL_ROUTE="allreduce:$route" \
-        "${mpi[@]}" "$np" "$build/bench/stream_skew" "${skew_args[@]}" || true
+        STREAMCOLL_ROUTE="$coll:$route" \
+        "${mpi[@]}" "$np" "$build/bench/stream_skew" --coll "$coll" "${skew_args[@]}" || true
     done
   done
 done
