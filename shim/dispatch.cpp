@@ -23,8 +23,8 @@
 //     at the first blocking call of a signature that may leave pmpi (and at every call
 //     while they go to a route that cannot take what a rank passes), the ranks exchange,
 //     in one small allreduce, what only each of them can see; later calls that pass
-//     host memory or are stream-ordered (to pmpi, to nccl or ht for a reduction, to nccl
-//     for a bcast, allgather or alltoall) decide from agreements started
+//     host memory or are stream-ordered (to pmpi, to nccl or ht for a reduction, to ccube,
+//     to nccl for a bcast, allgather or alltoall) decide from agreements started
 //     at earlier calls of the signature (the n-th call of a signature is the same call on
 //     every rank: no rank waits for another there, unless one runs ahead by more than
 //     SignatureAgreements::kRunAhead calls), and a rank whose own facts differ adapts
@@ -260,7 +260,10 @@ AgreedFacts signature_facts(SignatureAgreements& sig, CommContext& ctx, MPI_Comm
 // operation on every rank whatever each passes. ht stages GPU memory through the host,
 // runs classic or stream-ordered per rank (algo=mpi through its engine on every rank:
 // CallEnv::adopted), with the failure flags the agreed kind says. Both run a Fortran call
-// on its C arguments. nccl also takes bcast, allgather and alltoall so: a rank that
+// on its C arguments. ccube (route nccl's class: C-Cube's tree on the same NCCL
+// communicator) stages as nccl does, and a rank whose reduction kernel cannot load fails
+// the call on every rank through nccl's failure path. nccl also takes bcast, allgather
+// and alltoall so: a rank that
 // describes its data with a derived datatype is asked (accepts) and runs repacked to the
 // datatype the others pass (core/repack.hpp: basic_view, run_blocking), and one that
 // cannot read its data fails the call on every rank through the route (input_failure).
@@ -275,7 +278,8 @@ bool cacheable(const Decision& d, const CollArgs& a, const AgreedFacts& agreed) 
   const bool host = agreed.mem == MemKind::host || agreed.mem == MemKind::pinned;
   if (!host && !d.agreed_stream) return false;  // classic GPU calls agree at every call
   if (d.route == RouteId::pmpi) return true;
-  if (takes_op(a.coll)) return d.route == RouteId::nccl || d.route == RouteId::ht;
+  if (takes_op(a.coll))
+    return d.route == RouteId::nccl || d.route == RouteId::ht || d.route == RouteId::ccube;
   return d.route == RouteId::nccl && (a.coll == Coll::bcast || a.coll == Coll::allgather ||
                                       a.coll == Coll::alltoall);
 }

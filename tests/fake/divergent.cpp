@@ -658,7 +658,7 @@ void signature_program(MPI_Comm world, unsigned seed) {
       }
       one_call(sg, nb, sm, rm, "stream phase");
     }
-    if (route == "nccl" || route == "ht") {
+    if (route == "nccl" || route == "ht" || route == "ccube") {
       check(on_route("device") > device0, "stream phase: calls took route " + route);
       // Some rank took part in a route's allreduce with host memory while the facts its
       // call decided from said device memory (summed over the ranks).

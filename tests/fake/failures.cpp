@@ -198,13 +198,15 @@ bool one_try(const Setup& s, Kind k, How how, bool in_place, bool nccl_api, cons
   // after the call returned is reported by a later call once (the next one, when it was
   // found before the stream went on; a later one when only the stream's end could show
   // it): of three calls, all right, one fails at most.
-  // Blocking reductions on route nccl decide from their signature's earlier agreements
-  // (shim/dispatch.cpp: cacheable): the calls still routed to the aborted NCCL
+  // Blocking reductions on route nccl (allreduce on ccube; bcast, allgather and alltoall
+  // on nccl too) decide from their signature's earlier agreements (shim/dispatch.cpp:
+  // cacheable): the calls still routed to the aborted NCCL
   // communicator fail on every rank (none can know of the abort in time to go elsewhere
   // alone) until a refresh agreed without it is adopted, at most kRefreshRouted (8) +
   // kRunAhead (4) calls on; never a wrong value reported as a success. The same number
   // of calls on every rank (collective); the last ones succeed and are right.
-  const bool cached_nccl = s.route == "nccl" && (k == Kind::allreduce || k == Kind::reduce || k == Kind::rsb);
+  const bool cached_nccl = s.route == "nccl" ||  // (every collective of Kind)
+                           (s.route == "ccube" && k == Kind::allreduce);
   auto window = [&](How how) {
     constexpr int kWindow = 8 + 4, kCalls = kWindow + 2;
     int failed = 0;
