@@ -101,12 +101,12 @@ int main(int argc, char** argv) {
   };
   auto version = reinterpret_cast<const char* (*)()>(dlsym(RTLD_DEFAULT, "streamcoll_version"));
   if (rank == 0)
-    std::printf("# MPI_%s (MPI_FLOAT, host buffers), %d ranks, %d iterations x "
+    std::printf("# MPI_%s (%sMPI_FLOAT, host buffers), %d ranks, %d iterations x "
                 "%d batches; shim: %s; CUDA driver %s%s%s\n# %10s %14s %14s %10s %14s\n",
-                coll == "allreduce" ? "Allreduce (MPI_SUM"
-                : coll == "reduce"  ? "Reduce (MPI_SUM, root 0"
-                : coll == "bcast"   ? "Bcast (root 0"
-                                    : "Allgather (",
+                coll == "allreduce" ? "Allreduce" : coll == "reduce" ? "Reduce"
+                : coll == "bcast"   ? "Bcast"     : "Allgather",
+                coll == "allreduce" ? "MPI_SUM, " : coll == "reduce" ? "MPI_SUM to rank 0, "
+                : coll == "bcast"   ? "from rank 0, " : "",
                 size, iters, batches, version ? version() : "NOT LOADED",
                 cuda ? "loaded" : "not loaded", kinds.empty() ? "" : "; asserted kinds: ",
                 kinds.c_str(), "bytes", "shim us", "direct us", "ratio",

@@ -358,6 +358,12 @@ int reduction_in_band(const CollArgs& a, const CollArgs& b, const TypeInfo& t, i
   if (root && result.size() < (n + 1) * es) result.resize((n + 1) * es);
   char* msg = buffer.data();
   const void* in = b.sendbuf == MPI_IN_PLACE ? b.recvbuf : b.sendbuf;
+  if (reduce && !root && b.sendbuf == MPI_IN_PLACE && own == MPI_SUCCESS) {
+    // Erroneous (MPI_IN_PLACE is the root's alone): this rank takes part, flagged, and
+    // reports Open MPI's class for it (MPICH 4.0 crashes); the root reports a peer's failure.
+    log_error("MPI_Reduce: MPI_IN_PLACE at a rank other than the root");
+    own = MPI_ERR_ARG;
+  }
   if (readable && own == MPI_SUCCESS && n > 0) std::memcpy(msg, in, n * es);
   else std::memset(msg, 0, n * es);  // (a lost input: any value, flagged)
   put_flag(msg + n * es, t, own == MPI_SUCCESS ? fine : 1 - fine);
