@@ -627,232 +627,292 @@ int take_late(Layout& lay) {
   return rc;
 }
 
-int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_ptr,
-            const CallEnv& env, const std::vector<Backend>& backends, bool ring_only,
-            const config::RouteChoice& choice) {
-  Layout& lay = *lay_ptr;
-  const cuda::Driver& d = cuda::driver();
-  cuda::ScopedContext scope(lay.cuctx);
-  const int p = bc.size, me = bc.rank;
-  const MPI_Datatype type = a.coll == Coll::allgather ? a.recvtype : a.datatype;
-  const uint64_t ext = static_cast<uint64_t>(element_size(type));
-  const bool in_place = a.sendbuf == MPI_IN_PLACE;
-  const uint64_t n = static_cast<uint64_t>(a.coll == Coll::allgather ? a.recvcount : a.count);
-  const uint64_t P = static_cast<uint64_t>(p);
-  const uint64_t vec = a.coll == Coll::allreduce ? (n + P - 1) / P * P : n * P;
-  CUstream s = env.has_stream ? static_cast<CUstream>(env.stream) : lay.classic;
-  CallEnv stage_env = env;
-  stage_env.has_stream = true;  // enqueue on s; the host waits below for a classic call
-  stage_env.stream = s;
-  std::atomic<int> stage_tasks{0};  // a classic call's stages still with the engine
-  if (!env.has_stream) stage_env.stage_tasks = &stage_tasks;
+// One call of route blueconnect on GPU buffers, classic or stream-ordered: its work
+// buffer, its stages on the levels' routes (or host schedules), its copies and its outcome.
+class GpuCall {
+ public:
+  GpuCall(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_ptr,
+          const CallEnv& env, const std::vector<Backend>& backends, bool ring_only,
+          const config::RouteChoice& choice)
+      : a_(a), bc_(bc), lay_ptr_(lay_ptr), lay_(*lay_ptr), env_(env), backends_(backends),
+        ring_only_(ring_only), choice_(choice), d_(cuda::driver()),
+        type_(a.coll == Coll::allgather ? a.recvtype : a.datatype),
+        ext_(static_cast<uint64_t>(element_size(type_))),
+        n_(static_cast<uint64_t>(a.coll == Coll::allgather ? a.recvcount : a.count)),
+        vec_(a.coll == Coll::allreduce
+                 ? (n_ + static_cast<uint64_t>(bc.size) - 1) / static_cast<uint64_t>(bc.size) *
+                       static_cast<uint64_t>(bc.size)
+                 : n_ * static_cast<uint64_t>(bc.size)),
+        s_(env.has_stream ? static_cast<CUstream>(env.stream) : lay_ptr->classic),
+        recv_(static_cast<char*>(a.recvbuf)),
+        send_(a.sendbuf == MPI_IN_PLACE ? nullptr : static_cast<const char*>(a.sendbuf)),
+        work_(recv_), input_(send_), blk_(n_ * ext_) {
+    stage_env_ = env;
+    stage_env_.has_stream = true;  // enqueue on s_; the host waits in finish() if classic
+    stage_env_.stream = s_;
+    if (!env.has_stream) stage_env_.stage_tasks = &stage_tasks_;
+  }
 
-  auto* recv = static_cast<char*>(a.recvbuf);
-  const char* send = in_place ? nullptr : static_cast<const char*>(a.sendbuf);
-  auto dptr = [](const void* x) { return reinterpret_cast<CUdeviceptr>(x); };
-  CUdeviceptr scratch = 0;
-  int rc = MPI_SUCCESS;
-  bool lost = false;  // no work buffer: this rank takes no data part in any stage
-  auto cuda_fail = [&](const char* what, CUresult r) {
-    if (rc == MPI_SUCCESS) rc = fail(Failure::cuda, cuda::describe(what, r));
-  };
-  auto copy = [&](char* dst, const char* src, uint64_t bytes) {
-    if (lost || bytes == 0 || dst == src) return;
-    if (CUresult r = d.cuMemcpyDtoDAsync(dptr(dst), dptr(src), bytes, s); r != CUDA_SUCCESS)
+  int run() {
+    cuda::ScopedContext scope(lay_.cuctx);
+    set_up_work();
+    std::shared_ptr<const Prepared> prep =
+        bc_.prepare(lay_ptr_, a_.coll, vec_, from_send_, ring_only_);
+    const auto& stages = prep->plan.stages;
+    // An allreduce's outermost stage on a route: one allreduce of the segment (the
+    // cross-group step on each rank's slice), not a reduce-scatter and an all-gather.
+    const bool fuse_top = a_.coll == Coll::allreduce && !stages.empty() &&
+                          backend_at(backends_, stages.back().level) != Backend::sched;
+    const size_t rs_end = stages.size() - (fuse_top ? 1 : 0);
+    if (a_.coll != Coll::allgather)
+      for (size_t i = 0; i < rs_end; ++i) run_stage(stages[i], true);
+    if (fuse_top) stage(stages.back(), true, true);
+    if (a_.coll != Coll::reduce_scatter_block)
+      for (size_t i = rs_end; i-- > 0;) run_stage(stages[i], false);
+    copy_out(*prep);
+    return finish();
+  }
+
+ private:
+  static CUdeviceptr dptr(const void* x) { return reinterpret_cast<CUdeviceptr>(x); }
+  void cuda_fail(const char* what, CUresult r) {
+    if (rc_ == MPI_SUCCESS) rc_ = fail(Failure::cuda, cuda::describe(what, r));
+  }
+  void copy(char* dst, const char* src, uint64_t bytes) {
+    if (lost_ || bytes == 0 || dst == src) return;
+    if (CUresult r = d_.cuMemcpyDtoDAsync(dptr(dst), dptr(src), bytes, s_); r != CUDA_SUCCESS)
       cuda_fail("blueconnect: cuMemcpyDtoDAsync", r);
-  };
-  auto slot_of = [&](int r) {
-    return static_cast<uint64_t>(bc::tree_slot(lay.h.factors, lay.h.position_of[static_cast<size_t>(r)]));
-  };
-  // A classic call touches the caller's buffers after the work already on the legacy
-  // stream and the application's blocking streams (our stream, a blocking one, would wait
-  // for the legacy stream's alone); where it cannot, this rank takes no data part.
-  if (!env.has_stream)
-    if (CUresult r = cuda::wait_for_legacy(s, lay.legacy); r != CUDA_SUCCESS) {
-      cuda_fail("blueconnect: ordering after the legacy stream", r);
-      lost = true;
-    }
-  char* work = recv;
-  bool from_send = false;
-  const char* input = send;  // with from_send: this rank's input, read by the first stage
-  // reduce_scatter_block always combines in scratch: MPI writes the first block of recv
-  // only, in place too (the other blocks keep the input).
-  const bool need_scratch = (a.coll == Coll::allreduce && vec != n) ||
-                            a.coll == Coll::reduce_scatter_block ||
-                            (a.coll == Coll::allgather && !lay.identity_slots);
-  // Without its work buffer this rank cannot run any stage: it fails every level's
-  // NCCL stages collectively, and its host stages run tainted on host scratch.
-  if (need_scratch && !lost) {
-    if (CUresult r = d.cuMemAllocAsync(&scratch, vec * ext, s); r != CUDA_SUCCESS) {
-      rc = fail(Failure::cuda, cuda::describe("blueconnect: cuMemAllocAsync", r));
-      lost = true;
-      scratch = 0;
-    } else {
-      work = reinterpret_cast<char*>(scratch);
-    }
   }
-  const uint64_t blk = n * ext;
-  switch (a.coll) {
-    case Coll::allreduce:
-      if (need_scratch) copy(work, send ? send : recv, n * ext);
-      else from_send = send != nullptr;
-      break;
-    case Coll::reduce_scatter_block:
-      if (lay.identity_slots) {
-        from_send = true;  // in tree order already: read where it is
-        input = send ? send : recv;
-      } else {
-        const char* in = send ? send : recv;
-        for (int r = 0; r < p; ++r) copy(work + slot_of(r) * blk, in + static_cast<uint64_t>(r) * blk, blk);
+  uint64_t slot_of(int r) const {
+    return static_cast<uint64_t>(
+        bc::tree_slot(lay_.h.factors, lay_.h.position_of[static_cast<size_t>(r)]));
+  }
+
+  // The order after the application's work, the work buffer and this rank's input in it.
+  void set_up_work() {
+    // A classic call touches the caller's buffers after the work already on the legacy
+    // stream and the application's blocking streams (our stream, a blocking one, would
+    // wait for the legacy stream's alone); where it cannot, this rank takes no data part.
+    if (!env_.has_stream)
+      if (CUresult r = cuda::wait_for_legacy(s_, lay_.legacy); r != CUDA_SUCCESS) {
+        cuda_fail("blueconnect: ordering after the legacy stream", r);
+        lost_ = true;
       }
-      break;
-    case Coll::allgather:
-      copy(work + slot_of(me) * blk, send ? send : recv + static_cast<uint64_t>(me) * blk, blk);
-      break;
-    default: break;
+    // reduce_scatter_block always combines in scratch: MPI writes the first block of recv
+    // only, in place too (the other blocks keep the input).
+    need_scratch_ = (a_.coll == Coll::allreduce && vec_ != n_) ||
+                    a_.coll == Coll::reduce_scatter_block ||
+                    (a_.coll == Coll::allgather && !lay_.identity_slots);
+    // Without its work buffer this rank cannot run any stage: it fails every level's
+    // NCCL stages collectively, and its host stages run tainted on host scratch.
+    if (need_scratch_ && !lost_) {
+      if (CUresult r = d_.cuMemAllocAsync(&scratch_, vec_ * ext_, s_); r != CUDA_SUCCESS) {
+        rc_ = fail(Failure::cuda, cuda::describe("blueconnect: cuMemAllocAsync", r));
+        lost_ = true;
+        scratch_ = 0;
+      } else {
+        work_ = reinterpret_cast<char*>(scratch_);
+      }
+    }
+    const int p = bc_.size;
+    switch (a_.coll) {
+      case Coll::allreduce:
+        if (need_scratch_) copy(work_, send_ ? send_ : recv_, n_ * ext_);
+        else from_send_ = send_ != nullptr;
+        break;
+      case Coll::reduce_scatter_block:
+        if (lay_.identity_slots) {
+          from_send_ = true;  // in tree order already: read where it is
+          input_ = send_ ? send_ : recv_;
+        } else {
+          const char* in = send_ ? send_ : recv_;
+          for (int r = 0; r < p; ++r)
+            copy(work_ + slot_of(r) * blk_, in + static_cast<uint64_t>(r) * blk_, blk_);
+        }
+        break;
+      case Coll::allgather:
+        copy(work_ + slot_of(bc_.rank) * blk_,
+             send_ ? send_ : recv_ + static_cast<uint64_t>(bc_.rank) * blk_, blk_);
+        break;
+      default: break;
+    }
   }
-  std::shared_ptr<const Prepared> prep = bc.prepare(lay_ptr, a.coll, vec, from_send, ring_only);
-  const auto& stages = prep->plan.stages;
-  // A stage on a route (nccl, nvgroup, ht) of the level's sub-communicator, enqueued on s.
-  // `fused`: the outermost level of an allreduce, its reduce-scatter and all-gather as one
-  // allreduce of the segment.
-  auto stage = [&](const bc::Stage& st, bool reduce_scatter, bool fused) {
-    CommContext& sub = *lay.sub_ctx[static_cast<size_t>(st.level)];
-    const Backend b = backend_at(backends, st.level);
+
+  // A stage on a route (nccl, nvgroup, ht) of the level's sub-communicator, enqueued on
+  // s_. `fused`: the outermost level of an allreduce, its reduce-scatter and all-gather as
+  // one allreduce of the segment.
+  void stage(const bc::Stage& st, bool reduce_scatter, bool fused) {
+    CommContext& sub = *lay_.sub_ctx[static_cast<size_t>(st.level)];
+    const Backend b = backend_at(backends_, st.level);
     CollArgs c{};
     c.nonblocking = false;
-    c.comm = lay.sub[static_cast<size_t>(st.level)];
+    c.comm = lay_.sub[static_cast<size_t>(st.level)];
     const int count = static_cast<int>(st.block_len(st.me));
+    const char* base = from_send_ && st.level == 0 ? input_ : work_;
     if (fused) {
       c.coll = Coll::allreduce;
-      const char* in = (from_send && st.level == 0 ? input : work) + st.seg_off * ext;
-      c.recvbuf = work + st.seg_off * ext;
+      const char* in = base + st.seg_off * ext_;
+      c.recvbuf = work_ + st.seg_off * ext_;
       c.sendbuf = in == c.recvbuf ? MPI_IN_PLACE : in;
       c.count = static_cast<int>(st.seg_len);
-      c.datatype = type;
-      c.op = a.op;
+      c.datatype = type_;
+      c.op = a_.op;
     } else if (reduce_scatter) {
       c.coll = Coll::reduce_scatter_block;
-      c.sendbuf = (from_send && st.level == 0 ? input : work) + st.seg_off * ext;
-      c.recvbuf = work + st.block_off(st.me) * ext;
+      c.sendbuf = base + st.seg_off * ext_;
+      c.recvbuf = work_ + st.block_off(st.me) * ext_;
       c.count = count;
-      c.datatype = type;
-      c.op = a.op;
+      c.datatype = type_;
+      c.op = a_.op;
     } else {
       c.coll = Coll::allgather;
       c.sendbuf = MPI_IN_PLACE;
-      c.recvbuf = work + st.seg_off * ext;
+      c.recvbuf = work_ + st.seg_off * ext_;
       c.sendcount = c.recvcount = count;
-      c.sendtype = c.recvtype = type;
+      c.sendtype = c.recvtype = type_;
     }
-    if (lost) {  // no data to take part with: the level's peers are told
+    if (lost_) {  // no data to take part with: the level's peers are told
       if (b == Backend::nccl) {
-        nccl_stage::fail_collectively(sub, rc, "blueconnect: a stage could not run on this rank");
+        nccl_stage::fail_collectively(sub, rc_, "blueconnect: a stage could not run on this rank");
 #if STREAMCOLL_HAVE_NVGROUP
       } else if (b == Backend::nvgroup) {
         nvgroup_stage::give_up(sub, c);
 #endif
       } else {
-        ht_stage::stand_in(sub, c, stage_env);  // its part on scratch, marked unusable
+        ht_stage::stand_in(sub, c, stage_env_);  // its part on scratch, marked unusable
       }
       return;
     }
     // Even after a failure of this rank's (its data is then garbage, and the outcome
-    // allreduce below says so everywhere): the level's peers need its part.
-    const int src = stage_route(b)->run(c, sub, stage_choice(b, choice), stage_env);
-    if (rc == MPI_SUCCESS) rc = src;
-  };
-  // A stage on backend sched (classic calls only): the segment to pinned host memory, the
-  // stage's schedule there on the calling thread, the result back. Every rank runs the
-  // schedule even after a local failure, so that the others are not left waiting.
-  auto host_stage = [&](const bc::Stage& st, bool reduce_scatter) {
-    const uint64_t bytes = st.seg_len * ext;
+    // allreduce in finish() says so everywhere): the level's peers need its part.
+    const int src = stage_route(b)->run(c, sub, stage_choice(b, choice_), stage_env_);
+    if (rc_ == MPI_SUCCESS) rc_ = src;
+  }
+
+  // A stage on backend sched (classic calls only): the segment to pinned host memory,
+  // the stage's schedule there on the calling thread, the result back. Every rank runs
+  // the schedule even after a local failure, so that the others are not left waiting.
+  void host_stage(const bc::Stage& st, bool reduce_scatter) {
+    const uint64_t bytes = st.seg_len * ext_;
     bc::Stage local = st;  // the same stage on a vector that starts at the segment
     local.seg_off = 0;
     for (uint64_t& b : local.bounds) b -= st.seg_off;
     const uint64_t out_off = reduce_scatter ? local.block_off(local.me) : 0;
     const uint64_t out_len = reduce_scatter ? local.block_len(local.me) : local.seg_len;
     std::vector<char> fallback;  // pageable: slower copies, same result
-    char* h = lay.pinned(bytes);
+    char* h = lay_.pinned(bytes);
     if (!h) {
       fallback.resize(bytes + 1);
       h = fallback.data();
     }
-    const char* src = (reduce_scatter && from_send && st.level == 0 ? input : work) + st.seg_off * ext;
-    bool tainted = rc != MPI_SUCCESS;  // this rank's data is garbage already
+    const char* src =
+        (reduce_scatter && from_send_ && st.level == 0 ? input_ : work_) + st.seg_off * ext_;
+    bool tainted = rc_ != MPI_SUCCESS;  // this rank's data is garbage already
     if (!tainted && bytes) {
-      CUresult r = d.cuMemcpyAsync(dptr(h), dptr(src), bytes, s);
-      if (r == CUDA_SUCCESS) r = d.cuStreamSynchronize(s);
+      CUresult r = d_.cuMemcpyAsync(dptr(h), dptr(src), bytes, s_);
+      if (r == CUDA_SUCCESS) r = d_.cuStreamSynchronize(s_);
       if (r != CUDA_SUCCESS) cuda_fail("blueconnect: D2H copy", r);
       tainted = r != CUDA_SUCCESS;
     }
     auto sch = std::make_shared<const sched::Schedule>(
         reduce_scatter ? sched::build_stage_reduce_scatter(local, false)
                        : sched::build_stage_all_gather(local));
-    sched::ScheduleRun run(sch, nullptr, h, type, static_cast<int>(ext), a.op, bc.p2p, bc.tag());
+    sched::ScheduleRun run(sch, nullptr, h, type_, static_cast<int>(ext_), a_.op, bc_.p2p,
+                           bc_.tag());
     if (tainted) run.taint();
     const int hrc = run.run();
-    if (rc == MPI_SUCCESS) rc = hrc;
-    if (rc == MPI_SUCCESS && run.tainted()) rc = error_code(Failure::peer);
-    if (rc == MPI_SUCCESS && out_len) {
-      CUresult r = d.cuMemcpyAsync(dptr(work + (st.seg_off + out_off) * ext), dptr(h + out_off * ext),
-                                   out_len * ext, s);
+    if (rc_ == MPI_SUCCESS) rc_ = hrc;
+    if (rc_ == MPI_SUCCESS && run.tainted()) rc_ = error_code(Failure::peer);
+    if (rc_ == MPI_SUCCESS && out_len) {
+      CUresult r = d_.cuMemcpyAsync(dptr(work_ + (st.seg_off + out_off) * ext_),
+                                    dptr(h + out_off * ext_), out_len * ext_, s_);
       // The pageable fallback goes with this stage: the copy must be done before.
-      if (r == CUDA_SUCCESS && !fallback.empty()) r = d.cuStreamSynchronize(s);
+      if (r == CUDA_SUCCESS && !fallback.empty()) r = d_.cuStreamSynchronize(s_);
       if (r != CUDA_SUCCESS) cuda_fail("blueconnect: H2D copy", r);
     }
-  };
-  auto run_stage = [&](const bc::Stage& st, bool reduce_scatter) {
-    if (backend_at(backends, st.level) == Backend::sched)
+  }
+
+  void run_stage(const bc::Stage& st, bool reduce_scatter) {
+    if (backend_at(backends_, st.level) == Backend::sched)
       host_stage(st, reduce_scatter);
     else
       stage(st, reduce_scatter, false);
-  };
-  // An allreduce's outermost stage on a route: one allreduce of the segment (the
-  // cross-group step on each rank's slice), not a reduce-scatter and an all-gather.
-  const bool fuse_top = a.coll == Coll::allreduce && !stages.empty() &&
-                        backend_at(backends, stages.back().level) != Backend::sched;
-  const size_t rs_end = stages.size() - (fuse_top ? 1 : 0);
-  if (a.coll != Coll::allgather)
-    for (size_t i = 0; i < rs_end; ++i) run_stage(stages[i], true);
-  if (fuse_top) stage(stages.back(), true, true);
-  if (a.coll != Coll::reduce_scatter_block)
-    for (size_t i = rs_end; i-- > 0;) run_stage(stages[i], false);
-  switch (a.coll) {
-    case Coll::allreduce: copy(recv, work, n * ext); break;
-    case Coll::reduce_scatter_block: copy(recv, work + prep->plan.final_off * ext, blk); break;
-    case Coll::allgather:
-      for (int r = 0; r < p && work != recv; ++r)
-        copy(recv + static_cast<uint64_t>(r) * blk, work + slot_of(r) * blk, blk);
-      break;
-    default: break;
   }
-  if (scratch)
-    if (CUresult r = d.cuMemFreeAsync(scratch, s); r != CUDA_SUCCESS)
-      cuda_fail("blueconnect: cuMemFreeAsync", r);
-  if (!env.has_stream) {
-    // Polling the levels' failure notices: a peer that could not run a stage makes this
-    // rank abort that level, which ends its kernels.
-    if (int wrc = nccl_stage::wait_stream(lay.sub_ctx, s); wrc != MPI_SUCCESS && rc == MPI_SUCCESS)
-      rc = wrc;
-    // And the engine's side of the ht stages: a failure it finds after letting the stream
-    // go on (the copy back) is recorded before it lets go of the stage. The stream is
-    // streamcoll's own, so each stage's work ends.
-    for (requests::Backoff b; stage_tasks.load(std::memory_order_acquire) > 0;) b.pause();
+
+  // The result from the work buffer into the caller's.
+  void copy_out(const Prepared& prep) {
+    switch (a_.coll) {
+      case Coll::allreduce: copy(recv_, work_, n_ * ext_); break;
+      case Coll::reduce_scatter_block: copy(recv_, work_ + prep.plan.final_off * ext_, blk_); break;
+      case Coll::allgather:
+        for (int r = 0; r < bc_.size && work_ != recv_; ++r)
+          copy(recv_ + static_cast<uint64_t>(r) * blk_, work_ + slot_of(r) * blk_, blk_);
+        break;
+      default: break;
+    }
   }
-  // What the levels' routes found after their stages returned: this call's (classic:
-  // its stages are done now) or an earlier stream-ordered call's.
-  if (int late = take_late(lay); late != MPI_SUCCESS && rc == MPI_SUCCESS) rc = late;
-  // The outcome over the whole communicator: a part that failed anywhere spoils the
-  // result everywhere (stages mix every rank's data).
-  int mine = rc != MPI_SUCCESS ? 1 : 0, any = 0;
-  if (PMPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, bc.p2p) != MPI_SUCCESS) any = 1;
-  if (rc == MPI_SUCCESS && any) {
-    log_error("blueconnect: another rank's part of this collective failed; this rank's result "
-              "is not valid");
-    rc = error_code(Failure::peer);
+
+  // The scratch freed, a classic call waited for, and the outcome over the communicator.
+  int finish() {
+    if (scratch_)
+      if (CUresult r = d_.cuMemFreeAsync(scratch_, s_); r != CUDA_SUCCESS)
+        cuda_fail("blueconnect: cuMemFreeAsync", r);
+    if (!env_.has_stream) {
+      // Polling the levels' failure notices: a peer that could not run a stage makes this
+      // rank abort that level, which ends its kernels.
+      if (int wrc = nccl_stage::wait_stream(lay_.sub_ctx, s_); wrc != MPI_SUCCESS && rc_ == MPI_SUCCESS)
+        rc_ = wrc;
+      // And the engine's side of the ht stages: a failure it finds after letting the
+      // stream go on (the copy back) is recorded before it lets go of the stage. The
+      // stream is streamcoll's own, so each stage's work ends.
+      for (requests::Backoff b; stage_tasks_.load(std::memory_order_acquire) > 0;) b.pause();
+    }
+    // What the levels' routes found after their stages returned: this call's (classic:
+    // its stages are done now) or an earlier stream-ordered call's.
+    if (int late = take_late(lay_); late != MPI_SUCCESS && rc_ == MPI_SUCCESS) rc_ = late;
+    // The outcome over the whole communicator: a part that failed anywhere spoils the
+    // result everywhere (stages mix every rank's data).
+    int mine = rc_ != MPI_SUCCESS ? 1 : 0, any = 0;
+    if (PMPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, bc_.p2p) != MPI_SUCCESS) any = 1;
+    if (rc_ == MPI_SUCCESS && any) {
+      log_error("blueconnect: another rank's part of this collective failed; this rank's "
+                "result is not valid");
+      rc_ = error_code(Failure::peer);
+    }
+    return rc_;
   }
-  return rc;
+
+  const CollArgs& a_;
+  BcComm& bc_;
+  const std::shared_ptr<Layout>& lay_ptr_;
+  Layout& lay_;
+  const CallEnv& env_;
+  const std::vector<Backend>& backends_;
+  const bool ring_only_;
+  const config::RouteChoice& choice_;
+  const cuda::Driver& d_;
+  const MPI_Datatype type_;
+  const uint64_t ext_, n_, vec_;  // element bytes, elements per rank, the vector's elements
+  const CUstream s_;
+  CallEnv stage_env_;
+  std::atomic<int> stage_tasks_{0};  // a classic call's stages still with the engine
+  char* const recv_;
+  const char* const send_;  // null in place
+  CUdeviceptr scratch_ = 0;
+  int rc_ = MPI_SUCCESS;
+  bool lost_ = false;  // no work buffer: this rank takes no data part in any stage
+  bool need_scratch_ = false;
+  char* work_;
+  bool from_send_ = false;
+  const char* input_;  // with from_send_: this rank's input, read by the first stage
+  const uint64_t blk_;  // bytes of one rank's block
+};
+
+int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_ptr,
+            const CallEnv& env, const std::vector<Backend>& backends, bool ring_only,
+            const config::RouteChoice& choice) {
+  GpuCall call(a, bc, lay_ptr, env, backends, ring_only, choice);
+  return call.run();
 }
 
 #endif  // STREAMCOLL_HAVE_CUDA && STREAMCOLL_HAVE_NCCL

@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(build-essential pkg-config meson ninja-build openmpi-bin libopenmpi-dev libhwloc-dev
       doctest-dev gfortran libtomlplusplus-dev python3-matplotlib lmod mpich libmpich-dev
-      iproute2)
+      iproute2 pmccabe)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

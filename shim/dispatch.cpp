@@ -415,6 +415,14 @@ bool intra_rank_size(MPI_Comm comm, const CommContext* ctx, int* rank, int* size
   return true;
 }
 
+// A v-variant's negative receive count (Open MPI 4.1 copies one before checking it).
+bool negative_recvcount(const CollArgs& a, int size) {
+  if (a.recvcounts)
+    for (int i = 0; i < size; ++i)
+      if (a.recvcounts[i] < 0) return true;
+  return false;
+}
+
 Decision decide(const CollArgs& a, Runtime& rt) {
   Decision d;
   if ((d.error = screen(a, &d.error_comm)) != MPI_SUCCESS) return d;
@@ -427,14 +435,10 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   CommContext* ctx = comm_context(a.comm, false);
   int rank = 0, size = 1;
   if (!intra_rank_size(a.comm, ctx, &rank, &size)) return d;
-  if (a.recvcounts) {
-    // Open MPI 4.1 copies a negative count of the v-variants before checking it.
-    for (int i = 0; i < size; ++i)
-      if (a.recvcounts[i] < 0) {
-        d.error = MPI_ERR_COUNT;
-        d.error_comm = a.comm;
-        return d;
-      }
+  if (negative_recvcount(a, size)) {
+    d.error = MPI_ERR_COUNT;
+    d.error_comm = a.comm;
+    return d;
   }
   if ((a.coll == Coll::reduce || a.coll == Coll::bcast) && (a.root < 0 || a.root >= size))
     return d;  // MPI_ERR_ROOT from PMPI
