@@ -219,7 +219,7 @@ struct Plan {
 
 // b's datatypes and counts for `a` (no data touched): false where MPI cannot tell the
 // basic type (the call then runs as it is, and MPI says what is wrong).
-bool describe(const CollArgs& a, int size, CollArgs* b, MPI_Datatype* basic_out, int64_t* block_out) {
+bool describe(const CollArgs& a, CollArgs* b, MPI_Datatype* basic_out, int64_t* block_out) {
   const MPI_Datatype described = a.coll == Coll::bcast ? a.datatype : a.recvtype;
   const MPI_Datatype basic = basic_of(described);
   const int bs = basic == MPI_DATATYPE_NULL ? 0 : type_size(basic);
@@ -239,7 +239,6 @@ bool describe(const CollArgs& a, int size, CollArgs* b, MPI_Datatype* basic_out,
       b->sendtype = basic;
     }
   }
-  (void)size;
   *basic_out = basic;
   *block_out = block;
   return true;
@@ -253,7 +252,7 @@ bool make_plan(const CollArgs& a, int own_before, Plan* p) {
   PMPI_Comm_size(a.comm, &size);
   int64_t block = 0;
   if ((a.coll != Coll::bcast && a.coll != Coll::allgather && a.coll != Coll::alltoall) ||
-      !describe(a, size, &p->b, &p->basic, &block))
+      !describe(a, &p->b, &p->basic, &block))
     return false;
   const MPI_Datatype described = a.coll == Coll::bcast ? a.datatype : a.recvtype;
   const MPI_Datatype basic = p->basic;
@@ -302,11 +301,9 @@ bool make_plan(const CollArgs& a, int own_before, Plan* p) {
 
 bool basic_view(const CollArgs& a, CollArgs* view) {
   if (!needed(a)) return false;
-  int size = 1;
-  PMPI_Comm_size(a.comm, &size);
   MPI_Datatype basic = MPI_DATATYPE_NULL;
   int64_t block = 0;
-  return describe(a, size, view, &basic, &block);
+  return describe(a, view, &basic, &block);
 }
 
 int run(const CollArgs& a, const std::function<int(const CollArgs&)>& inner, int own) {
