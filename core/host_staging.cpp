@@ -411,10 +411,15 @@ uint64_t bytes_in_band(const CollArgs& a, int size) {
 
 // `count` elements of `type` at `p` as their `bytes` bytes at `out`; false when they are not
 // (a packed size that differs, a failed pack).
+// A predefined contiguous type: its elements are their bytes.
+bool raw_bytes(MPI_Datatype type) {
+  const TypeInfo* info = find_type(type);
+  return info && is_contiguous_basic(info->cls);
+}
+
 bool to_bytes(const void* p, int count, MPI_Datatype type, MPI_Comm comm, char* out,
               uint64_t bytes) {
-  const TypeInfo* info = find_type(type);
-  if (info && is_contiguous_basic(info->cls)) {
+  if (raw_bytes(type)) {
     std::memcpy(out, p, bytes);
     return true;
   }
@@ -428,8 +433,7 @@ bool to_bytes(const void* p, int count, MPI_Datatype type, MPI_Comm comm, char* 
 // The reverse: `bytes` bytes at `in` into `count` elements of `type` at `p`.
 bool from_bytes(const char* in, uint64_t bytes, void* p, int count, MPI_Datatype type,
                 MPI_Comm comm) {
-  const TypeInfo* info = find_type(type);
-  if (info && is_contiguous_basic(info->cls)) {
+  if (raw_bytes(type)) {
     std::memcpy(p, in, bytes);
     return true;
   }
@@ -499,6 +503,27 @@ int data_in_band(const CollArgs& a, const CollArgs& b, uint64_t block, int own, 
   return MPI_SUCCESS;
 }
 
+// The in-band form a call takes, from what MPI makes equal on every rank: a reduction's
+// flag ("fine" value) or a bcast/allgather's block bytes; neither: the separate exchange.
+struct InBand {
+  const TypeInfo* type = nullptr;
+  int fine = -1;
+  uint64_t block = 0;
+  bool taken() const { return fine >= 0 || block > 0; }
+};
+InBand in_band_form(const CollArgs& a, int size) {
+  InBand f;
+  if (a.nonblocking) return f;
+  f.fine = in_band_fine(a, &f.type);
+  if (f.fine < 0) f.block = bytes_in_band(a, size);
+  return f;
+}
+int call_in_band(const InBand& f, const CollArgs& a, const CollArgs& b, int own, bool readable,
+                 int rank, int size) {
+  return f.fine >= 0 ? reduction_in_band(a, b, *f.type, f.fine, own, readable, rank)
+                     : data_in_band(a, b, f.block, own, readable, rank, size);
+}
+
 // A blocking call whose buffers the dispatcher found in host memory (`known`), with the
 // outcomes in band: nothing to stage, nothing to work out. False where it does not apply;
 // else true with the call's result in *rc.
@@ -507,23 +532,13 @@ bool host_in_band(const CollArgs& a, int own, const KnownKinds* known, int* rc) 
       !std::all_of(known->kind, known->kind + known->n,
                    [](MemKind k) { return k == MemKind::host || k == MemKind::pinned; }))
     return false;
-  const TypeInfo* type = nullptr;
-  const int fine = in_band_fine(a, &type);
-  if (fine >= 0 && a.coll == Coll::allreduce) {  // (no rank needed)
-    *rc = reduction_in_band(a, a, *type, fine, own, true, 0);
-    return true;
-  }
-  if (fine < 0 && a.coll != Coll::bcast && a.coll != Coll::allgather) return false;
-  int rank = 0, size = 1;
-  if (PMPI_Comm_rank(a.comm, &rank) != MPI_SUCCESS || PMPI_Comm_size(a.comm, &size) != MPI_SUCCESS)
+  int rank = 0, size = 1;  // (an allreduce needs neither)
+  if (a.coll != Coll::allreduce &&
+      (PMPI_Comm_rank(a.comm, &rank) != MPI_SUCCESS || PMPI_Comm_size(a.comm, &size) != MPI_SUCCESS))
     return false;
-  if (fine >= 0) {
-    *rc = reduction_in_band(a, a, *type, fine, own, true, rank);
-    return true;
-  }
-  const uint64_t block = bytes_in_band(a, size);
-  if (block == 0) return false;
-  *rc = data_in_band(a, a, block, own, true, rank, size);
+  const InBand f = in_band_form(a, size);
+  if (!f.taken()) return false;
+  *rc = call_in_band(f, a, a, own, true, rank, size);
   return true;
 }
 
@@ -569,12 +584,10 @@ int run(const CollArgs& a, Backend& be, bool outcome, int own, const KnownKinds*
   // A blocking call that carries the outcome in band runs as a C call (reduction_in_band,
   // data_in_band), so a Fortran one is staged there as a C one is; otherwise the MPI's
   // Fortran binding runs it as it was made.
-  const TypeInfo* type = nullptr;
-  const int fine = outcome && !a.nonblocking ? in_band_fine(a, &type) : -1;
   const bool ranked = PMPI_Comm_rank(a.comm, &rank) == MPI_SUCCESS &&
                       PMPI_Comm_size(a.comm, &size) == MPI_SUCCESS;
-  const uint64_t block = outcome && ranked ? bytes_in_band(a, size) : 0;
-  const bool in_band = fine >= 0 || block > 0;
+  const InBand form = outcome && ranked ? in_band_form(a, size) : InBand{};
+  const bool in_band = form.taken();
   if ((!a.fortran || in_band) && ranked && spans_of(a, &S, &R)) {
     x = staging_extents(a, rank, size, S, R);
     stage_send = a.sendbuf != MPI_IN_PLACE && a.coll != Coll::bcast && !x.send.empty() &&
@@ -667,9 +680,7 @@ int run(const CollArgs& a, Backend& be, bool outcome, int own, const KnownKinds*
       b.sendbuf = at(static_cast<const void*>(input.data()), -x.recv.lo);
     }
     const bool readable = host != nullptr || (!stage_send && !stage_recv);
-    int rc = fine >= 0 ? reduction_in_band(a, b, *type, fine, own, readable, rank)
-             : block   ? data_in_band(a, b, block, own, readable, rank, size)
-                       : run_pmpi(b);
+    int rc = in_band ? call_in_band(form, a, b, own, readable, rank, size) : run_pmpi(b);
     if (rc == MPI_SUCCESS && !back.empty()) {
       rc = be.copy(back.data(), back.size());
       if (rc != MPI_SUCCESS) raise(a.comm, rc);
