@@ -116,15 +116,19 @@ int main(int argc, char** argv) {
 
   std::vector<float> send(max_bytes / sizeof(float) + 1, 1.0f),
       recv(send.size() * static_cast<size_t>(coll == "allgather" ? size : 1));
-  // The call timed, through streamcoll (MPI_) or straight to the MPI (PMPI_).
+  // The call timed, through streamcoll (MPI_) or straight to the MPI (PMPI_); the
+  // collective chosen once (no string compare per call on either path).
+  enum class Which { allreduce, reduce, bcast, allgather };
+  const Which which = coll == "bcast" ? Which::bcast : coll == "allgather" ? Which::allgather
+                      : coll == "reduce" ? Which::reduce : Which::allreduce;
   auto call = [&](bool via_shim, int count) {
-    if (coll == "bcast") {
+    if (which == Which::bcast) {
       if (rank == 0) std::fill(recv.begin(), recv.begin() + count, 1.0f);
       (via_shim ? MPI_Bcast : PMPI_Bcast)(recv.data(), count, MPI_FLOAT, 0, comm);
-    } else if (coll == "allgather") {
+    } else if (which == Which::allgather) {
       (via_shim ? MPI_Allgather : PMPI_Allgather)(send.data(), count, MPI_FLOAT, recv.data(),
                                                  count, MPI_FLOAT, comm);
-    } else if (coll == "reduce") {
+    } else if (which == Which::reduce) {
       (via_shim ? MPI_Reduce : PMPI_Reduce)(send.data(), recv.data(), count, MPI_FLOAT, MPI_SUM,
                                            0, comm);
     } else {
