@@ -111,6 +111,7 @@ AgreedFacts decode(const int out[k_n]) {
   f.unable = static_cast<uint32_t>(out[k_unable]);
   f.stream = out[k_stream] && !out[k_nostream];
   const int kinds = out[k_host] + out[k_pinned] + out[k_device] + out[k_managed];
+  f.host_only = !out[k_mixed] && !out[k_device] && !out[k_managed];
   if (out[k_mixed] || kinds > 1) {
     // Host and pinned memory are both host memory to every route.
     f.mem = (!out[k_mixed] && !out[k_device] && !out[k_managed]) ? MemKind::host

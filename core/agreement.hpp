@@ -40,6 +40,9 @@ struct AgreedFacts {
   bool valid = false;           ///< set by agree_call (false: never agreed)
   bool routable = false;        ///< every rank can take a route other than pmpi
   MemKind mem = MemKind::host;  ///< the kind every rank passes (mixed when they differ)
+  /// Every rank passed host or pinned memory (no rank staged a GPU buffer); false where the
+  /// agreement failed.
+  bool host_only = false;
   bool stream = false;          ///< every rank's communicator carries a stream
   uint32_t unable = 0;          ///< bit per RouteId: some rank cannot run the route
   const char* why = "";         ///< when !routable: the reason, for the log

@@ -566,9 +566,25 @@ bool mpi_reduce_in_place_broken() {
   }();
   return broken;
 }
+
+// Outcomes::fatal: this rank lost its input (error code `rc`, logged where it arose) and no
+// rank will learn of it within the call.
+[[noreturn]] void abort_lost(const CollArgs& a, int rc) {
+  char what[MPI_MAX_ERROR_STRING] = "?";
+  int len = 0;
+  PMPI_Error_string(rc, what, &len);
+  log_error("%s: this rank lost its GPU input (%s) in a call that carries no staging "
+            "outcome (when the ranks last agreed, every one passed host memory): aborting "
+            "the job, as a CUDA-aware MPI does when it cannot copy a device buffer",
+            call_name(a.coll, a.nonblocking).c_str(), what);
+  PMPI_Abort(a.comm, rc);
+  std::abort();
+}
+
 }  // namespace
 
-int run(const CollArgs& a, Backend& be, bool outcome, int own, const KnownKinds* known) {
+int run(const CollArgs& a, Backend& be, Outcomes outcomes, int own, const KnownKinds* known) {
+  const bool outcome = outcomes == Outcomes::exchanged, fatal = outcomes == Outcomes::fatal;
   auto classify = [&](const void* p) {
     for (int i = 0; known && i < known->n; ++i)
       if (known->ptr[i] == p) return known->kind[i];
@@ -582,13 +598,15 @@ int run(const CollArgs& a, Backend& be, bool outcome, int own, const KnownKinds*
   StagingExtents x;
   bool stage_send = false, stage_recv = false;
   // A blocking call that carries the outcome in band runs as a C call (reduction_in_band,
-  // data_in_band), so a Fortran one is staged there as a C one is; otherwise the MPI's
-  // Fortran binding runs it as it was made.
+  // data_in_band), so a Fortran one is staged there as a C one is; so does one with no
+  // outcome at all (Outcomes::fatal); otherwise the MPI's Fortran binding runs it as it
+  // was made.
   const bool ranked = PMPI_Comm_rank(a.comm, &rank) == MPI_SUCCESS &&
                       PMPI_Comm_size(a.comm, &size) == MPI_SUCCESS;
   const InBand form = outcome && ranked ? in_band_form(a, size) : InBand{};
   const bool in_band = form.taken();
-  if ((!a.fortran || in_band) && ranked && spans_of(a, &S, &R)) {
+  const bool as_c = !a.fortran || in_band || (fatal && !a.nonblocking);
+  if (as_c && ranked && spans_of(a, &S, &R)) {
     x = staging_extents(a, rank, size, S, R);
     stage_send = a.sendbuf != MPI_IN_PLACE && a.coll != Coll::bcast && !x.send.empty() &&
                  on_gpu(classify(at(a.sendbuf, x.send.lo)));
@@ -617,6 +635,7 @@ int run(const CollArgs& a, Backend& be, bool outcome, int own, const KnownKinds*
       // take part without handing the MPI GPU pointers it cannot read (docs/design.md, limits).
       log_error("%s: no host memory to stage %llu bytes of GPU buffers",
                 call_name(a.coll, a.nonblocking).c_str(), static_cast<unsigned long long>(total));
+      if (fatal) abort_lost(a, MPI_ERR_NO_MEM);
       if (!outcome || a.nonblocking) return raise(a.comm, MPI_ERR_NO_MEM);
       if (own == MPI_SUCCESS) own = MPI_ERR_NO_MEM;
     }
@@ -634,6 +653,7 @@ int run(const CollArgs& a, Backend& be, bool outcome, int own, const KnownKinds*
       if (int rc = be.copy(copies.data(), copies.size()); rc != MPI_SUCCESS) {
         // This rank's input is lost. With an outcome exchange it takes part anyway (the
         // others learn of it from the exchange); without one it cannot.
+        if (fatal) abort_lost(a, rc);
         if (!outcome) {
           be.release(host);
           return raise(a.comm, rc);
@@ -646,6 +666,7 @@ int run(const CollArgs& a, Backend& be, bool outcome, int own, const KnownKinds*
         back.push_back({at(a.recvbuf, r.lo), hrecv(r.lo), r.bytes(), a.recvbuf});
     if (stage_send) b.sendbuf = at(static_cast<const void*>(hbase), -x.send.lo);
     if (stage_recv) b.recvbuf = at(static_cast<void*>(hbase + recv_off), -x.recv.lo);
+    if (!a.nonblocking) b.fortran = nullptr;  // (staged: a C call, on the converted handles)
     if (log_enabled(LogLevel::trace)) {
       uint64_t in = 0, out = 0;
       for (const Copy& c : copies) in += c.bytes;
@@ -656,6 +677,7 @@ int run(const CollArgs& a, Backend& be, bool outcome, int own, const KnownKinds*
     }
   }
 
+  if (fatal && own != MPI_SUCCESS) abort_lost(a, own);  // (its stream's work failed)
   if (!a.nonblocking) {
     if (outcome && !in_band) {
       // Every rank's staging outcome first: if any rank's input is lost, no rank runs the
@@ -1086,11 +1108,11 @@ Backend* gpu_backend() {
 #endif
 }
 
-int run(const CollArgs& a, bool outcome, int own, const KnownKinds* known) {
+int run(const CollArgs& a, Outcomes outcomes, int own, const KnownKinds* known) {
 #if STREAMCOLL_HAVE_CUDA
-  return run(a, cuda_backend(), outcome, own, known);
+  return run(a, cuda_backend(), outcomes, own, known);
 #else
-  (void)outcome, (void)known;
+  (void)outcomes, (void)known;
   const int rc = run_pmpi(a);
   if (own != MPI_SUCCESS) PMPI_Comm_call_errhandler(a.comm, own);
   return own != MPI_SUCCESS ? own : rc;

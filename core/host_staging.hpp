@@ -146,31 +146,50 @@ struct KnownKinds {
   int n = 0;
 };
 
+/// How the ranks of a call that goes to the MPI learn that one of them lost its input (a
+/// failed staging copy or allocation, or `own`). Equal on every rank: the dispatcher
+/// chooses it from the job and the facts the ranks decide from.
+enum class Outcomes {
+  /// Nothing exchanged, where no rank stages (a barrier, a call the MPI will reject, host
+  /// memory asserted on the communicator): a failure returns at once.
+  none,
+  /// Exchanged: in band or in a separate exchange (see run()); every rank learns of it.
+  exchanged,
+  /// Nothing exchanged, because the facts the ranks decide from say that every rank passes
+  /// host memory (so no staging can fail). A rank that passes GPU memory anyway (its kind
+  /// changed since the ranks last agreed) stages it as usual; if it loses its input it
+  /// can neither take part without handing its peers a result built on garbage nor tell
+  /// them, and it aborts the job (MPI_Abort on the call's communicator, with the reason),
+  /// as a CUDA-aware MPI does when it cannot copy a device buffer (Open MPI's datatype
+  /// engine and coll/cuda abort on a failed cuMemcpy). A blocking Fortran call with GPU
+  /// buffers is staged as a C call.
+  fatal,
+};
+
 /// Runs the call `a` on the MPI with this rank's GPU buffers staged through host memory
 /// (see the file comment); buffers that are not on a GPU, and Fortran calls, go to the
 /// MPI as they are. Returns what the MPI returns; a failed copy or allocation is raised
 /// through a.comm's error handler here (the MPI raises its own errors).
 ///
-/// `outcome` (equal on every rank: the dispatcher passes it for every call with data
-/// in a job whose MPI is not CUDA-aware, staging or not): the ranks exchange whether
-/// their staging failed, so that a rank that lost its input still takes part and no rank
-/// reports a result built on it as a success. Blocking calls of at most 64 KiB carry the
-/// flags in band (host_staging.cpp): an MPI_Allreduce or MPI_Reduce with a predefined op
-/// other than XOR/MAXLOC/MINLOC on 4- or 8-byte integers or float/double, one more
-/// element; an MPI_Bcast or MPI_Allgather, one more byte per block; the call runs, and
-/// every rank that gets a result built on a lost input reports an error instead. Other
-/// blocking calls exchange the flags in one small allreduce on a.comm first, and no rank
-/// runs the call if any staging failed; non-blocking ones start an MPI_Iallreduce before
-/// the call, which runs, and its request completes with the error. The form depends only
-/// on what MPI makes equal on every rank (the collective, its size, a reduction's
-/// datatype and op), never on the binding or how a rank describes its data. `own`: a
-/// failure of this rank's found before (the stream synchronisation), treated as a failed
-/// staging. Without `outcome` a staging failure returns at once (the other ranks are
-/// left in the call: used only where no rank stages).
+/// `outcomes` == exchanged (the dispatcher's choice for a call with data in a job whose MPI
+/// is not CUDA-aware, unless the agreed facts say every rank passes host memory): the
+/// ranks exchange whether their staging failed, so that a rank that lost its input still
+/// takes part and no rank reports a result built on it as a success. Blocking calls of at
+/// most 64 KiB carry the flags in band (host_staging.cpp): an MPI_Allreduce or MPI_Reduce
+/// with a predefined op other than XOR/MAXLOC/MINLOC on 4- or 8-byte integers or
+/// float/double, one more element; an MPI_Bcast or MPI_Allgather, one more byte per
+/// block; the call runs, and every rank that gets a result built on a lost input reports
+/// an error instead. Other blocking calls exchange the flags in one small allreduce on
+/// a.comm first, and no rank runs the call if any staging failed; non-blocking ones start
+/// an MPI_Iallreduce before the call, which runs, and its request completes with the
+/// error. The form depends only on what MPI makes equal on every rank (the collective, its
+/// size, a reduction's datatype and op), never on the binding or how a rank describes its
+/// data. `own`: a failure of this rank's found before (the stream synchronisation),
+/// treated as a failed staging. Outcomes::none and ::fatal: see Outcomes.
 /// Non-blocking calls that stage or exchange get a streamcoll-owned request in
 /// *a.request (Fortran calls too: the MPI's request is wrapped).
-int run(const CollArgs& a, Backend& backend, bool outcome = false, int own = MPI_SUCCESS,
-        const KnownKinds* known = nullptr);
+int run(const CollArgs& a, Backend& backend, Outcomes outcomes = Outcomes::none,
+        int own = MPI_SUCCESS, const KnownKinds* known = nullptr);
 
 // ---- Process-wide state -------------------------------------------------------------
 
@@ -199,7 +218,7 @@ inline bool wanted(const CollArgs& a, MemKind mem) {
          enabled() && should_stage(mem, a.fortran != nullptr, false);
 }
 /// run() with the CUDA driver.
-int run(const CollArgs& a, bool outcome, int own, const KnownKinds* known = nullptr);
+int run(const CollArgs& a, Outcomes outcomes, int own, const KnownKinds* known = nullptr);
 /// The CUDA driver's Backend (classify, copy), or nullptr in a build without CUDA.
 Backend* gpu_backend();
 

@@ -118,6 +118,9 @@ struct Decision {
   /// The communicator asserts host memory only (core/alloc_kinds.hpp): env.mem is from
   /// the assertion, equal on every rank; no GPU buffer to stage.
   bool asserted_host = false;
+  /// The facts the call was decided from say every rank passed host memory
+  /// (AgreedFacts::host_only): equal on every rank.
+  bool agreed_host = false;
 };
 
 uint64_t now_ns() {
@@ -546,6 +549,7 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   }
   d.ctx = ctx;
   d.forced = forced;
+  d.agreed_host = agreed.valid && agreed.host_only;
   if (!sig) {
     choose_route(d, a, agreed, size, rank, check, rt);
     return d;
@@ -562,6 +566,7 @@ Decision decide(const CollArgs& a, Runtime& rt) {
     d.choice = nullptr;
     d.fuse = 0;
     d.agreed_stream = false;
+    d.agreed_host = agreed.valid && agreed.host_only;
     choose_route(d, a, agreed, size, rank, check, rt);
   } else if (!agreed_now) {
     d.env.adopted = true;
@@ -654,10 +659,20 @@ int dispatch_described(const CollArgs& a, Runtime& rt) {
     // A failed synchronisation of the stream still leaves this rank in the call (the
     // others are in it); it is this rank's failure (with an outcome exchange: everyone's).
     const int own = d.env.has_stream ? sync_stream(d.env.stream) : MPI_SUCCESS;
-    const bool outcome =
-        rt.staging_job() && a.coll != Coll::barrier && d.well_formed && !d.asserted_host;
-    if (outcome || host_staging::wanted(a, d.env.mem)) {
-      rc = host_staging::run(a, outcome, own, &d.kinds);  // raises its own failures
+    // On an MPI that is not CUDA-aware, the ranks learn of a rank's lost GPU input
+    // (host_staging::Outcomes): exchanged, but where the facts the call was decided from
+    // say no rank stages (then a rank that stages anyway aborts the job if it loses its
+    // input: no collective of streamcoll's own, and no longer message, on host calls).
+    using host_staging::Outcomes;
+    const Outcomes outcomes =
+        !rt.staging_job() || a.coll == Coll::barrier || !d.well_formed || d.asserted_host
+            ? Outcomes::none
+        : d.agreed_host ? Outcomes::fatal
+                        : Outcomes::exchanged;
+    if (outcomes == Outcomes::exchanged || host_staging::wanted(a, d.env.mem) ||
+        (outcomes == Outcomes::fatal && a.fortran && !a.nonblocking &&
+         d.env.mem != MemKind::host && d.env.mem != MemKind::pinned)) {  // (staged as C)
+      rc = host_staging::run(a, outcomes, own, &d.kinds);  // raises its own failures
     } else {
       rc = run_pmpi(a);
       if (own != MPI_SUCCESS) {

@@ -42,11 +42,9 @@
 //            calls of one signature on host memory on every rank, in which streamcoll may
 //            start no blocking agreement and at most one refresh per 32 calls
 //            (streamcoll_agreement_counts); with STREAMCOLL_MPI_CUDA_AWARE unset (an MPI
-//            that is not CUDA-aware: GPU buffers staged) and DIVERGENT_FAIL_STAGING=1, a
-//            staging copy fails on the last rank while it alone passes GPU memory (an
-//            allreduce, a bcast from it, an allgather, a reduce to rank 0): that call
-//            fails on every rank that gets a result (none reports a wrong value), the
-//            next is exact.
+//            that is not CUDA-aware: GPU buffers staged) and DIVERGENT_FAIL_STAGING=1 or
+//            fatal, the last rank alone on GPU memory, and losing its input once
+//            (staging_failures).
 //            DIVERGENT_STREAM=1: with a stream attached, which each rank detaches and
 //            attaches again on its own; with route nccl, then stream-ordered bcast and
 //            allgather where the last rank describes its data with derived datatypes now
@@ -576,6 +574,62 @@ void random_program(MPI_Comm world, unsigned seed) {
 
 using AgreementCountsFn = void (*)(unsigned long long*, unsigned long long*, unsigned long long*);
 
+// Staging failures on an MPI that is not CUDA-aware (DIVERGENT_FAIL_STAGING=1): the last
+// rank alone passes GPU memory, and loses its input (its staging copy fails) once.
+//  - Where the facts the call is decided from know of GPU memory (rounds 0-9 with the
+//    last rank on GPU memory: the ranks agree at every call, and the outcome is
+//    exchanged, in band): round 10 (the failure) fails on every rank that gets a result,
+//    11 is exact, 12 on host memory everywhere is exact. MPI_Allreduce (each rank's
+//    outcome in band), MPI_Bcast whose root is the last rank (the root's outcome),
+//    MPI_Allgather (every rank's), MPI_Reduce to rank 0 (every rank's, seen at the root).
+//  - Where they say host memory everywhere (rounds 0-9 on host memory: later calls decide
+//    from those agreements and carry no outcome): round 10 with the last rank on GPU
+//    memory is staged and exact, and so is everything after it.
+// DIVERGENT_FAIL_STAGING=fatal: the second case with the failure at round 10 of an
+// MPI_Allreduce: the last rank cannot tell its peers and aborts the job (no rank returns
+// from the call; tests/tools/expect_abort.sh checks the message).
+void staging_failures(MPI_Comm comm, unsigned seed, bool fatal) {
+  const int rank = comm_rank(comm), size = comm_size(comm);
+  auto fail_after = reinterpret_cast<fake_cuda_fail_after_fn>(
+      dlsym(dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL), "fake_cuda_fail_after"));
+  if (!fail_after) {
+    check(false, "fake_cuda_fail_after not found");
+    return;
+  }
+  const bool last = rank == size - 1;
+  for (const bool known : {true, false}) {
+    if (fatal && known) continue;
+    for (Kind kind : {Kind::allreduce, Kind::bcast, Kind::allgather, Kind::reduce}) {
+      if (fatal && kind != Kind::allreduce) continue;
+      for (int round = 0; round < 13; ++round) {
+        const bool failing = round == 10 && last && (known || fatal);
+        // A size of its own per case, so that each starts a signature of its own.
+        Call c = make(kind, known ? 16 : 24, kind == Kind::bcast ? size - 1 : 0, false,
+                      seed * 10000 + 9000 + round, comm);
+        const Mem m = last && (round < 12 && (known || round >= 10)) ? Mem::device : Mem::host;
+        c.prepare(m, m);
+        if (failing) fail_after("cuMemcpyAsync", 1);
+        const int rc = c.start(nullptr);
+        if (failing) fail_after("cuMemcpyAsync", 0);
+        const std::string L = std::string(kind_name(kind)) + " staging failure (" +
+                              (known ? "GPU memory known" : "host memory agreed") + ") round " +
+                              std::to_string(round);
+        if (fatal && round == 10) {
+          check(false, L + ": returned (" + std::to_string(rc) + ") where the job must abort");
+        } else if (round == 10 && known && kind == Kind::reduce && rank != 0 && !last) {
+          // A reduce's ranks other than the root and the failing one get no result.
+          check(rc == MPI_SUCCESS, L + ": a non-root rank's part succeeds");
+        } else if (round == 10 && known) {
+          check(rc != MPI_SUCCESS, L + ": the call fails on every rank that gets a result");
+        } else {
+          check(rc == MPI_SUCCESS, L + ": the call succeeds");
+          c.verify(L);
+        }
+      }
+    }
+  }
+}
+
 void signature_program(MPI_Comm world, unsigned seed) {
   const int rank = comm_rank(world), size = comm_size(world);
   std::mt19937 shared(seed);
@@ -720,39 +774,8 @@ void signature_program(MPI_Comm world, unsigned seed) {
   // refreshes every 8th call as well.)
   const unsigned long long limit = pmpi1 - pmpi0 == 300 ? 11 : 11 + 300 / 8;
   check(r1 - r0 <= limit, "steady host phase: " + std::to_string(r1 - r0) + " refreshes in 300 calls");
-  // A staging copy failing on the last rank, the only one on GPU memory, while the facts
-  // its peers decide from say host memory (an MPI that is not CUDA-aware).
-  auto fail_after = reinterpret_cast<fake_cuda_fail_after_fn>(
-      dlsym(dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL), "fake_cuda_fail_after"));
-  if (std::getenv("DIVERGENT_FAIL_STAGING") && fail_after) {
-    // Rounds 0-9 on host memory everywhere (the facts later calls decide from), round 10
-    // the last rank on GPU memory with its staging copy failing, 11 the same without the
-    // failure, 12 host again. MPI_Allreduce (each rank's outcome in band), MPI_Bcast
-    // whose root is the last rank (the root's outcome in band), MPI_Allgather (every
-    // rank's), MPI_Reduce to rank 0 (every rank's, seen at the root).
-    for (Kind kind : {Kind::allreduce, Kind::bcast, Kind::allgather, Kind::reduce})
-    for (int round = 0; round < 13; ++round) {
-      const bool failing = round == 10 && rank == size - 1;
-      Call c = make(kind, 16, kind == Kind::bcast ? size - 1 : 0, false,
-                    seed * 10000 + 9000 + round, comm);
-      const Mem m = (round == 10 || round == 11) && rank == size - 1 ? Mem::device : Mem::host;
-      c.prepare(m, m);
-      if (failing) fail_after("cuMemcpyAsync", 1);
-      const int rc = c.start(nullptr);
-      if (failing) fail_after("cuMemcpyAsync", 0);
-      const std::string L = std::string(kind_name(kind)) + " staging failure round " +
-                            std::to_string(round);
-      if (round == 10 && kind == Kind::reduce && rank != 0 && rank != size - 1) {
-        // A reduce's ranks other than the root and the failing one get no result.
-        check(rc == MPI_SUCCESS, L + ": a non-root rank's part succeeds");
-      } else if (round == 10) {
-        check(rc != MPI_SUCCESS, L + ": the call fails on every rank that gets a result");
-      } else if (round != 10) {
-        check(rc == MPI_SUCCESS, L + ": the call succeeds");
-        c.verify(L);
-      }
-    }
-  }
+  if (const char* mode = std::getenv("DIVERGENT_FAIL_STAGING"))
+    staging_failures(comm, seed, std::string(mode) == "fatal");
   MPI_Comm_free(&comm);
 }
 

@@ -487,7 +487,7 @@ void in_band_case(MPI_Datatype type, MPI_Op op, int n, bool in_place, MemKind me
     }
     a.sendbuf = in_place ? MPI_IN_PLACE : static_cast<const void*>(dsend);
   }
-  CHECK(host_staging::run(a, gpu, true, MPI_SUCCESS) == MPI_SUCCESS);
+  CHECK(host_staging::run(a, gpu, host_staging::Outcomes::exchanged, MPI_SUCCESS) == MPI_SUCCESS);
   if (drecv) gpu.get(got.data(), drecv, bytes);
   else got = hrecv;
   CHECK(std::memcmp(got.data(), ref.data(), bytes) == 0);
@@ -497,7 +497,7 @@ void in_band_case(MPI_Datatype type, MPI_Op op, int n, bool in_place, MemKind me
   if (drecv) gpu.get(before.data(), drecv, bytes);
   else before = hrecv;
   const int own = g_rank == g_size - 1 ? MPI_ERR_OTHER : MPI_SUCCESS;
-  CHECK(host_staging::run(a, gpu, true, own) != MPI_SUCCESS);
+  CHECK(host_staging::run(a, gpu, host_staging::Outcomes::exchanged, own) != MPI_SUCCESS);
   if (drecv) gpu.get(got.data(), drecv, bytes);
   else got = hrecv;
   CHECK(std::memcmp(got.data(), before.data(), bytes) == 0);
