@@ -138,7 +138,10 @@ struct HostCall {
   const void* send = nullptr;  // null: in place
   void* recv = nullptr;
   bool tainted = false;  // this rank's input is unusable (a local failure before the collective)
-  bool status = false;   // algo=mpi: exchange the taint with the collective (every rank alike)
+  // algo=mpi: exchange the taint with the collective (every rank alike: the agreed facts
+  // say GPU memory). Without it, a tainted rank aborts the job (abort_lost_input): the
+  // agreed facts said host memory, and this rank's GPU input was lost.
+  bool status = false;
 };
 
 // The schedule's parameters for `h` on `hc`.
@@ -204,6 +207,7 @@ int call_mpi(const HostCall& h, MPI_Comm comm) {
 // or, for a rank whose result a tainted peer spoiled, Failure::peer (outcome()).
 int run_blocking(const HostCall& h, HtComm& hc, MPI_Comm comm) {
   if (h.algo == Algo::mpi) {
+    if (h.tainted && !h.status) abort_lost_input(comm, "ht", error_code(Failure::cuda));
     const int rc = call_mpi(h, comm);
     int any = 0;
     if (h.status) {
@@ -256,6 +260,8 @@ class HostPart {
     *done = false;
     if (!started_) {
       if (comm_->turn.load(std::memory_order_acquire) != ticket_) return MPI_SUCCESS;
+      if (h_.tainted && !h_.status)
+        abort_lost_input(comm_->p2p, "ht", error_code(Failure::cuda));
       int rc = start_mpi(h_, comm_->p2p, &reqs_[0]);
       if (h_.status) {
         mine_ = h_.tainted ? 1 : 0;
@@ -1188,6 +1194,9 @@ class StandInTask final : public progress::Task {
 // Returns `rc`.
 int stand_in(const CollArgs& a, const std::shared_ptr<HtComm>& hc, AlgoSel algo, int extent,
              uint64_t bytes, bool status, int rc) {
+  // (Without failure flags the part could not tell the others: the job ends here, before
+  // the call returns.)
+  if (algo == Algo::mpi && !status) abort_lost_input(a.comm, "ht", rc);
   auto* task = new StandInTask(hc, a, algo, extent, bytes, status);
   if (!progress::submit(task)) {
     while (!task->step()) {

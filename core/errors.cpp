@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -66,6 +67,18 @@ const char* lost_error_string(int code) {
   for (int i = 0; i < kNumFailures; ++i)
     if (g_string_lost[i] && g_codes[i] == code) return kKinds[i].text;
   return nullptr;
+}
+
+void abort_lost_input(MPI_Comm comm, const char* what, int rc) {
+  char why[MPI_MAX_ERROR_STRING] = "?";
+  int len = 0;
+  PMPI_Error_string(rc, why, &len);
+  log_error("%s: this rank lost its GPU input (%s) in a call that carries no failure flags "
+            "(when the ranks last agreed, every one passed host memory): aborting the job, "
+            "as a CUDA-aware MPI does when it cannot copy a device buffer",
+            what, why);
+  PMPI_Abort(comm, rc);
+  std::abort();
 }
 
 }  // namespace streamcoll

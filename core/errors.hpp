@@ -5,6 +5,8 @@
 // use. The detailed message (which call, which communicator) goes to stderr, rank-tagged.
 #pragma once
 
+#include <mpi.h>
+
 #include <string>
 
 namespace streamcoll {
@@ -29,6 +31,16 @@ int fail(Failure f, const std::string& detail);
 
 /// The MPI error code for `f`, without logging. Same threading rule as fail().
 int error_code(Failure f);
+
+/// A rank that lost its input (error code `rc`, already logged where it arose) in a call
+/// that carries no failure flags, because the facts the ranks decided it from say no rank
+/// could lose one (every rank passed host memory when they last agreed; this rank's
+/// buffers changed since): it can neither take part without handing its peers a result
+/// built on garbage nor tell them within the call, so it aborts the job (PMPI_Abort on
+/// `comm`) with the reason, as a CUDA-aware MPI does when it cannot copy a device buffer
+/// (Open MPI's datatype engine and coll/cuda abort on a failed cuMemcpy). `what`: the
+/// call, for the message. Never returns. Thread-safe at MPI_THREAD_MULTIPLE.
+[[noreturn]] void abort_lost_input(MPI_Comm comm, const char* what, int rc);
 
 /// streamcoll's string for `code` when it is one of its codes whose string the MPI
 /// cannot give back (checked when the code is made), else null: MPI_Error_string answers

@@ -567,18 +567,9 @@ bool mpi_reduce_in_place_broken() {
   return broken;
 }
 
-// Outcomes::fatal: this rank lost its input (error code `rc`, logged where it arose) and no
-// rank will learn of it within the call.
+// Outcomes::fatal: this rank lost its input, and no rank will learn of it within the call.
 [[noreturn]] void abort_lost(const CollArgs& a, int rc) {
-  char what[MPI_MAX_ERROR_STRING] = "?";
-  int len = 0;
-  PMPI_Error_string(rc, what, &len);
-  log_error("%s: this rank lost its GPU input (%s) in a call that carries no staging "
-            "outcome (when the ranks last agreed, every one passed host memory): aborting "
-            "the job, as a CUDA-aware MPI does when it cannot copy a device buffer",
-            call_name(a.coll, a.nonblocking).c_str(), what);
-  PMPI_Abort(a.comm, rc);
-  std::abort();
+  abort_lost_input(a.comm, call_name(a.coll, a.nonblocking).c_str(), rc);
 }
 
 }  // namespace
