@@ -1406,10 +1406,14 @@ class HtRoute final : public Route {
 #endif
     HostCall h = host_call(a, algo, hc->rank, extent);
     h.status = status;
+    // A blocking call repacked from a derived datatype whose data this rank could not read
+    // (CallEnv::input_failure): it takes part tainted, as after a failed copy of its own.
+    h.tainted = env.input_failure != MPI_SUCCESS;
     if (!a.nonblocking) {
       // The MPI's own blocking call, unchanged (with a status exchange: the schedule form).
-      if (algo == Algo::mpi && !status) return run_pmpi(a);
-      return run_blocking(h, *hc, a.comm);
+      if (algo == Algo::mpi && !status && !h.tainted) return run_pmpi(a);
+      const int rc = run_blocking(h, *hc, a.comm);
+      return h.tainted ? env.input_failure : rc;
     }
     auto* req = new HostRequest;
     if (int rc = start_request(req, a.request); rc != MPI_SUCCESS) {

@@ -781,20 +781,21 @@ void signature_program(MPI_Comm world, unsigned seed) {
 
 // ---- a late rank under stream-ordered calls ----------------------------------------------
 
-// Stream-ordered blocking MPI_Bcast and MPI_Allgather on device memory, routed to nccl
-// from their signatures' earlier agreements, while the last rank now and then describes
+// Stream-ordered blocking MPI_Bcast and MPI_Allgather on device memory, routed to nccl (or
+// ht: `route`) from their signatures' earlier agreements, while the last rank now and then describes
 // its data with derived datatypes (a strided vector; a contiguous type), which the facts
 // it decides from never saw: it takes part repacked (core/repack.hpp: run_blocking), its
 // host waiting for its stream first; the others' calls stay stream-ordered. Where MPI runs
 // at MPI_THREAD_MULTIPLE, once (call 30) that rank (the bcast's root) fails to read its
 // input while repacking: the call fails on every rank (route nccl's failure notice, which
 // the watchdog takes in while a peer's host waits in cudaStreamSynchronize; without
-// MPI_THREAD_MULTIPLE only at the peer's next call into streamcoll, docs/design.md): on
+// MPI_THREAD_MULTIPLE only at the peer's next call into streamcoll, docs/design.md; on ht
+// the taint its host collective carries, seen by the engine): on
 // that rank at once, on a peer whose call had returned (stream-ordered) at its next call
 // on the communicator, and no rank takes a wrong value without that report; then the calls
 // succeed again (the route is left at the next agreement). Every value and every hole
 // checked. Each collective on its own duplicate (an aborted NCCL communicator stays so).
-void derived_adopted(MPI_Comm world, unsigned seed) {
+void derived_adopted(MPI_Comm world, unsigned seed, const std::string& route) {
   const int rank = comm_rank(world), size = comm_size(world);
   const bool odd = rank == size - 1;
   std::mt19937 mine(seed * 31u + static_cast<unsigned>(rank) * 7u);
@@ -819,7 +820,7 @@ void derived_adopted(MPI_Comm world, unsigned seed) {
     MPI_Comm_dup(world, &comm);
     MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
     check(streamcoll_comm_attach_stream(comm, stream) == MPI_SUCCESS, what + ": attach");
-    const unsigned long long routed0 = stat_calls(kind_name(kind), "nccl", "device");
+    const unsigned long long routed0 = stat_calls(kind_name(kind), route.c_str(), "device");
     int repacked = 0, failed = 0, late_failures = 0;
     bool owed = false;  // the last call returned MPI_SUCCESS with wrong values
     for (int i = 0; i < 60; ++i) {
@@ -884,8 +885,8 @@ void derived_adopted(MPI_Comm world, unsigned seed) {
     if (fail_after) check(all == 1, what + ": the lost input failed a call on every rank");
     check(late_failures == 0, what + ": calls 46 to 59 succeed");
     if (odd) check(repacked >= 5, what + ": " + std::to_string(repacked) + " repacked calls succeeded");
-    check(stat_calls(kind_name(kind), "nccl", "device") >= routed0 + 30,
-          what + ": most calls took route nccl");
+    check(stat_calls(kind_name(kind), route.c_str(), "device") >= routed0 + 30,
+          what + ": most calls took route " + route);
     streamcoll_comm_detach_stream(comm);
     MPI_Comm_free(&comm);
   }
@@ -934,18 +935,18 @@ void skew_calls(MPI_Comm comm, Kind kind, const std::string& route, unsigned sal
 // SignatureAgreements::kRunAhead of the last refresh the late rank started) return in
 // under 100 ms; a second late arrival (kDeep) after a deep run-ahead. MPI_Allreduce on
 // route nccl (or the route DIVERGENT_ALLREDUCE_ROUTE names and STREAMCOLL_ROUTE forces);
-// on route nccl also MPI_Bcast, MPI_Allgather and MPI_Alltoall.
+// on routes nccl and ht also MPI_Bcast and MPI_Allgather, on nccl MPI_Alltoall.
 void skew_program(MPI_Comm world) {
   MPI_Comm comm;
   MPI_Comm_dup(world, &comm);
   const char* forced = std::getenv("DIVERGENT_ALLREDUCE_ROUTE");
   const std::string route = forced ? forced : "nccl";
   skew_calls(comm, Kind::allreduce, route, 5000);
-  if (route == "nccl") {
+  if (route == "nccl" || route == "ht") {
     skew_calls(comm, Kind::bcast, route, 5100);
     skew_calls(comm, Kind::allgather, route, 5200);
-    skew_calls(comm, Kind::alltoall, route, 5300);
   }
+  if (route == "nccl") skew_calls(comm, Kind::alltoall, route, 5300);
   MPI_Comm_free(&comm);
 }
 
@@ -1020,8 +1021,9 @@ int main(int argc, char** argv) {
                               : 1u;
     for (int s = 0; s < seeds; ++s) signature_program(comm, base + s);
     const char* ar = std::getenv("DIVERGENT_ALLREDUCE_ROUTE");
-    if (std::getenv("DIVERGENT_STREAM") && ar && std::string(ar) == "nccl" && g_size > 1)
-      derived_adopted(comm, base);
+    if (std::getenv("DIVERGENT_STREAM") && ar && (std::string(ar) == "nccl" || std::string(ar) == "ht") &&
+        g_size > 1)
+      derived_adopted(comm, base, ar);
   } else {
     const int seeds = argc > 2 ? std::atoi(argv[2]) : 2;
     const unsigned base = std::getenv("DIVERGENT_SEED_BASE")
