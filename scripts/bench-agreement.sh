@@ -16,8 +16,8 @@
 # SC_BENCH_NP: rank counts (default "2 4"); SC_BENCH_ARGS: passthrough_latency options
 # (default --min 8 --max 64 --iters 2000 --batches 11; add --coll bcast, allgather or
 # reduce for another host collective).
-# Then bench/stream_skew per rank count, collective and route (allreduce on nccl, the fake
-# NCCL, and on ht; bcast and allgather on nccl) and library: rank 0's host time of a
+# Then bench/stream_skew per rank count, collective and route (allreduce, bcast and
+# allgather on nccl, the fake NCCL, and on ht) and library: rank 0's host time of a
 # stream-ordered call on device memory, with every rank
 # on time and with the last rank 300 ms late (target: independent of the lateness after
 # the signature's first call, < 5 ms). SC_SKEW_ARGS: its options (default --rounds 10);
@@ -83,8 +83,8 @@ PY
 echo "## stream-ordered calls with a late rank (bench/stream_skew)"
 read -r -a skew_args <<< "${SC_SKEW_ARGS:---rounds 10 --late-ms 300}"
 for np in ${SC_BENCH_NP:-2 4}; do
-  # MPI_Allreduce on nccl and ht; MPI_Bcast and MPI_Allgather on nccl.
-  for case in allreduce:nccl allreduce:ht bcast:nccl allgather:nccl; do
+  # MPI_Allreduce, MPI_Bcast and MPI_Allgather on nccl and on ht.
+  for case in allreduce:nccl allreduce:ht bcast:nccl allgather:nccl bcast:ht allgather:ht; do
     coll=${case%%:*} route=${case#*:}
     for lib in "${libs[@]}"; do
       echo "## $np ranks, $coll on route $route, $lib"
