@@ -270,8 +270,9 @@ AgreedFacts signature_facts(SignatureAgreements& sig, CommContext& ctx, MPI_Comm
 // describes its data with a derived datatype is asked (accepts) and runs repacked to the
 // datatype the others pass (core/repack.hpp: basic_view, run_blocking), and one that
 // cannot read its data fails the call on every rank through the route (input_failure).
-// ht takes bcast and allgather the same way (its host collectives carry a repacked rank's
-// lost input as a taint, or, without failure flags, that rank aborts the job).
+// ht takes stream-ordered bcast and allgather the same way (its host collectives carry a
+// repacked rank's lost input as a taint, or, without failure flags, that rank aborts the
+// job).
 // Fused calls and the other routes agree at every call. From the route, the agreed facts
 // and the call's arguments that MPI makes equal on every rank: equal everywhere.
 bool cacheable(const Decision& d, const CollArgs& a, const AgreedFacts& agreed) {
@@ -285,7 +286,11 @@ bool cacheable(const Decision& d, const CollArgs& a, const AgreedFacts& agreed) 
   if (d.route == RouteId::pmpi) return true;
   if (takes_op(a.coll))
     return d.route == RouteId::nccl || d.route == RouteId::ht || d.route == RouteId::ccube;
-  if (d.route == RouteId::ht) return a.coll == Coll::bcast || a.coll == Coll::allgather;
+  // (ht's bcast and allgather only where stream-ordered: host calls forced onto ht keep
+  // agreeing at each call, so that one whose datatype suits only the MPI still goes there
+  // unchanged rather than repacked.)
+  if (d.route == RouteId::ht)
+    return d.agreed_stream && (a.coll == Coll::bcast || a.coll == Coll::allgather);
   return d.route == RouteId::nccl && (a.coll == Coll::bcast || a.coll == Coll::allgather ||
                                       a.coll == Coll::alltoall);
 }
