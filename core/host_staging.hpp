@@ -212,10 +212,13 @@ bool enabled();
 /// raised). Thread-safe.
 int wait_for_legacy_of(const void* gpu, void* stream);
 
-/// Whether the dispatcher must stage this pmpi call: enabled() and should_stage.
-inline bool wanted(const CollArgs& a, MemKind mem) {
+/// Whether the dispatcher must stage this pmpi call: enabled() and should_stage, or a
+/// blocking Fortran call on GPU memory without outcomes (Outcomes::fatal: staged as C).
+inline bool wanted(const CollArgs& a, MemKind mem, Outcomes outcomes = Outcomes::none) {
   return (mem == MemKind::device || mem == MemKind::managed || mem == MemKind::mixed) &&
-         enabled() && should_stage(mem, a.fortran != nullptr, false);
+         enabled() &&
+         (should_stage(mem, a.fortran != nullptr, false) ||
+          (outcomes == Outcomes::fatal && !a.nonblocking));
 }
 /// run() with the CUDA driver.
 int run(const CollArgs& a, Outcomes outcomes, int own, const KnownKinds* known = nullptr);

@@ -677,9 +677,7 @@ int dispatch_described(const CollArgs& a, Runtime& rt) {
             ? Outcomes::none
         : d.agreed_host ? Outcomes::fatal
                         : Outcomes::exchanged;
-    if (outcomes == Outcomes::exchanged || host_staging::wanted(a, d.env.mem) ||
-        (outcomes == Outcomes::fatal && a.fortran && !a.nonblocking &&
-         d.env.mem != MemKind::host && d.env.mem != MemKind::pinned)) {  // (staged as C)
+    if (outcomes == Outcomes::exchanged || host_staging::wanted(a, d.env.mem, outcomes)) {
       rc = host_staging::run(a, outcomes, own, &d.kinds);  // raises its own failures
     } else {
       rc = run_pmpi(a);
