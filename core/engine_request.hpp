@@ -16,7 +16,7 @@ namespace streamcoll {
 /// request itself, keeping MPI progressing (core/requests.hpp).
 class Completion {
  public:
-  /// Engine side, before MPI_Grequest_complete (after which the request may be freed).
+  /// Engine side, before ManagedRequest::complete() (after which the request may be freed).
   void signal() {
     {
       std::lock_guard<std::mutex> lock(mu_);

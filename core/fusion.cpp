@@ -611,7 +611,7 @@ struct Queue : std::enable_shared_from_this<Queue> {
         // not poll streamcoll's own requests.
         if (g.route == RouteId::nccl)
           if (OwnedRequest* o = requests::peek(g.req)) {
-            o->on_test();
+            o->advance();
             if (!o->completed()) break;
           }
         int flag = 0;

@@ -101,7 +101,9 @@ class RepackRequest final : public ManagedRequest {
       : comm_(comm), basic_(basic), send_(std::move(send)), recv_(std::move(recv)),
         unpack_recv_(unpack_recv), own_(own) {}
   ~RepackRequest() override {
-    if (!done_ && inner_ != MPI_REQUEST_NULL) PMPI_Wait(&inner_, MPI_STATUS_IGNORE);
+    if (done_ || inner_ == MPI_REQUEST_NULL) return;
+    if (OwnedRequest* op = requests::peek(inner_)) requests::complete_one(op);
+    PMPI_Wait(&inner_, MPI_STATUS_IGNORE);
   }
   MPI_Request* inner() { return &inner_; }
 
@@ -109,8 +111,9 @@ class RepackRequest final : public ManagedRequest {
     std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
     if (!lock.owns_lock() || done_) return;
     if (inner_ != MPI_REQUEST_NULL) {
-      // The repacked call's request may be streamcoll's own: it advances through on_test.
-      if (OwnedRequest* op = requests::peek(inner_)) op->on_test();
+      // The repacked call's request may be streamcoll's own: it advances (and its MPI
+      // request completes) on this thread.
+      if (OwnedRequest* op = requests::peek(inner_)) op->advance();
       int flag = 0;
       MPI_Status st;
       const int rc = PMPI_Test(&inner_, &flag, &st);

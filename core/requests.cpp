@@ -77,7 +77,7 @@ int poll(std::vector<Owned>& owned) {
   int complete = 0;
   for (Owned& o : owned) {
     if (!o.done) {
-      o.op->on_test();
+      o.op->advance();
       o.done = o.op->completed();
     }
     complete += o.done ? 1 : 0;
@@ -92,7 +92,7 @@ void complete_all(std::vector<Owned>& owned) {
 
 void complete_one(OwnedRequest* op) {
   for (Backoff b;; b.pause()) {
-    op->on_test();
+    op->advance();
     if (op->completed()) return;
     progress();
   }
@@ -124,8 +124,8 @@ int cancel_fn(void*, int) { return MPI_SUCCESS; }  // collectives cannot be canc
 
 }  // namespace
 
-void ManagedRequest::complete() {
-  if (!completed_.exchange(true)) PMPI_Grequest_complete(handle_);
+void ManagedRequest::settle() {
+  if (completed() && !settled_.exchange(true)) PMPI_Grequest_complete(handle_);
 }
 
 int start_request(ManagedRequest* op, MPI_Request* out) {

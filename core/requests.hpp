@@ -16,10 +16,15 @@
 // requests are exactly the MPI's.
 //
 // Contract for an OwnedRequest:
-//  - it calls MPI_Grequest_complete on its request when the operation is done, from any
-//    thread, and says so in completed(); it stays alive until the generalized request's
-//    free function runs, and that free function forgets the handle (requests::take)
-//    before MPI may reuse it (ManagedRequest does all three);
+//  - it says in completed() when the operation is done (set from any thread), and
+//    completes its request (MPI_Grequest_complete) in settle(), which only the thread
+//    about to ask the MPI about the handle calls (advance(): the wrappers, or an owner
+//    polling a request of its own), never the engine thread behind the application's
+//    back: MPICH 4.0 (ch4) frees the request inside MPI_Grequest_complete, and that raced
+//    an MPI_Wait on the application's thread (assertions "pool == 0", "ref_count >= 0"
+//    in host-routes-preload-np1, a few runs in 40). It stays alive until the generalized
+//    request's free function runs, and that free function forgets the handle
+//    (requests::take) before MPI may reuse it (ManagedRequest does all of this);
 //  - on_test() never blocks (no host wait for the GPU, for the progress engine or for
 //    MPI) and, called repeatedly, completes the request eventually: it is all the wait
 //    wrappers give it. A stream-ordered request completes in its first on_test() by
@@ -54,11 +59,20 @@ class OwnedRequest {
   virtual void on_free() {}
   /// The error code MPI_Wait/MPI_Test report for this request once it is complete.
   virtual int error() const { return MPI_SUCCESS; }
-  /// Whether the owner has completed the request (called MPI_Grequest_complete, or is
-  /// calling it on another thread). Never blocks. The wrappers poll this rather than ask
-  /// the MPI (MPI_Request_get_status runs the query function early, and an error it
-  /// returns makes Open MPI 4.1's MPI_Waitall spin forever under MPI_THREAD_MULTIPLE).
+  /// Whether the operation is done (its owner's part; the MPI hears of it in settle()).
+  /// Never blocks. The wrappers poll this rather than ask the MPI
+  /// (MPI_Request_get_status runs the query function early, and an error it returns
+  /// makes Open MPI 4.1's MPI_Waitall spin forever under MPI_THREAD_MULTIPLE).
   virtual bool completed() const = 0;
+  /// Once completed(): completes the MPI's request (MPI_Grequest_complete), on the
+  /// calling thread, which is about to ask the MPI about the handle. Idempotent.
+  virtual void settle() {}
+  /// What a caller about to test or wait for the handle with a PMPI_ call does first, on
+  /// its own thread: on_test(), then settle() once the operation is done.
+  void advance() {
+    on_test();
+    if (completed()) settle();
+  }
 };
 
 /// An OwnedRequest whose generalized request streamcoll starts (requests::start) and
@@ -66,16 +80,19 @@ class OwnedRequest {
 /// waited for it (or freed it) and it is complete.
 class ManagedRequest : public OwnedRequest {
  public:
-  /// Marks the request complete (MPI_Grequest_complete); later calls do nothing.
-  /// Thread-safe.
-  void complete();
+  /// Marks the operation done (its results and error() are final); from any thread.
+  /// The MPI's request completes in settle(), on the thread that next advances it.
+  void complete() { completed_.store(true, std::memory_order_release); }
   bool completed() const override { return completed_.load(std::memory_order_acquire); }
+  /// MPI_Grequest_complete, once, after complete(). Thread-safe.
+  void settle() override;
   MPI_Request handle() const { return handle_; }
 
  private:
   friend int start_request(ManagedRequest* op, MPI_Request* out);
   MPI_Request handle_ = MPI_REQUEST_NULL;
   std::atomic<bool> completed_{false};
+  std::atomic<bool> settled_{false};
 };
 
 /// Starts a generalized request owned by `op`, adopts it (requests::adopt) and stores it
@@ -121,7 +138,7 @@ class Backoff {
 /// MPI_ANY_TAG) on MPI_COMM_WORLD (it matches nothing). On MPI_COMM_SELF it progressed
 /// Open MPI but not MPICH 4.0, whose waits on streamcoll's requests then hung.
 void progress();
-/// One round of polling, never blocking: on_test() to each owned request not yet seen
+/// One round of polling, never blocking: advance() to each owned request not yet seen
 /// complete, then progress(). Returns the number of requests of `owned` complete.
 int poll(std::vector<Owned>& owned);
 /// Polls (backing off) until every request of `owned` is complete.

@@ -402,7 +402,7 @@ void one_owned(F* request, bool wait) {
     if (wait)
       req::complete_one(op);
     else
-      op->on_test();
+      op->advance();
   }
 }
 
@@ -442,21 +442,21 @@ void req_testall(F* count, F* requests, F* flag, F* statuses, F* ierr) {
   static const auto fn = real<void (*)(F*, F*, F*, F*, F*)>("pmpi_testall");
   FOwned o;
   if (find_owned(*count, requests, &o))
-    for (const req::Owned& x : o.owned) x.op->on_test();
+    for (const req::Owned& x : o.owned) x.op->advance();
   fn(count, requests, flag, statuses, ierr);
 }
 void req_testany(F* count, F* requests, F* index, F* flag, F* status, F* ierr) {
   static const auto fn = real<void (*)(F*, F*, F*, F*, F*, F*)>("pmpi_testany");
   FOwned o;
   if (find_owned(*count, requests, &o))
-    for (const req::Owned& x : o.owned) x.op->on_test();
+    for (const req::Owned& x : o.owned) x.op->advance();
   fn(count, requests, index, flag, status, ierr);
 }
 void req_testsome(F* incount, F* requests, F* outcount, F* indices, F* statuses, F* ierr) {
   static const auto fn = real<void (*)(F*, F*, F*, F*, F*, F*)>("pmpi_testsome");
   FOwned o;
   if (find_owned(*incount, requests, &o))
-    for (const req::Owned& x : o.owned) x.op->on_test();
+    for (const req::Owned& x : o.owned) x.op->advance();
   fn(incount, requests, outcount, indices, statuses, ierr);
 }
 // As MPI_Waitany in C: poll until an owned request is complete (then the wait form), or

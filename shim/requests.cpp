@@ -1,9 +1,10 @@
 // The wait/test family, MPI_Request_get_status and MPI_Request_free. When streamcoll
 // owns no request (always, until a route hands out its own), each wrapper is one atomic
 // load and the PMPI_ call. Otherwise (core/requests.hpp: the contract and why):
-//  - test forms and MPI_Request_get_status: on_test() to each owned request of the
-//    array, then the PMPI_ call;
-//  - wait forms never block inside streamcoll. They poll (on_test() and the owner's
+//  - test forms and MPI_Request_get_status: advance() to each owned request of the
+//    array (on_test(), and once it is done its MPI request completed on this thread),
+//    then the PMPI_ call;
+//  - wait forms never block inside streamcoll. They poll (advance() and the owner's
 //    completed(), then PMPI_Iprobe or a PMPI_ test form on the ordinary requests: calls
 //    that drive MPI's progress) until the PMPI_ wait form can return at once, and then
 //    call that wait form, so that what it returns is the MPI's own answer:
@@ -54,7 +55,7 @@ void write_back(const std::vector<MPI_Request>& ordinary, const std::vector<req:
 }
 
 void test_owned(int n, const MPI_Request* requests) {
-  for (const req::Owned& o : req::find(n, requests)) o.op->on_test();
+  for (const req::Owned& o : req::find(n, requests)) o.op->advance();
 }
 
 }  // namespace
@@ -67,13 +68,13 @@ SC_EXPORT int MPI_Wait(MPI_Request* request, MPI_Status* status) {
 
 SC_EXPORT int MPI_Test(MPI_Request* request, int* flag, MPI_Status* status) {
   if (streamcoll::g_in_binding || !req::any_owned() || request == nullptr) return SC_NEXT(MPI_Test)(request, flag, status);
-  if (streamcoll::OwnedRequest* op = req::peek(*request)) op->on_test();
+  if (streamcoll::OwnedRequest* op = req::peek(*request)) op->advance();
   return SC_NEXT(MPI_Test)(request, flag, status);
 }
 
 SC_EXPORT int MPI_Request_get_status(MPI_Request request, int* flag, MPI_Status* status) {
   if (streamcoll::g_in_binding || !req::any_owned()) return SC_NEXT(MPI_Request_get_status)(request, flag, status);
-  if (streamcoll::OwnedRequest* op = req::peek(request)) op->on_test();
+  if (streamcoll::OwnedRequest* op = req::peek(request)) op->advance();
   return SC_NEXT(MPI_Request_get_status)(request, flag, status);
 }
 
