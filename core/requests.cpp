@@ -77,8 +77,7 @@ int poll(std::vector<Owned>& owned) {
   int complete = 0;
   for (Owned& o : owned) {
     if (!o.done) {
-      o.op->advance();
-      o.done = o.op->completed();
+      o.done = o.op->advance();
     }
     complete += o.done ? 1 : 0;
   }
@@ -92,8 +91,7 @@ void complete_all(std::vector<Owned>& owned) {
 
 void complete_one(OwnedRequest* op) {
   for (Backoff b;; b.pause()) {
-    op->advance();
-    if (op->completed()) return;
+    if (op->advance()) return;
     progress();
   }
 }

@@ -68,10 +68,14 @@ class OwnedRequest {
   /// calling thread, which is about to ask the MPI about the handle. Idempotent.
   virtual void settle() {}
   /// What a caller about to test or wait for the handle with a PMPI_ call does first, on
-  /// its own thread: on_test(), then settle() once the operation is done.
-  void advance() {
+  /// its own thread: on_test(), then settle() once the operation is done. Returns whether
+  /// it settled: the MPI's request is complete (completed() alone may turn true on
+  /// another thread right after, before anything settled it).
+  bool advance() {
     on_test();
-    if (completed()) settle();
+    if (!completed()) return false;
+    settle();
+    return true;
   }
 };
 

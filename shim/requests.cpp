@@ -4,8 +4,8 @@
 //  - test forms and MPI_Request_get_status: advance() to each owned request of the
 //    array (on_test(), and once it is done its MPI request completed on this thread),
 //    then the PMPI_ call;
-//  - wait forms never block inside streamcoll. They poll (advance() and the owner's
-//    completed(), then PMPI_Iprobe or a PMPI_ test form on the ordinary requests: calls
+//  - wait forms never block inside streamcoll. They poll (advance(): whether an owned
+//    request, and its MPI request, is complete; then PMPI_Iprobe or a PMPI_ test form on the ordinary requests: calls
 //    that drive MPI's progress) until the PMPI_ wait form can return at once, and then
 //    call that wait form, so that what it returns is the MPI's own answer:
 //      MPI_Wait, MPI_Waitall: until every owned request is complete (the wait form may
