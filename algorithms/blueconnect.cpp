@@ -69,21 +69,21 @@
 #include <vector>
 
 #include "algorithms/blueconnect_plan.hpp"
+#include "algorithms/ht.hpp"
 #include "algorithms/route.hpp"
 #include "algorithms/schedule.hpp"
 #include "algorithms/schedule_exec.hpp"
+#include "base/log.hpp"
 #include "core/comm_context.hpp"
 #include "core/cuda_driver.hpp"
-#include "core/errors.hpp"
 #include "core/datatypes.hpp"
 #include "core/engine_request.hpp"
-#include "core/log.hpp"
+#include "core/errors.hpp"
 #include "core/private_comm.hpp"
 #include "core/progress.hpp"
 #include "core/requests.hpp"
 #include "core/runtime.hpp"
 #include "core/topology.hpp"
-#include "algorithms/ht.hpp"
 #if STREAMCOLL_HAVE_NVGROUP
 #include "algorithms/nvgroup.hpp"
 #endif

@@ -53,15 +53,15 @@
 #include <vector>
 
 #include "algorithms/ht.hpp"
-#include "algorithms/pmpi.hpp"
 #include "algorithms/route.hpp"
 #include "algorithms/schedule.hpp"
 #include "algorithms/schedule_exec.hpp"
+#include "base/log.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/datatypes.hpp"
 #include "core/engine_request.hpp"
 #include "core/errors.hpp"
-#include "core/log.hpp"
+#include "core/pmpi_call.hpp"
 #include "core/private_comm.hpp"
 #include "core/progress.hpp"
 #include "core/requests.hpp"

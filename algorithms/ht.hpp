@@ -50,7 +50,7 @@ class Join {
 };
 
 /// Route ht's stream-ordered staging (algorithms/ht.cpp) for one contribution whose
-/// host part another component runs: core/fusion.hpp's stream-ordered MPI_Iallreduce
+/// host part another component runs: algorithms/fusion.hpp's stream-ordered MPI_Iallreduce
 /// calls, whose host part is a fused message. On GPU `device`, after what `app` (a
 /// CUstream, the communicator's attached stream) holds at the call:
 ///   copy stream:  [wait for app] [D2H: src -> pinned buffer, `bytes`] [event: input]

@@ -72,15 +72,15 @@
 #include "algorithms/nccl_lib.hpp"
 #include "algorithms/nccl_map.hpp"
 #include "algorithms/route.hpp"
-#include "algorithms/cost_model.hpp"
 #include "algorithms/schedule.hpp"
+#include "config/cost_model.hpp"
 #if STREAMCOLL_HAVE_NVGROUP
 #include "algorithms/nvgroup.hpp"
 #endif
+#include "base/log.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/errors.hpp"
 #include "core/host_staging.hpp"
-#include "core/log.hpp"
 #include "core/requests.hpp"
 #include "core/runtime.hpp"
 
@@ -759,7 +759,7 @@ uint64_t host_hash() {
 // reason, if this rank cannot take part.
 bool open_device(NcclComm& c, int buffer_device, nccl::GpuId* id, std::string* why) {
   const cuda::Driver& d = driver();
-  // A set-up at a call on host memory (the fusion queue's, core/fusion.cpp) may come
+  // A set-up at a call on host memory (the fusion queue's, algorithms/fusion.cpp) may come
   // before the process has loaded CUDA: no driver, no GPU for NCCL.
   if (!d.usable) return *why = "no usable CUDA driver (" + d.reason + ")", false;
   c.device = buffer_device;
@@ -1328,7 +1328,7 @@ class NcclRoute final : public Route {
     if (ctx.inter) return false;
     // MPI_I*: only where the program promises one start order on all communicators
     // (file comment; a job-wide setting, equal on every rank); fused messages where the
-    // site allows them on NCCL (STREAMCOLL_FUSION_NCCL, core/fusion.hpp).
+    // site allows them on NCCL (STREAMCOLL_FUSION_NCCL, algorithms/fusion.hpp).
     const config::Settings& set = Runtime::get().settings();
     if (a.nonblocking && !(env.fused ? set.fusion_nccl : set.nccl_nonblocking)) return false;
     const OpInfo* op = takes_op(a.coll) ? find_op(a.op) : nullptr;

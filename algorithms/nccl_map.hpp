@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "base/types.hpp"
 #include "core/datatypes.hpp"
-#include "core/types.hpp"
 
 namespace streamcoll::nccl {
 

@@ -88,11 +88,12 @@
 #include "algorithms/nvgroup.hpp"
 #include "algorithms/nvgroup_kernel.hpp"
 #include "algorithms/route.hpp"
+#include "base/log.hpp"
 #include "core/coll_args.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/datatypes.hpp"
 #include "core/errors.hpp"
-#include "core/log.hpp"
+#include "core/host_staging.hpp"
 #include "core/requests.hpp"
 #include "core/runtime.hpp"
 #include "core/stats.hpp"
@@ -1110,6 +1111,15 @@ CUfunction batch_copy_kernel(int device, std::string* why) {
   const Module* m = loaded_module(device, why);
   return m ? m->batch_copy : nullptr;
 }
+
+namespace {
+// Host staging (core) launches the batched copies of this module: it is told where they
+// are when the library loads.
+[[maybe_unused]] const bool g_batch_copy_registered = [] {
+  host_staging::set_batch_copy_loader(&batch_copy_kernel);
+  return true;
+}();
+}  // namespace
 
 }  // namespace nvgroup_kernels
 

@@ -1,7 +1,7 @@
 // pmpi: the real MPI call, unchanged. The fallback for everything, and the route for
 // host buffers in the default table. Cost: whatever the MPI library's own algorithm costs.
-#include "algorithms/pmpi.hpp"
 #include "algorithms/route.hpp"
+#include "core/pmpi_call.hpp"
 
 namespace streamcoll {
 

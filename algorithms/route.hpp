@@ -7,10 +7,10 @@
 #include <cstdint>
 #include <memory>
 
+#include "base/types.hpp"
 #include "config/tuning_table.hpp"
 #include "core/coll_args.hpp"
 #include "core/comm_context.hpp"
-#include "core/types.hpp"
 
 namespace streamcoll {
 
@@ -38,7 +38,7 @@ struct CallEnv {
   /// (CommContext::async_error). The caller waits for 0 before it takes those failures, so
   /// that they are this call's, not a later one's. Null otherwise.
   std::atomic<int>* stage_tasks = nullptr;
-  /// A fused message (core/fusion.hpp): a non-blocking allreduce started when its group
+  /// A fused message (algorithms/fusion.hpp): a non-blocking allreduce started when its group
   /// was agreed, on the fusion queue's private duplicate. Route nccl takes it under
   /// STREAMCOLL_FUSION_NCCL rather than STREAMCOLL_NCCL_NONBLOCKING.
   bool fused = false;
@@ -85,7 +85,7 @@ class Route {
                   const CallEnv& env) = 0;
 
   /// GPU memory for a message this route will run on `ctx` (a fused message packed on the
-  /// GPU, core/fusion.hpp): `bytes` (> 0) bytes on the GPU the route runs ctx's
+  /// GPU, algorithms/fusion.hpp): `bytes` (> 0) bytes on the GPU the route runs ctx's
   /// operations on (*device: its ordinal), freed when the last copy of the pointer goes,
   /// by which time the route's operation on it and every copy from or to it must be
   /// complete. Null: the route has none to offer (the default: only route nccl has), or

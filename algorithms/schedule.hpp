@@ -43,7 +43,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/types.hpp"
+#include "base/types.hpp"
 
 namespace streamcoll::bc {
 struct Stage;

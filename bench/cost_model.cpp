@@ -1,4 +1,4 @@
-// bc_model: prints the α-β-γ model (algorithms/cost_model.hpp) of allreduce on a link
+// bc_model: prints the α-β-γ model (config/cost_model.hpp) of allreduce on a link
 // hierarchy: flat ring, recursive doubling, Rabenseifner, the two-level scheme,
 // BlueConnect, the binary and double binary trees and Aluminum's host-transfer (with the
 // default device<->host copy of Machine: 10 µs, 12 GB/s), per message size, with BlueConnect's reduction of the two-level time, the
@@ -29,7 +29,7 @@
 #include <string_view>
 #include <vector>
 
-#include "algorithms/cost_model.hpp"
+#include "config/cost_model.hpp"
 #include "core/topology.hpp"
 
 using namespace streamcoll::model;
@@ -304,7 +304,7 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < o.h.factors.size(); ++i) {
     fs += (i ? "x" : "") + std::to_string(o.h.factors[i]);
   }
-  std::printf("# allreduce alpha-beta-gamma model (algorithms/cost_model.hpp)\n");
+  std::printf("# allreduce alpha-beta-gamma model (config/cost_model.hpp)\n");
   std::printf("# machine: %s%s\n", custom ? "custom, based on preset " : "preset ",
               o.preset.c_str());
   std::printf("# hierarchy %s = %d ranks (innermost level first)\n", fs.c_str(), o.h.ranks());

@@ -1,5 +1,5 @@
 // sc_model: the scale model. Predicts, from a machine profile (config/machine_profile.hpp)
-// and the α-β-γ models (algorithms/cost_model.hpp), which route wins allreduce on device
+// and the α-β-γ models (config/cost_model.hpp), which route wins allreduce on device
 // buffers at GPU counts we cannot measure, and writes it as a tuning table; fits a profile
 // to sc_bench measurements; checks the models against the seed papers. Calls no MPI.
 //
@@ -72,8 +72,8 @@
 #include <string>
 #include <vector>
 
-#include "algorithms/cost_model.hpp"
 #include "config/bench_csv.hpp"
+#include "config/cost_model.hpp"
 #include "config/crossovers.hpp"
 #include "config/machine_profile.hpp"
 #include "config/table_builder.hpp"
@@ -496,7 +496,7 @@ int cmd_predict(int argc, char** argv) {
   if (!out_path.empty()) {
     std::string header =
         "streamcoll tuning table predicted by sc_model (alpha-beta-gamma model,\n"
-        "algorithms/cost_model.hpp), not measured: allreduce on device buffers.\n"
+        "config/cost_model.hpp), not measured: allreduce on device buffers.\n"
         "profile: " + profile_path + (prof->name.empty() ? "" : " (" + prof->name + ")") + "\n" +
         "command: " + cmd;
     if (nvgroup) header += "\nroute nvgroup carries one node's group (<= 8 ranks): calls beyond it go to the next matching rule";
@@ -1039,7 +1039,7 @@ int cmd_papers(int argc, char** argv) {
   auto ps = load(sierra);
   auto pm = load(minsky);
   if (!ps || !pm) return 2;
-  std::printf("# sc_model papers: the alpha-beta-gamma models (algorithms/cost_model.hpp) "
+  std::printf("# sc_model papers: the alpha-beta-gamma models (config/cost_model.hpp) "
               "against the seed papers\n");
   print_aluminum(*ps, sierra);
   print_blueconnect(*pm, minsky);

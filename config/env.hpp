@@ -7,8 +7,8 @@
 #include <string_view>
 #include <vector>
 
-#include "core/log.hpp"
-#include "core/topology.hpp"
+#include "base/hierarchy.hpp"
+#include "base/log.hpp"
 
 namespace streamcoll::config {
 
@@ -68,10 +68,10 @@ struct Settings {
   int decision_cache = -1;
   /// STREAMCOLL_FUSION_CYCLE: microseconds a fused group of MPI_Iallreduce calls may stay
   /// open waiting for more members when nothing on this rank asks for them (Horovod's
-  /// cycle time); core/fusion.hpp.
+  /// cycle time); algorithms/fusion.hpp.
   uint64_t fusion_cycle_us = 1000;
   /// STREAMCOLL_FUSION_NCCL: fused messages on GPU memory may run on route nccl
-  /// (core/fusion.hpp, ROUTE).
+  /// (algorithms/fusion.hpp, ROUTE).
   bool fusion_nccl = false;
   CudaAware mpi_cuda_aware = CudaAware::auto_detect;  ///< STREAMCOLL_MPI_CUDA_AWARE
   Threads thread_multiple = Threads::auto_detect;  ///< STREAMCOLL_THREAD_MULTIPLE

@@ -1,5 +1,5 @@
 // Machine profiles for the scale model (bench/sc_model): the parameters of the α-β-γ
-// models in algorithms/cost_model.hpp for one machine, kept in a small TOML file
+// models in config/cost_model.hpp for one machine, kept in a small TOML file
 // (bench/profiles/*.toml), and the fit of those parameters to sc_bench measurements.
 //
 // The file (bench/profiles/*.toml; each one says in comments where its values come from):
@@ -47,8 +47,8 @@
 #include <string_view>
 #include <vector>
 
-#include "algorithms/cost_model.hpp"
 #include "config/bench_csv.hpp"
+#include "config/cost_model.hpp"
 
 namespace streamcoll::config {
 

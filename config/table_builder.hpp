@@ -22,7 +22,7 @@
 //     measured ones takes the smaller one's rules (where such a rule's route declines the
 //     call, e.g. a hierarchy that does not fit, the library tries the next matching
 //     rule), and one below every measured count falls through to the fallback rules.
-//  4. Fusion (fuse=, core/fusion.hpp; Horovod's tensor fusion): measurements of bursts
+//  4. Fusion (fuse=, algorithms/fusion.hpp; Horovod's tensor fusion): measurements of bursts
 //     (Measurement::burst > 0: N MPI_Iallreduce and one MPI_Waitall, time per call) do not
 //     compete with single calls. At each point they were taken, the fastest burst
 //     candidate (rule 1) decides: when its route fuses (has fuse=), that point's winner of
@@ -42,8 +42,8 @@
 #include <tuple>
 #include <vector>
 
+#include "base/types.hpp"
 #include "config/tuning_table.hpp"
-#include "core/types.hpp"
 
 namespace streamcoll::config {
 

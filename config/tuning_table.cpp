@@ -4,7 +4,7 @@
 #include <cctype>
 #include <charconv>
 
-#include "core/topology.hpp"
+#include "base/hierarchy.hpp"
 
 namespace streamcoll::config {
 namespace {
@@ -55,7 +55,7 @@ std::string join(const std::vector<std::string_view>& v) {
 
 // Returns an error message, or "" when (key, value) is valid for route r.
 std::string check_param(RouteId r, std::string_view key, std::string_view value) {
-  // Every route takes fuse= (core/fusion.hpp): its MPI_Iallreduce calls may be fused.
+  // Every route takes fuse= (algorithms/fusion.hpp): its MPI_Iallreduce calls may be fused.
   if (key == "fuse") {
     auto v = parse_size(value);
     return v && *v > 0 ? "" : "'fuse' needs a byte size above 0 (the largest fused "
@@ -346,7 +346,7 @@ void TuningTable::index() {
   fuses_ = false;
   for (const Rule& r : rules_) {
     if (r.choice.param("fuse") && (r.colls >> static_cast<int>(Coll::allreduce) & 1u)) {
-      // MPI_Iallreduce calls may be fused (core/fusion.hpp), whatever the route
+      // MPI_Iallreduce calls may be fused (algorithms/fusion.hpp), whatever the route
       fuses_ = true;
       routed_[static_cast<int>(Coll::allreduce)] |= r.mems;
     }

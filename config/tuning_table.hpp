@@ -20,7 +20,7 @@
 //   route       pmpi, nccl, ht, blueconnect, nvgroup, ccube.
 //   key=value   route parameters; each route accepts its own keys (route_params()),
 //               and every route fuse=SIZE: MPI_Iallreduce calls of the rule are fused
-//               into messages of up to SIZE bytes (core/fusion.hpp; Horovod's tensor
+//               into messages of up to SIZE bytes (algorithms/fusion.hpp; Horovod's tensor
 //               fusion), on host memory, or GPU memory staged through the host.
 //
 // The first rule that matches wins; a call that matches no rule goes to pmpi. When the
@@ -39,7 +39,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/types.hpp"
+#include "base/types.hpp"
 
 namespace streamcoll::config {
 

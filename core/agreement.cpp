@@ -7,7 +7,7 @@
 #include <mutex>
 #include <string>
 
-#include "core/log.hpp"
+#include "base/log.hpp"
 #include "core/stats.hpp"
 
 namespace streamcoll {

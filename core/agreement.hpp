@@ -16,7 +16,7 @@
 #include <memory>
 #include <vector>
 
-#include "core/types.hpp"
+#include "base/types.hpp"
 
 namespace streamcoll {
 

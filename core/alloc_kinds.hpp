@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "core/types.hpp"
+#include "base/types.hpp"
 
 namespace streamcoll::alloc_kinds {
 

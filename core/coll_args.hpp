@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "core/types.hpp"
+#include "base/types.hpp"
 
 namespace streamcoll {
 

@@ -7,7 +7,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "core/log.hpp"
+#include "base/log.hpp"
 
 namespace streamcoll {
 namespace {

@@ -14,9 +14,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/types.hpp"
 #include "config/tuning_table.hpp"
 #include "core/agreement.hpp"
-#include "core/types.hpp"
 
 namespace streamcoll {
 namespace fusion {
@@ -123,7 +123,7 @@ struct CommContext {
   /// Per route, created by the route at its first call on the communicator.
   std::unique_ptr<RouteState> route_state[kNumRoutes];
   DecisionCache decisions;  ///< the table walk of this communicator's calls
-  /// MPI_Iallreduce fusion (core/fusion.hpp): made at a blocking call when the table can
+  /// MPI_Iallreduce fusion (algorithms/fusion.hpp): made at a blocking call when the table can
   /// fuse (equal on every rank); null when it cannot. Shared with the progress thread,
   /// which finishes the calls in flight after the context is gone.
   std::shared_ptr<fusion::Queue> fusion;

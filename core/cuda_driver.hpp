@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "core/types.hpp"
+#include "base/types.hpp"
 
 #if STREAMCOLL_HAVE_CUDA
 #include <cuda.h>

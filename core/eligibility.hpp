@@ -4,8 +4,8 @@
 
 #include <cstdint>
 
+#include "base/types.hpp"
 #include "core/datatypes.hpp"
-#include "core/types.hpp"
 
 namespace streamcoll {
 

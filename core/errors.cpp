@@ -6,7 +6,7 @@
 #include <cstring>
 #include <mutex>
 
-#include "core/log.hpp"
+#include "base/log.hpp"
 
 namespace streamcoll {
 

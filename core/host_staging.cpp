@@ -12,20 +12,25 @@
 #include <unordered_map>
 #include <vector>
 
-#include "algorithms/pmpi.hpp"
-#if STREAMCOLL_HAVE_NVGROUP
-#include "algorithms/nvgroup.hpp"
-#include "algorithms/nvgroup_kernel.hpp"
-#endif
+#include "base/log.hpp"
+#include "core/batch_copy.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/datatypes.hpp"
 #include "core/errors.hpp"
-#include "core/log.hpp"
+#include "core/pmpi_call.hpp"
 #include "core/requests.hpp"
 #include "core/runtime.hpp"
 #include "core/stats.hpp"
 
 namespace streamcoll::host_staging {
+
+namespace {
+std::atomic<KernelLoader> g_batch_copy_loader{nullptr};
+}  // namespace
+
+void set_batch_copy_loader(KernelLoader loader) {
+  g_batch_copy_loader.store(loader, std::memory_order_release);
+}
 
 // ---- Pure logic ---------------------------------------------------------------------
 
@@ -952,7 +957,7 @@ class CudaBackend final : public Backend {
   // on this context's GPU or managed) and one of our pinned blocks or GPU memory the
   // caller vouches for (Copy::device_ends), and the kernel loadable on this context's GPU.
   CUfunction batch_kernel_for(const Copy* c, size_t n) {
-#if STREAMCOLL_HAVE_NVGROUP
+#if STREAMCOLL_HAVE_CUDA
     if (n < kBatchMin || !Runtime::get().settings().staging_kernel) return nullptr;
     for (size_t k = 0; k < n; ++k)  // one end ours and pinned (the other the GPU's), or both the GPU's
       if (!c[k].device_ends && !own_pinned(c[k].dst, c[k].bytes) &&
@@ -960,8 +965,9 @@ class CudaBackend final : public Backend {
         return nullptr;
     CUdevice dev = 0;
     if (cuda::driver().cuCtxGetDevice(&dev) != CUDA_SUCCESS) return nullptr;
+    const KernelLoader load = g_batch_copy_loader.load(std::memory_order_acquire);
     std::string why;
-    return nvgroup_kernels::batch_copy_kernel(static_cast<int>(dev), &why);
+    return load ? load(static_cast<int>(dev), &why) : nullptr;
 #else
     (void)c, (void)n;
     return nullptr;
@@ -970,8 +976,8 @@ class CudaBackend final : public Backend {
 
   // One streamcoll_batch_copy launch per kBatchMax copies, on the per-thread stream.
   int launch_batches(CUfunction fn, const Copy* c, size_t n) {
-#if STREAMCOLL_HAVE_NVGROUP
-    namespace nv = nvgroup;
+#if STREAMCOLL_HAVE_CUDA
+    namespace nv = kernels;
     nv::BatchCopyParams p{};
     for (size_t k = 0; k < n; k += nv::kBatchMax) {
       p.n = static_cast<uint32_t>(std::min<size_t>(nv::kBatchMax, n - k));

@@ -34,9 +34,11 @@
 #include <string>
 #include <vector>
 
+#include "base/types.hpp"
 #include "config/env.hpp"
 #include "core/coll_args.hpp"
-#include "core/types.hpp"
+
+struct CUfunc_st;  // CUfunction, without cuda.h
 
 namespace streamcoll::host_staging {
 
@@ -224,5 +226,13 @@ inline bool wanted(const CollArgs& a, MemKind mem, Outcomes outcomes = Outcomes:
 int run(const CollArgs& a, Outcomes outcomes, int own, const KnownKinds* known = nullptr);
 /// The CUDA driver's Backend (classify, copy), or nullptr in a build without CUDA.
 Backend* gpu_backend();
+
+/// Loads the batched-copy kernel (core/batch_copy.hpp) on CUDA device ordinal `device`:
+/// a CUfunction, or null with the reason in *why. Thread-safe.
+using KernelLoader = CUfunc_st* (*)(int device, std::string* why);
+/// The loader of the module that carries the kernel (the nvgroup kernels', which
+/// registers itself when the library loads, in builds that have it). Without one,
+/// batched copies are issued one copy at a time.
+void set_batch_copy_loader(KernelLoader loader);
 
 }  // namespace streamcoll::host_staging

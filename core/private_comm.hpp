@@ -10,8 +10,8 @@
 
 #include <cstdint>
 
+#include "base/log.hpp"
 #include "core/comm_context.hpp"
-#include "core/log.hpp"
 
 namespace streamcoll {
 

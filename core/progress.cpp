@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/log.hpp"
+#include "base/log.hpp"
 
 #if STREAMCOLL_HAVE_HWLOC
 #include <hwloc.h>

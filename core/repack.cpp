@@ -6,10 +6,10 @@
 #include <mutex>
 #include <vector>
 
+#include "base/log.hpp"
 #include "core/datatypes.hpp"
 #include "core/errors.hpp"
 #include "core/host_staging.hpp"
-#include "core/log.hpp"
 #include "core/requests.hpp"
 #include "core/stats.hpp"
 

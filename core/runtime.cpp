@@ -6,15 +6,13 @@
 #include <fstream>
 #include <sstream>
 
-#include "algorithms/route.hpp"
+#include "base/log.hpp"
 #include "core/agreement.hpp"
 #include "core/comm_context.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/datatypes.hpp"
 #include "core/host_staging.hpp"
-#include "core/log.hpp"
 #include "core/progress.hpp"
-#include "streamext/stream_attr.hpp"
 #include "streamcoll/streamcoll.h"
 
 namespace streamcoll {
@@ -234,10 +232,10 @@ void Runtime::stop() {
     std::fprintf(stderr, "streamcoll driver profile (rank %d)%s\n%s", rank,
                  profile.empty() ? ": no CUDA driver call" : "", profile.c_str());
   }
-  routes_shutdown();  // background threads first: they may hold route state
+  if (hooks_.threads) hooks_.threads();  // background threads first: they may hold route state
   comm_contexts_stop();
-  routes_release();  // what routes keep beyond their communicators
-  streamext::stop();
+  if (hooks_.routes) hooks_.routes();  // what routes keep beyond their communicators
+  if (hooks_.streams) hooks_.streams();
   host_staging::stop();
   if (self_keyval_ != MPI_KEYVAL_INVALID) PMPI_Comm_free_keyval(&self_keyval_);
   SC_INFO("stopped");

@@ -10,10 +10,10 @@
 #include <atomic>
 #include <mutex>
 
+#include "base/types.hpp"
 #include "config/env.hpp"
 #include "config/tuning_table.hpp"
 #include "core/stats.hpp"
-#include "core/types.hpp"
 
 namespace streamcoll {
 
@@ -55,6 +55,21 @@ class Runtime {
   /// Prints statistics, frees every communicator context. Idempotent. Collective over
   /// MPI_COMM_WORLD when STREAMCOLL_STATS=1.
   void stop();
+
+  /// What the layers above this one (routes, the stream attribute) release at stop(), in
+  /// this order: `threads` (background threads, which may hold route state), then the
+  /// communicator contexts go, then `routes` (what routes keep beyond their
+  /// communicators), then `streams`. Set once by the shim when the library loads
+  /// (shim/init.cpp); a null hook does nothing.
+  struct StopHooks {
+    void (*threads)() = nullptr;
+    void (*routes)() = nullptr;
+    void (*streams)() = nullptr;
+  };
+  void set_stop_hooks(const StopHooks& h) {
+    std::lock_guard<std::mutex> lock(mu_);
+    hooks_ = h;
+  }
 
   const config::Settings& settings() const { return settings_; }
   const config::TuningTable& table() const { return table_; }
@@ -128,6 +143,7 @@ class Runtime {
   std::atomic<uint32_t> full_path_{0};
   int thread_level_ = MPI_THREAD_SINGLE;
   int self_keyval_ = MPI_KEYVAL_INVALID;
+  StopHooks hooks_;
 };
 
 }  // namespace streamcoll

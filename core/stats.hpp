@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/types.hpp"
+#include "base/types.hpp"
 
 namespace streamcoll {
 

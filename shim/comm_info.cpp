@@ -17,9 +17,9 @@
 #include <cstdint>
 #include <string>
 
+#include "base/log.hpp"
 #include "core/alloc_kinds.hpp"
 #include "core/comm_context.hpp"
-#include "core/log.hpp"
 #include "core/next_mpi.hpp"
 #include "core/runtime.hpp"
 #include "shim/dispatch.hpp"

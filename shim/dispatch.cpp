@@ -81,18 +81,18 @@
 
 #include <time.h>
 
-#include "algorithms/pmpi.hpp"
+#include "algorithms/fusion.hpp"
 #include "algorithms/route.hpp"
+#include "base/log.hpp"
 #include "core/agreement.hpp"
 #include "core/alloc_kinds.hpp"
 #include "core/comm_context.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/datatypes.hpp"
 #include "core/eligibility.hpp"
-#include "core/fusion.hpp"
 #include "core/errors.hpp"
 #include "core/host_staging.hpp"
-#include "core/log.hpp"
+#include "core/pmpi_call.hpp"
 #include "core/repack.hpp"
 #include "core/runtime.hpp"
 #include "streamext/stream_attr.hpp"
@@ -112,7 +112,7 @@ struct Decision {
   CommContext* ctx = nullptr;
   const config::RouteChoice* choice = nullptr;
   std::shared_ptr<const config::TuningTable> forced;  ///< keeps `choice` alive if from it
-  /// The fuse= limit of `choice` when the call is fused (core/fusion.hpp), else 0: found
+  /// The fuse= limit of `choice` when the call is fused (algorithms/fusion.hpp), else 0: found
   /// by the rule walk, once per call.
   uint64_t fuse = 0;
   /// The communicator asserts host memory only (core/alloc_kinds.hpp): env.mem is from
@@ -189,10 +189,10 @@ bool invariant_verdict(Verdict v, Coll c) {
 }
 
 // The fuse= limit of `choice` for the call `a` of `bytes` (CallKey convention) on `ctx`
-// when the call is to be fused (core/fusion.hpp), else 0: an MPI_Iallreduce on a
+// when the call is to be fused (algorithms/fusion.hpp), else 0: an MPI_Iallreduce on a
 // communicator with a fusion queue, at most the limit. Equal on every rank: from the
 // agreed facts, the rule and the call's size. Calls that carry a stream are fused too
-// (stream-ordered where the agreed facts have one: core/fusion.hpp, STREAMS).
+// (stream-ordered where the agreed facts have one: algorithms/fusion.hpp, STREAMS).
 uint64_t rule_fuse_limit(const CollArgs& a, const CommContext& ctx,
                          const config::RouteChoice& choice, uint64_t bytes) {
   if (!a.nonblocking || a.coll != Coll::allreduce || !ctx.fusion) return 0;
@@ -349,7 +349,7 @@ void choose_route(Decision& d, const CollArgs& a, const AgreedFacts& agreed, int
     d.choice = &rule->choice;
     // A fuse= rule fuses the calls it matches whatever its route would say to them (route
     // nccl declines MPI_I* calls, say): the fused message is routed by its own size
-    // (core/fusion.hpp, ROUTE).
+    // (algorithms/fusion.hpp, ROUTE).
     if ((d.fuse = rule_fuse_limit(a, *ctx, rule->choice, d.bytes))) {
       d.route = rule->choice.route;
       break;
@@ -543,7 +543,7 @@ Decision decide(const CollArgs& a, Runtime& rt) {
     mine.ctx = ctx;
     sig = &ctx->signature(signature_of(a, d.bytes));
     agreed = signature_facts(*sig, *ctx, a.comm, size, mine, &agreed_now);
-    // MPI_Iallreduce fusion's queue (core/fusion.hpp), made at the first blocking call
+    // MPI_Iallreduce fusion's queue (algorithms/fusion.hpp), made at the first blocking call
     // that gets here (every rank of the communicator reaches this point alike) when a
     // rule can fuse and the progress thread may call MPI: equal on every rank.
     if (!ctx->fusion_tried && rt.thread_multiple() &&

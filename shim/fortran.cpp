@@ -31,8 +31,8 @@
 #include <tuple>
 #include <vector>
 
+#include "base/log.hpp"
 #include "config/env.hpp"
-#include "core/log.hpp"
 #include "core/requests.hpp"
 #include "core/runtime.hpp"
 #include "shim/dispatch.hpp"

@@ -9,18 +9,20 @@
 #include <optional>
 #include <string_view>
 
+#include "algorithms/fusion.hpp"
+#include "algorithms/route.hpp"
+#include "base/log.hpp"
 #include "config/env.hpp"
 #include "config/tuning_table.hpp"
 #include "core/agreement.hpp"
 #include "core/comm_context.hpp"
 #include "core/errors.hpp"
-#include "core/log.hpp"
 #include "core/next_mpi.hpp"
-#include "core/fusion.hpp"
 #include "core/runtime.hpp"
 #include "shim/dispatch.hpp"
 #include "shim/export.hpp"
 #include "streamcoll/streamcoll.h"
+#include "streamext/stream_attr.hpp"
 
 using streamcoll::Runtime;
 
@@ -32,6 +34,14 @@ using streamcoll::Runtime;
 // from what the MPI could do), and MPI_Query_thread answers the same.
 namespace {
 std::atomic<int> g_app_level{-1};  // the level the application was told; -1: not ours
+
+// What the runtime (core) stops at MPI_Finalize from the layers above it: the routes'
+// threads and state, the stream attribute's. Set when the library loads.
+[[maybe_unused]] const bool g_stop_hooks = [] {
+  Runtime::get().set_stop_hooks({streamcoll::routes_shutdown, streamcoll::routes_release,
+                                 streamcoll::streamext::stop});
+  return true;
+}();
 }  // namespace
 
 namespace streamcoll {

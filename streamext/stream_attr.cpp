@@ -3,7 +3,7 @@
 #include <atomic>
 #include <mutex>
 
-#include "core/log.hpp"
+#include "base/log.hpp"
 #include "core/runtime.hpp"
 #include "shim/export.hpp"
 

@@ -18,7 +18,7 @@
 //          pmpi         route pmpi: the MPI (not CUDA-aware) on staged GPU buffers
 //          fusion-nccl  MPI_Iallreduce fused (allreduce:nccl:fuse=64K) with
 //                       STREAMCOLL_FUSION_NCCL=1: the fused messages on route nccl, on the
-//                       fusion queue's own NCCL communicator (core/fusion.hpp); MPI_I*
+//                       fusion queue's own NCCL communicator (algorithms/fusion.hpp); MPI_I*
 //                       calls (stream-ordered fused calls: fusion_device.cpp). After an
 //                       abort the next groups run on the host, so the next call must
 //                       succeed and be right

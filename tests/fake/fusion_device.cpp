@@ -1,4 +1,4 @@
-// MPI_Iallreduce fusion (core/fusion.hpp) on GPU buffers, without a GPU: the fake CUDA
+// MPI_Iallreduce fusion (algorithms/fusion.hpp) on GPU buffers, without a GPU: the fake CUDA
 // driver (fake_cuda.cpp: fake device memory is host memory that the driver reports as
 // device memory, and a race detector checks every host access against stream work).
 //

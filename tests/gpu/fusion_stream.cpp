@@ -1,4 +1,4 @@
-// fusion_stream: stream-ordered MPI_Iallreduce fusion (core/fusion.hpp, docs/guide.md "Fusion")
+// fusion_stream: stream-ordered MPI_Iallreduce fusion (algorithms/fusion.hpp, docs/guide.md "Fusion")
 // on a real GPU, every rank on GPU 0 (ranks share it; the fused messages run on the host,
 // route pmpi or ht, so NCCL's one-rank-per-GPU rule does not apply).
 //
@@ -20,7 +20,7 @@
 // messages counted there. Run with STREAMCOLL_HT_WAIT=auto (cuStreamWaitValue32 holds)
 // and =kernel (the spin-kernel holds): tests/gpu/meson.build. With
 // STREAMCOLL_FUSION_NCCL=1 (one rank: NCCL takes one rank per GPU) the route is nccl
-// alone: every fused message must run on NCCL (core/fusion.hpp, ROUTE). Skips (exit 77)
+// alone: every fused message must run on NCCL (algorithms/fusion.hpp, ROUTE). Skips (exit 77)
 // without a GPU or without the test kernels.
 #include <unistd.h>
 

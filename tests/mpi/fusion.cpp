@@ -1,4 +1,4 @@
-// MPI_Iallreduce fusion (core/fusion.hpp) against the real MPI: exact results for every
+// MPI_Iallreduce fusion (algorithms/fusion.hpp) against the real MPI: exact results for every
 // datatype and op the routes carry, with ranks that wait and test at different points.
 //
 //   fusion [--spec=SPEC] [--limit=SIZE] [--expect-fused] [--all-on=ROUTE] [--some-on=ROUTE]

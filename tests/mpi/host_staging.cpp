@@ -18,8 +18,8 @@
 #include <functional>
 #include <vector>
 
-#include "algorithms/pmpi.hpp"
 #include "core/host_staging.hpp"
+#include "core/pmpi_call.hpp"
 
 using namespace streamcoll;
 using host_staging::Copy;

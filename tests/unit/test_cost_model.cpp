@@ -1,4 +1,4 @@
-// The α-β-γ allreduce models (algorithms/cost_model.hpp) against closed forms worked out
+// The α-β-γ allreduce models (config/cost_model.hpp) against closed forms worked out
 // by hand here, and their structural properties (BlueConnect on one level is a flat
 // algorithm, equal links give the flat ring's bandwidth term, costs grow with n, best()
 // picks latency-bound and bandwidth-bound winners). No MPI.
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "algorithms/cost_model.hpp"
+#include "config/cost_model.hpp"
 
 using namespace streamcoll::model;
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "algorithms/cost_model.hpp"
+#include "config/cost_model.hpp"
 #include "config/machine_profile.hpp"
 
 using namespace streamcoll;

@@ -1,4 +1,4 @@
-#include "core/types.hpp"
+#include "base/types.hpp"
 
 #include <array>
 

@@ -1,5 +1,5 @@
 // Fusion of small MPI_Iallreduce calls: the protocol is in fusion.hpp.
-#include "core/fusion.hpp"
+#include "algorithms/fusion.hpp"
 
 #include <time.h>
 
@@ -12,11 +12,11 @@
 
 #include "algorithms/ht.hpp"
 #include "algorithms/route.hpp"
+#include "base/log.hpp"
 #include "config/tuning_table.hpp"
 #include "core/comm_context.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/host_staging.hpp"
-#include "core/log.hpp"
 #include "core/progress.hpp"
 #include "core/requests.hpp"
 #include "core/runtime.hpp"
@@ -607,13 +607,11 @@ struct Queue : std::enable_shared_from_this<Queue> {
       // any order, but testing the oldest first is enough).
       while (!fused.empty()) {
         Group& g = *fused.front();
-        // Route nccl's request completes when polled (its event queried): PMPI_Test does
-        // not poll streamcoll's own requests.
-        if (g.route == RouteId::nccl)
-          if (OwnedRequest* o = requests::peek(g.req)) {
-            o->advance();
-            if (!o->completed()) break;
-          }
+        // Routes nccl's and ht's requests are streamcoll's own: PMPI_Test does not poll
+        // them, and their MPI request completes on the thread that advances them
+        // (core/requests.hpp), here.
+        if (OwnedRequest* o = requests::peek(g.req))
+          if (!o->advance()) break;
         int flag = 0;
         const int rc = PMPI_Test(&g.req, &flag, MPI_STATUS_IGNORE);
         if (rc == MPI_SUCCESS && !flag) break;

@@ -1,5 +1,5 @@
 // α-β-γ models of allreduce on a link hierarchy; formulas and sources in cost_model.hpp.
-#include "algorithms/cost_model.hpp"
+#include "config/cost_model.hpp"
 
 #include <algorithm>
 #include <cmath>

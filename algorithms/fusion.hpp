@@ -101,9 +101,9 @@
 #include <memory>
 
 #include "algorithms/route.hpp"
+#include "base/types.hpp"
 #include "config/tuning_table.hpp"
 #include "core/coll_args.hpp"
-#include "core/types.hpp"
 
 namespace streamcoll {
 struct CommContext;

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""The library's folders are layers; a file includes headers of its own layer or below.
+
+    shim, streamext   the MPI symbols: interception, dispatch, the stream attribute
+    algorithms        the routes and their algorithms, fusion
+    core              runtime, communicator contexts, agreement, requests, staging, driver
+    config            environment, tuning table, cost model
+    base              log, types, hierarchy shapes
+
+An include of a folder above (`#include "algorithms/..."` in core/) is an error: a
+lower layer reaches an upper one only through what the upper one registers with it
+(core::Runtime::set_stop_hooks, host_staging::set_batch_copy_loader). The public header
+(include/streamcoll/) may be included anywhere. Tests, benchmarks and tools are not
+layers and may include anything.
+
+    tests/tools/check_layers.py SOURCE_ROOT
+    tests/tools/check_layers.py --self-test
+
+Prints each offending include (file:line: what) and exits 1, or prints a summary line
+and exits 0. --self-test checks the checker on a small tree of its own (one include
+pointing up, one down, one to the public header). Run by the meson tests `layers` and
+`layers-self-test` (suite unit).
+"""
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+LAYERS = [  # bottom first
+    ("base",),
+    ("config",),
+    ("core",),
+    ("algorithms",),
+    ("shim", "streamext"),
+]
+RANK = {folder: i for i, group in enumerate(LAYERS) for folder in group}
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"/]+)/[^"]+"')
+SUFFIXES = {".cpp", ".hpp", ".h", ".cu", ".c"}
+
+
+def self_test() -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for group in LAYERS:
+            for folder in group:
+                (root / folder).mkdir()
+        (root / "core" / "a.cpp").write_text('#include "base/log.hpp"\n#include "streamcoll/streamcoll.h"\n')
+        (root / "core" / "b.hpp").write_text('#include <mpi.h>\n  #  include "algorithms/route.hpp"\n')
+        print("self-test: a tree with one include pointing up:")
+        if check(root) != 1:
+            print("self-test: FAIL: the include of algorithms/ from core/ was not reported")
+            return 1
+        (root / "core" / "b.hpp").write_text('#include "config/env.hpp"\n')
+        print("self-test: the same tree without it:")
+        if check(root) != 0:
+            print("self-test: FAIL: a tree whose includes all point down was refused")
+            return 1
+    print("self-test: ok")
+    return 0
+
+
+def check(root: Path) -> int:
+    errors, files, includes = [], 0, 0
+    for folder, rank in sorted(RANK.items()):
+        base = root / folder
+        if not base.is_dir():
+            errors.append(f"{folder}/: missing (the layer list in {Path(__file__).name} is stale)")
+            continue
+        for path in sorted(p for p in base.rglob("*") if p.suffix in SUFFIXES):
+            files += 1
+            for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                m = INCLUDE.match(line)
+                if not m or m.group(1) not in RANK:
+                    continue
+                includes += 1
+                target = m.group(1)
+                if RANK[target] > rank:
+                    errors.append(
+                        f"{path.relative_to(root)}:{n}: {folder}/ includes {target}/, a layer "
+                        f"above it ({' > '.join('/'.join(g) for g in reversed(LAYERS))})")
+    for e in errors:
+        print(e)
+    if errors:
+        print(f"layers: {len(errors)} include(s) point up")
+        return 1
+    print(f"layers: {files} files, {includes} includes between layer folders, none points up")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    sys.exit(self_test() if sys.argv[1] == "--self-test" else check(Path(sys.argv[1])))
