@@ -5,91 +5,6 @@
 
 namespace streamcoll::config {
 
-const std::vector<Knob>& knobs() {
-  static const std::vector<Knob> k = {
-      {"STREAMCOLL_DISABLE", "0", "1: intercept nothing; every call goes straight to PMPI_"},
-      {"STREAMCOLL_DEBUG", "none",
-       "none|warn|info|trace: rank-prefixed diagnostics on stderr"},
-      {"STREAMCOLL_STATS", "0",
-       "1: print calls, bytes and time per collective, route and memory kind at MPI_Finalize "
-       "(set it on every rank)"},
-      {"STREAMCOLL_DRIVER_PROFILE", "0",
-       "1: time every CUDA driver call streamcoll makes (two clock reads each) and print, "
-       "per rank at MPI_Finalize, the calls and host microseconds per driver entry point "
-       "(a diagnostic: where a GPU call's host time goes)"},
-      {"STREAMCOLL_CHECK", "0",
-       "1: before each routed call, one extra PMPI_Allreduce verifies that all ranks chose "
-       "the same route and buffer kind; aborts with a message otherwise"},
-      {"STREAMCOLL_TUNING_FILE", "",
-       "path of a tuning table; replaces the embedded default (a bad file is reported and "
-       "the default is used)"},
-      {"STREAMCOLL_ROUTE", "",
-       "force routes per collective, e.g. allreduce:nccl,bcast:pmpi,reduce:ht:algo=ring"},
-      {"STREAMCOLL_NCCL_LIB", "libnccl.so.2",
-       "the NCCL library to open (a file name for the loader's search path, or a path); "
-       "if it cannot be opened the nccl route is off and its calls go to pmpi"},
-      {"STREAMCOLL_NCCL_NONBLOCKING", "0",
-       "1: MPI_I* calls on GPU memory may take route nccl too; only for a program that "
-       "starts its non-blocking collectives on all communicators in one order on every "
-       "rank (NCCL kernels of different communicators can otherwise deadlock); 0: they "
-       "take the table's next rule"},
-      {"STREAMCOLL_NVGROUP_NONBLOCKING", "0",
-       "1: MPI_I* calls on GPU memory may take route nvgroup too (one group per "
-       "communicator); only for a program that starts its non-blocking collectives on all "
-       "communicators in one order on every rank (the group's kernels wait for each "
-       "other); 0: they take the table's next rule"},
-      {"STREAMCOLL_STAGING_KERNEL", "1",
-       "1: host staging moves four or more copies between one GPU and its pinned staging "
-       "memory (a fused group's) with one kernel launch per 64 instead of a copy each "
-       "(builds with the kernels, GPUs of compute capability 8.0 or more); 0: a copy each"},
-      {"STREAMCOLL_DECISION_CACHE", "auto",
-       "auto|1|0: each communicator keeps the tuning table's rules per call signature "
-       "(collective, bytes, memory kind, stream), so a repeated call skips the table walk: "
-       "1 always, 0 never, auto when the table has 16 rules or more (below that the walk "
-       "costs less than the lookup)"},
-      {"STREAMCOLL_FUSION_CYCLE", "1000",
-       "microseconds a group of fused MPI_Iallreduce calls (tuning table: fuse=) stays open "
-       "for more members when this rank neither waits for nor tests any of them (Horovod's "
-       "cycle time); a wait, a test or another call on the communicator closes it at once. "
-       "Affects only how many calls are fused, never which: the ranks agree on that"},
-      {"STREAMCOLL_FUSION_NCCL", "0",
-       "1: a fused message of MPI_Iallreduce calls on GPU memory (tuning table: fuse=) may "
-       "run on NCCL where the rules give an allreduce of its size on GPU memory to route "
-       "nccl. Fused messages start when their group is agreed, on the progress thread, so "
-       "their NCCL kernels interleave with the program's other NCCL operations differently "
-       "on each rank: only for GPUs that run NCCL kernels of different communicators "
-       "together, or programs whose fusing communicators are the only ones on NCCL; 0: they "
-       "run on the host (pmpi or ht)"},
-      {"STREAMCOLL_MPI_CUDA_AWARE", "auto",
-       "auto|yes|no: whether the MPI accepts GPU buffers (auto asks it: "
-       "MPIX_Query_cuda_support, MPIX_GPU_query_support; not found means no); when it does "
-       "not, GPU buffers of calls that go to the MPI are staged through host memory"},
-      {"STREAMCOLL_THREAD_MULTIPLE", "auto",
-       "auto|1|0: whether MPI_Init/MPI_Init_thread ask the MPI for MPI_THREAD_MULTIPLE, which "
-       "the progress thread of routes ht and blueconnect (MPI_I*) needs (the application is "
-       "still told the level it asked for): auto asks only when the tuning table (with "
-       "STREAMCOLL_ROUTE) has such a rule for host memory, or for GPU memory on a node with "
-       "a CUDA driver; 1 always; 0 never (those routes are then off unless the application "
-       "asked for MPI_THREAD_MULTIPLE itself)"},
-      {"STREAMCOLL_PROGRESS_BIND", "auto",
-       "auto|none: bind the progress thread (hwloc) to a core of the rank's cpuset its own "
-       "threads are least likely to use, or leave it unbound"},
-      {"STREAMCOLL_HT_WAIT", "auto",
-       "auto|memop|kernel: how route ht holds a stream until the host collective is done: "
-       "cuStreamWaitValue32 (memop), a one-thread spin kernel (kernel), or memop where the "
-       "driver supports it and the kernel otherwise (auto)"},
-      {"STREAMCOLL_HIERARCHY", "",
-       "factors such as 2x2x2 (innermost level first): route blueconnect imposes this "
-       "hierarchy, ranks in order, on every communicator of that size, instead of the "
-       "discovered one (the tuning table's hierarchy= wins over it)"},
-      {"STREAMCOLL_NODE_GROUPS", "",
-       "levels above the node for route blueconnect: ';'-separated extended regular "
-       "expressions, innermost first, matched against each node's name; the first "
-       "parenthesised part (or the whole match) names its switch, rack, ..."},
-  };
-  return k;
-}
-
 namespace {
 std::string lower(std::string_view s) {
   std::string out(s);
@@ -125,81 +40,189 @@ bool parse_cuda_aware(std::string_view s, CudaAware* out) {
   return true;
 }
 
+namespace {
+
+void problem(Settings* s, const Knob& k, const char* v, const char* what) {
+  s->problems.push_back(std::string(k.name) + "='" + v + "' " + what);
+}
+
+template <bool Settings::*field>
+void set_bool(const Knob& k, const char* v, Settings* s) {
+  if (!parse_bool(v, &(s->*field))) problem(s, k, v, "is not a boolean; ignored");
+}
+
+template <std::string Settings::*field>
+void set_string(const Knob&, const char* v, Settings* s) {
+  s->*field = v;
+}
+
+void set_debug(const Knob& k, const char* v, Settings* s) {
+  if (parse_log_level(v, &s->debug)) return;
+  s->debug = LogLevel::warn;
+  problem(s, k, v, "is not none|warn|info|trace; using warn");
+}
+
+void set_decision_cache(const Knob& k, const char* v, Settings* s) {
+  bool on = false;
+  if (lower(v) == "auto") s->decision_cache = -1;
+  else if (parse_bool(v, &on)) s->decision_cache = on ? 1 : 0;
+  else problem(s, k, v, "is not auto|1|0; using auto");
+}
+
+void set_fusion_cycle(const Knob& k, const char* v, Settings* s) {
+  char* end = nullptr;
+  const unsigned long long us = std::strtoull(v, &end, 10);
+  if (end != v && *end == '\0' && us <= 10000000ull) s->fusion_cycle_us = us;
+  else problem(s, k, v, "is not a number of microseconds up to 10000000; using 1000");
+}
+
+void set_cuda_aware(const Knob& k, const char* v, Settings* s) {
+  if (!parse_cuda_aware(v, &s->mpi_cuda_aware)) problem(s, k, v, "is not auto|yes|no; using auto");
+}
+
+void set_thread_multiple(const Knob& k, const char* v, Settings* s) {
+  bool on = false;
+  if (lower(v) == "auto") s->thread_multiple = Threads::auto_detect;
+  else if (parse_bool(v, &on)) s->thread_multiple = on ? Threads::yes : Threads::no;
+  else problem(s, k, v, "is not auto or a boolean; using auto");
+}
+
+void set_progress_bind(const Knob& k, const char* v, Settings* s) {
+  if (lower(v) == "none") s->progress_bind = false;
+  else if (lower(v) != "auto") problem(s, k, v, "is not auto|none; using auto");
+}
+
+void set_ht_wait(const Knob& k, const char* v, Settings* s) {
+  const std::string w = lower(v);
+  if (w == "auto") s->ht_wait = HtWait::auto_detect;
+  else if (w == "memop") s->ht_wait = HtWait::memop;
+  else if (w == "kernel") s->ht_wait = HtWait::kernel;
+  else problem(s, k, v, "is not auto|memop|kernel; using auto");
+}
+
+void set_hierarchy(const Knob& k, const char* v, Settings* s) {
+  if (auto f = topo::parse_factors(v)) s->hierarchy = *f;
+  else problem(s, k, v, "is not a list of factors like 2x2x2; ignored");
+}
+
+}  // namespace
+
+const std::vector<Knob>& knobs() {
+  static const std::vector<Knob> k = {
+      {"STREAMCOLL_DISABLE", "0", set_bool<&Settings::disable>,
+       "`1`: intercept nothing; every call goes straight to `PMPI_`"},
+      {"STREAMCOLL_DEBUG", "none", set_debug,
+       "`none`, `warn`, `info` or `trace`: diagnostics on stderr, one line each, tagged "
+       "`[streamcoll RANK]`"},
+      {"STREAMCOLL_STATS", "0", set_bool<&Settings::stats>,
+       "`1`: at `MPI_Finalize`, rank 0 prints calls, bytes and time per collective, route "
+       "and memory kind, summed over `MPI_COMM_WORLD` (set it on every rank)"},
+      {"STREAMCOLL_DRIVER_PROFILE", "0", set_bool<&Settings::driver_profile>,
+       "`1`: every CUDA driver call streamcoll makes is timed (two clock reads each), and at"
+       " `MPI_Finalize` each rank prints to stderr, per driver entry point, the calls and "
+       "host microseconds (total and mean), most time first: where a GPU call's host time "
+       "goes (a diagnostic; `tests/fake/driver_profile.sh`)"},
+      {"STREAMCOLL_CHECK", "0", set_bool<&Settings::check>,
+       "`1`: before each call, one extra `PMPI_Allreduce` verifies that all ranks see the "
+       "same call and chose the same rule, before anything collective of streamcoll's runs; "
+       "aborts with a message otherwise"},
+      {"STREAMCOLL_TUNING_FILE", "", set_string<&Settings::tuning_file>,
+       "a tuning table that replaces the embedded default; a malformed file is reported as "
+       "`file:line: reason` and the default is used"},
+      {"STREAMCOLL_ROUTE", "", set_string<&Settings::route>,
+       "force routes per collective, e.g. `allreduce:nccl,bcast:pmpi,reduce:ht:algo=ring`; "
+       "`*` stands for every collective"},
+      {"STREAMCOLL_NCCL_LIB", "libnccl.so.2", set_string<&Settings::nccl_lib>,
+       "the NCCL library the `nccl` route opens (a name for the loader's search path, or a "
+       "path); if it cannot be opened the route is off and its calls go to `pmpi`"},
+      {"STREAMCOLL_NCCL_NONBLOCKING", "0", set_bool<&Settings::nccl_nonblocking>,
+       "`1`: `MPI_I*` calls on GPU memory may take route `nccl` too. Only for a program that"
+       " starts its non-blocking collectives on all communicators in one order on every "
+       "rank: NCCL kernels of different NCCL communicators can deadlock otherwise (see "
+       "Safety rules); `0`: they take the table's next matching rule (`pmpi` in the default "
+       "table)"},
+      {"STREAMCOLL_NVGROUP_NONBLOCKING", "0", set_bool<&Settings::nvgroup_nonblocking>,
+       "`1`: `MPI_I*` allreduce, reduce-scatter-block and all-gather on GPU memory may take "
+       "route `nvgroup` too (one group per communicator). Only for a program that starts its"
+       " non-blocking collectives on all communicators in one order on every rank: the "
+       "group's kernels wait for each other (see Safety rules); `0`: they take the table's "
+       "next matching rule"},
+      {"STREAMCOLL_DECISION_CACHE", "auto", set_decision_cache,
+       "`1`: each communicator keeps, per call signature (collective, bytes, memory kind, "
+       "stream), the tuning table's matching rules (Horovod's response cache as a decision "
+       "cache), so a repeated call skips the table walk; dropped when the forced routes or "
+       "the table change, freed with the communicator; the agreement and the routes' checks "
+       "still run at every call; `0`: walk the table at every call; `auto`: `1` for a table "
+       "of 16 rules or more, where the walk costs more than the lookup (callgrind, "
+       "`scripts/decision-cost.sh`: a lookup 179 instructions, a walk of 11 rules 214, of 28"
+       " rules 384; `bench/results/decision_cost_2026-11-25`)"},
+      {"STREAMCOLL_FUSION_NCCL", "0", set_bool<&Settings::fusion_nccl>,
+       "`1`: a fused message of `MPI_Iallreduce` calls on GPU memory (a `fuse=` rule) runs "
+       "on NCCL where the rules give an allreduce of its size on GPU memory to route `nccl` "
+       "(see Fusion). Only where the GPU runs NCCL kernels of different communicators "
+       "together, or the fusing communicators are the only ones on NCCL: the fused message's"
+       " kernel starts when its group is agreed, in an order relative to other NCCL "
+       "operations that differs between ranks; `0`: fused messages run on the host (`pmpi`, "
+       "`ht`)"},
+      {"STREAMCOLL_FUSION_CYCLE", "1000", set_fusion_cycle,
+       "microseconds a group of fused `MPI_Iallreduce` calls (a table rule with `fuse=`) "
+       "stays open for more calls when this rank neither waits for nor tests any of them "
+       "(Horovod's cycle time); a wait, a test or another call on the communicator closes it"
+       " at once. It changes how many calls are fused, never which: the ranks agree on that "
+       "(see Fusion)"},
+      {"STREAMCOLL_THREAD_MULTIPLE", "auto", set_thread_multiple,
+       "whether `MPI_Init`/`MPI_Init_thread` ask the MPI for `MPI_THREAD_MULTIPLE`, which "
+       "the progress thread of routes `ht` and `blueconnect` (`MPI_I*` on host memory) needs"
+       " (the application is still told the level it asked for): `auto` asks only when the "
+       "tuning table (with `STREAMCOLL_ROUTE`) has such a rule for host memory, or for GPU "
+       "memory on a node with a CUDA driver; `1` always (for routes forced with "
+       "`streamcoll_comm_set_route`); `0` never (those routes are then off unless the "
+       "application asked for `MPI_THREAD_MULTIPLE` itself)"},
+      {"STREAMCOLL_STAGING_KERNEL", "1", set_bool<&Settings::staging_kernel>,
+       "`1`: host staging moves four or more copies between one GPU and its pinned staging "
+       "memory (a fused group's) with one kernel launch per 64 (builds with nvcc, GPUs of "
+       "compute capability 8.0 or more); `0`: a driver copy each"},
+      {"STREAMCOLL_PROGRESS_BIND", "auto", set_progress_bind,
+       "`auto`: bind the progress thread (hwloc) to a core of the rank's cpuset its own "
+       "threads are least likely to use; `none`: leave it unbound"},
+      {"STREAMCOLL_HT_WAIT", "auto", set_ht_wait,
+       "how route `ht` holds a stream until the host collective is done: `memop` "
+       "(`cuStreamWaitValue32`), `kernel` (a one-thread spin kernel), `auto` (memop where "
+       "the driver supports it, else the kernel)"},
+      {"STREAMCOLL_HIERARCHY", "", set_hierarchy,
+       "factors such as `2x2x2`, innermost level first: route `blueconnect` imposes this "
+       "hierarchy (ranks in order) on every communicator of that size instead of the "
+       "discovered one; the tuning table's `hierarchy=` wins over it"},
+      {"STREAMCOLL_NODE_GROUPS", "", set_string<&Settings::node_groups>,
+       "levels above the node for route `blueconnect`: `;`-separated extended regular "
+       "expressions, innermost first, matched against each node's name "
+       "(`MPI_Get_processor_name`); the first parenthesised part, or the whole match, names "
+       "the node's switch, rack, ... (e.g. `^(r[0-9]+)n` for racks of hosts `r07n12`)"},
+      {"STREAMCOLL_MPI_CUDA_AWARE", "auto", set_cuda_aware,
+       "`yes` or `no`: whether the MPI accepts GPU buffers; `auto` asks it "
+       "(`MPIX_Query_cuda_support`, else `MPIX_GPU_query_support`; neither found counts as "
+       "`no`). When it does not, GPU buffers of calls that go to the MPI are staged through "
+       "host memory, and every call is classified (no pass-through fast path while a GPU is "
+       "present)"},
+  };
+  return k;
+}
+
 Settings read_settings() {
   Settings s;
-  auto boolean = [&](const char* name, bool* dst) {
-    if (const char* v = get(name); v && !parse_bool(v, dst))
-      s.problems.push_back(std::string(name) + "='" + v + "' is not a boolean; ignored");
-  };
-  boolean("STREAMCOLL_DISABLE", &s.disable);
-  boolean("STREAMCOLL_STATS", &s.stats);
-  boolean("STREAMCOLL_CHECK", &s.check);
-  boolean("STREAMCOLL_DRIVER_PROFILE", &s.driver_profile);
-  if (const char* v = get("STREAMCOLL_DEBUG"); v && !parse_log_level(v, &s.debug)) {
-    s.debug = LogLevel::warn;
-    s.problems.push_back(std::string("STREAMCOLL_DEBUG='") + v +
-                         "' is not none|warn|info|trace; using warn");
-  }
-  if (const char* v = get("STREAMCOLL_TUNING_FILE")) s.tuning_file = v;
-  if (const char* v = get("STREAMCOLL_ROUTE")) s.route = v;
-  if (const char* v = get("STREAMCOLL_NCCL_LIB")) s.nccl_lib = v;
-  boolean("STREAMCOLL_NCCL_NONBLOCKING", &s.nccl_nonblocking);
-  boolean("STREAMCOLL_NVGROUP_NONBLOCKING", &s.nvgroup_nonblocking);
-  boolean("STREAMCOLL_FUSION_NCCL", &s.fusion_nccl);
-  boolean("STREAMCOLL_STAGING_KERNEL", &s.staging_kernel);
-  if (const char* v = get("STREAMCOLL_DECISION_CACHE")) {
-    bool on = false;
-    if (lower(v) == "auto") s.decision_cache = -1;
-    else if (parse_bool(v, &on)) s.decision_cache = on ? 1 : 0;
-    else
-      s.problems.push_back(std::string("STREAMCOLL_DECISION_CACHE='") + v +
-                           "' is not auto|1|0; using auto");
-  }
-  if (const char* v = get("STREAMCOLL_FUSION_CYCLE")) {
-    char* end = nullptr;
-    const unsigned long long us = std::strtoull(v, &end, 10);
-    if (end != v && *end == '\0' && us <= 10000000ull) s.fusion_cycle_us = us;
-    else
-      s.problems.push_back(std::string("STREAMCOLL_FUSION_CYCLE='") + v +
-                           "' is not a number of microseconds up to 10000000; using 1000");
-  }
-  if (const char* v = get("STREAMCOLL_MPI_CUDA_AWARE");
-      v && !parse_cuda_aware(v, &s.mpi_cuda_aware))
-    s.problems.push_back(std::string("STREAMCOLL_MPI_CUDA_AWARE='") + v +
-                         "' is not auto|yes|no; using auto");
-  if (const char* v = get("STREAMCOLL_THREAD_MULTIPLE")) {
-    bool on = false;
-    if (lower(v) == "auto") s.thread_multiple = Threads::auto_detect;
-    else if (parse_bool(v, &on)) s.thread_multiple = on ? Threads::yes : Threads::no;
-    else
-      s.problems.push_back(std::string("STREAMCOLL_THREAD_MULTIPLE='") + v +
-                           "' is not auto or a boolean; using auto");
-  }
-  if (const char* v = get("STREAMCOLL_PROGRESS_BIND")) {
-    if (lower(v) == "none")
-      s.progress_bind = false;
-    else if (lower(v) != "auto")
-      s.problems.push_back(std::string("STREAMCOLL_PROGRESS_BIND='") + v +
-                           "' is not auto|none; using auto");
-  }
-  if (const char* v = get("STREAMCOLL_HT_WAIT")) {
-    const std::string w = lower(v);
-    if (w == "auto") s.ht_wait = HtWait::auto_detect;
-    else if (w == "memop") s.ht_wait = HtWait::memop;
-    else if (w == "kernel") s.ht_wait = HtWait::kernel;
-    else
-      s.problems.push_back(std::string("STREAMCOLL_HT_WAIT='") + v +
-                           "' is not auto|memop|kernel; using auto");
-  }
-  if (const char* v = get("STREAMCOLL_HIERARCHY")) {
-    if (auto f = topo::parse_factors(v))
-      s.hierarchy = *f;
-    else
-      s.problems.push_back(std::string("STREAMCOLL_HIERARCHY='") + v +
-                           "' is not a list of factors like 2x2x2; ignored");
-  }
-  if (const char* v = get("STREAMCOLL_NODE_GROUPS")) s.node_groups = v;
+  for (const Knob& k : knobs())
+    if (const char* v = get(std::string(k.name).c_str())) k.set(k, v, &s);
   return s;
+}
+
+std::string knobs_markdown() {
+  std::string t = "| variable | default | meaning |\n|---|---|---|\n";
+  for (const Knob& k : knobs()) {
+    t += "| `" + std::string(k.name) + "` | ";
+    if (!k.default_value.empty()) t += "`" + std::string(k.default_value) + "` ";
+    t += "| " + std::string(k.doc) + " |\n";
+  }
+  return t;
 }
 
 }  // namespace streamcoll::config

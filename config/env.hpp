@@ -1,5 +1,6 @@
 // Every environment variable streamcoll reads is declared here, and only here.
-// docs/reference.md's environment table documents the same list (a unit test keeps them equal).
+// docs/reference.md's environment table is generated from it (knobs_markdown; a unit
+// test keeps them equal).
 #pragma once
 
 #include <cstdint>
@@ -12,14 +13,25 @@
 
 namespace streamcoll::config {
 
+struct Settings;
+
+/// An environment variable, declared once: its name, its default (as the reference
+/// shows it; empty: none), how it sets Settings (a value it does not understand adds
+/// a line to Settings::problems and keeps the default), and its documentation
+/// (Markdown), from which docs/reference.md's table (knobs_markdown) and
+/// streamcoll-info's environment section come.
 struct Knob {
   std::string_view name;
   std::string_view default_value;
-  std::string_view help;
+  void (*set)(const Knob& k, const char* value, Settings* s);
+  std::string_view doc;
 };
 
 /// All knobs, in the order docs/reference.md lists them.
 const std::vector<Knob>& knobs();
+/// docs/reference.md's environment table, generated from knobs() (a unit test keeps the
+/// file equal to it; `streamcoll-info --knobs` prints it).
+std::string knobs_markdown();
 
 /// STREAMCOLL_MPI_CUDA_AWARE: whether the MPI library accepts GPU buffers.
 enum class CudaAware : uint8_t {

@@ -1,6 +1,7 @@
 // streamcoll-info: what streamcoll would see on this node, like ompi_info or al_info.
 //
 //   streamcoll-info [--json] [--no-mpi]
+//   streamcoll-info --knobs
 //
 // Reports the build (version, options, the MPI it was compiled against), the MPI it runs
 // with (library version, standard, CUDA-awareness, the thread level it gives), the CUDA
@@ -12,6 +13,7 @@
 // on a node with no GPU, no driver and no NCCL. MPI is initialised (PMPI_Init_thread,
 // asking for MPI_THREAD_MULTIPLE, a singleton without mpirun) unless --no-mpi.
 // --json prints one JSON object with the same content (keys as in the text, lower case).
+// --knobs prints the environment knobs' reference table (Markdown, docs/reference.md's).
 // Exit status 0, or 2 for a bad argument.
 #include <dlfcn.h>
 #include <mpi.h>
@@ -452,10 +454,14 @@ int main(int argc, char** argv) {
       json = true;
     } else if (std::strcmp(argv[i], "--no-mpi") == 0) {
       init = false;
+    } else if (std::strcmp(argv[i], "--knobs") == 0) {
+      std::fputs(streamcoll::config::knobs_markdown().c_str(), stdout);
+      return 0;
     } else if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
-      std::printf("usage: streamcoll-info [--json] [--no-mpi]\n"
+      std::printf("usage: streamcoll-info [--json] [--no-mpi] | --knobs\n"
                   "  what streamcoll would see here: build, MPI, CUDA, NCCL, topology, tuning\n"
-                  "  table, environment. --json: one JSON object; --no-mpi: do not initialise MPI.\n");
+                  "  table, environment. --json: one JSON object; --no-mpi: do not initialise MPI;\n"
+                  "  --knobs: the environment knobs' reference table (Markdown).\n");
       return 0;
     } else {
       std::fprintf(stderr, "streamcoll-info: unknown argument '%s' (try --help)\n", argv[i]);
