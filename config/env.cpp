@@ -32,11 +32,21 @@ bool parse_log_level(std::string_view s, LogLevel* out) {
   return false;
 }
 
-bool parse_cuda_aware(std::string_view s, CudaAware* out) {
-  if (lower(s) == "auto") return *out = CudaAware::auto_detect, true;
+namespace {
+// "auto" -> -1, a boolean -> 1 or 0; false (and *out left alone) for anything else.
+bool parse_auto_bool(std::string_view s, int* out) {
   bool b = false;
-  if (!parse_bool(s, &b)) return false;
-  *out = b ? CudaAware::yes : CudaAware::no;
+  if (lower(s) == "auto") *out = -1;
+  else if (parse_bool(s, &b)) *out = b ? 1 : 0;
+  else return false;
+  return true;
+}
+}  // namespace
+
+bool parse_cuda_aware(std::string_view s, CudaAware* out) {
+  int v = 0;
+  if (!parse_auto_bool(s, &v)) return false;
+  *out = v < 0 ? CudaAware::auto_detect : v ? CudaAware::yes : CudaAware::no;
   return true;
 }
 
@@ -63,10 +73,7 @@ void set_debug(const Knob& k, const char* v, Settings* s) {
 }
 
 void set_decision_cache(const Knob& k, const char* v, Settings* s) {
-  bool on = false;
-  if (lower(v) == "auto") s->decision_cache = -1;
-  else if (parse_bool(v, &on)) s->decision_cache = on ? 1 : 0;
-  else problem(s, k, v, "is not auto|1|0; using auto");
+  if (!parse_auto_bool(v, &s->decision_cache)) problem(s, k, v, "is not auto|1|0; using auto");
 }
 
 void set_fusion_cycle(const Knob& k, const char* v, Settings* s) {
@@ -81,10 +88,9 @@ void set_cuda_aware(const Knob& k, const char* v, Settings* s) {
 }
 
 void set_thread_multiple(const Knob& k, const char* v, Settings* s) {
-  bool on = false;
-  if (lower(v) == "auto") s->thread_multiple = Threads::auto_detect;
-  else if (parse_bool(v, &on)) s->thread_multiple = on ? Threads::yes : Threads::no;
-  else problem(s, k, v, "is not auto or a boolean; using auto");
+  int t = 0;
+  if (!parse_auto_bool(v, &t)) return problem(s, k, v, "is not auto or a boolean; using auto");
+  s->thread_multiple = t < 0 ? Threads::auto_detect : t ? Threads::yes : Threads::no;
 }
 
 void set_progress_bind(const Knob& k, const char* v, Settings* s) {

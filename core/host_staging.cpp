@@ -958,16 +958,16 @@ class CudaBackend final : public Backend {
   // caller vouches for (Copy::device_ends), and the kernel loadable on this context's GPU.
   CUfunction batch_kernel_for(const Copy* c, size_t n) {
 #if STREAMCOLL_HAVE_CUDA
-    if (n < kBatchMin || !Runtime::get().settings().staging_kernel) return nullptr;
+    const KernelLoader load = g_batch_copy_loader.load(std::memory_order_acquire);
+    if (!load || n < kBatchMin || !Runtime::get().settings().staging_kernel) return nullptr;
     for (size_t k = 0; k < n; ++k)  // one end ours and pinned (the other the GPU's), or both the GPU's
       if (!c[k].device_ends && !own_pinned(c[k].dst, c[k].bytes) &&
           !own_pinned(c[k].src, c[k].bytes))
         return nullptr;
     CUdevice dev = 0;
     if (cuda::driver().cuCtxGetDevice(&dev) != CUDA_SUCCESS) return nullptr;
-    const KernelLoader load = g_batch_copy_loader.load(std::memory_order_acquire);
     std::string why;
-    return load ? load(static_cast<int>(dev), &why) : nullptr;
+    return load(static_cast<int>(dev), &why);
 #else
     (void)c, (void)n;
     return nullptr;
