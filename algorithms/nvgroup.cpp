@@ -101,7 +101,6 @@
 
 namespace streamcoll {
 
-Route* blueconnect_route();
 extern const unsigned char kNvgroupFatbin[];
 extern const unsigned long kNvgroupFatbin_size;
 
@@ -902,7 +901,7 @@ class NvgroupRoute final : public Route {
     }
     // Several groups: blueconnect's stages (its levels' routes on this rank's GPU).
     if (ctx.route_state[static_cast<int>(RouteId::blueconnect)] &&
-        !blueconnect_route()->able_here(a, ctx, local))
+        !find_route(RouteId::blueconnect)->able_here(a, ctx, local))
       return false;
     return driver_has_entry_points();
   }
@@ -917,7 +916,7 @@ class NvgroupRoute final : public Route {
     if (!nvgroup_stage::supports(a)) return false;
     if (several_groups(ctx, choice)) {
       if (a.nonblocking || !valid_cross(choice)) return false;
-      return blueconnect_route()->accepts(a, ctx, across(choice), agreed);
+      return find_route(RouteId::blueconnect)->accepts(a, ctx, across(choice), agreed);
     }
     if (ctx.nodes != 1 || ctx.size > kMaxMembers) return false;
     NvgroupState& st = state_of(ctx);
@@ -930,7 +929,7 @@ class NvgroupRoute final : public Route {
 
   int run(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,
           const CallEnv& env) override {
-    if (several_groups(ctx, choice)) return blueconnect_route()->run(a, ctx, across(choice), env);
+    if (several_groups(ctx, choice)) return find_route(RouteId::blueconnect)->run(a, ctx, across(choice), env);
     bury(nullptr);  // frees what gone communicators left, once their peers are through
     std::shared_ptr<Group> g = state_of(ctx).group;
     const cuda::Driver& d = driver();

@@ -99,6 +99,9 @@ class Route {
 /// The route for `id` in this build and process, or nullptr when it is not available
 /// (not built yet, or its library/device is missing here).
 Route* find_route(RouteId id);
+/// Whether this build carries route `id` (algorithms/registry.cpp); whether it can run in
+/// this process is find_route's answer. Creates nothing.
+bool route_built(RouteId id);
 
 /// Stops what routes run in the background (threads); from Runtime::stop(), before the
 /// communicator contexts go.

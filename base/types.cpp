@@ -8,8 +8,6 @@ constexpr std::array<std::string_view, kNumColls> kCollNames = {
     "allreduce", "reduce",         "bcast",
     "allgather", "allgatherv",     "reduce_scatter",
     "reduce_scatter_block", "alltoall", "barrier"};
-constexpr std::array<std::string_view, kNumRoutes> kRouteNames = {
-    "pmpi", "nccl", "ht", "blueconnect", "nvgroup", "ccube"};
 constexpr std::array<std::string_view, kNumMemKinds> kMemNames = {
     "host", "pinned", "device", "managed", "mixed"};
 
@@ -22,11 +20,9 @@ std::optional<E> lookup(const std::array<std::string_view, N>& names, std::strin
 }  // namespace
 
 std::string_view name(Coll c) { return kCollNames[static_cast<size_t>(c)]; }
-std::string_view name(RouteId r) { return kRouteNames[static_cast<size_t>(r)]; }
 std::string_view name(MemKind m) { return kMemNames[static_cast<size_t>(m)]; }
 
 std::optional<Coll> parse_coll(std::string_view s) { return lookup<Coll>(kCollNames, s); }
-std::optional<RouteId> parse_route(std::string_view s) { return lookup<RouteId>(kRouteNames, s); }
 std::optional<MemKind> parse_mem(std::string_view s) { return lookup<MemKind>(kMemNames, s); }
 
 }  // namespace streamcoll

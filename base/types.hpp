@@ -6,6 +6,8 @@
 #include <optional>
 #include <string_view>
 
+#include "base/routes.hpp"
+
 namespace streamcoll {
 
 /// A collective, blocking or not (MPI_Iallreduce is `allreduce` with nonblocking=true).
@@ -22,17 +24,6 @@ enum class Coll : uint8_t {
 };
 inline constexpr int kNumColls = 9;
 
-/// A route: the algorithm family that carries out a call.
-enum class RouteId : uint8_t {
-  pmpi,         ///< the real PMPI_ call
-  nccl,         ///< NCCL on the communicator's NCCL communicator
-  ht,           ///< host-transfer (Aluminum V-B.2)
-  blueconnect,  ///< hierarchical reduce-scatter/all-gather (BlueConnect section 3)
-  nvgroup,      ///< NVLink-group cooperative kernels (NV-Group section 4)
-  ccube,        ///< pipelined tree (C-Cube section III)
-};
-inline constexpr int kNumRoutes = 6;
-
 /// Where a buffer lives, as the CUDA driver reports it.
 enum class MemKind : uint8_t {
   host,     ///< ordinary pageable host memory (or no CUDA driver)
@@ -44,11 +35,9 @@ enum class MemKind : uint8_t {
 inline constexpr int kNumMemKinds = 5;
 
 std::string_view name(Coll c);
-std::string_view name(RouteId r);
 std::string_view name(MemKind m);
 
 std::optional<Coll> parse_coll(std::string_view s);
-std::optional<RouteId> parse_route(std::string_view s);
 std::optional<MemKind> parse_mem(std::string_view s);
 
 }  // namespace streamcoll

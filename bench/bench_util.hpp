@@ -1,8 +1,9 @@
 // Small helpers the benchmark programs share (sc_bench, stream_latency, ht_latency):
-// a clock, agreement on a flag across ranks, and shell quoting for the command lines
-// they print. Header-only; plain MPI and the standard library.
+// a clock, agreement on a flag across ranks, shell quoting for the command lines they
+// print, and the routes' names. Header-only; plain MPI and the standard library.
 #pragma once
 
+#include <dlfcn.h>
 #include <mpi.h>
 
 #include <algorithm>
@@ -43,6 +44,17 @@ inline double percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
+}
+
+/// The routes' names in streamcoll's order ("pmpi", "nccl", ...), asked of the streamcoll
+/// loaded in this process (streamcoll_route_name, found with dlsym), so that no benchmark
+/// keeps its own list; empty when streamcoll is not loaded.
+inline std::vector<std::string> route_names() {
+  using RouteName = const char* (*)(int);
+  std::vector<std::string> names;
+  auto fn = reinterpret_cast<RouteName>(dlsym(RTLD_DEFAULT, "streamcoll_route_name"));
+  for (int i = 0; fn && fn(i); ++i) names.emplace_back(fn(i));
+  return names;
 }
 
 }  // namespace bench

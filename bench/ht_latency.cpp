@@ -78,8 +78,11 @@ bool parse_long(const char* s, long* out, long lo, long hi) {
 #if STREAMCOLL_HAVE_CUDA
 const char* const kAlgos[] = {"rd", "rabenseifner", "ring", "mpi"};
 constexpr int kNumAlgos = 4;
-const char* const kRoutes[] = {"pmpi", "nccl", "ht", "blueconnect", "nvgroup", "ccube"};
-constexpr int kNumRoutes = sizeof(kRoutes) / sizeof(kRoutes[0]);
+// The routes' names, from the streamcoll loaded here (none without it).
+const std::vector<std::string>& routes() {
+  static const std::vector<std::string> names = bench::route_names();
+  return names;
+}
 
 using GetStats = int (*)(const char*, const char*, const char*, streamcoll_stat_t*);
 using SetRoute = int (*)(MPI_Comm, const char*);
@@ -114,10 +117,10 @@ struct Sample {
 
 // Device-memory allreduce calls per route, this process.
 std::vector<unsigned long long> route_calls(GetStats get) {
-  std::vector<unsigned long long> c(kNumRoutes, 0);
-  for (int i = 0; i < kNumRoutes; ++i) {
+  std::vector<unsigned long long> c(routes().size(), 0);
+  for (size_t i = 0; i < routes().size(); ++i) {
     streamcoll_stat_t s{};
-    if (get("allreduce", kRoutes[i], "device", &s) == 0) c[i] = s.calls;
+    if (get("allreduce", routes()[i].c_str(), "device", &s) == 0) c[i] = s.calls;
   }
   return c;
 }
@@ -125,10 +128,10 @@ std::vector<unsigned long long> route_calls(GetStats get) {
 std::string routes_taken(const std::vector<unsigned long long>& a, const std::vector<unsigned long long>& b) {
   std::string out;
   int used = 0;
-  for (int i = 0; i < kNumRoutes; ++i) used += b[i] != a[i];
-  for (int i = 0; i < kNumRoutes; ++i)
+  for (size_t i = 0; i < routes().size(); ++i) used += b[i] != a[i];
+  for (size_t i = 0; i < routes().size(); ++i)
     if (b[i] != a[i]) {
-      out += (out.empty() ? "" : ",") + std::string(kRoutes[i]);
+      out += (out.empty() ? "" : ",") + routes()[i];
       if (used > 1) out += ":" + std::to_string(b[i] - a[i]);
     }
   return out.empty() ? "-" : out;

@@ -162,8 +162,12 @@ using LastRoute = int (*)(char*, int);
 using SetRoute = int (*)(MPI_Comm, const char*);
 using Version = const char* (*)();
 
-const char* const kRoutes[] = {"pmpi", "nccl", "ht", "blueconnect", "nvgroup", "ccube"};
-constexpr int kNumRoutes = sizeof(kRoutes) / sizeof(kRoutes[0]);
+// The routes' names, from the streamcoll loaded here (none without it).
+const std::vector<std::string>& routes() {
+  static const std::vector<std::string> names = bench::route_names();
+  return names;
+}
+size_t num_routes() { return routes().size(); }
 constexpr uint64_t kFullItersUpTo = 64 << 10;  // --iters and --warmup apply up to this size
 constexpr int kMaxFailLines = 20;             // FAIL lines per rank before going quiet
 
@@ -958,14 +962,14 @@ struct Bench {
   }
 
   // This process's calls of the collective per route (0 where unknown).
-  using Counts = std::array<unsigned long long, kNumRoutes>;
+  using Counts = std::vector<unsigned long long>;
   Counts route_calls() {
-    Counts c{};
-    for (int i = 0; get && stats_on && i < kNumRoutes; ++i) {
+    Counts c(num_routes(), 0);
+    for (size_t i = 0; get && stats_on && i < num_routes(); ++i) {
       streamcoll_stat_t st{};
-      if (get(opt.burst ? "iallreduce" : coll_name(opt.coll), kRoutes[i],
+      if (get(opt.burst ? "iallreduce" : coll_name(opt.coll), routes()[i].c_str(),
               opt.device ? "device" : "host", &st) == 0)
-        c[static_cast<size_t>(i)] = st.calls;
+        c[i] = st.calls;
     }
     return c;
   }
@@ -984,7 +988,7 @@ struct Bench {
   // The per-iteration record of one route at one size on this rank: latencies, then host
   // times, then [bad, used route 0..], reduced over the ranks with MAX by row().
   static std::vector<double> record(int iters) {
-    return std::vector<double>(2 * static_cast<size_t>(iters) + 1 + kNumRoutes, 0.0);
+    return std::vector<double>(2 * static_cast<size_t>(iters) + 1 + num_routes(), 0.0);
   }
 
   // Route k's warm-up at one size: inputs written, receive buffer poisoned, the first call
@@ -1005,14 +1009,14 @@ struct Bench {
     for (int w = 1, warmup = warmup_for(pt.bytes); w < warmup; ++w)
       timed_call(comms[k], pt, spec, &lat, &host);
     const Counts after = route_calls();
-    for (size_t i = 0; i < kNumRoutes; ++i) (*used)[i] += after[i] - before[i];
+    for (size_t i = 0; i < num_routes(); ++i) (*used)[i] += after[i] - before[i];
   }
 
   // Route k's row at one size from this rank's record t (see record(); bad and the used
   // routes filled in): reduced over the ranks (collective), the row on rank 0.
   Row row(size_t k, const Point& pt, std::vector<double>& t) {
     const std::string& spec = opt.specs[k];
-    const size_t ni = (t.size() - 1 - kNumRoutes) / 2;
+    const size_t ni = (t.size() - 1 - num_routes()) / 2;
     std::vector<double> tmax(t.size(), 0.0);
     PMPI_Allreduce(t.data(), tmax.data(), static_cast<int>(t.size()), MPI_DOUBLE, MPI_MAX,
                    MPI_COMM_WORLD);
@@ -1034,10 +1038,11 @@ struct Bench {
     row.busbw = row.algbw * bus_factor(opt.coll, size);
     row.valid = tmax[2 * ni] == 0;
     if (!row.valid) failed = 1;
-    int used = 0, which = -1;
-    for (int i = 0; i < kNumRoutes; ++i)
-      if (tmax[2 * ni + 1 + static_cast<size_t>(i)] > 0) ++used, which = i;
-    row.taken = used == 0 ? "-" : used > 1 ? "mixed" : kRoutes[which];
+    int used = 0;
+    size_t which = 0;
+    for (size_t i = 0; i < num_routes(); ++i)
+      if (tmax[2 * ni + 1 + i] > 0) ++used, which = i;
+    row.taken = used == 0 ? "-" : used > 1 ? "mixed" : routes()[which];
     return row;
   }
 
@@ -1049,7 +1054,7 @@ struct Bench {
     const int iters = iters_for(pt.bytes);
     row_bad = false;
 
-    Counts used{};
+    Counts used(num_routes(), 0);
     warm_up(k, m, pt, &used);
     const Counts before = route_calls();
     const size_t ni = static_cast<size_t>(iters);
@@ -1064,7 +1069,7 @@ struct Bench {
     check(m, pt, spec, "last call");
     const Counts after = route_calls();
     t[2 * ni] = row_bad ? 1 : 0;
-    for (size_t i = 0; i < kNumRoutes; ++i)
+    for (size_t i = 0; i < num_routes(); ++i)
       t[2 * ni + 1 + i] = used[i] + (after[i] - before[i]) > 0;
     Row r = row(k, pt, t);
     r.rule = rule;
@@ -1091,7 +1096,7 @@ struct Bench {
     const int iters = iters_for(pt.bytes);
     const size_t ni = static_cast<size_t>(iters);
     std::vector<std::vector<double>> t(nr, record(iters));
-    std::vector<Counts> used(nr, Counts{});
+    std::vector<Counts> used(nr, Counts(num_routes(), 0));
     std::vector<char> bad(nr, 0);  // this rank saw a wrong result or a failed call
     std::vector<std::string> rule(nr, "-");
 
@@ -1113,7 +1118,7 @@ struct Bench {
         const Counts after = route_calls();
         if (last) rule[k] = last_rule();
         if (checked) check(m, pt, spec, last ? "last call" : "a timed call");
-        for (size_t i = 0; i < kNumRoutes; ++i) used[k][i] += after[i] - before[i];
+        for (size_t i = 0; i < num_routes(); ++i) used[k][i] += after[i] - before[i];
         if (row_bad) bad[k] = 1;
       }
     }
@@ -1121,7 +1126,7 @@ struct Bench {
     std::vector<Row> rows;
     for (size_t k = 0; k < nr; ++k) {
       t[k][2 * ni] = bad[k] ? 1 : 0;
-      for (size_t i = 0; i < kNumRoutes; ++i) t[k][2 * ni + 1 + i] = used[k][i] > 0;
+      for (size_t i = 0; i < num_routes(); ++i) t[k][2 * ni + 1 + i] = used[k][i] > 0;
       rows.push_back(row(k, pt, t[k]));
       rows.back().rule = rule[k];
     }

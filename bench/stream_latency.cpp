@@ -107,18 +107,21 @@ void cuda_ok(cudaError_t e, const char* what, int line) {
 #define CUDA_OK(call) cuda_ok((call), #call, __LINE__)
 
 using GetStats = int (*)(const char*, const char*, const char*, streamcoll_stat_t*);
-const char* const kRoutes[] = {"pmpi", "nccl", "ht", "blueconnect", "nvgroup", "ccube"};
-constexpr int kNumRoutes = sizeof(kRoutes) / sizeof(kRoutes[0]);
+// The routes' names, from the streamcoll loaded here (none without it).
+const std::vector<std::string>& routes() {
+  static const std::vector<std::string> names = bench::route_names();
+  return names;
+}
 
 // streamcoll's device-memory allreduce counters, one per route (0 when unknown).
 struct RouteCounts {
-  unsigned long long calls[kNumRoutes] = {};
+  std::vector<unsigned long long> calls = std::vector<unsigned long long>(routes().size(), 0);
 };
 RouteCounts route_counts(GetStats get) {
   RouteCounts c;
-  for (int i = 0; get && i < kNumRoutes; ++i) {
+  for (size_t i = 0; get && i < routes().size(); ++i) {
     streamcoll_stat_t s{};
-    if (get("allreduce", kRoutes[i], "device", &s) == 0) c.calls[i] = s.calls;
+    if (get("allreduce", routes()[i].c_str(), "device", &s) == 0) c.calls[i] = s.calls;
   }
   return c;
 }
@@ -130,13 +133,13 @@ std::string route_name(GetStats get, const RouteCounts& before, const RouteCount
   std::string out;
   unsigned long long total = 0;
   int used = 0;
-  for (int i = 0; i < kNumRoutes; ++i) used += after.calls[i] > before.calls[i];
-  for (int i = 0; i < kNumRoutes; ++i) {
+  for (size_t i = 0; i < routes().size(); ++i) used += after.calls[i] > before.calls[i];
+  for (size_t i = 0; i < routes().size(); ++i) {
     const unsigned long long d = after.calls[i] - before.calls[i];
     if (!d) continue;
     total += d;
     if (!out.empty()) out += ",";
-    out += kRoutes[i];
+    out += routes()[i];
     if (used > 1) out += ":" + std::to_string(d);
   }
   if (total == 0) return "-";

@@ -32,6 +32,7 @@
 #if STREAMCOLL_HAVE_CUDA
 #include <cuda.h>
 
+#include "bench_util.hpp"
 #include "streamcoll/streamcoll.h"
 #include "streamcoll/streamext.h"
 
@@ -155,10 +156,12 @@ int main(int argc, char** argv) {
   // The route the calls took: streamcoll's statistics (STREAMCOLL_STATS=1), if loaded.
   using GetStats = int (*)(const char*, const char*, const char*, streamcoll_stat_t*);
   const auto get = reinterpret_cast<GetStats>(dlsym(RTLD_DEFAULT, "streamcoll_get_stats"));
+  // The route that counted the most of them (the first call of a signature may differ).
   std::string route = get ? "?" : "none (streamcoll not loaded)";
-  for (const char* r : {"nccl", "ht", "pmpi", "nvgroup", "ccube", "blueconnect"}) {
+  unsigned long long most = 0;
+  for (const std::string& r : bench::route_names()) {
     streamcoll_stat_t st{};
-    if (get && get(coll.c_str(), r, "device", &st) == 0 && st.calls > 0) route = r;
+    if (get && get(coll.c_str(), r.c_str(), "device", &st) == 0 && st.calls > most) route = r, most = st.calls;
   }
   int mine = right ? 1 : 0, every = 0;
   MPI_Allreduce(&mine, &every, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);

@@ -63,7 +63,7 @@ std::string range_text(const Range& r, bool suffixes = true) {
 
 int simplicity(std::string_view route) {
   auto [family, params] = split_route(route);
-  int rank = 6;
+  int rank = kNumRoutes;  // an unknown family: after every route
   if (auto r = parse_route(family)) rank = static_cast<int>(*r);
   return rank * 100 + params;
 }

@@ -61,7 +61,7 @@ std::string check_param(RouteId r, std::string_view key, std::string_view value)
     return v && *v > 0 ? "" : "'fuse' needs a byte size above 0 (the largest fused "
                              "message), got '" + std::string(value) + "'";
   }
-  for (const ParamSpec& p : route_params(r)) {
+  for (const ParamSpec& p : route_info(r).params) {
     if (p.key != key) continue;
     if (p.kind == "size") {
       return parse_size(value) ? "" : "'" + std::string(key) + "' needs a byte size, got '" +
@@ -85,7 +85,7 @@ std::string check_param(RouteId r, std::string_view key, std::string_view value)
            std::string(value) + "'";
   }
   std::vector<std::string_view> keys;
-  for (const ParamSpec& p : route_params(r)) keys.push_back(p.key);
+  for (const ParamSpec& p : route_info(r).params) keys.push_back(p.key);
   keys.push_back("fuse");
   return "route '" + std::string(name(r)) + "' takes no parameter '" + std::string(key) + "'" +
          (keys.empty() ? std::string(" (it takes none)") : " (it takes " + join(keys) + ")");
@@ -191,32 +191,20 @@ std::optional<Range> parse_range(std::string_view s) {
   return Range{*lo, *hi};
 }
 
-const std::vector<ParamSpec>& route_params(RouteId r) {
-  static const std::vector<ParamSpec> none;
-  static const std::vector<ParamSpec> ht = {
-      {"algo", {"rd", "rabenseifner", "ring", "mpi", "ccube"}, ""}, {"chunk", {}, "size"}};
-  static const std::vector<ParamSpec> blueconnect = {
-      {"hierarchy", {}, "hierarchy"},
-      {"backend", {"sched", "mpi", "nccl", "nvgroup", "ht"}, "list"},
-      {"algo", {"auto", "ring"}, ""},
-      {"chunk", {}, "size"},
-      // for the levels on nvgroup (its parameters)
-      {"blocks", {"1", "2", "4", "8", "16", "32", "64", "128"}, ""},
-      {"direct", {"yes", "no"}, ""}};
-  static const std::vector<ParamSpec> chunked = {{"chunk", {}, "size"}};
-  static const std::vector<ParamSpec> nvgroup = {
-      {"chunk", {}, "size"},
-      {"blocks", {"1", "2", "4", "8", "16", "32", "64", "128"}, ""},
-      {"cross", {"nccl", "ht"}, ""},
-      {"direct", {"yes", "no"}, ""},
-      {"hierarchy", {}, "hierarchy"}};
-  switch (r) {
-    case RouteId::ht: return ht;
-    case RouteId::blueconnect: return blueconnect;
-    case RouteId::nvgroup: return nvgroup;
-    case RouteId::ccube: return chunked;
-    default: return none;
+std::string routes_markdown() {
+  std::string t = "| route | what it is | parameters |\n|---|---|---|\n";
+  for (const RouteInfo& r : route_table()) {
+    std::string params;
+    for (const ParamSpec& p : r.params) {
+      std::string v = p.kind == "size" ? "SIZE" : p.kind == "hierarchy" ? "AxB..." : join(p.values);
+      if (p.kind == "list") v += "[/...]";
+      for (size_t i = v.find('|'); i != std::string::npos; i = v.find('|', i + 2)) v.insert(i, "\\");
+      params += (params.empty() ? "`" : ", `") + std::string(p.key) + "=" + v + "`";
+    }
+    params += (params.empty() ? "`" : ", `") + std::string("fuse=SIZE`");
+    t += "| `" + std::string(r.name) + "` | " + std::string(r.summary) + " | " + params + " |\n";
   }
+  return t;
 }
 
 std::string Rule::to_string() const {

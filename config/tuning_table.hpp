@@ -18,7 +18,7 @@
 //   memory      host, pinned, device, managed, a comma-separated list, or '*'.
 //   stream      yes (communicator carries a stream attribute), no, or '*'.
 //   route       pmpi, nccl, ht, blueconnect, nvgroup, ccube.
-//   key=value   route parameters; each route accepts its own keys (route_params()),
+//   key=value   route parameters; each route accepts its own keys (base/routes.hpp: RouteInfo::params),
 //               and every route fuse=SIZE: MPI_Iallreduce calls of the rule are fused
 //               into messages of up to SIZE bytes (algorithms/fusion.hpp; Horovod's tensor
 //               fusion), on host memory, or GPU memory staged through the host.
@@ -141,15 +141,11 @@ class TuningTable {
 /// The table compiled into the library, used when no file is given or a file is bad.
 std::string_view default_table_text();
 
-/// Parameter keys a route accepts, with the allowed values. Unknown keys and values are
-/// rejected at parse time.
-struct ParamSpec {
-  std::string_view key;
-  std::vector<std::string_view> values;  ///< empty: see `kind`
-  std::string_view kind;                 ///< "size" (a byte size), "hierarchy" (AxBx...),
-                                         ///< "list" (values joined by '/'), "" (one value)
-};
-const std::vector<ParamSpec>& route_params(RouteId r);
+/// Parameter keys a route accepts, with the allowed values, are its RouteInfo::params
+/// (base/routes.hpp); unknown keys and values are rejected at parse time.
+/// The routes' reference table (Markdown; docs/reference.md, "Routes"): per route its
+/// name, what it is and the `key=value` parameters it takes, from route_table().
+std::string routes_markdown();
 
 /// "4K" -> 4096, "1MiB" -> 1048576, "7" -> 7. Rejects anything else.
 std::optional<uint64_t> parse_size(std::string_view s);

@@ -17,8 +17,11 @@ import os
 import re
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from route_names import route_names  # noqa: E402
+
 TIE = 0.05
-FAMILY_RANK = {"pmpi": 0, "nccl": 1, "ht": 2, "blueconnect": 3, "nvgroup": 4, "ccube": 5}
+FAMILY_RANK = {name: i for i, name in enumerate(route_names())}  # the route table's order
 
 
 def simplicity(route):

@@ -36,8 +36,8 @@ sc_model's predictions), e.g.
 
 Winner rule (config/table_builder.hpp, pick_winner): among the routes within --tie
 (relative) of the fastest median (median <= fastest * (1 + tie)), the simplest wins.
-Simplicity: the route family's rank (pmpi 0, nccl 1, ht 2, blueconnect 3, nvgroup 4,
-ccube 5) times 100 plus the number of parameters; equal simplicity goes to the route
+Simplicity: the route family's rank (its place in the route table, base/routes.cpp:
+pmpi 0, nccl 1, ht 2, ...) times 100 plus the number of parameters; equal simplicity goes to the route
 seen first in the input. When a route was measured more than once at a point (several
 files), its fastest median counts (this picks the same winner as keeping every row).
 
@@ -66,6 +66,9 @@ import struct
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from route_names import route_names  # noqa: E402
+
 try:
     import matplotlib
     matplotlib.use("Agg")
@@ -78,8 +81,9 @@ except ImportError as e:  # pragma: no cover - depends on the machine
 
 # --- the CSV ---------------------------------------------------------------------------
 
-# Simplicity order of the route families (config/table_builder.hpp, simplicity()).
-FAMILIES = ("pmpi", "nccl", "ht", "blueconnect", "nvgroup", "ccube")
+# Simplicity order of the route families (config/table_builder.hpp, simplicity()): the
+# route table's order (route_names.py).
+FAMILIES = tuple(route_names())
 # What the tuning table knows (config/tuning_table.hpp).
 COLLS = ("allreduce", "reduce", "bcast", "allgather", "allgatherv", "reduce_scatter",
          "reduce_scatter_block", "alltoall", "barrier")

@@ -144,6 +144,12 @@ SC_EXPORT int streamcoll_comm_set_route(MPI_Comm comm, const char* spec) {
 
 SC_EXPORT const char* streamcoll_version(void) { return STREAMCOLL_VERSION; }
 
+SC_EXPORT const char* streamcoll_route_name(int index) {
+  const auto& routes = streamcoll::route_table();
+  // The names are literals (string_view over a NUL-terminated string): data() is a C string.
+  return index >= 0 && index < static_cast<int>(routes.size()) ? routes[index].name.data() : nullptr;
+}
+
 SC_EXPORT void streamcoll_fusion_counts(unsigned long long* calls, unsigned long long* messages,
                                         unsigned long long* agreements) {
   const streamcoll::fusion::Counts c = streamcoll::fusion::process_counts();

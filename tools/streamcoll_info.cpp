@@ -2,6 +2,7 @@
 //
 //   streamcoll-info [--json] [--no-mpi]
 //   streamcoll-info --knobs
+//   streamcoll-info --routes
 //
 // Reports the build (version, options, the MPI it was compiled against), the MPI it runs
 // with (library version, standard, CUDA-awareness, the thread level it gives), the CUDA
@@ -14,6 +15,7 @@
 // asking for MPI_THREAD_MULTIPLE, a singleton without mpirun) unless --no-mpi.
 // --json prints one JSON object with the same content (keys as in the text, lower case).
 // --knobs prints the environment knobs' reference table (Markdown, docs/reference.md's).
+// --routes prints the routes' reference table (Markdown, docs/reference.md's).
 // Exit status 0, or 2 for a bad argument.
 #include <dlfcn.h>
 #include <mpi.h>
@@ -31,6 +33,7 @@
 #include <vector>
 
 #include "config/env.hpp"
+#include "algorithms/route.hpp"
 #include "config/tuning_table.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/host_staging.hpp"
@@ -177,10 +180,8 @@ Node build_section() {
   // The routes this build carries (whether nccl and ccube can run also needs libnccl and
   // a GPU at run time: the "nccl" and "cuda" sections).
   Node routes = Node::List();
-  for (const char* r : {"pmpi", "ht", "blueconnect"}) routes.push(Node::Str(r));
-  if (STREAMCOLL_HAVE_NCCL) routes.push(Node::Str("nccl"));
-  if (STREAMCOLL_HAVE_NVGROUP) routes.push(Node::Str("nvgroup"));
-  if (STREAMCOLL_HAVE_NCCL && STREAMCOLL_HAVE_NVGROUP) routes.push(Node::Str("ccube"));
+  for (const streamcoll::RouteInfo& r : streamcoll::route_table())
+    if (streamcoll::route_built(r.id)) routes.push(Node::Str(std::string(r.name)));
   b.add("routes built", std::move(routes));
 #ifdef STREAMCOLL_PREFIX
   b.add("prefix", Node::Str(STREAMCOLL_PREFIX));
@@ -457,11 +458,14 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--knobs") == 0) {
       std::fputs(streamcoll::config::knobs_markdown().c_str(), stdout);
       return 0;
+    } else if (std::strcmp(argv[i], "--routes") == 0) {
+      std::fputs(streamcoll::config::routes_markdown().c_str(), stdout);
+      return 0;
     } else if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
-      std::printf("usage: streamcoll-info [--json] [--no-mpi] | --knobs\n"
+      std::printf("usage: streamcoll-info [--json] [--no-mpi] | --knobs | --routes\n"
                   "  what streamcoll would see here: build, MPI, CUDA, NCCL, topology, tuning\n"
                   "  table, environment. --json: one JSON object; --no-mpi: do not initialise MPI;\n"
-                  "  --knobs: the environment knobs' reference table (Markdown).\n");
+                  "  --knobs, --routes: the environment knobs' and the routes' reference tables (Markdown).\n");
       return 0;
     } else {
       std::fprintf(stderr, "streamcoll-info: unknown argument '%s' (try --help)\n", argv[i]);

@@ -88,6 +88,13 @@ unsigned long long streamcoll_fusion_messages_packed_on_gpu(void);
 void streamcoll_agreement_counts(unsigned long long *blocking, unsigned long long *refreshes,
                                  unsigned long long *waited);
 
+/** The name of route `index` (0, 1, ... in the order of base/routes.hpp), as the tuning
+ *  table, STREAMCOLL_ROUTE and streamcoll_get_stats spell it ("pmpi", "nccl", ...), whether
+ *  or not this build carries it; NULL for an index past the last (or negative). Benchmarks
+ *  list the routes with it rather than keep their own list. Thread-safe; callable at any
+ *  time, before MPI_Init too. */
+const char *streamcoll_route_name(int index);
+
 /** The library version, STREAMCOLL_VERSION of the build. */
 const char *streamcoll_version(void);
 

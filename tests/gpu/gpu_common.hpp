@@ -253,8 +253,18 @@ inline double now_ms() {
 // ---------------------------------------------------------------------------------------
 // Which route ran a call: this process's streamcoll counters, before and after.
 
-inline constexpr const char* kRoutes[] = {"pmpi", "nccl", "ht", "blueconnect", "nvgroup", "ccube"};
-inline constexpr int kNumRoutes = sizeof(kRoutes) / sizeof(kRoutes[0]);
+/// The routes' names, asked of the streamcoll loaded here (streamcoll_route_name); none
+/// without it.
+inline const std::vector<std::string>& route_names() {
+  static const std::vector<std::string> names = [] {
+    using RouteName = const char* (*)(int);
+    std::vector<std::string> v;
+    auto fn = reinterpret_cast<RouteName>(dlsym(RTLD_DEFAULT, "streamcoll_route_name"));
+    for (int i = 0; fn && fn(i); ++i) v.emplace_back(fn(i));
+    return v;
+  }();
+  return names;
+}
 
 inline unsigned long long stat_calls(const char* coll, const char* route, const char* memory) {
   streamcoll_stat_t s{};
@@ -267,34 +277,37 @@ inline unsigned long long stat_calls(const char* coll, const char* route, const 
 /// what was counted instead.
 class RouteProbe {
  public:
-  explicit RouteProbe(std::string coll) : coll_(std::move(coll)) { take(before_); }
+  explicit RouteProbe(std::string coll) : coll_(std::move(coll)), before_(take()) {}
 
   std::string route() const {
-    unsigned long long after[kNumRoutes + 1];
-    take(after);
+    const std::vector<unsigned long long> after = take();
+    const size_t n = route_names().size();
     std::string hit;
     int moved = 0;
-    for (int r = 0; r < kNumRoutes; ++r)
+    for (size_t r = 0; r < n; ++r)
       if (after[r] != before_[r]) {
         ++moved;
-        hit = kRoutes[r];
+        hit = route_names()[r];
         if (after[r] - before_[r] != 1) hit += "(" + std::to_string(after[r] - before_[r]) + " calls)";
       }
     if (moved == 1) return hit;
     if (moved > 1) return "several routes";
-    const unsigned long long other = after[kNumRoutes] - before_[kNumRoutes];
+    const unsigned long long other = after[n] - before_[n];
     return other ? "not counted on device memory (" + std::to_string(other) +
                        " call(s) counted on another memory kind)"
                  : "not counted at all";
   }
 
  private:
-  void take(unsigned long long* out) const {
-    for (int r = 0; r < kNumRoutes; ++r) out[r] = stat_calls(coll_.c_str(), kRoutes[r], "device");
-    out[kNumRoutes] = stat_calls(coll_.c_str(), nullptr, nullptr);
+  // Per route its device-memory calls, then every call of the collective.
+  std::vector<unsigned long long> take() const {
+    std::vector<unsigned long long> out;
+    for (const std::string& r : route_names()) out.push_back(stat_calls(coll_.c_str(), r.c_str(), "device"));
+    out.push_back(stat_calls(coll_.c_str(), nullptr, nullptr));
+    return out;
   }
   std::string coll_;
-  unsigned long long before_[kNumRoutes + 1];
+  std::vector<unsigned long long> before_;
 };
 
 // ---------------------------------------------------------------------------------------

@@ -25,15 +25,18 @@ grep -q "STREAMCOLL_STATS: (unset; default 0)" "$tmp/text" || fail "no knob line
 printf 'allreduce * * * * device * nccl\nbcast * * oops\n' >"$tmp/bad.table"
 STREAMCOLL_STATS=1 STREAMCOLL_ROUTE=allreduce:ht:algo=rd STREAMCOLL_TUNING_FILE="$tmp/bad.table" \
   timeout 120 "$info" --json --no-mpi >"$tmp/json" || fail "--json exit status"
-python3 - "$tmp/json" <<'PY' || fail "JSON content"
-import json, sys
+python3 - "$tmp/json" "$(dirname "$0")/../../scripts/route_names.py" <<'PY' || fail "JSON content"
+import json, subprocess, sys
 r = json.load(open(sys.argv[1]))
+names = subprocess.run([sys.executable, sys.argv[2]], check=True, capture_output=True,
+                       text=True).stdout.split()
 for k in ["streamcoll", "mpi", "cuda", "nccl", "topology", "tuning table", "environment"]:
     assert k in r, k
 assert r["streamcoll"]["version"], "version"
 b = r["streamcoll"]
 routes = b["routes built"]
-assert routes[:3] == ["pmpi", "ht", "blueconnect"], routes
+assert {"pmpi", "ht", "blueconnect"} <= set(routes), routes
+assert routes == [n for n in names if n in routes], ("not in the route table's order", routes, names)
 assert ("nccl" in routes) == b["nccl header"], routes
 assert ("nvgroup" in routes) == b["nvgroup kernels"], routes
 assert ("ccube" in routes) == (b["nccl header"] and b["nvgroup kernels"]), routes
@@ -46,6 +49,12 @@ assert t["rules"][0] == "allreduce * * * * * * ht algo=rd", t["rules"]
 assert t["rules"][1].startswith("allreduce,reduce,bcast"), t["rules"]
 assert isinstance(r["topology"].get("cores", 1), (int, float)), r["topology"]
 PY
+
+# --routes: the route table as Markdown, the routes that scripts/route_names.py reads.
+timeout 60 "$info" --routes | sed -n 's/^| `\([a-z]*\)` |.*/\1/p' >"$tmp/routes" || fail "--routes exit status"
+python3 "$(dirname "$0")/../../scripts/route_names.py" >"$tmp/names" || fail "route_names.py"
+[ -s "$tmp/routes" ] && cmp -s "$tmp/routes" "$tmp/names" ||
+  { paste "$tmp/routes" "$tmp/names"; fail "--routes and route_names.py name other routes"; }
 
 # Against the fake driver: two GPUs, peer access between them.
 if [ -e "$build/tests/fake/cuda/libcuda.so.1" ]; then

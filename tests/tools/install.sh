@@ -67,6 +67,10 @@ STREAMCOLL_STATS=1 timeout 120 "$mpirun" "${mpi_args[@]}" "$tmp/allreduce" >"$tm
   { cat "$tmp/plain.log"; fail "mpirun without the wrapper"; }
 grep -q "streamcoll statistics" "$tmp/plain.log" && fail "streamcoll loaded without streamcoll-exec"
 streamcoll-exec true || fail "streamcoll-exec true (a non-MPI program under the wrapper)"
+# The installed plotting scripts' route names (routes.txt, written from the route table).
+[ "$(python3 "$prefix/share/streamcoll/route_names.py" | tr '\n' ' ')" = \
+  "$(streamcoll-info --routes | sed -n 's/^| `\([a-z]*\)` |.*/\1/p' | tr '\n' ' ')" ] ||
+  fail "the installed route_names.py does not name the routes streamcoll-info --routes does"
 # The installed autotuner, on the installed tools: a tiny run writes a table that loads.
 (cd "$tmp" && MPIRUN=$mpirun timeout 300 streamcoll-autotune --np 2 --max-bytes 64 --iters 3 --warmup 1 --no-plot \
    --out tune >"$tmp/tune.log" 2>&1) || { tail -n 30 "$tmp/tune.log"; fail "streamcoll-autotune"; }
