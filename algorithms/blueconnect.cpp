@@ -676,7 +676,7 @@ class GpuCall {
  private:
   static CUdeviceptr dptr(const void* x) { return reinterpret_cast<CUdeviceptr>(x); }
   void cuda_fail(const char* what, CUresult r) {
-    if (rc_ == MPI_SUCCESS) rc_ = fail(Failure::cuda, cuda::describe(what, r));
+    if (rc_ == MPI_SUCCESS) rc_ = cuda::failure(what, r);
   }
   void copy(char* dst, const char* src, uint64_t bytes) {
     if (lost_ || bytes == 0 || dst == src) return;
@@ -707,7 +707,7 @@ class GpuCall {
     // NCCL stages collectively, and its host stages run tainted on host scratch.
     if (need_scratch_ && !lost_) {
       if (CUresult r = d_.cuMemAllocAsync(&scratch_, vec_ * ext_, s_); r != CUDA_SUCCESS) {
-        rc_ = fail(Failure::cuda, cuda::describe("blueconnect: cuMemAllocAsync", r));
+        rc_ = cuda::failure("blueconnect: cuMemAllocAsync", r);
         lost_ = true;
         scratch_ = 0;
       } else {

@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "algorithms/ht.hpp"
+#include "algorithms/ht_device.hpp"
 #include "algorithms/route.hpp"
 #include "algorithms/schedule.hpp"
 #include "algorithms/schedule_exec.hpp"
@@ -384,410 +385,9 @@ HostCall host_call(const CollArgs& a, AlgoSel algo, int rank, int extent, void* 
 
 #if STREAMCOLL_HAVE_CUDA
 
-// A one-thread kernel that spins until (int32)(*flag - value) >= 0, the semantics of
-// cuStreamWaitValue32 with CU_STREAM_WAIT_VALUE_GEQ; for drivers and devices without
-// stream memory operations. PTX, compiled by the driver for whatever GPU it runs on.
-constexpr const char kWaitKernelPtx[] = R"(
-.version 6.0
-.target sm_50
-.address_size 64
-.visible .entry streamcoll_wait_geq(.param .u64 flag, .param .u32 value)
-{
-  .reg .pred p;
-  .reg .b32 v, want, d;
-  .reg .b64 a;
-  ld.param.u64 a, [flag];
-  ld.param.u32 want, [value];
-WAIT:
-  ld.volatile.global.u32 v, [a];
-  sub.s32 d, v, want;
-  setp.lt.s32 p, d, 0;
-  @p bra WAIT;
-  membar.sys;
-  ret;
-}
-)";
-
-// Pinned, device-mapped host memory in power-of-two classes, and 4-byte flags carved from
-// pinned slabs. Thread-safe. Everything is freed at shutdown.
-class PinnedPool {
- public:
-  void* get(size_t bytes) {
-    const size_t cls = size_class(bytes);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto& list = free_[cls];
-      while (!list.empty()) {
-        void* p = list.back();
-        list.pop_back();
-        // A context reset (cudaDeviceReset) took the buffer with it: forget it.
-        if (cuda::classify(p) == MemKind::pinned) return p;
-        forget_locked(p);
-      }
-    }
-    void* p = nullptr;
-    if (cuda::driver().cuMemHostAlloc(&p, cls,
-                                      CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP) !=
-        CUDA_SUCCESS)
-      return nullptr;
-    CUcontext ctx = nullptr;
-    cuda::driver().cuCtxGetCurrent(&ctx);
-    std::lock_guard<std::mutex> lock(mu_);
-    all_.push_back(p);
-    sizes_[p] = cls;
-    owner_[p] = ctx;
-    return p;
-  }
-  void put(void* p) {
-    if (!p) return;
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = sizes_.find(p);
-    if (it != sizes_.end()) free_[it->second].push_back(p);  // else: forgotten (a reset took it)
-  }
-
-  // A context reset (cudaDeviceReset) of `ctx` freed the pinned memory allocated in it:
-  // the buffers and the flags of it are forgotten (never freed again), those lent out
-  // too, when they come back (put, put_flag).
-  void forget_context(CUcontext ctx) {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = owner_.begin(); it != owner_.end();) {
-      if (it->second != ctx) {
-        ++it;
-        continue;
-      }
-      void* p = it->first;
-      it = owner_.erase(it);
-      if (auto sz = sizes_.find(p); sz != sizes_.end()) {
-        auto& list = free_[sz->second];
-        list.erase(std::remove(list.begin(), list.end(), p), list.end());
-        sizes_.erase(sz);
-      }
-      all_.erase(std::remove(all_.begin(), all_.end(), p), all_.end());
-      slabs_.erase(static_cast<uint32_t*>(p));
-      free_flags_.erase(std::remove_if(free_flags_.begin(), free_flags_.end(),
-                                       [&](const auto& f) { return slab_of(f.first) == nullptr; }),
-                        free_flags_.end());
-    }
-  }
-
-  void forget_locked(void* p) {
-    sizes_.erase(p);
-    owner_.erase(p);
-    all_.erase(std::remove(all_.begin(), all_.end(), p), all_.end());
-  }
-
-  // A flag (host address and its device address), zeroed.
-  bool get_flag(uint32_t** host, CUdeviceptr* dev) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (free_flags_.empty()) {
-      void* slab = nullptr;
-      const cuda::Driver& d = cuda::driver();
-      CUdeviceptr base = 0;
-      if (d.cuMemHostAlloc(&slab, kFlags * sizeof(uint32_t),
-                           CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP) != CUDA_SUCCESS)
-        return false;
-      if (d.cuMemHostGetDevicePointer(&base, slab, 0) != CUDA_SUCCESS) {
-        d.cuMemFreeHost(slab);
-        return false;
-      }
-      all_.push_back(slab);
-      CUcontext ctx = nullptr;
-      d.cuCtxGetCurrent(&ctx);
-      owner_[slab] = ctx;
-      slabs_.insert(static_cast<uint32_t*>(slab));
-      for (size_t i = 0; i < kFlags; ++i)
-        free_flags_.push_back({static_cast<uint32_t*>(slab) + i, base + i * sizeof(uint32_t)});
-    }
-    auto f = free_flags_.back();
-    free_flags_.pop_back();
-    *host = f.first;
-    *dev = f.second;
-    __atomic_store_n(*host, 0u, __ATOMIC_RELEASE);
-    return true;
-  }
-  void put_flag(uint32_t* host, CUdeviceptr dev) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (slab_of(host)) free_flags_.push_back({host, dev});  // else: a reset took its slab
-  }
-
-  void release_all() {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (void* p : all_) cuda::driver().cuMemFreeHost(p);
-    all_.clear();
-    free_.clear();
-    sizes_.clear();
-    owner_.clear();
-    slabs_.clear();
-    free_flags_.clear();
-  }
-
- private:
-  static size_t size_class(size_t bytes) {
-    size_t c = 4096;
-    while (c < bytes) c <<= 1;
-    return c;
-  }
-  static constexpr size_t kFlags = 1024;  // per slab
-  // The live slab holding flag `f`, or null. Under mu_.
-  uint32_t* slab_of(uint32_t* f) const {
-    auto it = slabs_.upper_bound(f);
-    if (it == slabs_.begin()) return nullptr;
-    --it;
-    return f < *it + kFlags ? *it : nullptr;
-  }
-  std::mutex mu_;
-  std::vector<void*> all_;
-  std::map<size_t, std::vector<void*>> free_;
-  std::map<void*, size_t> sizes_;
-  std::map<void*, CUcontext> owner_;  // the context each buffer and slab was allocated in
-  std::set<uint32_t*> slabs_;         // the flags' slabs, by address
-  std::vector<std::pair<uint32_t*, CUdeviceptr>> free_flags_;
-};
-
-// Per GPU: its primary context, a side stream for MPI_I* per communicator, the spin
-// kernel, event pool.
-struct Device {
-  std::mutex mu;
-  bool ready = false;
-  bool failed = false;
-  CUdevice dev = 0;
-  CUcontext ctx = nullptr;
-  // One side stream per communicator (HtComm::id): operations of different communicators,
-  // which ranks may start in different orders (legal MPI), are never queued one behind
-  // the other, which would deadlock two ranks that started them in opposite orders.
-  std::map<uint64_t, CUstream> sides;
-  CUmodule module = nullptr;
-  CUfunction wait_kernel = nullptr;
-  std::vector<CUevent> events;  // free events (disable-timing)
-  // Events given out by DeviceSide::event and not yet put back: a context reset makes
-  // them stale, and they are dropped when they come back (DeviceSide::revalidate).
-  std::unordered_set<CUevent> lent;
-  // Made no later than every pooled event and side stream: a context reset that took
-  // them took it too, so one query of it stands for all of them (DeviceSide::revalidate).
-  // Null until made (then, or if it cannot be made, each object is queried instead).
-  CUevent sentinel = nullptr;
-  bool unvouched = false;  // objects exist that are older than the sentinel
-};
-
-// A handle's answer once a context reset (cudaDeviceReset) took its object.
-bool invalidated(CUresult r) {
-  return r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_CONTEXT_IS_DESTROYED ||
-         r == CUDA_ERROR_INVALID_CONTEXT;
-}
-
-// The GPU whose pooled objects this thread's DeviceSide::Checked scope vouches for.
-thread_local const Device* t_checked = nullptr;
-
-class DeviceSide {
- public:
-  static DeviceSide& get() {
-    static DeviceSide* d = new DeviceSide;  // lives to the end of the process
-    return *d;
-  }
-
-  PinnedPool pool;
-
-  // Whether this thread's Checked scope vouches for GPU g's pooled objects. Under g.mu.
-  static bool checked(const Device& g) { return t_checked == &g && g.sentinel && !g.unvouched; }
-
-  // Whether a context reset (cudaDeviceReset) took GPU g's pooled events and side
-  // streams: the sentinel is then gone too. If so they are dropped (not destroyed: they
-  // are gone), and so are the events lent out, when they come back. Makes the sentinel
-  // when there is none (the objects made before it, if any, are then queried one by
-  // one: unvouched). Under g.mu, the context current or not.
-  void revalidate(Device& g) {
-    const cuda::Driver& d = cuda::driver();
-    if (g.sentinel) {
-      if (!invalidated(d.cuEventQuery(g.sentinel))) return;
-      SC_INFO("ht: a context reset took GPU %d's events, side streams and pinned memory; made anew",
-              static_cast<int>(g.dev));
-      g.events.clear();
-      g.sides.clear();
-      g.lent.clear();
-      g.sentinel = nullptr;
-      g.unvouched = false;
-      g.module = nullptr;  // the spin kernel's module went too
-      g.wait_kernel = nullptr;
-      pool.forget_context(g.ctx);
-    }
-    if (g.unvouched) return;
-    cuda::ScopedContext scope(g.ctx);
-    if (d.cuEventCreate(&g.sentinel, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) g.sentinel = nullptr;
-    // Pooled objects older than a new sentinel (none in the common case: it is made at
-    // the GPU's first check) are never vouched for.
-    g.unvouched = !g.sentinel || !g.events.empty() || !g.sides.empty() || !g.lent.empty();
-  }
-
-  // Sets up GPU `ordinal` once; false if it cannot be used.
-  Device* device(int ordinal) {
-    if (ordinal < 0 || ordinal >= kMaxDevices) return nullptr;
-    Device& g = gpus_[ordinal];
-    std::lock_guard<std::mutex> lock(g.mu);
-    if (g.ready) return &g;
-    if (g.failed) return nullptr;
-    const cuda::Driver& d = cuda::driver();
-    if (d.cuDeviceGet(&g.dev, ordinal) != CUDA_SUCCESS ||
-        d.cuDevicePrimaryCtxRetain(&g.ctx, g.dev) != CUDA_SUCCESS) {
-      g.failed = true;
-      SC_WARN("ht: GPU %d has no usable context; its calls go elsewhere", ordinal);
-      return nullptr;
-    }
-    revalidate(g);  // the sentinel, before any pooled object
-    g.ready = true;
-    return &g;
-  }
-
-  // One check, for a call that takes several pooled objects of GPU g (event, side): a
-  // query of the sentinel instead of one per object. A query cost 1-2 us apiece on an
-  // H200, and a stream-ordered call took six (STREAMCOLL_DRIVER_PROFILE,
-  // bench/results/gpu_h200_2026-11-27b/5_driver_profile_1rank.txt). Not nested, one
-  // GPU at a time, on the thread that takes the objects.
-  class Checked {
-   public:
-    Checked(DeviceSide& ds, Device& g) : g_(&g) {
-      std::lock_guard<std::mutex> lock(g.mu);
-      ds.revalidate(g);
-      t_checked = g_;
-    }
-    ~Checked() { t_checked = nullptr; }
-    Checked(const Checked&) = delete;
-    Checked& operator=(const Checked&) = delete;
-
-   private:
-    Device* g_;
-  };
-
-  // Communicator `comm_id`'s side stream on GPU g, created at its first MPI_I* there
-  // (again if a context reset took it).
-  CUstream side(Device& g, uint64_t comm_id) {
-    std::lock_guard<std::mutex> lock(g.mu);
-    cuda::ScopedContext scope(g.ctx);
-    const bool vouched = checked(g);
-    if (auto it = g.sides.find(comm_id); it != g.sides.end()) {
-      if (vouched || !invalidated(cuda::driver().cuStreamQuery(it->second))) return it->second;
-      g.sides.erase(it);
-    }
-    CUstream s = nullptr;
-    if (cuda::driver().cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return nullptr;
-    g.sides.emplace(comm_id, s);
-    return s;
-  }
-
-  // Communicator `comm_id` is gone (its last operation has finished): its side streams
-  // go too (work still queued on them finishes first, as cuStreamDestroy promises).
-  void drop(uint64_t comm_id) {
-    const cuda::Driver& d = cuda::driver();
-    if (!d.usable) return;
-    for (Device& g : gpus_) {
-      std::lock_guard<std::mutex> lock(g.mu);
-      if (!g.ready) continue;
-      auto it = g.sides.find(comm_id);
-      if (it == g.sides.end()) continue;
-      cuda::ScopedContext scope(g.ctx);
-      d.cuStreamDestroy(it->second);
-      g.sides.erase(it);
-    }
-  }
-
-  CUevent event(Device& g) {
-    std::lock_guard<std::mutex> lock(g.mu);
-    const bool vouched = checked(g);
-    CUevent e = nullptr;
-    while (!g.events.empty() && !e) {
-      e = g.events.back();
-      g.events.pop_back();
-      if (!vouched && invalidated(cuda::driver().cuEventQuery(e))) e = nullptr;  // a reset took it
-    }
-    if (!e && cuda::driver().cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return nullptr;
-    g.lent.insert(e);
-    return e;
-  }
-  void put_event(Device& g, CUevent e) {
-    if (!e) return;
-    std::lock_guard<std::mutex> lock(g.mu);
-    if (g.lent.erase(e)) g.events.push_back(e);  // else lent before a reset: gone with it
-  }
-
-  // Makes `stream` wait until the flag at `dev_flag` is >= 1. Returns a CUresult.
-  CUresult hold_stream(Device& g, CUstream stream, CUdeviceptr dev_flag,
-                       config::HtWait mode) {
-    const cuda::Driver& d = cuda::driver();
-    if (mode != config::HtWait::kernel && d.cuStreamWaitValue32 &&
-        !memops_unsupported_.load(std::memory_order_relaxed)) {
-      CUresult r = d.cuStreamWaitValue32(stream, dev_flag, 1, CU_STREAM_WAIT_VALUE_GEQ);
-      if (r != CUDA_ERROR_NOT_SUPPORTED || mode == config::HtWait::memop) return r;
-      memops_unsupported_.store(true);
-      SC_INFO("ht: stream memory operations are not supported here; using the spin kernel");
-    }
-    if (mode == config::HtWait::memop) return CUDA_ERROR_NOT_SUPPORTED;
-    CUfunction fn = wait_kernel(g);
-    if (!fn) return CUDA_ERROR_NOT_SUPPORTED;
-    uint32_t value = 1;
-    void* params[] = {&dev_flag, &value};
-    return d.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, params, nullptr);
-  }
-
-  // Whether this driver can hold a stream at all (memops or the kernel's entry points).
-  static bool can_hold(config::HtWait mode) {
-    const cuda::Driver& d = cuda::driver();
-    const bool kernel = d.cuModuleLoadData && d.cuModuleGetFunction && d.cuLaunchKernel &&
-                        d.cuModuleUnload;
-    const bool memop = d.cuStreamWaitValue32 != nullptr;
-    if (!d.cuMemHostGetDevicePointer) return false;
-    switch (mode) {
-      case config::HtWait::memop: return memop;
-      case config::HtWait::kernel: return kernel;
-      default: return memop || kernel;
-    }
-  }
-
-  void shutdown() {
-    const cuda::Driver& d = cuda::driver();
-    if (!d.usable) return;
-    for (Device& g : gpus_) {
-      std::lock_guard<std::mutex> lock(g.mu);
-      if (!g.ready) continue;
-      {
-        cuda::ScopedContext scope(g.ctx);
-        for (auto& [id, side] : g.sides) d.cuStreamSynchronize(side);
-        for (CUevent e : g.events) d.cuEventDestroy(e);
-        g.events.clear();
-        g.lent.clear();
-        if (g.sentinel) d.cuEventDestroy(g.sentinel);
-        g.sentinel = nullptr;
-        g.unvouched = false;
-        for (auto& [id, side] : g.sides) d.cuStreamDestroy(side);
-        g.sides.clear();
-        if (g.module) d.cuModuleUnload(g.module);
-      }
-      g.module = nullptr;
-      g.wait_kernel = nullptr;
-      d.cuDevicePrimaryCtxRelease(g.dev);
-      g.ready = false;
-    }
-    pool.release_all();
-  }
-
- private:
-  static constexpr int kMaxDevices = 64;
-
-  CUfunction wait_kernel(Device& g) {
-    std::lock_guard<std::mutex> lock(g.mu);
-    if (g.wait_kernel) return g.wait_kernel;
-    const cuda::Driver& d = cuda::driver();
-    if (!d.cuModuleLoadData || !d.cuModuleGetFunction) return nullptr;
-    if (CUresult r = d.cuModuleLoadData(&g.module, kWaitKernelPtx); r != CUDA_SUCCESS) {
-      fail(Failure::cuda, cuda::describe("ht: loading the spin-wait kernel", r));
-      return nullptr;
-    }
-    if (d.cuModuleGetFunction(&g.wait_kernel, g.module, "streamcoll_wait_geq") != CUDA_SUCCESS)
-      g.wait_kernel = nullptr;
-    return g.wait_kernel;
-  }
-
-  Device gpus_[kMaxDevices];
-  std::atomic<bool> memops_unsupported_{false};
-};
+// The GPU side (pinned pool, side streams, events, the spin-wait kernel): algorithms/ht_device.
+using ht_device::Device;
+using ht_device::DeviceSide;
 
 // The stream-ordered part of one call on GPU buffers: staging buffer, flag, events.
 struct Staging {
@@ -914,8 +514,9 @@ class DeviceRequest final : public ManagedRequest {
   void join() {
     if (!stream_ordered_ || joined_.exchange(true)) return;
     cuda::ScopedContext scope(gpu_->ctx);
-    if (CUresult r = cuda::driver().cuStreamWaitEvent(app_stream_, done_, 0); r != CUDA_SUCCESS)
-      err_.store(fail(Failure::cuda, cuda::describe("ht: cuStreamWaitEvent (MPI_Wait)", r)));
+    if (const int rc = cuda::check(cuda::driver().cuStreamWaitEvent(app_stream_, done_, 0),
+                                   "ht: cuStreamWaitEvent (MPI_Wait)"))
+      err_.store(rc);
     complete();
   }
 
@@ -943,7 +544,7 @@ class DeviceTask final : public progress::Task {
       CUresult r = d.cuEventQuery(st_.copied_in);
       if (r == CUDA_ERROR_NOT_READY) return false;
       if (r != CUDA_SUCCESS) {  // no input: take part all the same, tainted
-        own_ = fail(Failure::cuda, cuda::describe("ht: D2H copy", r));
+        own_ = cuda::failure("ht: D2H copy", r);
         part_->taint();
         // Whatever the copy did, it must be over before the host collective writes the
         // staging buffer (a driver with a sticky error runs nothing more).
@@ -969,8 +570,7 @@ class DeviceTask final : public progress::Task {
     }
     CUresult r = d.cuEventQuery(st_.copied_out);
     if (r == CUDA_ERROR_NOT_READY) return false;
-    return finish(r == CUDA_SUCCESS ? MPI_SUCCESS
-                                    : fail(Failure::cuda, cuda::describe("ht: H2D copy", r)));
+    return finish(cuda::check(r, "ht: H2D copy"));
   }
 
   /// For a task the engine never took: lets the stream go on, recycles, reports `rc`.
@@ -1086,7 +686,7 @@ int enqueue_staged(Staging* st, const Copies& c, CUstream stream, config::HtWait
   bool enqueued = false, recorded = false, held = false;
   auto bail = [&](const char* what, CUresult r) {
     unwind_staged(st, stream, may_block, enqueued, recorded, held, false);
-    return fail(Failure::cuda, cuda::describe(what, r));
+    return cuda::failure(what, r);
   };
   st->host = ds.pool.get(c.staging_bytes);
   if (!st->host) return bail("ht: cuMemHostAlloc (staging buffer)", CUDA_ERROR_OUT_OF_MEMORY);
@@ -1145,7 +745,7 @@ int run_device_classic(const CollArgs& a, HtComm& hc, AlgoSel algo, int extent, 
     CUresult r = d.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(h + c.in_off),
                                  reinterpret_cast<CUdeviceptr>(c.in_src), c.in_bytes, legacy);
     if (r == CUDA_SUCCESS) r = d.cuStreamSynchronize(legacy);
-    if (r != CUDA_SUCCESS) own = fail(Failure::cuda, cuda::describe("ht: D2H copy", r));
+    own = cuda::check(r, "ht: D2H copy");
   }
   // Every rank runs the collective, even after a local copy failure (tainted), so none
   // hangs and none takes this rank's garbage for data.
@@ -1158,7 +758,7 @@ int run_device_classic(const CollArgs& a, HtComm& hc, AlgoSel algo, int extent, 
     CUresult r = d.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(c.out_dst),
                                  reinterpret_cast<CUdeviceptr>(h + c.out_off), c.out_bytes, legacy);
     if (r == CUDA_SUCCESS) r = d.cuStreamSynchronize(legacy);
-    if (r != CUDA_SUCCESS) rc = fail(Failure::cuda, cuda::describe("ht: H2D copy", r));
+    rc = cuda::check(r, "ht: H2D copy");
   }
   if (host) ds.pool.put(host);
   return rc;
@@ -1236,7 +836,7 @@ int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, AlgoS
     ds.put_event(gpu, start);  // recorded and waited on: reusable
     if (r != CUDA_SUCCESS)
       return stand_in(a, hc, algo, extent, c.staging_bytes, status,
-                      fail(Failure::cuda, cuda::describe("ht: ordering the side stream", r)));
+                      cuda::failure("ht: ordering the side stream", r));
   }
   Staging st;
   st.gpu = &gpu;
@@ -1255,7 +855,7 @@ int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, AlgoS
       ds.put_event(gpu, done);
       unwind_staged(&st, work, may_block, true, true, true, true);  // let the stream go on
       return stand_in(a, hc, algo, extent, c.staging_bytes, status,
-                      fail(Failure::cuda, cuda::describe("ht: cuEventRecord (request)", r)));
+                      cuda::failure("ht: cuEventRecord (request)", r));
     }
     req = new DeviceRequest(env.has_stream, app, &gpu, done);
     if (int rc = start_request(req, a.request); rc != MPI_SUCCESS) {
@@ -1516,9 +1116,9 @@ class JoinImpl final : public Join {
   ~JoinImpl() override { DeviceSide::get().put_event(*gpu_, done_); }
   int wait_on(void* app) override {
     cuda::ScopedContext scope(gpu_->ctx);
-    if (CUresult r = cuda::driver().cuStreamWaitEvent(static_cast<CUstream>(app), done_, 0);
-        r != CUDA_SUCCESS)
-      return fail(Failure::cuda, cuda::describe("fusion: cuStreamWaitEvent (MPI_Wait)", r));
+    if (const int rc = cuda::check(cuda::driver().cuStreamWaitEvent(static_cast<CUstream>(app), done_, 0),
+                                   "fusion: cuStreamWaitEvent (MPI_Wait)"))
+      return rc;
     return MPI_SUCCESS;
   }
 
@@ -1537,7 +1137,7 @@ class TailTask final : public progress::Task {
     const CUresult r = cuda::driver().cuEventQuery(st_.copied_out);
     if (r == CUDA_ERROR_NOT_READY) return false;
     if (r != CUDA_SUCCESS) {
-      const int rc = fail(Failure::cuda, cuda::describe("fusion: H2D copy", r));
+      const int rc = cuda::failure("fusion: H2D copy", r);
       cuda::driver().cuEventSynchronize(st_.copied_out);
       int none = MPI_SUCCESS;
       if (async_error_) async_error_->compare_exchange_strong(none, rc);
@@ -1568,7 +1168,7 @@ class StageImpl final : public Stage {
     const CUresult r = cuda::driver().cuEventQuery(st_.copied_in);
     if (r == CUDA_ERROR_NOT_READY) return Input::pending;
     if (r != CUDA_SUCCESS) {
-      rc_ = fail(Failure::cuda, cuda::describe("fusion: D2H copy", r));
+      rc_ = cuda::failure("fusion: D2H copy", r);
       // Over before anything writes the buffer (a sticky error runs nothing more).
       cuda::driver().cuEventSynchronize(st_.copied_in);
       state_ = Input::failed;
@@ -1655,7 +1255,7 @@ int start(const Streams& streams, int device, void* app_stream, const void* src,
       if (held) d.cuStreamSynchronize(hold);
     }
     unwind_staged(&st, nullptr, false, false, recorded_in, held, recorded_out);  // nothing left queued
-    return fail(Failure::cuda, cuda::describe(what, r));
+    return cuda::failure(what, r);
   };
   CUresult r = d.cuEventRecord(start_ev, app);
   if (r == CUDA_SUCCESS) r = d.cuStreamWaitEvent(copy, start_ev, 0);

@@ -68,7 +68,9 @@
 #include <thread>
 #include <vector>
 
+#include "algorithms/ccube.hpp"
 #include "algorithms/nccl.hpp"
+#include "algorithms/nccl_comm.hpp"
 #include "algorithms/nccl_lib.hpp"
 #include "algorithms/nccl_map.hpp"
 #include "algorithms/route.hpp"
@@ -90,100 +92,12 @@ namespace {
 using cuda::driver;
 using cuda::ScopedContext;
 
-// ---- What a gone NCCL communicator leaves behind ----------------------------------------
-// Freed without ever blocking the caller on work of the application's: at once when
-// nothing of it is still queued on a stream; otherwise by the watchdog thread once its last
-// operation is done (an operation on the application's stream may wait behind work the
-// application has not released yet), or at MPI_Finalize with ncclCommAbort, which does not
-// wait. After cudaDeviceReset the context's streams, events and memory are gone with it
-// (an NCCL call on them would fail or crash): only our retain of the context is released,
-// and NCCL's host-side state is left (a few KiB).
-struct Remains {
-  const nccl::Library* lib = nullptr;
-  ncclComm_t comm = nullptr;
-  bool aborted = false;
-  CUdevice cudev = 0;
-  CUcontext cuctx = nullptr;
-  std::vector<CUstream> streams;
-  std::vector<CUevent> events;
-  CUevent last = nullptr;  // recorded after the latest operation, or null
-
-  // True when done (freed); with `final`, frees now (aborting what still runs).
-  bool try_free(bool final) {
-    const cuda::Driver& d = driver();
-    bool reset = false;
-    {
-      ScopedContext scope(cuctx);
-      // Our own objects answer "invalid" once the context was reset under us.
-      for (CUstream s : streams) {
-        const CUresult r = d.cuStreamQuery(s);
-        reset = reset || r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_CONTEXT_IS_DESTROYED ||
-                r == CUDA_ERROR_INVALID_CONTEXT;
-      }
-      if (!reset) {
-        const bool busy = last && d.cuEventQuery(last) == CUDA_ERROR_NOT_READY;
-        if (busy && !final) return false;
-        if (comm && !aborted) busy ? lib->ncclCommAbort(comm) : lib->ncclCommDestroy(comm);
-        for (CUevent e : events) d.cuEventDestroy(e);
-        if (last) d.cuEventDestroy(last);
-        for (CUstream s : streams) d.cuStreamDestroy(s);
-      }
-    }
-    if (reset)
-      SC_INFO("nccl: the CUDA context was reset under an NCCL communicator; its objects went with "
-              "it, nothing more is freed");
-    d.cuDevicePrimaryCtxRelease(cudev);
-    return true;
-  }
-};
-
-class Reaper {
- public:
-  static Reaper& get() {
-    static Reaper* r = new Reaper;  // lives to the end: requests may drop comms late
-    return *r;
-  }
-  void dispose(Remains r) {
-    if (r.try_free(false)) return;
-    std::lock_guard<std::mutex> lock(mu_);
-    if (drained_) {  // after MPI_Finalize began: nothing will tick again
-      r.try_free(true);
-      return;
-    }
-    pending_.push_back(std::move(r));
-  }
-  /// From the watchdog thread: frees what is done.
-  void tick() {
-    std::vector<Remains> left;
-    std::vector<Remains> todo;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      todo.swap(pending_);
-    }
-    for (Remains& r : todo)
-      if (!r.try_free(false)) left.push_back(std::move(r));
-    std::lock_guard<std::mutex> lock(mu_);
-    for (Remains& r : left) pending_.push_back(std::move(r));
-  }
-  /// At runtime stop (the watchdog is stopped): frees everything now.
-  void drain() {
-    std::vector<Remains> todo;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      drained_ = true;
-      todo.swap(pending_);
-    }
-    for (Remains& r : todo) r.try_free(true);
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<Remains> pending_;
-  bool drained_ = false;
-};
-
-/// NCCL communicators alive in this process (in use, idle in the pool, or being freed).
-std::atomic<int> g_live_nccl{0};
+// The NCCL communicators, their watchdog, pool and reaper: algorithms/nccl_comm.
+using nccl::g_live_nccl;
+using nccl::NcclComm;
+using nccl::Pool;
+using nccl::Reaper;
+using nccl::Watchdog;
 
 // FNV-1a over bytes.
 uint64_t hash_bytes(const void* p, size_t n, uint64_t h) {
@@ -193,461 +107,6 @@ uint64_t hash_bytes(const void* p, size_t n, uint64_t h) {
   }
   return h;
 }
-
-// One NCCL communicator and the CUDA objects around it. Shared by the communicator's
-// route state and the requests in flight, so MPI_Comm_free may come before MPI_Wait.
-class NcclComm {
- public:
-  const nccl::Library* lib = nullptr;
-  ncclComm_t comm = nullptr;
-  int device = -1;
-  int rank = 0;
-  /// Failure notices (file comment): a private duplicate of the communicator, with one
-  /// receive always posted. Set up with the NCCL communicator, on every rank.
-  MPI_Comm fault_comm = MPI_COMM_NULL;
-  /// The communicator context's pending error (CommContext::async_error).
-  std::shared_ptr<std::atomic<int>> async_error;
-  /// A stream-ordered operation was issued here (its success was reported before it ran).
-  std::atomic<bool> stream_ordered{false};
-  CUdevice cudev = 0;
-  CUcontext cuctx = nullptr;   ///< the device's primary context (retained)
-  /// classic calls: a non-blocking stream, ordered explicitly after the legacy stream at
-  /// each call (a blocking stream would also make the application's legacy-stream work,
-  /// and through it other communicators' operations, wait for ours)
-  CUstream classic = nullptr;
-  CUstream side = nullptr;     ///< non-blocking stream for MPI_I* with an attached stream
-  CUstream copy = nullptr;     ///< non-blocking stream for staged results (made at first use)
-  std::once_flag copy_once;
-  int size = 1;
-  uint64_t key = 0;  ///< the rank group and GPUs it serves (Pool)
-  uint64_t id = 0;   ///< equal on every rank of it: from its ncclUniqueId
-
-  NcclComm() = default;
-  NcclComm(const NcclComm&) = delete;
-  NcclComm& operator=(const NcclComm&) = delete;
-  ~NcclComm() {
-    if (comm) g_live_nccl.fetch_sub(1);
-    if (!cuctx) return;
-    Remains r;
-    r.lib = lib;
-    r.comm = comm;
-    r.aborted = aborted_.load();
-    r.cudev = cudev;
-    r.cuctx = cuctx;
-    for (CUstream s : {classic, side, copy})
-      if (s) r.streams.push_back(s);
-    r.events = std::move(events_);
-    r.last = last_;
-    Reaper::get().dispose(std::move(r));
-  }
-
-  /// Not aborted, and its CUDA objects still there (no context reset under it).
-  bool usable() {
-    if (failed()) return false;
-    ScopedContext scope(cuctx);
-    const CUresult r = driver().cuStreamQuery(classic);
-    return r != CUDA_ERROR_INVALID_HANDLE && r != CUDA_ERROR_CONTEXT_IS_DESTROYED &&
-           r != CUDA_ERROR_INVALID_CONTEXT;
-  }
-
-  /// After an operation was enqueued on `s`: the latest operation's end, which freeing the
-  /// communicator must not wait for on the caller's thread (Reaper). The caller has the
-  /// context current.
-  void note(CUstream s) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!last_ && driver().cuEventCreate(&last_, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
-      last_ = nullptr;
-      return;
-    }
-    if (driver().cuEventRecord(last_, s) != CUDA_SUCCESS) {
-      driver().cuEventDestroy(last_);
-      last_ = nullptr;
-    }
-  }
-
-  /// An event from the pool (timing disabled), or nullptr with *rc set.
-  CUevent take_event(int* rc) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!events_.empty()) {
-        CUevent e = events_.back();
-        events_.pop_back();
-        return e;
-      }
-    }
-    CUevent e = nullptr;
-    if (CUresult r = driver().cuEventCreate(&e, CU_EVENT_DISABLE_TIMING); r != CUDA_SUCCESS) {
-      *rc = fail(Failure::cuda, cuda::describe("cuEventCreate", r));
-      return nullptr;
-    }
-    return e;
-  }
-  void give_event(CUevent e) {
-    std::lock_guard<std::mutex> lock(mu_);
-    events_.push_back(e);
-  }
-
-  /// Polls NCCL for an asynchronous error (a failed peer, a network error); on one, the
-  /// NCCL communicator is aborted, which ends its kernels instead of leaving them
-  /// spinning, and the peers are to be told (by the next thread that may call MPI:
-  /// check_faults()). Returns whether it is aborted. Makes no MPI call: the watchdog
-  /// thread uses it at any thread level.
-  bool failed() {
-    if (aborted_.load(std::memory_order_acquire)) return true;
-    ncclResult_t async = ncclSuccess;
-    {
-      std::shared_lock<std::shared_timed_mutex> use(use_);
-      if (aborted_.load(std::memory_order_acquire)) return true;
-      ncclResult_t r = lib->ncclCommGetAsyncError(comm, &async);
-      if (r != ncclSuccess) async = r;
-    }
-    if (async == ncclSuccess || async == ncclInProgress) return false;
-    abort(lib->describe("asynchronous NCCL error", async, comm), true);
-    return true;
-  }
-
-  /// From a thread that may call MPI: sends the failure notices still owed, takes one in
-  /// if a peer sent it (aborting this rank's NCCL communicator), then polls failed().
-  /// `pending`: an abort found here is also left for the next call on the communicator
-  /// to report (nothing waits for an operation now: a stream-ordered one may be spoilt).
-  /// Returns whether the NCCL communicator is aborted.
-  bool check_faults(bool pending) {
-    {
-      std::lock_guard<std::mutex> lock(fault_mu_);
-      if (fault_comm != MPI_COMM_NULL && !finalized()) {
-        if (notify_owed_.exchange(false)) notify_locked();
-        if (fault_recv_ != MPI_REQUEST_NULL) {
-          int got = 0;
-          MPI_Status st;
-          if (PMPI_Test(&fault_recv_, &got, &st) == MPI_SUCCESS && got) {
-            fault_recv_ = MPI_REQUEST_NULL;  // one notice is enough; later ones are dropped
-            if (!aborted_.load())
-              abort("rank " + std::to_string(st.MPI_SOURCE) + " of the communicator could "
-                    "not take its part in an NCCL operation", false);
-          }
-        }
-      }
-    }
-    const bool now = failed();
-    if (now) {  // an asynchronous error found just now: tell the peers at once
-      std::lock_guard<std::mutex> lock(fault_mu_);
-      if (fault_comm != MPI_COMM_NULL && !finalized() && notify_owed_.exchange(false))
-        notify_locked();
-    }
-    // Nothing waits for an operation here: an abort not yet reported by a call goes to
-    // the next call on the communicator, where a stream-ordered operation (which returned
-    // before it ran) may have been spoilt by it. Classic operations completed in their
-    // call, with every rank's part: nothing to report for them.
-    if (now && pending && report_owed_.exchange(false) && stream_ordered.load()) report_later();
-    return now;
-  }
-
-  /// This rank cannot take its part in an operation: abort the NCCL communicator (its
-  /// kernels end) and tell every peer, so that theirs end too. Returns `rc`, the error
-  /// this rank reports. From a thread that may call MPI.
-  int fail_collectively(int rc, const std::string& why) {
-    abort(why, true);
-    check_faults(false);  // sends the notices
-    report_owed_.store(false);  // this rank's call reports it
-    return rc;
-  }
-
-  /// An operation's end, seen by a query that found it done. An abort on this rank ends
-  /// NCCL's kernels early, so after one (`aborted_before`: this rank had aborted before
-  /// the query, or has by now) done is not done: the abort is the operation's error. Without one the
-  /// kernels ran to their end, with every rank's part (a peer's failure stalls them, it
-  /// does not end them): the operation succeeded, and a notice or asynchronous error
-  /// taken in now concerns a later operation (the next call, or the stream-ordered
-  /// operations already enqueued, report it), not this one, which every other rank
-  /// may have completed too.
-  int completed(bool aborted_before) {
-    // An abort from another thread (the watchdog) between the caller's look and its query
-    // may have ended the kernels just before the query: after the query, look again.
-    if (aborted_before || aborted()) return poll();
-    check_faults(true);
-    return MPI_SUCCESS;
-  }
-
-  /// check_faults() as an MPI error code, for the calls and waits of operations: an
-  /// abort is reported by them (not again by the next call).
-  int poll() {
-    if (!check_faults(false)) return MPI_SUCCESS;
-    report_owed_.store(false);
-    return error_code(Failure::nccl_aborted);
-  }
-
-  /// Collective over `comm` (at set-up): the private duplicate for failure notices and
-  /// its posted receive. False if MPI refuses.
-  bool open_faults(MPI_Comm comm) {
-    if (PMPI_Comm_dup(comm, &fault_comm) != MPI_SUCCESS) {
-      fault_comm = MPI_COMM_NULL;
-      return false;
-    }
-    PMPI_Comm_set_errhandler(fault_comm, MPI_ERRORS_RETURN);
-    PMPI_Comm_rank(fault_comm, &rank);
-    if (PMPI_Irecv(&notice_in_, 1, MPI_INT, MPI_ANY_SOURCE, kFaultTag, fault_comm,
-                   &fault_recv_) != MPI_SUCCESS)
-      fault_recv_ = MPI_REQUEST_NULL;
-    return true;
-  }
-
-  /// Frees the notices' communicator; from the route state's destruction, on a thread
-  /// that may call MPI (requests in flight may keep this object longer; they then poll
-  /// NCCL's own errors only).
-  void close_faults() {
-    std::lock_guard<std::mutex> lock(fault_mu_);
-    if (fault_comm == MPI_COMM_NULL || finalized()) return;
-    if (fault_recv_ != MPI_REQUEST_NULL) {
-      PMPI_Cancel(&fault_recv_);
-      PMPI_Wait(&fault_recv_, MPI_STATUS_IGNORE);
-    }
-    PMPI_Comm_free(&fault_comm);
-  }
-
-  /// Holds off abort() while the calling thread enqueues work on the NCCL communicator.
-  std::shared_lock<std::shared_timed_mutex> use() {
-    return std::shared_lock<std::shared_timed_mutex>(use_);
-  }
-  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
-
-  /// Waits on the host until `e` has completed (or `s` is idle when e is null), polling
-  /// for failure notices and asynchronous NCCL errors. The caller has the context
-  /// current. A failed query means this rank's part is lost: its peers are told.
-  int wait(CUevent e, CUstream s) {
-    for (unsigned i = 1;; ++i) {
-      const bool aborted_before = aborted();
-      CUresult r = e ? driver().cuEventQuery(e) : driver().cuStreamQuery(s);
-      if (r == CUDA_SUCCESS) return completed(aborted_before);
-      if (r != CUDA_ERROR_NOT_READY)
-        return fail_collectively(
-            fail(Failure::cuda, cuda::describe(e ? "cuEventQuery" : "cuStreamQuery", r)),
-            "a wait for an NCCL operation failed on this rank");
-      if (i % 1024 == 0) {
-        if (int rc = poll(); rc != MPI_SUCCESS) {
-          // Aborted: the kernels end; let the stream drain before the caller goes on.
-          (e ? driver().cuEventSynchronize(e) : driver().cuStreamSynchronize(s));
-          return rc;
-        }
-        if (i >= 64 * 1024) sched_yield();  // a long operation: let other threads run
-      }
-    }
-  }
-
-  static constexpr int kFaultTag = 7;
-
- private:
-  static bool finalized() {
-    int f = 0;
-    PMPI_Finalized(&f);
-    return f != 0;
-  }
-
-  // fault_mu_ held: one notice to every peer (a static int: the sends are freed at once,
-  // and complete by themselves).
-  void notify_locked() {
-    static const int kNotice = 1;
-    int n = 0;
-    PMPI_Comm_size(fault_comm, &n);
-    for (int p = 0; p < n; ++p) {
-      if (p == rank) continue;
-      MPI_Request r = MPI_REQUEST_NULL;
-      if (PMPI_Isend(&kNotice, 1, MPI_INT, p, kFaultTag, fault_comm, &r) == MPI_SUCCESS)
-        PMPI_Request_free(&r);
-    }
-  }
-
-  void report_later() {
-    if (!async_error) return;
-    int none = MPI_SUCCESS;
-    async_error->compare_exchange_strong(none, error_code(Failure::nccl_aborted));
-  }
-
-
-  // Aborts the NCCL communicator (once); `notify`: the peers are to be told.
-  void abort(std::string what, bool notify) {
-    std::lock_guard<std::mutex> lock(abort_mu_);
-    if (aborted_.load()) return;
-    if (notify) notify_owed_.store(true);
-    report_owed_.store(true);
-    // Wait for a thread inside an NCCL call on this communicator to leave it. One that
-    // stays (blocked inside NCCL by the very failure) is not waited for: aborting is what
-    // unblocks it, and a hung job is worse.
-    std::unique_lock<std::shared_timed_mutex> excl(use_, std::defer_lock);
-    if (!excl.try_lock_for(std::chrono::seconds(1)))
-      what += " (a thread is still inside NCCL; aborting anyway)";
-    // Aborted before ncclCommAbort ends the kernels: a thread that finds an operation
-    // done must find the abort too (completed()), or it would take the end an abort
-    // forced for the operation's own.
-    aborted_.store(true, std::memory_order_release);
-    lib->ncclCommAbort(comm);
-    log_error("%s; NCCL communicator of %d ranks aborted: the operation fails on every rank, "
-              "and the communicator's calls take the next route from its next blocking call",
-              what.c_str(), size);
-  }
-
-  std::mutex mu_;                // the event pool, last_
-  std::vector<CUevent> events_;
-  CUevent last_ = nullptr;       // after the latest operation (note())
-  std::mutex abort_mu_;          // one abort
-  std::shared_timed_mutex use_;  // shared: a call uses `comm`; exclusive: abort
-  std::atomic<bool> aborted_{false};
-  std::mutex fault_mu_;          // fault_comm's requests, notify_owed_
-  MPI_Request fault_recv_ = MPI_REQUEST_NULL;
-  int notice_in_ = 0;
-  std::atomic<bool> notify_owed_{false};  // aborted for this rank's reason: peers not told yet
-  std::atomic<bool> report_owed_{false};  // aborted, and no call has reported it yet
-};
-
-// Polls every ready NCCL communicator for asynchronous errors every 100 ms, so that a
-// failure is noticed (and the NCCL communicator aborted, which ends its kernels) also
-// while the host does not wait inside streamcoll: stream-ordered calls, or a program
-// blocked in cudaStreamSynchronize. Where MPI runs at MPI_THREAD_MULTIPLE it also takes in
-// the peers' failure notices (and sends this rank's); otherwise those wait for the next
-// call into streamcoll. Started with the first NCCL communicator, stopped (joined) at
-// runtime stop.
-class Watchdog {
- public:
-  static Watchdog& get() {
-    static Watchdog w;
-    return w;
-  }
-  void watch(const std::shared_ptr<NcclComm>& c) {
-    std::lock_guard<std::mutex> lock(mu_);
-    comms_.push_back(c);
-    if (!thread_.joinable() && !stopping_) thread_ = std::thread([this] { loop(); });
-  }
-  void stop() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-      comms_.clear();
-    }
-    cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
-  }
-
- private:
-  void loop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!stopping_) {
-      cv_.wait_for(lock, std::chrono::milliseconds(100));
-      std::vector<std::shared_ptr<NcclComm>> live;
-      for (auto it = comms_.begin(); it != comms_.end();) {
-        if (auto c = it->lock()) {
-          live.push_back(std::move(c));
-          ++it;
-        } else {
-          it = comms_.erase(it);
-        }
-      }
-      lock.unlock();
-      const bool mpi = Runtime::get().thread_multiple();
-      for (auto& c : live) mpi ? c->check_faults(true) : c->failed();
-      live.clear();  // the last owner may be here: destroy outside the lock
-      Reaper::get().tick();  // free what gone communicators left, once it is done
-      lock.lock();
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::weak_ptr<NcclComm>> comms_;
-  std::thread thread_;
-  bool stopping_ = false;
-};
-
-// Programs that make many communicators (MPI_Comm_dup or _split in a loop) do not get
-// an NCCL communicator each: when an MPI communicator goes (MPI_Comm_free, MPI_Finalize),
-// its NCCL communicator, if healthy, waits here, idle, for a new MPI communicator over the
-// same ranks in the same order on the same GPUs, which then reuses it (the ranks agree on
-// that at its set-up). At most kMaxIdle wait (the oldest goes first), and at most
-// kMaxLive exist at once: beyond that a new communicator's calls take the table's next
-// rule. Why not share one NCCL communicator between live MPI communicators: NCCL matches
-// the operations of one communicator by issue order, and MPI lets ranks interleave the
-// calls of different communicators differently (threads, non-blocking calls). Why not
-// ncclCommSplit: every rank of the parent must call it, while streamcoll sets up a
-// communicator lazily, at its first call, where only its own ranks are.
-class Pool {
- public:
-  static constexpr size_t kMaxIdle = 8;
-  static constexpr int kMaxLive = 32;
-  static Pool& get() {
-    static Pool* p = new Pool;
-    return *p;
-  }
-  /// An idle communicator for `key`, taken out of the pool, or nullptr. One that cannot
-  /// be used any more (aborted, or its context reset under it) is dropped instead. From a
-  /// thread that may call MPI.
-  std::shared_ptr<NcclComm> take(uint64_t key) {
-    for (;;) {
-      std::shared_ptr<NcclComm> c;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        for (auto it = idle_.begin(); it != idle_.end(); ++it)
-          if ((*it)->key == key) {
-            c = std::move(*it);
-            idle_.erase(it);
-            break;
-          }
-      }
-      if (!c) return nullptr;
-      if (c->usable()) return c;
-      discard(std::move(c));
-    }
-  }
-  /// A communicator whose MPI communicator is gone. From a thread that may call MPI.
-  void give_back(std::shared_ptr<NcclComm> c) {
-    if (!c) return;
-    if (c->failed()) return discard(std::move(c));
-    std::shared_ptr<NcclComm> oldest;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!stopped_) {
-        idle_.push_back(std::move(c));
-        if (idle_.size() > kMaxIdle) {
-          oldest = std::move(idle_.front());
-          idle_.erase(idle_.begin());
-        }
-      }
-    }
-    if (c) discard(std::move(c));  // stopped
-    if (oldest) discard(std::move(oldest));
-  }
-  /// Whether this process may make one more: under kMaxLive, if need be by freeing the
-  /// oldest idle one. From a thread that may call MPI.
-  bool room() {
-    while (g_live_nccl.load() >= kMaxLive) {
-      std::shared_ptr<NcclComm> oldest;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (idle_.empty()) return false;
-        oldest = std::move(idle_.front());
-        idle_.erase(idle_.begin());
-      }
-      discard(std::move(oldest));
-    }
-    return true;
-  }
-  /// At runtime stop: every idle one goes.
-  void stop() {
-    std::vector<std::shared_ptr<NcclComm>> all;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopped_ = true;
-      all.swap(idle_);
-    }
-    for (auto& c : all) discard(std::move(c));
-  }
-
- private:
-  static void discard(std::shared_ptr<NcclComm> c) {
-    c->close_faults();  // here, on a thread that may call MPI
-    // The last reference frees it (Reaper), here or in a request still in flight.
-  }
-  std::mutex mu_;
-  std::vector<std::shared_ptr<NcclComm>> idle_;  // oldest first
-  bool stopped_ = false;
-};
 
 class NcclState final : public RouteState {
  public:
@@ -694,7 +153,7 @@ class NcclRequest final : public ManagedRequest {
       error_ = comm_->completed(aborted_before);
       finish();
     } else if (r != CUDA_ERROR_NOT_READY) {
-      error_ = fail(Failure::cuda, cuda::describe("cuEventQuery", r));
+      error_ = cuda::failure("cuEventQuery", r);
       finish();
     } else if (int rc = comm_->poll(); rc != MPI_SUCCESS) {
       // Aborted: its kernels end (ncclCommAbort ends them); the request completes, with
@@ -708,8 +167,8 @@ class NcclRequest final : public ManagedRequest {
  private:
   // Stream semantics: the attached stream waits for the operation; the host does not.
   void enqueue_wait() {
-    if (CUresult r = driver().cuStreamWaitEvent(user_, done_, 0); r != CUDA_SUCCESS)
-      error_ = fail(Failure::cuda, cuda::describe("cuStreamWaitEvent", r));
+    if (const int rc = cuda::check(driver().cuStreamWaitEvent(user_, done_, 0), "cuStreamWaitEvent"))
+      error_ = rc;
   }
   bool finished() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -922,104 +381,6 @@ NcclState& state_of(CommContext& ctx) {
   return static_cast<NcclState&>(*slot);
 }
 
-// Route ccube: C-Cube's overlapped tree (algorithms/schedule.cpp, allreduce_ccube: the
-// rounds, the tree mapped onto the nodes) run on the NCCL communicator. A round is one
-// NCCL group of its sends and receives (byte messages, matched per pair of ranks in issue
-// order, as a round's messages are posted by both ends in the same round), then its
-// copies (cuMemcpyDtoDAsync) and reductions (streamcoll_reduce, dst = src op dst), all on
-// the call's stream; the children's chunks land in stream-ordered scratch (one chunk per
-// child). Why NCCL point-to-point plus a kernel and not NV-Group's kernels: the tree's
-// edges cross nodes, which NCCL's send/recv reach (over NVLink, PCIe or the network)
-// while NV-Group's kernels are one node's (CUDA IPC); and NCCL's groups let a round's
-// messages run concurrently, which is what overlaps a chunk's broadcast down with the
-// next chunk's reduction up. Cost: a group launch per round and a kernel per child and
-// round, so chunks are large: the table's chunk=, else model::ccube_device_chunk (about
-// sqrt(n · 20 KiB), from the α-β model, not measured on a GPU).
-struct Ccube {
-  uint64_t chunk_bytes = 0;
-  CUfunction reduce = nullptr;
-};
-
-#if STREAMCOLL_HAVE_NVGROUP
-ncclResult_t enqueue_ccube(const CollArgs& a, const CommContext& ctx, const NcclComm& c,
-                           CUstream s, const Ccube& cc, CUresult* cu) {
-  const nccl::Library& L = *c.lib;
-  const cuda::Driver& d = driver();
-  const TypeInfo* t = call_type(a);
-  const uint64_t ts = static_cast<uint64_t>(t->size);
-  sched::Params p;
-  p.coll = Coll::allreduce;
-  p.algo = sched::Algo::ccube;
-  p.rank = ctx.rank;
-  p.size = ctx.size;
-  p.count = static_cast<uint64_t>(a.count);
-  p.in_place = a.sendbuf == MPI_IN_PLACE;
-  const uint64_t chunk = cc.chunk_bytes ? cc.chunk_bytes : model::ccube_device_chunk(p.count * ts);
-  p.chunk = std::max<uint64_t>(1, chunk / ts);
-  p.node_of = &ctx.node_of;
-  const sched::Schedule sch = sched::build(p);
-  nvgroup::ReduceParams rp{};
-  rp.dtype = static_cast<uint32_t>(*nvgroup_kernels::type_of(*t));
-  rp.op = static_cast<uint32_t>(*nvgroup_kernels::op_of(find_op(a.op)->kind));
-  CUdeviceptr tmp = 0;
-  if (sch.tmp_elems &&
-      (*cu = d.cuMemAllocAsync(&tmp, sch.tmp_elems * ts, s)) != CUDA_SUCCESS)
-    return ncclSuccess;
-  auto base = [&](sched::Buf b) -> char* {
-    switch (b) {
-      case sched::Buf::send: return static_cast<char*>(const_cast<void*>(a.sendbuf));
-      case sched::Buf::recv: return static_cast<char*>(a.recvbuf);
-      default: return reinterpret_cast<char*>(tmp);
-    }
-  };
-  ncclResult_t r = ncclSuccess;
-  for (size_t i = 0; i < sch.num_rounds() && r == ncclSuccess && *cu == CUDA_SUCCESS; ++i) {
-    const uint32_t lo = sch.round_begin(i), hi = sch.round_end(i);
-    bool messages = false;
-    for (uint32_t k = lo; k < hi; ++k)
-      messages = messages || sch.ops[k].kind == sched::Op::Kind::send ||
-                 sch.ops[k].kind == sched::Op::Kind::recv;
-    if (messages) {
-      r = L.ncclGroupStart();
-      for (uint32_t k = lo; k < hi && r == ncclSuccess; ++k) {
-        const sched::Op& o = sch.ops[k];
-        char* at = base(o.buf) + o.off * ts;
-        if (o.kind == sched::Op::Kind::send)
-          r = L.ncclSend(at, o.count * ts, ncclUint8, o.peer, c.comm, s);
-        else if (o.kind == sched::Op::Kind::recv)
-          r = L.ncclRecv(at, o.count * ts, ncclUint8, o.peer, c.comm, s);
-      }
-      const ncclResult_t end = L.ncclGroupEnd();
-      if (r == ncclSuccess) r = end;
-    }
-    for (uint32_t k = lo; k < hi && r == ncclSuccess && *cu == CUDA_SUCCESS; ++k) {
-      const sched::Op& o = sch.ops[k];
-      char* dst = base(o.buf) + o.off * ts;
-      const char* src = base(o.src) + o.src_off * ts;
-      if (o.kind == sched::Op::Kind::copy) {
-        *cu = d.cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(dst),
-                                  reinterpret_cast<CUdeviceptr>(src), o.count * ts, s);
-      } else if (o.kind == sched::Op::Kind::reduce) {
-        rp.dst = dst;
-        rp.src = src;
-        rp.count = o.count;
-        void* args[] = {&rp};
-        *cu = d.cuLaunchKernel(cc.reduce, nvgroup::reduce_blocks(o.count), 1, 1,
-                               nvgroup::kReduceThreads, 1, 1, 0, s, args, nullptr);
-      }
-    }
-  }
-  if (tmp)
-    if (CUresult f = d.cuMemFreeAsync(tmp, s); *cu == CUDA_SUCCESS) *cu = f;
-  return r;
-}
-#else
-ncclResult_t enqueue_ccube(const CollArgs&, const CommContext&, const NcclComm&, CUstream,
-                           const Ccube&, CUresult*) {
-  return ncclInvalidUsage;  // no kernels in this build: the route is not offered
-}
-#endif
-
 // Enqueues the collective on `s` (with `cc`, route ccube's allreduce). Returns the NCCL
 // result; *cu gets a CUDA failure of the copies and kernels around it (in-place
 // reduce-scatter, alltoall, ccube).
@@ -1204,8 +565,8 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
   CUresult made = CUDA_SUCCESS;
   std::call_once(c->copy_once, [&] { made = d.cuStreamCreate(&c->copy, CU_STREAM_NON_BLOCKING); });
   if (!c->copy)
-    return lost(fail(Failure::cuda, cuda::describe("cuStreamCreate (staging)",
-                                                   made ? made : CUDA_ERROR_INVALID_HANDLE)));
+    return lost(cuda::failure("cuStreamCreate (staging)",
+                                                   made ? made : CUDA_ERROR_INVALID_HANDLE));
   CUstream s = c->classic;
   int ordered_after = -1;  // the device whose legacy stream s waits for already
   for (const void* b : {static_cast<const void*>(in), static_cast<const void*>(user)}) {
@@ -1223,17 +584,17 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
     if (r == CUDA_SUCCESS) r = d.cuStreamWaitEvent(s, ready, 0);
     c->give_event(ready);
     if (r != CUDA_SUCCESS)
-      return lost(fail(Failure::cuda, cuda::describe("cuStreamWaitEvent (attached stream)", r)));
+      return lost(cuda::failure("cuStreamWaitEvent (attached stream)", r));
   }
   CUdeviceptr buf = 0;
-  if (CUresult r = d.cuMemAllocAsync(&buf, scratch, s); r != CUDA_SUCCESS)
-    return lost(fail(Failure::cuda, cuda::describe("cuMemAllocAsync (staging)", r)));
+  if (const int rc = cuda::check(d.cuMemAllocAsync(&buf, scratch, s), "cuMemAllocAsync (staging)"))
+    return lost(rc);
   auto release = [c, buf] { driver().cuMemFreeAsync(buf, c->copy); };
   if (in_bytes) {
     if (CUresult r = d.cuMemcpyAsync(buf + in_off, reinterpret_cast<CUdeviceptr>(in), in_bytes, s);
         r != CUDA_SUCCESS) {
       d.cuMemFreeAsync(buf, s);
-      return lost(fail(Failure::cuda, cuda::describe("cuMemcpyAsync (staging in)", r)));
+      return lost(cuda::failure("cuMemcpyAsync (staging in)", r));
     }
   }
   CollArgs staged = a;
@@ -1254,7 +615,7 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
     d.cuMemFreeAsync(buf, s);
     return lost(nr != ncclSuccess
                     ? fail(Failure::nccl, c->lib->describe(call_name(a.coll, true).c_str(), nr, c->comm))
-                    : fail(Failure::cuda, cuda::describe(call_name(a.coll, true).c_str(), cu)));
+                    : cuda::failure(call_name(a.coll, true), cu));
   }
   c->note(s);
   // Runs once the collective is done (or the request is dropped unstarted): results back
@@ -1267,11 +628,11 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
       CUresult e = d.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(user + r.off), buf + r.off,
                                    r.bytes, c->copy);
       if (e != CUDA_SUCCESS && rc == MPI_SUCCESS)
-        rc = fail(Failure::cuda, cuda::describe("cuMemcpyAsync (staging out)", e));
+        rc = cuda::failure("cuMemcpyAsync (staging out)", e);
     }
     release();
     if (CUresult e = d.cuStreamSynchronize(c->copy); e != CUDA_SUCCESS && rc == MPI_SUCCESS)
-      rc = fail(Failure::cuda, cuda::describe("cuStreamSynchronize (staging out)", e));
+      rc = cuda::failure("cuStreamSynchronize (staging out)", e);
     return rc;
   };
   if (!a.nonblocking) {
@@ -1293,24 +654,11 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
   if (CUresult r = d.cuEventRecord(done, s); r != CUDA_SUCCESS) {
     c->give_event(done);
     *a.request = MPI_REQUEST_NULL;
-    rc = lost(fail(Failure::cuda, cuda::describe("cuEventRecord", r)));
+    rc = lost(cuda::failure("cuEventRecord", r));
     d.cuMemFreeAsync(buf, s);
     return rc;
   }
   return start_request(new NcclRequest(c, done, false, nullptr, std::move(back)), a.request);
-}
-
-// Whether route ccube's kernels reduce `a` (an allreduce of a type and op they take).
-bool ccube_takes(const CollArgs& a) {
-#if STREAMCOLL_HAVE_NVGROUP
-  if (a.coll != Coll::allreduce) return false;
-  const TypeInfo* t = call_type(a);
-  const OpInfo* op = find_op(a.op);
-  return t && op && nvgroup_kernels::type_of(*t) && nvgroup_kernels::op_of(op->kind);
-#else
-  (void)a;
-  return false;
-#endif
 }
 
 // Routes nccl and ccube: one class, one NCCL communicator per communicator (route nccl's
@@ -1462,7 +810,7 @@ class NcclRoute final : public Route {
       if (r == CUDA_SUCCESS) r = d.cuStreamWaitEvent(c->side, ready, 0);
       c->give_event(ready);  // the wait has captured it; the event may be recorded again
       if (r != CUDA_SUCCESS)
-        return lost(fail(Failure::cuda, cuda::describe("cuStreamWaitEvent", r)));
+        return lost(cuda::failure("cuStreamWaitEvent", r));
       s = c->side;
     } else if (env.has_stream) {
       s = user;
@@ -1476,7 +824,7 @@ class NcclRoute final : public Route {
       const CUresult r = cuda::wait_for_legacy(s, legacy);
       c->give_event(legacy);
       if (r != CUDA_SUCCESS)
-        return lost(fail(Failure::cuda, cuda::describe("cuStreamWaitEvent (legacy stream)", r)));
+        return lost(cuda::failure("cuStreamWaitEvent (legacy stream)", r));
     }
 
     CUresult cu;
@@ -1488,7 +836,7 @@ class NcclRoute final : public Route {
     }
     if (nr != ncclSuccess)
       return lost(fail(Failure::nccl, c->lib->describe(what.c_str(), nr, c->comm)));
-    if (cu != CUDA_SUCCESS) return lost(fail(Failure::cuda, cuda::describe(what.c_str(), cu)));
+    if (cu != CUDA_SUCCESS) return lost(cuda::failure(what, cu));
     c->note(s);
 
     if (!a.nonblocking) return env.has_stream ? MPI_SUCCESS : c->wait(nullptr, s);
@@ -1502,7 +850,7 @@ class NcclRoute final : public Route {
     if (CUresult r = d.cuEventRecord(done, s); r != CUDA_SUCCESS) {
       c->give_event(done);
       *a.request = MPI_REQUEST_NULL;
-      return lost(fail(Failure::cuda, cuda::describe("cuEventRecord", r)));
+      return lost(cuda::failure("cuEventRecord", r));
     }
     if (int src = start_request(new NcclRequest(c, done, env.has_stream, user), a.request);
         src != MPI_SUCCESS)
@@ -1555,7 +903,7 @@ int wait_stream(const std::vector<CommContext*>& ctxs, void* stream) {
     const CUresult r = driver().cuStreamQuery(s);
     if (r == CUDA_SUCCESS) return aborted();
     if (r != CUDA_ERROR_NOT_READY) {
-      const int rc = fail(Failure::cuda, cuda::describe("cuStreamQuery", r));
+      const int rc = cuda::failure("cuStreamQuery", r);
       for (auto& c : comms) c->fail_collectively(rc, "a wait for NCCL stages failed on this rank");
       return rc;
     }

@@ -809,7 +809,7 @@ class NvgroupRequest final : public ManagedRequest {
  private:
   void finish(CUresult r) {
     if (r != CUDA_SUCCESS)
-      error_ = fail(Failure::cuda, cuda::describe((what_ + " (nvgroup)").c_str(), r));
+      error_ = cuda::failure(what_ + " (nvgroup)", r);
     else if (__atomic_load_n(word_.host, __ATOMIC_ACQUIRE))
       error_ = fail(Failure::cuda, what_ + " (nvgroup): a rank of the group could not take its part");
     complete();
@@ -834,8 +834,8 @@ class NvgroupStreamRequest final : public ManagedRequest {
   void on_test() override {
     if (completed()) return;
     ScopedContext scope(g_->cuctx);
-    if (CUresult r = driver().cuStreamWaitEvent(user_, done_, 0); r != CUDA_SUCCESS)
-      error_ = fail(Failure::cuda, cuda::describe("nvgroup: cuStreamWaitEvent (MPI_Wait)", r));
+    if (const int rc = cuda::check(driver().cuStreamWaitEvent(user_, done_, 0), "nvgroup: cuStreamWaitEvent (MPI_Wait)"))
+      error_ = rc;
     complete();
   }
   void on_wait() override { on_test(); }
@@ -968,11 +968,11 @@ class NvgroupRoute final : public Route {
       else if ((r = d.cuEventRecord(g->legacy, user)) == CUDA_SUCCESS)
         r = d.cuStreamWaitEvent(s, g->legacy, 0);
       if (r != CUDA_SUCCESS)
-        return lost(fail(Failure::cuda, cuda::describe("nvgroup: ordering the kernel's stream", r)));
+        return lost(cuda::failure("nvgroup: ordering the kernel's stream", r));
     }
     if (g->last_recorded && g->last_stream != s)
-      if (CUresult r = d.cuStreamWaitEvent(s, g->last, 0); r != CUDA_SUCCESS)
-        return lost(fail(Failure::cuda, cuda::describe("nvgroup: cuStreamWaitEvent (previous kernel)", r)));
+      if (const int rc = cuda::check(d.cuStreamWaitEvent(s, g->last, 0), "nvgroup: cuStreamWaitEvent (previous kernel)"))
+        return lost(rc);
     // In place: the input is in the output buffer (allgather: this rank's block of it).
     const bool gather = a.coll == Coll::allgather;
     p.send = a.sendbuf != MPI_IN_PLACE ? a.sendbuf
@@ -1008,14 +1008,14 @@ class NvgroupRoute final : public Route {
           return lost(fail(Failure::cuda, "nvgroup: cuMemHostAlloc (status words) failed"));
         p.status = reinterpret_cast<uint64_t*>(word.dev);
       }
-      if (CUresult r = d.cuEventCreate(&done, CU_EVENT_DISABLE_TIMING); r != CUDA_SUCCESS)
-        return lost(fail(Failure::cuda, cuda::describe("nvgroup: cuEventCreate", r)));
+      if (const int rc = cuda::check(d.cuEventCreate(&done, CU_EVENT_DISABLE_TIMING), "nvgroup: cuEventCreate"))
+        return lost(rc);
     }
     void* params[] = {&p};
     if (CUresult r = d.cuLaunchKernel(g->fn, g->blocks, 1, 1, kThreads, 1, 1, 0, s, params, nullptr);
         r != CUDA_SUCCESS) {
       if (done) d.cuEventDestroy(done);
-      return lost(fail(Failure::cuda, cuda::describe((what + " (nvgroup kernel launch)").c_str(), r)));
+      return lost(cuda::failure(what + " (nvgroup kernel launch)", r));
     }
     g->last_recorded = d.cuEventRecord(g->last, s) == CUDA_SUCCESS;
     g->last_stream = s;
@@ -1026,7 +1026,7 @@ class NvgroupRoute final : public Route {
       int rc = MPI_SUCCESS;
       if (r != CUDA_SUCCESS) {
         d.cuEventDestroy(done);
-        rc = fail(Failure::cuda, cuda::describe("nvgroup: cuEventRecord", r));
+        rc = cuda::failure("nvgroup: cuEventRecord", r);
       } else if (classic_request) {
         rc = start_request(new NvgroupRequest(g, done, word, what), a.request);
         word = Group::StatusWord{nullptr, 0};  // the request's now (or given back with it)
@@ -1043,7 +1043,7 @@ class NvgroupRoute final : public Route {
     }
     if (env.has_stream) return late;
     if (CUresult r = d.cuStreamSynchronize(s); r != CUDA_SUCCESS)
-      return lost(fail(Failure::cuda, cuda::describe((what + " (nvgroup)").c_str(), r)));
+      return lost(cuda::failure(what + " (nvgroup)", r));
     if (__atomic_exchange_n(g->status_host(g->me), 0, __ATOMIC_ACQ_REL))
       return fail(Failure::cuda, what + " (nvgroup): a rank of the group could not take its part");
     return MPI_SUCCESS;

@@ -534,7 +534,7 @@ SC_NVG_HD void run_block(const Params& p, uint32_t b, uint32_t tid, uint32_t nth
 // ---- the elementwise reduction of route ccube ------------------------------------------
 // One step of a host schedule's round run on the GPU (algorithms/schedule.hpp,
 // Op::reduce: buf[i] = src[i] (op) buf[i], MPI_Reduce_local's order): route ccube runs
-// C-Cube's rounds as NCCL send/recv groups followed by these (algorithms/nccl.cpp). The
+// C-Cube's rounds as NCCL send/recv groups followed by these (algorithms/ccube.cpp). The
 // types and ops are the NV-Group kernel's (DType, ROp; the 16-bit floats through float,
 // rounded per step). Every thread of the grid takes the elements i = first, first +
 // stride, ... (a grid-stride loop: coalesced loads, any grid size).

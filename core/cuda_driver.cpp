@@ -18,6 +18,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/errors.hpp"
+
 namespace streamcoll::cuda {
 namespace {
 
@@ -347,6 +349,8 @@ std::string describe(const char* what, CUresult r) {
   return std::string(what) + ": " + (msg ? msg : "unknown error") + " (error " +
          std::to_string(static_cast<int>(r)) + ")";
 }
+
+int failure(const char* what, CUresult r) { return fail(Failure::cuda, describe(what, r)); }
 
 CUresult wait_for_legacy(CUstream stream, CUevent event) {
   const Driver& d = driver();

@@ -4,6 +4,8 @@
 // Thread-safe: the first call to driver() loads it once; afterwards it is read-only.
 #pragma once
 
+#include <mpi.h>
+
 #include <string>
 
 #include "base/types.hpp"
@@ -98,6 +100,20 @@ std::string profile_report();
 #if STREAMCOLL_HAVE_CUDA
 /// "cuStreamQuery: an illegal memory access was encountered (error 700)".
 std::string describe(const char* what, CUresult r);
+
+/// The one way a failed driver call becomes an MPI error: logs `what: <the driver's
+/// message> (error N)` (rank-tagged, always) and returns streamcoll's CUDA error code
+/// (Failure::cuda, of class MPI_ERR_OTHER: core/errors.hpp). `r` is not CUDA_SUCCESS.
+/// Same threading rule as fail(): from threads that may call MPI.
+int failure(const char* what, CUresult r);
+inline int failure(const std::string& what, CUresult r) { return failure(what.c_str(), r); }
+
+/// A driver call checked in one expression: MPI_SUCCESS when `r` is CUDA_SUCCESS, else
+/// failure(what, r). `what` names the call (and the route), e.g.
+///   if (const int rc = cuda::check(d.cuEventRecord(e, s), "ht: cuEventRecord")) return rc;
+inline int check(CUresult r, const char* what) {
+  return r == CUDA_SUCCESS ? MPI_SUCCESS : failure(what, r);
+}
 
 /// Orders `stream` after the work already enqueued on the legacy default stream of the
 /// current context, and through it after the earlier work of every blocking stream of that

@@ -850,7 +850,7 @@ class CudaBackend final : public Backend {
       // Even after a failure: nothing may still be copying when the caller frees memory.
       if (CUresult r = d.cuStreamSynchronize(CU_STREAM_PER_THREAD);
           r != CUDA_SUCCESS && rc == MPI_SUCCESS)
-        rc = fail(Failure::cuda, cuda::describe("cuStreamSynchronize (staging)", r));
+        rc = cuda::failure("cuStreamSynchronize (staging)", r);
       if (rc != MPI_SUCCESS) return rc;
       i = j;
     }
@@ -927,7 +927,7 @@ class CudaBackend final : public Backend {
       if (r != CUDA_ERROR_INVALID_HANDLE && r != CUDA_ERROR_CONTEXT_IS_DESTROYED) break;
       ev = nullptr;  // the reset destroyed it
     }
-    return fail(Failure::cuda, cuda::describe("staging: ordering after the legacy stream", r));
+    return cuda::failure("staging: ordering after the legacy stream", r);
   }
 
   int issue_copies(const Copy* c, size_t n) {
@@ -936,7 +936,7 @@ class CudaBackend final : public Backend {
           reinterpret_cast<CUdeviceptr>(c[k].dst), reinterpret_cast<CUdeviceptr>(c[k].src),
           c[k].bytes, CU_STREAM_PER_THREAD);
       if (r != CUDA_SUCCESS)
-        return fail(Failure::cuda, cuda::describe("cuMemcpyAsync (staging a GPU buffer)", r));
+        return cuda::failure("cuMemcpyAsync (staging a GPU buffer)", r);
     }
     return MPI_SUCCESS;
   }
@@ -988,7 +988,7 @@ class CudaBackend final : public Backend {
       const CUresult r = cuda::driver().cuLaunchKernel(fn, p.n, 1, 1, nv::kBatchThreads, 1, 1, 0,
                                                        CU_STREAM_PER_THREAD, args, nullptr);
       if (r != CUDA_SUCCESS)
-        return fail(Failure::cuda, cuda::describe("cuLaunchKernel (staging copies)", r));
+        return cuda::failure("cuLaunchKernel (staging copies)", r);
     }
     return MPI_SUCCESS;
 #else

@@ -157,7 +157,7 @@ void gated() {
 // A burst of 8 stream-ordered MPI_Iallreduce calls fused on route ht (16 ints each, on
 // fake device memory, the stream `s` attached to a new duplicate), completed with
 // MPI_Waitall and read once the stream is through; true if every result is right. Uses
-// route ht's pooled events and side streams (algorithms/ht.cpp, DeviceSide).
+// route ht's pooled events and side streams (algorithms/ht_device.hpp, DeviceSide).
 bool fused_burst_right(CUstream_st* s, unsigned salt) {
   MPI_Comm c;
   MPI_Comm_dup(MPI_COMM_WORLD, &c);
