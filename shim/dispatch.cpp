@@ -55,27 +55,29 @@
 //   MPI_Allreduce(...)                       shim/collectives.cpp
 //      pass_through(): nothing can route it here -> PMPI_ call
 //   -> dispatch(CollArgs)
-//      decide():  MPI_COMM_NULL                               -> MPI_ERR_COMM
+//      decide():
+//        screen_arguments()  MPI_COMM_NULL                       -> MPI_ERR_COMM
 //                 non-blocking call without a request         -> MPI_ERR_REQUEST
 //                 other invalid arguments, inter-communicator -> pmpi (MPI raises)
 //                 a negative count, recvcounts[i] too         -> MPI_ERR_COUNT
 //                 null data buffer with a predefined type     -> MPI_ERR_BUFFER
-//                 memory kind of the significant buffers (CUDA driver)
-//                 the communicator's stream, if any          streamext/
-//        step 1   candidate? (rank-invariant: table, forced routes, arguments)  -> pmpi
-//        step 2   blocking: the signature's agreement, at once or from earlier calls
-//                 (context created the first time, collectively)
+//        classify()  memory kind of the significant buffers (CUDA driver), or the
+//                 communicator's assertion; the communicator's stream, if any  streamext/
+//        step 1   candidate()? (rank-invariant: table, forced routes, arguments) -> pmpi
+//        step 2   blocking, decide_blocking(): the signature's agreement, at once or
+//                 from earlier calls (context created the first time, collectively)
 //                 non-blocking: the last blocking call's agreement, or pmpi
 //                 agreed facts not routable (mixed kinds, a rank's arguments) -> pmpi
-//        step 3   tuning table with the agreed facts: first matching rule
-//                                                             config/tuning_table
+//        step 3   choose_route(), walk_rules(): tuning table with the agreed facts: first
+//                 matching rule                               config/tuning_table
 //                 route absent, unable on some rank, or declines -> the next rule
 //                 (a forced route: STREAMCOLL_ROUTE, streamcoll_comm_set_route)  -> pmpi
 //                 no rule left                                -> pmpi
-//      route.run(args, this rank's buffers)                   algorithms/
-//        (pmpi with a stream: the stream is synchronised first, so the call is still
-//        correct, only not asynchronous; pmpi on GPU buffers with an MPI that is not
-//        CUDA-aware: the buffers are staged through host memory  core/host_staging)
+//      run_on_route(): route.run(args, this rank's buffers)   algorithms/
+//      run_on_pmpi(): with a stream, the stream is synchronised first, so the call is
+//        still correct, only not asynchronous; on GPU buffers with an MPI that is not
+//        CUDA-aware, the buffers are staged through host memory   core/host_staging
+//      run_fused(): MPI_Iallreduce calls fused                algorithms/fusion
 //      statistics (STREAMCOLL_STATS)                          core/stats
 #include "shim/dispatch.hpp"
 
@@ -295,42 +297,13 @@ bool cacheable(const Decision& d, const CollArgs& a, const AgreedFacts& agreed) 
                                       a.coll == Coll::alltoall);
 }
 
-// Step 3 of decide(), the route: the table and the forced routes matched with the agreed
-// facts; routes decide whether they accept from the agreed facts too (Route::accepts).
-// Fills d.route, d.choice, d.fuse, d.env.agreed_mem, d.agreed_stream.
-void choose_route(Decision& d, const CollArgs& a, const AgreedFacts& agreed, int size, int rank,
-                  bool check, Runtime& rt) {
+// Step 3's rule walk: the matching rules in order (`walk`: the forced routes' rule, else
+// the table's, the rest of the table on demand) until one's route is in this build, no
+// rank is unable to run it, and it accepts the call (Route::accepts, from the agreed
+// facts `env`). Fills d.route, d.choice, d.fuse.
+void walk_rules(Decision& d, const CollArgs& a, const CallEnv& env, const config::CallKey& key,
+                const DecisionCache::Rules& walk, int rank, bool check, Runtime& rt) {
   CommContext* ctx = d.ctx;
-  const std::shared_ptr<const config::TuningTable>& forced = d.forced;
-  if (!agreed.valid || !agreed.routable) {
-    if (check) check_agreement(a.comm, a.coll, a.nonblocking, d.route, MemKind::host, rank);
-    SC_TRACE("%s %llu B on %s memory -> pmpi (%s)", call_name(a.coll, a.nonblocking).c_str(),
-             static_cast<unsigned long long>(d.bytes), std::string(name(d.env.mem)).c_str(),
-             agreed.valid ? agreed.why : "no blocking call has agreed on its facts yet");
-    return;
-  }
-  d.env.agreed_mem = agreed.mem;
-  CallEnv env = d.env;  // what the route decides from: agreed, with this rank's GPU
-  env.mem = agreed.mem;
-  env.has_stream = agreed.stream &&
-                   (agreed.mem == MemKind::device || agreed.mem == MemKind::managed);
-  d.agreed_stream = env.has_stream;
-  env.unable = agreed.unable;
-  config::CallKey key{a.coll, d.bytes, size, ctx->nodes, ctx->ppn, env.mem, env.has_stream};
-  // The matching rules: the forced routes' first (streamcoll_comm_set_route), else the
-  // table's in order; from the communicator's decision cache when a call with this key was
-  // walked before (STREAMCOLL_DECISION_CACHE), else walked now, one rule at a time.
-  DecisionCache::Rules walk;
-  const int cache = rt.settings().decision_cache;
-  if (cache > 0 || (cache < 0 && rt.table().rules().size() >= config::kDecisionCacheRules)) {
-    walk = ctx->decisions.lookup(key, forced, rt.table(), rt.table_generation());
-  } else {
-    if (forced) walk.forced = forced->match(key);
-    if (!walk.forced && (walk.table[0] = rt.table().match(key))) {
-      walk.count = 1;
-      walk.overflow = true;  // the rest on demand
-    }
-  }
   // A forced route (streamcoll_comm_set_route, STREAMCOLL_ROUTE) that declines goes to
   // pmpi; a table rule's route that declines hands the call to the next matching rule.
   // Routes are asked about the call as every rank describes it: where this rank describes
@@ -381,6 +354,45 @@ void choose_route(Decision& d, const CollArgs& a, const AgreedFacts& agreed, int
     rule = next;
     if (!rule) d.choice = nullptr;
   }
+}
+
+// Step 3 of decide(), the route: the table and the forced routes matched with the agreed
+// facts; routes decide whether they accept from the agreed facts too (Route::accepts).
+// Fills d.route, d.choice, d.fuse, d.env.agreed_mem, d.agreed_stream.
+void choose_route(Decision& d, const CollArgs& a, const AgreedFacts& agreed, int size, int rank,
+                  bool check, Runtime& rt) {
+  CommContext* ctx = d.ctx;
+  const std::shared_ptr<const config::TuningTable>& forced = d.forced;
+  if (!agreed.valid || !agreed.routable) {
+    if (check) check_agreement(a.comm, a.coll, a.nonblocking, d.route, MemKind::host, rank);
+    SC_TRACE("%s %llu B on %s memory -> pmpi (%s)", call_name(a.coll, a.nonblocking).c_str(),
+             static_cast<unsigned long long>(d.bytes), std::string(name(d.env.mem)).c_str(),
+             agreed.valid ? agreed.why : "no blocking call has agreed on its facts yet");
+    return;
+  }
+  d.env.agreed_mem = agreed.mem;
+  CallEnv env = d.env;  // what the route decides from: agreed, with this rank's GPU
+  env.mem = agreed.mem;
+  env.has_stream = agreed.stream &&
+                   (agreed.mem == MemKind::device || agreed.mem == MemKind::managed);
+  d.agreed_stream = env.has_stream;
+  env.unable = agreed.unable;
+  config::CallKey key{a.coll, d.bytes, size, ctx->nodes, ctx->ppn, env.mem, env.has_stream};
+  // The matching rules: the forced routes' first (streamcoll_comm_set_route), else the
+  // table's in order; from the communicator's decision cache when a call with this key was
+  // walked before (STREAMCOLL_DECISION_CACHE), else walked now, one rule at a time.
+  DecisionCache::Rules walk;
+  const int cache = rt.settings().decision_cache;
+  if (cache > 0 || (cache < 0 && rt.table().rules().size() >= config::kDecisionCacheRules)) {
+    walk = ctx->decisions.lookup(key, forced, rt.table(), rt.table_generation());
+  } else {
+    if (forced) walk.forced = forced->match(key);
+    if (!walk.forced && (walk.table[0] = rt.table().match(key))) {
+      walk.count = 1;
+      walk.overflow = true;  // the rest on demand
+    }
+  }
+  walk_rules(d, a, env, key, walk, rank, check, rt);
   SC_TRACE("%s %llu B on %s memory%s -> %s", call_name(a.coll, a.nonblocking).c_str(),
            static_cast<unsigned long long>(d.bytes), std::string(name(d.env.mem)).c_str(),
            d.env.has_stream ? " with a stream" : "", std::string(name(d.route)).c_str());
@@ -434,25 +446,27 @@ bool negative_recvcount(const CollArgs& a, int size) {
   return false;
 }
 
-Decision decide(const CollArgs& a, Runtime& rt) {
-  Decision d;
-  if ((d.error = screen(a, &d.error_comm)) != MPI_SUCCESS) return d;
-  CallFacts f;
-  f.coll = a.coll;
-  f.fortran = a.fortran != nullptr;
-  f.invalid_args = obviously_invalid(a);
-  if (f.invalid_args) return d;  // PMPI raises the error; nothing else may touch a.comm
-
-  CommContext* ctx = comm_context(a.comm, false);
-  int rank = 0, size = 1;
-  if (!intra_rank_size(a.comm, ctx, &rank, &size)) return d;
-  if (negative_recvcount(a, size)) {
+// decide(), first: the call's arguments checked and measured. The errors streamcoll raises
+// itself (d.error); calls the MPI must see as they are (false: to pmpi, where MPI raises
+// what is wrong); else d.bytes, d.well_formed, the call's facts (*f), the communicator's
+// context if it has one (*ctx), this rank and its size, and the send and receive type
+// sizes (*sts, *rts).
+bool screen_arguments(const CollArgs& a, Decision& d, CallFacts* f, CommContext** ctx,
+                      int* rank, int* size, int* sts, int* rts) {
+  if ((d.error = screen(a, &d.error_comm)) != MPI_SUCCESS) return false;
+  f->coll = a.coll;
+  f->fortran = a.fortran != nullptr;
+  f->invalid_args = obviously_invalid(a);
+  if (f->invalid_args) return false;  // PMPI raises the error; nothing else may touch a.comm
+  *ctx = comm_context(a.comm, false);
+  if (!intra_rank_size(a.comm, *ctx, rank, size)) return false;
+  if (negative_recvcount(a, *size)) {
     d.error = MPI_ERR_COUNT;
     d.error_comm = a.comm;
-    return d;
+    return false;
   }
-  if ((a.coll == Coll::reduce || a.coll == Coll::bcast) && (a.root < 0 || a.root >= size))
-    return d;  // MPI_ERR_ROOT from PMPI
+  if ((a.coll == Coll::reduce || a.coll == Coll::bcast) && (a.root < 0 || a.root >= *size))
+    return false;  // MPI_ERR_ROOT from PMPI
   d.well_formed = true;
 
   const bool reduction_family = a.coll == Coll::allreduce || a.coll == Coll::reduce ||
@@ -461,114 +475,103 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   const MPI_Datatype rtype = reduction_family ? a.datatype : a.recvtype;
   const MPI_Datatype stype =
       reduction_family ? a.datatype : (a.sendbuf == MPI_IN_PLACE ? rtype : a.sendtype);
-  f.send_type = a.coll == Coll::barrier ? nullptr : find_type(stype);
-  f.recv_type = a.coll == Coll::barrier ? nullptr : find_type(rtype);
-  const int sts = type_size(stype, f.send_type), rts = type_size(rtype, f.recv_type);
-  f.counts_match = a.sendbuf == MPI_IN_PLACE || reduction_family ||
-                   a.coll == Coll::allgatherv || a.sendcount == a.recvcount;
-  f.op = takes_op(a.coll) ? find_op(a.op) : nullptr;
-  d.bytes = f.bytes = call_bytes(a, size, sts, rts);
+  f->send_type = a.coll == Coll::barrier ? nullptr : find_type(stype);
+  f->recv_type = a.coll == Coll::barrier ? nullptr : find_type(rtype);
+  *sts = type_size(stype, f->send_type);
+  *rts = type_size(rtype, f->recv_type);
+  f->counts_match = a.sendbuf == MPI_IN_PLACE || reduction_family ||
+                    a.coll == Coll::allgatherv || a.sendcount == a.recvcount;
+  f->op = takes_op(a.coll) ? find_op(a.op) : nullptr;
+  d.bytes = f->bytes = call_bytes(a, *size, *sts, *rts);
 
   // A null pointer where a predefined datatype says data lives: MPI_ERR_BUFFER (as
   // MPICH reports it), rather than handing it to an MPI that may dereference it.
-  if (has_null_pointer(a) && f.send_type && f.recv_type &&
-      null_data_buffer(a, rank, size, sts, rts)) {
+  if (has_null_pointer(a) && f->send_type && f->recv_type &&
+      null_data_buffer(a, *rank, *size, *sts, *rts)) {
     SC_WARN("%s: null buffer with %llu bytes of data; raising MPI_ERR_BUFFER",
             call_name(a.coll, a.nonblocking).c_str(), static_cast<unsigned long long>(d.bytes));
     d.error = MPI_ERR_BUFFER;
     d.error_comm = a.comm;
-    return d;
+    return false;
   }
+  return true;
+}
 
-  // Host memory asserted on the communicator (mpi_assert_memory_alloc_kinds, agreed when
-  // the info was set: shim/comm_info.cpp): the memory kind is a fact equal on every rank;
-  // no buffer is classified, and a call that no rule routes for it goes to pmpi at once.
+// decide(), then: this rank's memory kind for the call (d.env.mem, f->mem). Host memory
+// asserted on the communicator (mpi_assert_memory_alloc_kinds, agreed when the info was
+// set: shim/comm_info.cpp) is a fact equal on every rank: no buffer is classified, and a
+// call that no rule routes for host memory goes to pmpi at once (false). Otherwise each
+// significant buffer is classified once (d.kinds), and under STREAMCOLL_CHECK held
+// against what the communicator asserts.
+bool classify(const CollArgs& a, const CommContext* ctx, Decision& d, CallFacts* f, int rank,
+              int size, int sts, int rts, bool check, Runtime& rt) {
   const uint32_t asserted = ctx ? ctx->asserted_kinds.load(std::memory_order_relaxed) : 0;
-  const bool check = rt.check_on();
   if (alloc_kinds::host_only(asserted) && !check) {
-    d.env.mem = f.mem = alloc_kinds::routing_kind(asserted);
+    d.env.mem = f->mem = alloc_kinds::routing_kind(asserted);
     d.asserted_host = true;
     std::shared_ptr<const config::TuningTable> forced = ctx->forced_routes();
-    if (!rt.table().routes_host(a.coll) && !(forced && forced->routes_host(a.coll))) return d;
-  } else {
-    BufferUse bufs[2];
-    d.env.mem = f.mem = combine(bufs, significant_buffers(a, rank, size, sts, rts, bufs),
-                                &d.env.device, &d.kinds);
-    if (asserted && check) check_asserted(a, asserted, d.kinds, rank);
+    return rt.table().routes_host(a.coll) || (forced && forced->routes_host(a.coll));
   }
-  if (!rt.full_path(a.coll)) return d;  // only statistics asked for the facts above
-  void* stream = nullptr;
-  const bool attached = streamext::attached(a.comm, &stream);
-  if (attached && (d.env.mem == MemKind::device || d.env.mem == MemKind::managed)) {
-    d.env.has_stream = true;
-    d.env.stream = stream;
-  }
-  const Verdict verdict = eligibility(f);
+  BufferUse bufs[2];
+  d.env.mem = f->mem = combine(bufs, significant_buffers(a, rank, size, sts, rts, bufs),
+                               &d.env.device, &d.kinds);
+  if (asserted && check) check_asserted(a, asserted, d.kinds, rank);
+  return true;
+}
 
-  // Step 1, rank-invariant: may this call leave pmpi at all? From the call's arguments
-  // that MPI requires to match, the table (agreed at MPI_Init) and the communicator's
-  // forced routes (streamcoll_comm_set_route is collective). A verdict that only this
-  // rank's arguments can cause (memory kinds, binding, how a gather-like call describes
-  // its type signature) is not used here: it goes into the agreement below.
-  std::shared_ptr<const config::TuningTable> forced = ctx ? ctx->forced_routes() : nullptr;
-  const bool candidate =
+// Step 1, rank-invariant: may this call leave pmpi at all? From the call's arguments that
+// MPI requires to match, the table (agreed at MPI_Init) and the communicator's forced
+// routes (streamcoll_comm_set_route is collective). A verdict that only this rank's
+// arguments can cause (memory kinds, binding, how a gather-like call describes its type
+// signature) is not used here: it goes into the agreement (step 2).
+bool candidate(const CollArgs& a, const Decision& d, Verdict verdict,
+               const config::TuningTable* forced, int rank, bool check, Runtime& rt) {
+  const bool is =
       invariant_verdict(verdict, a.coll) &&
       (rt.candidate(a.coll) || (forced && forced->may_leave_pmpi_any(a.coll)));
-  if (check && !a.nonblocking) check_inputs(a.comm, a.coll, d.bytes, a.root, candidate, rank);
-  if (!candidate) {
+  if (check && !a.nonblocking) check_inputs(a.comm, a.coll, d.bytes, a.root, is, rank);
+  if (!is) {
     if (check) check_agreement(a.comm, a.coll, a.nonblocking, d.route, MemKind::host, rank);
     SC_TRACE("%s %llu B on %s memory -> pmpi (%s)", call_name(a.coll, a.nonblocking).c_str(),
              static_cast<unsigned long long>(d.bytes), std::string(name(d.env.mem)).c_str(),
              verdict == Verdict::eligible ? "no rule routes it" : describe(verdict));
-    return d;
   }
+  return is;
+}
 
-  // Step 2, agreement. A blocking call is a point every rank of the communicator reaches
-  // and decides alike (step 1): the context is created there (collectively, the first
-  // time). The first call of a signature (core/agreement.hpp: CallSignature) agrees at
-  // once on what each rank sees; while its calls go where any rank's buffers can be
-  // taken (cacheable()), later ones decide from agreements started at earlier calls of
-  // the signature (SignatureAgreements: no collective of streamcoll's own on their path
-  // but a refresh now and then, so a stream-ordered call does not wait for late peers),
-  // and a call that those facts would route elsewhere agrees at once. A non-blocking call must start
-  // without waiting for the others: it uses the facts of the last blocking call of its
-  // collective on the communicator, and goes to pmpi before there was one.
-  Mine mine(a, d.env, verdict != Verdict::eligible, attached);
-  AgreedFacts agreed;
-  SignatureAgreements* sig = nullptr;
+// Steps 2 and 3 for a blocking call. It is a point every rank of the communicator reaches
+// and decides alike (step 1): the context is created there (collectively, the first
+// time). The first call of a signature (core/agreement.hpp: CallSignature) agrees at once
+// on what each rank sees; while its calls go where any rank's buffers can be taken
+// (cacheable()), later ones decide from agreements started at earlier calls of the
+// signature (SignatureAgreements: no collective of streamcoll's own on their path but a
+// refresh now and then, so a stream-ordered call does not wait for late peers), and a
+// call that those facts would route elsewhere agrees at once.
+void decide_blocking(Decision& d, const CollArgs& a, Mine& mine, int size, int rank, bool check,
+                     Runtime& rt) {
+  if (!d.ctx) d.ctx = comm_context(a.comm, true);
+  if (!d.ctx) return;  // the MPI failed to set one up (on every rank)
+  CommContext& ctx = *d.ctx;
+  mine.ctx = &ctx;
+  SignatureAgreements& sig = ctx.signature(signature_of(a, d.bytes));
   bool agreed_now = false;
-  if (!a.nonblocking) {
-    if (!ctx) ctx = comm_context(a.comm, true);
-    if (!ctx) return d;  // the MPI failed to set one up (on every rank)
-    mine.ctx = ctx;
-    sig = &ctx->signature(signature_of(a, d.bytes));
-    agreed = signature_facts(*sig, *ctx, a.comm, size, mine, &agreed_now);
-    // MPI_Iallreduce fusion's queue (algorithms/fusion.hpp), made at the first blocking call
-    // that gets here (every rank of the communicator reaches this point alike) when a
-    // rule can fuse and the progress thread may call MPI: equal on every rank.
-    if (!ctx->fusion_tried && rt.thread_multiple() &&
-        (rt.table().fuses() || (forced && forced->fuses()))) {
-      ctx->fusion_tried = true;
-      ctx->fusion = fusion::open(*ctx, forced, d.env.device);
-    }
-  } else if (ctx) {
-    agreed = ctx->agreed[static_cast<int>(a.coll)];
-    if (!agreed.valid) agreed = ctx->agreed_last;
+  AgreedFacts agreed = signature_facts(sig, ctx, a.comm, size, mine, &agreed_now);
+  // MPI_Iallreduce fusion's queue (algorithms/fusion.hpp), made at the first blocking call
+  // that gets here (every rank of the communicator reaches this point alike) when a rule
+  // can fuse and the progress thread may call MPI: equal on every rank.
+  if (!ctx.fusion_tried && rt.thread_multiple() &&
+      (rt.table().fuses() || (d.forced && d.forced->fuses()))) {
+    ctx.fusion_tried = true;
+    ctx.fusion = fusion::open(ctx, d.forced, d.env.device);
   }
-  d.ctx = ctx;
-  d.forced = forced;
   d.agreed_host = agreed.valid && agreed.host_only;
-  if (!sig) {
-    choose_route(d, a, agreed, size, rank, check, rt);
-    return d;
-  }
   const CallEnv local_env = d.env;
   choose_route(d, a, agreed, size, rank, check, rt);
   if (!agreed_now && !cacheable(d, a, agreed)) {
     // Facts from earlier calls would take this one where a rank whose own facts differ
     // could not adapt: every rank (deciding alike) agrees on this call's facts, and the
     // route is chosen again (what choose_route sets, reset).
-    agreed = sig->agree(a.comm, size, mine.get());
+    agreed = sig.agree(a.comm, size, mine.get());
     d.env = local_env;
     d.route = RouteId::pmpi;
     d.choice = nullptr;
@@ -579,9 +582,52 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   } else if (!agreed_now) {
     d.env.adopted = true;
   }
-  sig->decided(cacheable(d, a, agreed), d.route != RouteId::pmpi);
-  ctx->agreed[static_cast<int>(a.coll)] = agreed;
-  ctx->agreed_last = agreed;
+  sig.decided(cacheable(d, a, agreed), d.route != RouteId::pmpi);
+  ctx.agreed[static_cast<int>(a.coll)] = agreed;
+  ctx.agreed_last = agreed;
+}
+
+// How the call is routed, in the order of the map at the top of this file: arguments
+// screened, this rank's memory kind and stream, step 1 (candidate?), then steps 2 and 3
+// (the facts every rank decides from, and the route they choose).
+Decision decide(const CollArgs& a, Runtime& rt) {
+  Decision d;
+  CallFacts f;
+  CommContext* ctx = nullptr;
+  int rank = 0, size = 1, sts = 0, rts = 0;
+  if (!screen_arguments(a, d, &f, &ctx, &rank, &size, &sts, &rts)) return d;
+  const bool check = rt.check_on();
+  if (!classify(a, ctx, d, &f, rank, size, sts, rts, check, rt)) return d;
+  if (!rt.full_path(a.coll)) return d;  // only statistics asked for the facts above
+  void* stream = nullptr;
+  const bool attached = streamext::attached(a.comm, &stream);
+  if (attached && (d.env.mem == MemKind::device || d.env.mem == MemKind::managed)) {
+    d.env.has_stream = true;
+    d.env.stream = stream;
+  }
+  const Verdict verdict = eligibility(f);
+  d.ctx = ctx;
+  d.forced = ctx ? ctx->forced_routes() : nullptr;
+  if (!candidate(a, d, verdict, d.forced.get(), rank, check, rt)) {
+    d.ctx = nullptr;  // to pmpi, as one that touches no context
+    d.forced = nullptr;
+    return d;
+  }
+  Mine mine(a, d.env, verdict != Verdict::eligible, attached);
+  if (!a.nonblocking) {
+    decide_blocking(d, a, mine, size, rank, check, rt);
+    return d;
+  }
+  // A non-blocking call must start without waiting for the others: it uses the facts of
+  // the last blocking call of its collective on the communicator, and goes to pmpi before
+  // there was one.
+  AgreedFacts agreed;
+  if (ctx) {
+    agreed = ctx->agreed[static_cast<int>(a.coll)];
+    if (!agreed.valid) agreed = ctx->agreed_last;
+  }
+  d.agreed_host = agreed.valid && agreed.host_only;
+  choose_route(d, a, agreed, size, rank, check, rt);
   return d;
 }
 
@@ -592,7 +638,7 @@ int sync_stream(void* stream) {
 #if STREAMCOLL_HAVE_CUDA
   if (CUresult r = cuda::driver().cuStreamSynchronize(static_cast<CUstream>(stream));
       r != CUDA_SUCCESS)
-    return fail(Failure::cuda, cuda::describe("cuStreamSynchronize (before the MPI call)", r));
+    return cuda::failure("cuStreamSynchronize (before the MPI call)", r);
 #else
   (void)stream;
 #endif
@@ -636,6 +682,91 @@ int dispatch(const CollArgs& a) {
 
 namespace {
 
+// A call fused with others (algorithms/fusion.hpp): stream-ordered where the agreed facts
+// have a stream and this rank's buffers are on a GPU (fusion::start synchronises the stream
+// where it cannot stage the call). A stream on this rank's communicator that the agreed
+// facts do not have (some rank's lacks one) is synchronised at the call, as the pmpi route
+// does. A failure at the start leaves the call taking its part (the others fuse it); its
+// group fails everywhere.
+int run_fused(const CollArgs& a, const Decision& d) {
+  CallEnv env = d.env;
+  env.has_stream = d.env.has_stream && d.agreed_stream;
+  const int own = d.env.has_stream && !env.has_stream ? sync_stream(d.env.stream) : MPI_SUCCESS;
+  const int rc = fusion::start(*d.ctx->fusion, a, d.fuse, env, own, d.forced, sync_stream);
+  if (rc != MPI_SUCCESS) PMPI_Comm_call_errhandler(a.comm, rc);
+  return rc;
+}
+
+// A call to the MPI's own collective. A failed synchronisation of the stream still leaves
+// this rank in the call (the others are in it); it is this rank's failure (with an outcome
+// exchange: everyone's).
+int run_on_pmpi(const CollArgs& a, Decision& d, Runtime& rt) {
+  const int own = d.env.has_stream ? sync_stream(d.env.stream) : MPI_SUCCESS;
+  // On an MPI that is not CUDA-aware, the ranks learn of a rank's lost GPU input
+  // (host_staging::Outcomes): exchanged, but where the facts the call was decided from
+  // say no rank stages (then a rank that stages anyway aborts the job if it loses its
+  // input: no collective of streamcoll's own, and no longer message, on host calls).
+  using host_staging::Outcomes;
+  const Outcomes outcomes =
+      !rt.staging_job() || a.coll == Coll::barrier || !d.well_formed || d.asserted_host
+          ? Outcomes::none
+      : d.agreed_host ? Outcomes::fatal
+                      : Outcomes::exchanged;
+  if (outcomes == Outcomes::exchanged || host_staging::wanted(a, d.env.mem, outcomes))
+    return host_staging::run(a, outcomes, own, &d.kinds);  // raises its own failures
+  int rc = run_pmpi(a);
+  if (own != MPI_SUCCESS) {
+    PMPI_Comm_call_errhandler(a.comm, own);
+    rc = own;
+  }
+  return rc;
+}
+
+// A call to one of streamcoll's routes, with this rank's buffers.
+int run_on_route(const CollArgs& a, const Decision& d) {
+  static const config::RouteChoice kNoParams;
+  Route* route = find_route(d.route);
+  const config::RouteChoice& choice = d.choice ? *d.choice : kNoParams;
+  int rc;
+  if (!a.nonblocking && repack::needed(a)) {
+    // Routed from earlier agreements while this rank describes its data its own way
+    // (cacheable(): route nccl): it takes part repacked, on host copies, its host waiting
+    // for its stream's work first (its own adaptation; the others are not held).
+    const int own = d.env.has_stream ? sync_stream(d.env.stream) : MPI_SUCCESS;
+    rc = repack::run_blocking(
+        a,
+        [&](const CollArgs& b, int lost) {
+          CallEnv env = d.env;
+          env.mem = MemKind::host;
+          env.device = -1;
+          env.has_stream = false;
+          env.stream = nullptr;
+          env.input_failure = lost;
+          return route->run(b, *d.ctx, choice, env);
+        },
+        own);
+  } else {
+    rc = route->run(a, *d.ctx, choice, d.env);
+  }
+  if (rc != MPI_SUCCESS) PMPI_Comm_call_errhandler(a.comm, rc);
+  return rc;
+}
+
+// An earlier stream-ordered operation on this communicator that failed after its call had
+// returned: reported after this call ran (it decided nothing from it), when this one
+// succeeded.
+int report_async_error(const CollArgs& a, const Decision& d, int rc) {
+  if (!d.ctx || d.ctx->async_error->load(std::memory_order_relaxed) == MPI_SUCCESS) return rc;
+  const int late = d.ctx->async_error->exchange(MPI_SUCCESS);
+  if (late != MPI_SUCCESS && rc == MPI_SUCCESS) {
+    SC_WARN("%s: reporting the failure of an earlier stream-ordered operation on this "
+            "communicator", call_name(a.coll, a.nonblocking).c_str());
+    PMPI_Comm_call_errhandler(a.comm, late);
+    return late;
+  }
+  return rc;
+}
+
 // dispatch() for a call whose datatypes need no repacking.
 int dispatch_described(const CollArgs& a, Runtime& rt) {
   const bool timed = rt.stats_on();
@@ -643,86 +774,22 @@ int dispatch_described(const CollArgs& a, Runtime& rt) {
   const uint64_t t0 = timed ? now_ns() : 0;
   Decision d = decide(a, rt);
   int rc;
-  const uint64_t fuse = d.error == MPI_SUCCESS ? d.fuse : 0;
+  const bool fused = d.error == MPI_SUCCESS && d.fuse;
   // Any other call on a communicator with fused calls open closes their group (they
   // would not be joined by later calls for long, and the application may wait for them
   // inside this one).
-  if (!fuse && d.ctx && d.ctx->fusion) fusion::poke(*d.ctx->fusion);
+  if (!fused && d.ctx && d.ctx->fusion) fusion::poke(*d.ctx->fusion);
   if (d.error != MPI_SUCCESS) {
     PMPI_Comm_call_errhandler(d.error_comm, d.error);
     rc = d.error;
-  } else if (fuse) {
-    // Stream-ordered where the agreed facts have a stream and this rank's buffers are on
-    // a GPU (fusion::start synchronises the stream where it cannot stage the call). A
-    // stream on this rank's communicator that the agreed facts do not have (some rank's
-    // lacks one) is synchronised at the call, as the pmpi route does. A failure at the
-    // start leaves the call taking its part (the others fuse it); its group fails
-    // everywhere.
-    CallEnv env = d.env;
-    env.has_stream = d.env.has_stream && d.agreed_stream;
-    const int own = d.env.has_stream && !env.has_stream ? sync_stream(d.env.stream) : MPI_SUCCESS;
-    rc = fusion::start(*d.ctx->fusion, a, fuse, env, own, d.forced, sync_stream);
-    if (rc != MPI_SUCCESS) PMPI_Comm_call_errhandler(a.comm, rc);
+  } else if (fused) {
+    rc = run_fused(a, d);
   } else if (d.route == RouteId::pmpi) {
-    // A failed synchronisation of the stream still leaves this rank in the call (the
-    // others are in it); it is this rank's failure (with an outcome exchange: everyone's).
-    const int own = d.env.has_stream ? sync_stream(d.env.stream) : MPI_SUCCESS;
-    // On an MPI that is not CUDA-aware, the ranks learn of a rank's lost GPU input
-    // (host_staging::Outcomes): exchanged, but where the facts the call was decided from
-    // say no rank stages (then a rank that stages anyway aborts the job if it loses its
-    // input: no collective of streamcoll's own, and no longer message, on host calls).
-    using host_staging::Outcomes;
-    const Outcomes outcomes =
-        !rt.staging_job() || a.coll == Coll::barrier || !d.well_formed || d.asserted_host
-            ? Outcomes::none
-        : d.agreed_host ? Outcomes::fatal
-                        : Outcomes::exchanged;
-    if (outcomes == Outcomes::exchanged || host_staging::wanted(a, d.env.mem, outcomes)) {
-      rc = host_staging::run(a, outcomes, own, &d.kinds);  // raises its own failures
-    } else {
-      rc = run_pmpi(a);
-      if (own != MPI_SUCCESS) {
-        PMPI_Comm_call_errhandler(a.comm, own);
-        rc = own;
-      }
-    }
+    rc = run_on_pmpi(a, d, rt);
   } else {
-    static const config::RouteChoice kNoParams;
-    Route* route = find_route(d.route);
-    const config::RouteChoice& choice = d.choice ? *d.choice : kNoParams;
-    if (!a.nonblocking && repack::needed(a)) {
-      // Routed from earlier agreements while this rank describes its data its own way
-      // (cacheable(): route nccl): it takes part repacked, on host copies, its host waiting
-      // for its stream's work first (its own adaptation; the others are not held).
-      const int own = d.env.has_stream ? sync_stream(d.env.stream) : MPI_SUCCESS;
-      rc = repack::run_blocking(
-          a,
-          [&](const CollArgs& b, int lost) {
-            CallEnv env = d.env;
-            env.mem = MemKind::host;
-            env.device = -1;
-            env.has_stream = false;
-            env.stream = nullptr;
-            env.input_failure = lost;
-            return route->run(b, *d.ctx, choice, env);
-          },
-          own);
-    } else {
-      rc = route->run(a, *d.ctx, choice, d.env);
-    }
-    if (rc != MPI_SUCCESS) PMPI_Comm_call_errhandler(a.comm, rc);
+    rc = run_on_route(a, d);
   }
-  // An earlier stream-ordered operation on this communicator failed after its call had
-  // returned: reported now, after this call ran (it decided nothing from it).
-  if (d.ctx && d.ctx->async_error->load(std::memory_order_relaxed) != MPI_SUCCESS) {
-    const int late = d.ctx->async_error->exchange(MPI_SUCCESS);
-    if (late != MPI_SUCCESS && rc == MPI_SUCCESS) {
-      SC_WARN("%s: reporting the failure of an earlier stream-ordered operation on this "
-              "communicator", call_name(a.coll, a.nonblocking).c_str());
-      PMPI_Comm_call_errhandler(a.comm, late);
-      rc = late;
-    }
-  }
+  rc = report_async_error(a, d, rc);
   if (timed) {
     rt.stats().record(a.coll, a.nonblocking, d.route, d.env.mem, d.bytes, now_ns() - t0);
     // The route with its parameters, for streamcoll_last_route (statistics only: the
