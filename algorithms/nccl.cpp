@@ -248,21 +248,22 @@ bool open_device(NcclComm& c, int buffer_device, nccl::GpuId* id, std::string* w
   return true;
 }
 
-// The collective set-up (file comment). Every rank reaches it at the same call.
-void set_up(NcclState& st, const CallEnv& env, const CommContext& ctx) {
-  st.status = NcclState::off;
-  const nccl::Library& lib = nccl::library(Runtime::get().settings().nccl_lib);
-  auto c = std::make_shared<NcclComm>();
-  c->lib = &lib;
-  c->size = ctx.size;
-  struct Entry {
-    uint64_t host, bus, ok, world;
-  } mine{0, 0, 0, 0};
+// One rank's entry in set_up's exchange: its GPU (host and PCI bus), whether it can use
+// NCCL, and its rank in MPI_COMM_WORLD (with the others', the group an NCCL communicator
+// serves: Pool).
+struct GpuEntry {
+  uint64_t host, bus, ok, world;
+};
+
+// Set-up step 1, collective: every rank's GPU (*all, in rank order), c's device opened on
+// this rank. False (NCCL off for the communicator, on every rank alike) when a rank cannot
+// use NCCL, two ranks share a GPU, or MPI fails.
+bool gather_gpus(NcclComm& c, const nccl::Library& lib, const CallEnv& env, const CommContext& ctx,
+                 std::vector<GpuEntry>* all) {
+  GpuEntry mine{0, 0, 0, 0};
   {
     int w = 0;
     MPI_Group g, wg;
-    // This rank's rank in MPI_COMM_WORLD: with the others', the group an NCCL
-    // communicator serves (Pool).
     if (PMPI_Comm_group(ctx.comm, &g) == MPI_SUCCESS) {
       if (PMPI_Comm_group(MPI_COMM_WORLD, &wg) == MPI_SUCCESS) {
         PMPI_Group_translate_ranks(g, 1, &ctx.rank, wg, &w);
@@ -274,58 +275,62 @@ void set_up(NcclState& st, const CallEnv& env, const CommContext& ctx) {
   }
   std::string why;
   nccl::GpuId id;
-  c->async_error = ctx.async_error;
   if (!lib.usable) {
     why = lib.reason;
-  } else if (open_device(*c, env.device, &id, &why)) {
+  } else if (open_device(c, env.device, &id, &why)) {
     mine.host = id.host;
     mine.bus = id.bus;
     mine.ok = 1;
   }
-  std::vector<Entry> all(static_cast<size_t>(ctx.size));
-  if (PMPI_Allgather(&mine, 4, MPI_UINT64_T, all.data(), 4, MPI_UINT64_T, ctx.comm) !=
+  all->assign(static_cast<size_t>(ctx.size), GpuEntry{});
+  if (PMPI_Allgather(&mine, 4, MPI_UINT64_T, all->data(), 4, MPI_UINT64_T, ctx.comm) !=
       MPI_SUCCESS)
-    return;
+    return false;
   std::vector<nccl::GpuId> gpus;
   for (int r = 0; r < ctx.size; ++r) {
-    if (!all[r].ok) {
+    if (!(*all)[r].ok) {
       if (!mine.ok) SC_WARN("nccl: off for a communicator of %d ranks: %s", ctx.size, why.c_str());
       else SC_INFO("nccl: off for a communicator of %d ranks: rank %d cannot use it", ctx.size, r);
-      return;
+      return false;
     }
-    gpus.push_back({all[r].host, all[r].bus});
+    gpus.push_back({(*all)[r].host, (*all)[r].bus});
   }
   if (auto pair = nccl::shared_gpu(gpus)) {
     SC_INFO("nccl: off for a communicator of %d ranks: ranks %d and %d share one GPU; its "
             "calls go to pmpi", ctx.size, pair->first, pair->second);
-    return;
+    return false;
   }
+  return true;
+}
 
-  // An idle NCCL communicator over the same ranks, in the same order, on the same GPUs
-  // (Pool): reused if every rank has it.
-  uint64_t key = nccl::hash(lib.path.c_str());
-  for (const Entry& e : all)
-    for (uint64_t v : {e.host, e.bus, e.world}) key = hash_bytes(&v, sizeof v, key);
-  {
-    std::shared_ptr<NcclComm> idle = Pool::get().take(key);
-    const int64_t cand = idle ? static_cast<int64_t>(idle->id & INT64_MAX) : 0;
-    int64_t in[2] = {cand, -cand}, out[2] = {0, 0};
-    if (PMPI_Allreduce(in, out, 2, MPI_INT64_T, MPI_MAX, ctx.comm) != MPI_SUCCESS) {
-      Pool::get().give_back(std::move(idle));
-      return;
-    }
-    if (idle && out[0] == cand && -out[1] == cand) {
-      idle->async_error = ctx.async_error;
-      idle->stream_ordered.store(false);
-      SC_INFO("nccl: reusing an idle NCCL communicator of %d ranks on device %d", ctx.size,
-              idle->device);
-      st.comm = std::move(idle);
-      st.status = NcclState::ready;
-      return;  // `c` (never initialised) goes
-    }
+// Set-up step 2, collective: an idle NCCL communicator over the same ranks, in the same
+// order, on the same GPUs (Pool, `key`), reused if every rank has it (st ready). Returns
+// 1 when reused, 0 when a new one is to be made, -1 when MPI failed (NCCL off).
+int reuse_idle(NcclState& st, const CommContext& ctx, uint64_t key) {
+  std::shared_ptr<NcclComm> idle = Pool::get().take(key);
+  const int64_t cand = idle ? static_cast<int64_t>(idle->id & INT64_MAX) : 0;
+  int64_t in[2] = {cand, -cand}, out[2] = {0, 0};
+  if (PMPI_Allreduce(in, out, 2, MPI_INT64_T, MPI_MAX, ctx.comm) != MPI_SUCCESS) {
     Pool::get().give_back(std::move(idle));
+    return -1;
   }
+  if (idle && out[0] == cand && -out[1] == cand) {
+    idle->async_error = ctx.async_error;
+    idle->stream_ordered.store(false);
+    SC_INFO("nccl: reusing an idle NCCL communicator of %d ranks on device %d", ctx.size,
+            idle->device);
+    st.comm = std::move(idle);
+    st.status = NcclState::ready;
+    return 1;
+  }
+  Pool::get().give_back(std::move(idle));
+  return 0;
+}
 
+// Set-up step 3, collective: a new NCCL communicator in `c` (rank 0's ncclUniqueId, the
+// failure notices' communicator, ncclCommInitRank), and *id, equal on every rank. False,
+// with nothing left behind, unless every rank has one.
+bool create_comm(NcclComm& c, const nccl::Library& lib, const CommContext& ctx, uint64_t* id) {
   struct {
     ncclUniqueId id;
     int ok;
@@ -335,41 +340,63 @@ void set_up(NcclState& st, const CallEnv& env, const CommContext& ctx) {
     root.ok = r == ncclSuccess;
     if (!root.ok) log_error("%s", lib.describe("ncclGetUniqueId", r).c_str());
   }
-  if (PMPI_Bcast(&root, sizeof(root), MPI_BYTE, 0, ctx.comm) != MPI_SUCCESS || !root.ok) return;
+  if (PMPI_Bcast(&root, sizeof(root), MPI_BYTE, 0, ctx.comm) != MPI_SUCCESS || !root.ok)
+    return false;
   // The failure notices' communicator first (collective: every rank gets here); no more
   // than Pool::kMaxLive NCCL communicators in a process.
-  int ok = c->open_faults(ctx.comm) ? 1 : 0;
+  int ok = c.open_faults(ctx.comm) ? 1 : 0;
   if (ok && !Pool::get().room()) {
     SC_INFO("nccl: %d NCCL communicators exist in this process already; this one's calls take "
             "the next rule", Pool::kMaxLive);
     ok = 0;
   }
   if (ok) {
-    ScopedContext scope(c->cuctx);
-    ncclResult_t r = lib.ncclCommInitRank(&c->comm, ctx.size, root.id, ctx.rank);
+    ScopedContext scope(c.cuctx);
+    ncclResult_t r = lib.ncclCommInitRank(&c.comm, ctx.size, root.id, ctx.rank);
     ok = r == ncclSuccess;
     if (!ok) {
       log_error("%s", lib.describe("ncclCommInitRank", r).c_str());
-      c->comm = nullptr;
+      c.comm = nullptr;
     }
   }
   int all_ok = 0;
   if (PMPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, ctx.comm) != MPI_SUCCESS || !all_ok) {
-    if (c->comm) {
-      ScopedContext scope(c->cuctx);
-      lib.ncclCommAbort(c->comm);
-      c->comm = nullptr;
+    if (c.comm) {
+      ScopedContext scope(c.cuctx);
+      lib.ncclCommAbort(c.comm);
+      c.comm = nullptr;
     }
-    c->close_faults();
+    c.close_faults();
     SC_WARN("nccl: could not create an NCCL communicator of %d ranks; its calls go to pmpi",
             ctx.size);
-    return;
+    return false;
   }
+  *id = hash_bytes(root.id.internal, sizeof root.id.internal, 1469598103934665603ull);
+  return true;
+}
+
+// The collective set-up (file comment). Every rank reaches it at the same call: the
+// communicator's NCCL state ready with an NCCL communicator, reused or new, or off.
+void set_up(NcclState& st, const CallEnv& env, const CommContext& ctx) {
+  st.status = NcclState::off;
+  const nccl::Library& lib = nccl::library(Runtime::get().settings().nccl_lib);
+  auto c = std::make_shared<NcclComm>();
+  c->lib = &lib;
+  c->size = ctx.size;
+  c->async_error = ctx.async_error;
+  std::vector<GpuEntry> all;
+  if (!gather_gpus(*c, lib, env, ctx, &all)) return;
+  uint64_t key = nccl::hash(lib.path.c_str());
+  for (const GpuEntry& e : all)
+    for (uint64_t v : {e.host, e.bus, e.world}) key = hash_bytes(&v, sizeof v, key);
+  if (reuse_idle(st, ctx, key) != 0) return;  // reused (`c`, never initialised, goes), or off
+  uint64_t id = 0;
+  if (!create_comm(*c, lib, ctx, &id)) return;
   SC_INFO("nccl: NCCL %d communicator of %d ranks on device %d", lib.version, ctx.size,
           c->device);
   g_live_nccl.fetch_add(1);
   c->key = key;
-  c->id = hash_bytes(root.id.internal, sizeof root.id.internal, 1469598103934665603ull);
+  c->id = id;
   Watchdog::get().watch(c);
   st.comm = std::move(c);
   st.status = NcclState::ready;
