@@ -273,12 +273,11 @@ struct Queue : std::enable_shared_from_this<Queue> {
     const config::CallKey key{Coll::allreduce, bytes, size, nodes, ppn, MemKind::host, false};
     const config::TuningTable& table = Runtime::get().table();
     const config::Rule* r = h.forced ? h.forced->match(key) : nullptr;
-    const bool forced_rule = r != nullptr;
     if (!r) r = table.match(key);
     while (r) {
       if (r->choice.route == RouteId::pmpi) return nullptr;
       if (r->choice.route == RouteId::ht && ht_ctx) return r;
-      if (forced_rule || r->origin == "STREAMCOLL_ROUTE") return nullptr;
+      if (r->forced) return nullptr;
       r = table.match(key, r);
     }
     return nullptr;

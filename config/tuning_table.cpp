@@ -292,6 +292,7 @@ std::vector<Rule> TuningTable::parse_forced(std::string_view spec,
     std::vector<std::string_view> params(parts.begin() + 2, parts.end());
     if (auto e = parse_choice(parts[1], params, &r.choice); !e.empty()) return fail(e);
     r.origin = "STREAMCOLL_ROUTE";
+    r.forced = true;
     out.push_back(std::move(r));
   }
   return out;

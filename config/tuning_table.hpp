@@ -80,6 +80,9 @@ struct Rule {
   int stream = -1;     ///< -1 any, 0 no, 1 yes
   RouteChoice choice;
   std::string origin;  ///< "file:line" or "STREAMCOLL_ROUTE", for messages
+  /// A forced route (STREAMCOLL_ROUTE, streamcoll_comm_set_route: parse_forced): when its
+  /// route declines a call, the call goes to pmpi, not to the table's next rule.
+  bool forced = false;
   bool matches(const CallKey& k) const;
   /// The rule as a table line ("allreduce,bcast 0-64K * * * device * ht algo=rd"), which
   /// parses back to the same rule.

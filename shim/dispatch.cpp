@@ -334,9 +334,8 @@ void walk_rules(Decision& d, const CollArgs& a, const CallEnv& env, const config
       break;
     }
     if (rule->choice.route == RouteId::pmpi) break;
-    const bool forced_rule = by_comm || rule->origin == "STREAMCOLL_ROUTE";
     const config::Rule* next = nullptr;
-    if (!forced_rule) {
+    if (!rule->forced) {
       if (!beyond && at + 1 < walk.count) {
         next = walk.table[++at];
       } else if (beyond || walk.overflow) {

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "config/tuning_table.hpp"
+#include "streamcoll/streamcoll.h"
 
 using namespace streamcoll;
 using namespace streamcoll::config;
@@ -248,7 +249,9 @@ TEST_CASE("STREAMCOLL_ROUTE forces routes in front of the table") {
   CHECK(r->choice.param("algo") == std::string_view("ring"));
   CHECK(r->choice.param("chunk") == std::string_view("64K"));
   CHECK(r->origin == "STREAMCOLL_ROUTE");
+  CHECK(r->forced);  // declining, it sends the call to pmpi
   CHECK(t.match(key(Coll::alltoall, 8, 2, MemKind::device))->choice.route == RouteId::pmpi);
+  CHECK_FALSE(t.match(key(Coll::alltoall, 8, 2, MemKind::device))->forced);  // the file's rule
   CHECK(t.routes_host(Coll::allreduce));
   CHECK_FALSE(t.routes_host(Coll::alltoall));
 
@@ -303,6 +306,15 @@ TEST_CASE("the route table has one row per route, in RouteId order") {
     CHECK_FALSE(info.summary.empty());
     for (const ParamSpec& p : info.params) CHECK(p.key != "fuse");  // every route's, not one's
   }
+}
+
+TEST_CASE("streamcoll_route_name lists the route table's names, then NULL") {
+  for (int r = 0; r < kNumRoutes; ++r) {
+    REQUIRE(streamcoll_route_name(r) != nullptr);
+    CHECK(std::string(streamcoll_route_name(r)) == std::string(name(static_cast<RouteId>(r))));
+  }
+  CHECK(streamcoll_route_name(kNumRoutes) == nullptr);
+  CHECK(streamcoll_route_name(-1) == nullptr);
 }
 
 TEST_CASE("docs/reference.md's routes table is the one the route table generates") {
