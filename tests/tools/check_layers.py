@@ -13,6 +13,11 @@ lower layer reaches an upper one only through what the upper one registers with 
 (include/streamcoll/) may be included anywhere. Tests, benchmarks and tools are not
 layers and may include anything.
 
+Inside algorithms/, a route's files include another route's headers only where the route
+is declared to build on it (ROUTE_USES: blueconnect runs its levels on ht, nvgroup and
+nccl; nccl carries route ccube; ...); the shared parts (the route interface, schedules,
+the NCCL loader and maps, the kernels' logic) are everyone's.
+
     tests/tools/check_layers.py SOURCE_ROOT
     tests/tools/check_layers.py --self-test
 
@@ -34,7 +39,21 @@ LAYERS = [  # bottom first
     ("shim", "streamext"),
 ]
 RANK = {folder: i for i, group in enumerate(LAYERS) for folder in group}
-INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"/]+)/[^"]+"')
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"/]+)/([^"]+)"')
+# The routes' files in algorithms/ (by file stem), and which routes each may build on.
+ROUTE_FILES = {
+    "pmpi": "pmpi", "nccl": "nccl", "nccl_comm": "nccl", "ccube": "ccube", "ht": "ht",
+    "ht_device": "ht", "blueconnect": "blueconnect", "nvgroup": "nvgroup", "fusion": "fusion",
+}
+ROUTE_USES = {
+    "pmpi": set(),
+    "nccl": {"ccube", "nvgroup"},     # route ccube is nccl's class; ccube's reduction kernel
+    "ccube": {"nccl", "nvgroup"},     # C-Cube's rounds on nccl's communicators, nvgroup's kernels
+    "ht": set(),
+    "blueconnect": {"ht", "nvgroup", "nccl"},  # its levels' backends
+    "nvgroup": set(),                 # (several groups: blueconnect, through find_route)
+    "fusion": {"ht"},                 # fused messages staged by ht's stream stages
+}
 SUFFIXES = {".cpp", ".hpp", ".h", ".cu", ".c"}
 
 
@@ -54,6 +73,18 @@ def self_test() -> int:
         print("self-test: the same tree without it:")
         if check(root) != 0:
             print("self-test: FAIL: a tree whose includes all point down was refused")
+            return 1
+        (root / "algorithms" / "ht.cpp").write_text('#include "algorithms/schedule.hpp"\n'
+                                                    '#include "algorithms/nccl_comm.hpp"\n')
+        print("self-test: route ht including route nccl's header:")
+        if check(root) != 1:
+            print("self-test: FAIL: an undeclared route-to-route include was not reported")
+            return 1
+        (root / "algorithms" / "blueconnect.cpp").write_text('#include "algorithms/nccl_comm.hpp"\n')
+        (root / "algorithms" / "ht.cpp").unlink()
+        print("self-test: route blueconnect including route nccl's header (declared):")
+        if check(root) != 0:
+            print("self-test: FAIL: a declared route-to-route include was refused")
             return 1
     print("self-test: ok")
     return 0
@@ -78,12 +109,21 @@ def check(root: Path) -> int:
                     errors.append(
                         f"{path.relative_to(root)}:{n}: {folder}/ includes {target}/, a layer "
                         f"above it ({' > '.join('/'.join(g) for g in reversed(LAYERS))})")
+                elif folder == target == "algorithms":
+                    mine = ROUTE_FILES.get(path.stem)
+                    theirs = ROUTE_FILES.get(Path(m.group(2)).stem)
+                    if mine and theirs and mine != theirs and theirs not in ROUTE_USES[mine]:
+                        errors.append(
+                            f"{path.relative_to(root)}:{n}: route {mine} includes route "
+                            f"{theirs}'s {m.group(2)}, which it is not declared to build on "
+                            f"(ROUTE_USES in {Path(__file__).name})")
     for e in errors:
         print(e)
     if errors:
-        print(f"layers: {len(errors)} include(s) point up")
+        print(f"layers: {len(errors)} include(s) point up or cross routes undeclared")
         return 1
-    print(f"layers: {files} files, {includes} includes between layer folders, none points up")
+    print(f"layers: {files} files, {includes} includes between layer folders, none points up; "
+          "routes include only the routes they build on")
     return 0
 
 
