@@ -32,8 +32,8 @@
 #include <utility>
 #include <vector>
 
-#include "config/env.hpp"
 #include "algorithms/route.hpp"
+#include "config/env.hpp"
 #include "config/tuning_table.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/host_staging.hpp"
