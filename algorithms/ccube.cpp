@@ -102,7 +102,7 @@ ncclResult_t enqueue_ccube(const CollArgs& a, const CommContext& ctx, const nccl
   return r;
 }
 #else
-ncclResult_t enqueue_ccube(const CollArgs&, const CommContext&, const NcclComm&, CUstream,
+ncclResult_t enqueue_ccube(const CollArgs&, const CommContext&, const nccl::NcclComm&, CUstream,
                            const Ccube&, CUresult*) {
   return ncclInvalidUsage;  // no kernels in this build: the route is not offered
 }
