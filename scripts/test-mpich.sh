@@ -15,7 +15,9 @@ if ! command -v mpiexec.mpich >/dev/null 2>&1 || ! pkg-config --exists mpich; th
 fi
 [ -f "$build/build.ninja" ] ||
   meson setup "$build" --buildtype=release -Dmpi=mpich -Dnvgroup=disabled >/dev/null
-ninja -C "$build" >/dev/null
+# Quiet when it builds; the compiler's errors (ninja prints them on stdout) when it does not.
+ninja -C "$build" >"$build/ninja.log" 2>&1 ||
+  { tail -n 60 "$build/ninja.log"; echo "mpich: the build failed (above; $build/ninja.log)"; exit 1; }
 tests=("$@")
 if [ ${#tests[@]} -eq 0 ]; then
   # Every test at one or two ranks (and those without a rank count), and these at three
