@@ -81,6 +81,7 @@
 #endif
 #include "base/log.hpp"
 #include "core/cuda_driver.hpp"
+#include "core/device_staging.hpp"
 #include "core/errors.hpp"
 #include "core/host_staging.hpp"
 #include "core/requests.hpp"
@@ -493,73 +494,6 @@ ncclResult_t enqueue(const CollArgs& a, const CommContext& ctx, const NcclComm& 
   }
 }
 
-// Where a staged call's data goes in its scratch buffer on the NCCL communicator's GPU:
-// the input (`in`, in_bytes of it at in_off), the scratch size, and the ranges copied back
-// to the same offsets of recvbuf. False for a collective with no staged form.
-struct StagedLayout {
-  struct Range {
-    uint64_t off, bytes;
-  };
-  const char* in = nullptr;
-  uint64_t scratch = 0, in_off = 0, in_bytes = 0;
-  std::vector<Range> out;
-};
-
-bool staged_layout(const CollArgs& a, const CommContext& ctx, StagedLayout* l) {
-  const TypeInfo* t = call_type(a);
-  const uint64_t ts = static_cast<uint64_t>(t->size);
-  const uint64_t p = static_cast<uint64_t>(ctx.size), me = static_cast<uint64_t>(ctx.rank);
-  const bool in_place = a.sendbuf == MPI_IN_PLACE;
-  auto* user = static_cast<char*>(a.recvbuf);
-  const char* in = static_cast<const char*>(in_place ? a.recvbuf : a.sendbuf);
-  uint64_t& scratch = l->scratch;
-  uint64_t& in_off = l->in_off;
-  uint64_t& in_bytes = l->in_bytes;
-  std::vector<StagedLayout::Range>& out = l->out;
-  if (in_place && a.coll == Coll::allgather) in += me * a.recvcount * ts;
-  switch (a.coll) {
-    case Coll::allreduce:
-      scratch = in_bytes = a.count * ts;
-      out.push_back({0, scratch});
-      break;
-    case Coll::reduce:
-      scratch = in_bytes = a.count * ts;
-      if (static_cast<int>(me) == a.root) out.push_back({0, scratch});
-      break;
-    case Coll::bcast:
-      scratch = a.count * ts;
-      in = user;
-      if (static_cast<int>(me) == a.root) in_bytes = scratch;
-      else out.push_back({0, scratch});
-      break;
-    case Coll::allgather: {
-      const uint64_t block = a.recvcount * ts;
-      scratch = p * block;
-      in_off = me * block;
-      in_bytes = block;
-      if (in_place) {  // this rank's block is the input: leave it alone
-        if (me > 0) out.push_back({0, me * block});
-        if (me + 1 < p) out.push_back({(me + 1) * block, (p - me - 1) * block});
-      } else {
-        out.push_back({0, scratch});
-      }
-      break;
-    }
-    case Coll::reduce_scatter_block:
-      scratch = in_bytes = p * a.count * ts;
-      out.push_back({0, a.count * ts});
-      break;
-    case Coll::alltoall:
-      scratch = in_bytes = p * a.recvcount * ts;
-      out.push_back({0, scratch});
-      break;
-    default:
-      return false;
-  }
-  l->in = in;
-  return true;
-}
-
 // A call whose buffers on this rank are not on the NCCL communicator's GPU (host memory,
 // another GPU's, or a mix) while the other ranks' are: it was routed from memory kinds
 // agreed at an earlier call (shim/dispatch.cpp), so this rank takes part through device
@@ -574,13 +508,9 @@ bool staged_layout(const CollArgs& a, const CommContext& ctx, StagedLayout* l) {
 // the bytes MPI says the call writes on this rank are written.
 int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<NcclComm>& c,
                const Ccube* cc, const CallEnv& env) {
-  StagedLayout l;
-  if (!staged_layout(a, ctx, &l))
+  device_staging::Layout l;
+  if (!device_staging::layout(a, ctx.rank, ctx.size, &l))
     return fail(Failure::nccl, call_name(a.coll, a.nonblocking) + ": no staged form");
-  auto* user = static_cast<char*>(a.recvbuf);
-  const char* in = l.in;
-  const uint64_t scratch = l.scratch, in_off = l.in_off, in_bytes = l.in_bytes;
-  std::vector<StagedLayout::Range> out = std::move(l.out);
   const cuda::Driver& d = driver();
   ScopedContext scope(c->cuctx);
   // Any failure before the collective is enqueued leaves this rank out: its peers are told.
@@ -595,34 +525,16 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
     return lost(cuda::failure("cuStreamCreate (staging)",
                                                    made ? made : CUDA_ERROR_INVALID_HANDLE));
   CUstream s = c->classic;
-  int ordered_after = -1;  // the device whose legacy stream s waits for already
-  for (const void* b : {static_cast<const void*>(in), static_cast<const void*>(user)}) {
-    int dev = -1;
-    const MemKind k = b ? cuda::classify(b, &dev) : MemKind::host;
-    if ((k != MemKind::device && k != MemKind::managed) || (dev >= 0 && dev == ordered_after)) continue;
-    if (int rc = host_staging::wait_for_legacy_of(b, s); rc != MPI_SUCCESS) return lost(rc);
-    ordered_after = dev;
-  }
-  if (env.has_stream) {  // and after the attached stream's work, which goes on
-    int rc = MPI_SUCCESS;
-    CUevent ready = c->take_event(&rc);
-    if (!ready) return lost(rc);
-    CUresult r = d.cuEventRecord(ready, static_cast<CUstream>(env.stream));
-    if (r == CUDA_SUCCESS) r = d.cuStreamWaitEvent(s, ready, 0);
-    c->give_event(ready);
-    if (r != CUDA_SUCCESS)
-      return lost(cuda::failure("cuStreamWaitEvent (attached stream)", r));
-  }
-  CUdeviceptr buf = 0;
-  if (const int rc = cuda::check(d.cuMemAllocAsync(&buf, scratch, s), "cuMemAllocAsync (staging)"))
+  // After the work on the buffers' GPUs and on the attached stream, which itself goes on.
+  if (const int rc = device_staging::order_after(
+          l.in, a.recvbuf, s, env.has_stream ? static_cast<CUstream>(env.stream) : nullptr))
     return lost(rc);
-  auto release = [c, buf] { driver().cuMemFreeAsync(buf, c->copy); };
-  if (in_bytes) {
-    if (CUresult r = d.cuMemcpyAsync(buf + in_off, reinterpret_cast<CUdeviceptr>(in), in_bytes, s);
-        r != CUDA_SUCCESS) {
-      d.cuMemFreeAsync(buf, s);
-      return lost(cuda::failure("cuMemcpyAsync (staging in)", r));
-    }
+  CUdeviceptr buf = 0;
+  if (const int rc = cuda::check(d.cuMemAllocAsync(&buf, l.scratch, s), "cuMemAllocAsync (staging)"))
+    return lost(rc);
+  if (const int rc = device_staging::copy_in(l, buf, s)) {
+    d.cuMemFreeAsync(buf, s);
+    return lost(rc);
   }
   CollArgs staged = a;
   staged.sendbuf = MPI_IN_PLACE;
@@ -647,17 +559,11 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
   c->note(s);
   // Runs once the collective is done (or the request is dropped unstarted): results back
   // on the copy stream, which nothing else uses, so waiting for it waits for no other rank.
-  auto back = [c, buf, user, out = std::move(out), release]() -> int {
+  auto back = [c, buf, user = a.recvbuf, l = std::move(l)]() -> int {
     const cuda::Driver& d = driver();
     ScopedContext scope(c->cuctx);
-    int rc = MPI_SUCCESS;
-    for (const StagedLayout::Range& r : out) {
-      CUresult e = d.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(user + r.off), buf + r.off,
-                                   r.bytes, c->copy);
-      if (e != CUDA_SUCCESS && rc == MPI_SUCCESS)
-        rc = cuda::failure("cuMemcpyAsync (staging out)", e);
-    }
-    release();
+    int rc = device_staging::copy_out(l, buf, user, c->copy);
+    d.cuMemFreeAsync(buf, c->copy);
     if (CUresult e = d.cuStreamSynchronize(c->copy); e != CUDA_SUCCESS && rc == MPI_SUCCESS)
       rc = cuda::failure("cuStreamSynchronize (staging out)", e);
     return rc;

@@ -1,0 +1,108 @@
+// Device staging (core/device_staging.hpp): the layout of a staged call, and its copies.
+#include "core/device_staging.hpp"
+
+#include "core/cuda_driver.hpp"
+#include "core/datatypes.hpp"
+#include "core/errors.hpp"
+#include "core/host_staging.hpp"
+
+namespace streamcoll::device_staging {
+
+bool layout(const CollArgs& a, int rank, int size, Layout* l) {
+  const TypeInfo* t =
+      find_type(takes_op(a.coll) || a.coll == Coll::bcast ? a.datatype : a.recvtype);
+  if (!t) return false;
+  const uint64_t ts = static_cast<uint64_t>(t->size);
+  const uint64_t p = static_cast<uint64_t>(size), me = static_cast<uint64_t>(rank);
+  const bool in_place = a.sendbuf == MPI_IN_PLACE;
+  const char* in = static_cast<const char*>(in_place ? a.recvbuf : a.sendbuf);
+  *l = Layout{};
+  std::vector<Layout::Range>& out = l->out;
+  switch (a.coll) {
+    case Coll::allreduce:
+      l->scratch = l->in_bytes = static_cast<uint64_t>(a.count) * ts;
+      out.push_back({0, l->scratch});
+      break;
+    case Coll::reduce:
+      l->scratch = l->in_bytes = static_cast<uint64_t>(a.count) * ts;
+      if (rank == a.root) out.push_back({0, l->scratch});
+      break;
+    case Coll::bcast:
+      l->scratch = static_cast<uint64_t>(a.count) * ts;
+      in = static_cast<const char*>(a.recvbuf);
+      if (rank == a.root)
+        l->in_bytes = l->scratch;
+      else
+        out.push_back({0, l->scratch});
+      break;
+    case Coll::allgather: {
+      const uint64_t block = static_cast<uint64_t>(a.recvcount) * ts;
+      l->scratch = p * block;
+      l->in_off = me * block;
+      l->in_bytes = block;
+      if (in_place) {  // this rank's block is the input: left alone
+        in += me * block;
+        if (me > 0) out.push_back({0, me * block});
+        if (me + 1 < p) out.push_back({(me + 1) * block, (p - me - 1) * block});
+      } else {
+        out.push_back({0, l->scratch});
+      }
+      break;
+    }
+    case Coll::reduce_scatter_block:
+      l->scratch = l->in_bytes = p * static_cast<uint64_t>(a.count) * ts;
+      out.push_back({0, static_cast<uint64_t>(a.count) * ts});
+      break;
+    case Coll::alltoall:
+      l->scratch = l->in_bytes = p * static_cast<uint64_t>(a.recvcount) * ts;
+      out.push_back({0, l->scratch});
+      break;
+    default:
+      return false;
+  }
+  l->in = in;
+  return true;
+}
+
+#if STREAMCOLL_HAVE_CUDA
+int order_after(const void* in, const void* out, CUstream s, CUstream attached) {
+  const cuda::Driver& d = cuda::driver();
+  int ordered_after = -1;  // the device whose legacy stream s waits for already
+  for (const void* b : {in, out}) {
+    int dev = -1;
+    const MemKind k = b ? cuda::classify(b, &dev) : MemKind::host;
+    if ((k != MemKind::device && k != MemKind::managed) || (dev >= 0 && dev == ordered_after))
+      continue;
+    if (const int rc = host_staging::wait_for_legacy_of(b, s); rc != MPI_SUCCESS) return rc;
+    ordered_after = dev;
+  }
+  if (!attached) return MPI_SUCCESS;
+  CUevent ready = nullptr;
+  CUresult r = d.cuEventCreate(&ready, CU_EVENT_DISABLE_TIMING);
+  if (r == CUDA_SUCCESS) r = d.cuEventRecord(ready, attached);
+  if (r == CUDA_SUCCESS) r = d.cuStreamWaitEvent(s, ready, 0);
+  if (ready) d.cuEventDestroy(ready);  // the wait has captured its record
+  return cuda::check(r, "cuStreamWaitEvent (staging after the attached stream)");
+}
+
+int copy_in(const Layout& l, CUdeviceptr buf, CUstream s) {
+  if (!l.in_bytes) return MPI_SUCCESS;
+  return cuda::check(cuda::driver().cuMemcpyAsync(buf + l.in_off, reinterpret_cast<CUdeviceptr>(l.in),
+                                                  l.in_bytes, s),
+                     "cuMemcpyAsync (staging in)");
+}
+
+int copy_out(const Layout& l, CUdeviceptr buf, void* recvbuf, CUstream s) {
+  const cuda::Driver& d = cuda::driver();
+  auto* user = static_cast<char*>(recvbuf);
+  int rc = MPI_SUCCESS;
+  for (const Layout::Range& r : l.out) {
+    const CUresult e = d.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(user + r.off), buf + r.off,
+                                       r.bytes, s);
+    if (e != CUDA_SUCCESS && rc == MPI_SUCCESS) rc = cuda::failure("cuMemcpyAsync (staging out)", e);
+  }
+  return rc;
+}
+#endif
+
+}  // namespace streamcoll::device_staging

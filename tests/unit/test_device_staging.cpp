@@ -1,0 +1,122 @@
+// Device staging (core/device_staging): where a staged call's input and results lie in
+// its scratch buffer, per collective, rank and in-place use.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "core/device_staging.hpp"
+
+using namespace streamcoll;
+using namespace streamcoll::device_staging;
+
+namespace {
+
+char g_send[1], g_recv[1 << 10];  // addresses only; never dereferenced
+
+CollArgs reduction(Coll c, bool in_place, int count, MPI_Datatype t = MPI_INT, int root = 0) {
+  CollArgs a;
+  a.coll = c;
+  a.sendbuf = in_place ? MPI_IN_PLACE : g_send;
+  a.recvbuf = g_recv;
+  a.count = count;
+  a.datatype = t;
+  a.op = MPI_SUM;
+  a.root = root;
+  a.comm = MPI_COMM_WORLD;
+  return a;
+}
+
+CollArgs gather(Coll c, bool in_place, int count, MPI_Datatype t = MPI_INT) {
+  CollArgs a;
+  a.coll = c;
+  a.sendbuf = in_place ? MPI_IN_PLACE : g_send;
+  a.recvbuf = g_recv;
+  a.sendcount = a.recvcount = count;
+  a.sendtype = a.recvtype = t;
+  a.comm = MPI_COMM_WORLD;
+  return a;
+}
+
+using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;
+
+Ranges out_of(const Layout& l) {
+  Ranges r;
+  for (const Layout::Range& x : l.out) r.emplace_back(x.off, x.bytes);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("device staging: allreduce reads its input whole and writes it back whole") {
+  for (bool in_place : {false, true}) {
+    Layout l;
+    REQUIRE(layout(reduction(Coll::allreduce, in_place, 10, MPI_DOUBLE), 1, 4, &l));
+    CHECK(l.in == (in_place ? g_recv : g_send));
+    CHECK(l.scratch == 80);
+    CHECK(l.in_off == 0);
+    CHECK(l.in_bytes == 80);
+    CHECK(out_of(l) == Ranges{{0, 80}});
+  }
+}
+
+TEST_CASE("device staging: reduce writes back at the root only") {
+  Layout l;
+  REQUIRE(layout(reduction(Coll::reduce, false, 6, MPI_INT, 2), 2, 3, &l));
+  CHECK(l.in_bytes == 24);
+  CHECK(out_of(l) == Ranges{{0, 24}});
+  REQUIRE(layout(reduction(Coll::reduce, false, 6, MPI_INT, 2), 0, 3, &l));
+  CHECK(l.in_bytes == 24);
+  CHECK(out_of(l).empty());
+}
+
+TEST_CASE("device staging: bcast reads at the root, writes everywhere else") {
+  Layout l;
+  REQUIRE(layout(reduction(Coll::bcast, false, 5, MPI_INT, 1), 1, 4, &l));
+  CHECK(l.in == g_recv);  // a bcast's buffer is its receive buffer
+  CHECK(l.in_bytes == 20);
+  CHECK(out_of(l).empty());
+  REQUIRE(layout(reduction(Coll::bcast, false, 5, MPI_INT, 1), 3, 4, &l));
+  CHECK(l.in_bytes == 0);
+  CHECK(l.scratch == 20);
+  CHECK(out_of(l) == Ranges{{0, 20}});
+}
+
+TEST_CASE("device staging: allgather puts this rank's block at its slot") {
+  Layout l;
+  REQUIRE(layout(gather(Coll::allgather, false, 3), 2, 4, &l));
+  CHECK(l.in == g_send);
+  CHECK(l.scratch == 48);
+  CHECK(l.in_off == 24);
+  CHECK(l.in_bytes == 12);
+  CHECK(out_of(l) == Ranges{{0, 48}});
+  // In place: the input is this rank's block of recvbuf, which is not written back.
+  REQUIRE(layout(gather(Coll::allgather, true, 3), 2, 4, &l));
+  CHECK(l.in == g_recv + 24);
+  CHECK(out_of(l) == Ranges{{0, 24}, {36, 12}});
+  REQUIRE(layout(gather(Coll::allgather, true, 3), 0, 4, &l));
+  CHECK(out_of(l) == Ranges{{12, 36}});
+  REQUIRE(layout(gather(Coll::allgather, true, 3), 3, 4, &l));
+  CHECK(out_of(l) == Ranges{{0, 36}});
+}
+
+TEST_CASE("device staging: reduce_scatter_block reads every block, writes its first") {
+  for (bool in_place : {false, true}) {
+    Layout l;
+    REQUIRE(layout(reduction(Coll::reduce_scatter_block, in_place, 4), 1, 3, &l));
+    CHECK(l.in == (in_place ? g_recv : g_send));
+    CHECK(l.scratch == 48);
+    CHECK(l.in_bytes == 48);
+    CHECK(out_of(l) == Ranges{{0, 16}});
+  }
+}
+
+TEST_CASE("device staging: alltoall, and collectives without a staged form") {
+  Layout l;
+  REQUIRE(layout(gather(Coll::alltoall, false, 2), 0, 3, &l));
+  CHECK(l.in_bytes == 24);
+  CHECK(out_of(l) == Ranges{{0, 24}});
+  CHECK_FALSE(layout(gather(Coll::allgatherv, false, 2), 0, 3, &l));
+  CHECK_FALSE(layout(reduction(Coll::reduce_scatter, false, 2), 0, 3, &l));
+  CHECK_FALSE(layout(reduction(Coll::barrier, false, 0), 0, 3, &l));
+}
