@@ -51,7 +51,13 @@
 // runs its schedule tainted; failures the levels' routes find after their stages returned
 // are taken at the end of the call (classic) or by the next call (stream-ordered);
 // and a call ends with one small allreduce of the ranks' outcomes over the communicator,
-// so that every rank reports an error when any part failed, never a value built on one.
+// so that every rank reports an error when any part failed, never a value built on one
+// (stream-ordered calls: non-blocking, a peer's failure reported by a later call).
+//
+// Calls decided from earlier agreements (stream-ordered: Route::adapts): a rank whose
+// buffers are not on the levels' GPU stages them through scratch there and runs classic
+// (run_gpu_staged), one without the stream runs classic; each call waits (on the GPU) for
+// the previous call of the communicator on this rank, whatever stream that used.
 // Host buffers have no local failure points (schedules carry a peer's taint anyway).
 #include <mpi.h>
 
@@ -60,6 +66,7 @@
 #include <atomic>
 #include <climits>
 #include <cstring>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -77,6 +84,7 @@
 #include "core/comm_context.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/datatypes.hpp"
+#include "core/device_staging.hpp"
 #include "core/engine_request.hpp"
 #include "core/errors.hpp"
 #include "core/private_comm.hpp"
@@ -121,6 +129,11 @@ struct Layout {
   CUcontext cuctx = nullptr;  // the device's primary context (retained)
   CUstream classic = nullptr; // classic calls: ordered after the legacy default stream
   CUevent legacy = nullptr;   // ... through this event (cuda::wait_for_legacy)
+  // Recorded behind each GPU call's work on this rank: the next call, on another stream
+  // (classic after stream-ordered, or another attached stream), waits for it, so that
+  // the levels' operations of this communicator run in call order on every rank.
+  CUevent last = nullptr;
+  CUstream last_stream = nullptr;  // where `last` was recorded; null: not yet
   void* staging = nullptr;    // pinned host memory for host stages (classic calls only)
   uint64_t staging_bytes = 0;
 
@@ -152,10 +165,11 @@ struct Layout {
     for (MPI_Comm& c : sub)
       if (c != MPI_COMM_NULL) PMPI_Comm_free(&c);  // frees their contexts too
 #if STREAMCOLL_HAVE_CUDA
-    if (classic || legacy || staging) {
+    if (classic || legacy || last || staging) {
       cuda::ScopedContext scope(cuctx);
       if (classic) cuda::driver().cuStreamDestroy(classic);
       if (legacy) cuda::driver().cuEventDestroy(legacy);
+      if (last) cuda::driver().cuEventDestroy(last);
       if (staging) cuda::driver().cuMemFreeHost(staging);
     }
     if (cuctx) cuda::driver().cuDevicePrimaryCtxRelease(cudev);
@@ -203,7 +217,51 @@ struct BcComm : PrivateComm {
   std::map<std::tuple<const Layout*, int, uint64_t, bool, bool>, std::shared_ptr<const Prepared>>
       prepared;
 
-  ~BcComm() { layouts.clear(); }  // the levels' communicators before the duplicate
+  // Stream-ordered calls' outcomes (GpuCall::finish): each rank's failure flag, MAX-reduced
+  // over p2p by an MPI_Iallreduce that no call waits for (a peer may sit in
+  // cudaStreamSynchronize, making no MPI progress, behind work that needs this rank's next
+  // call), completed at a later call of this communicator (take_outcomes, RouteState::
+  // poll) or at MPI_Finalize (blueconnect_release). Every rank starts them in call order.
+  struct Outcome {
+    int mine = 0, any = 0;
+    MPI_Request req = MPI_REQUEST_NULL;
+  };
+  std::mutex outcomes_mu;
+  std::list<Outcome> outcomes;
+
+  // Starts the exchange of this rank's flag.
+  int exchange_outcome(int mine) {
+    std::lock_guard<std::mutex> lock(outcomes_mu);
+    Outcome& o = outcomes.emplace_back();
+    o.mine = mine;
+    if (PMPI_Iallreduce(&o.mine, &o.any, 1, MPI_INT, MPI_MAX, p2p, &o.req) != MPI_SUCCESS) {
+      outcomes.pop_back();
+      return fail(Failure::peer, "blueconnect: the outcome exchange could not start");
+    }
+    return MPI_SUCCESS;
+  }
+
+  // The earlier exchanges that have completed: a peer's failure in one of them is
+  // reported once, as an earlier stream-ordered call's.
+  int take_outcomes() {
+    std::lock_guard<std::mutex> lock(outcomes_mu);
+    int rc = MPI_SUCCESS;
+    for (auto it = outcomes.begin(); it != outcomes.end();) {
+      int done = 0;
+      const int trc = PMPI_Test(&it->req, &done, MPI_STATUS_IGNORE);
+      if (trc == MPI_SUCCESS && !done) {
+        ++it;
+        continue;
+      }
+      if ((trc != MPI_SUCCESS || (it->any && !it->mine)) && rc == MPI_SUCCESS)
+        rc = fail(Failure::peer, "blueconnect: another rank's part of an earlier stream-ordered "
+                                 "call on this communicator failed; its result is not valid");
+      it = outcomes.erase(it);
+    }
+    return rc;
+  }
+
+  ~BcComm();
 
   std::shared_ptr<const Prepared> prepare(const std::shared_ptr<Layout>& lay, Coll coll,
                                           uint64_t vec, bool from_send, bool ring_only) {
@@ -232,8 +290,34 @@ struct BcComm : PrivateComm {
   }
 };
 
+// Outcome exchanges still open when their communicator went, with the duplicate they run
+// on (freeing it under a pending exchange crashes Open MPI 4.1's libnbc, and waiting for
+// them there could wait for a peer that makes no MPI call before it needs this rank's
+// next one): waited for, and the duplicates freed, at MPI_Finalize, where every rank is
+// in MPI (blueconnect_release).
+std::mutex g_orphans_mu;
+std::list<BcComm::Outcome> g_orphans;
+std::vector<MPI_Comm> g_orphan_comms;
+
+BcComm::~BcComm() {
+  take_outcomes();  // (the finished ones; their failures have no call left to report them)
+  layouts.clear();  // the levels' communicators before the duplicate
+  if (outcomes.empty()) return;
+  std::lock_guard<std::mutex> lock(g_orphans_mu);
+  g_orphans.splice(g_orphans.end(), outcomes);  // (the nodes, and so the buffers, move)
+  g_orphan_comms.push_back(p2p);
+  p2p = MPI_COMM_NULL;  // not freed by ~PrivateComm
+}
+
 struct BcState final : RouteState {
   std::shared_ptr<BcComm> comm;
+  // Stream-ordered calls' outcome exchanges still open (BcComm::take_outcomes).
+  int poll(bool* pending) override {
+    const int rc = comm->take_outcomes();
+    std::lock_guard<std::mutex> lock(comm->outcomes_mu);
+    *pending = !comm->outcomes.empty();
+    return rc;
+  }
 };
 
 // ---------------------------------------------------------------------------------------
@@ -560,6 +644,9 @@ bool gpu_levels(Layout& lay, BcComm& bc, const CollArgs& a, const CallEnv& env,
       } else if (d.cuEventCreate(&lay.legacy, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
         lay.legacy = nullptr;
         ok = 0;
+      } else if (d.cuEventCreate(&lay.last, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+        lay.last = nullptr;
+        ok = 0;
       }
     } else {
       lay.cuctx = nullptr;
@@ -690,12 +777,24 @@ class GpuCall {
 
   // The order after the application's work, the work buffer and this rank's input in it.
   void set_up_work() {
+    // No input to give (a staged call's copy failed, a repacked call's read): no data part.
+    if (env_.input_failure != MPI_SUCCESS) {
+      rc_ = env_.input_failure;
+      lost_ = true;
+    }
     // A classic call touches the caller's buffers after the work already on the legacy
     // stream and the application's blocking streams (our stream, a blocking one, would
     // wait for the legacy stream's alone); where it cannot, this rank takes no data part.
-    if (!env_.has_stream)
+    if (!env_.has_stream && !lost_)
       if (CUresult r = cuda::wait_for_legacy(s_, lay_.legacy); r != CUDA_SUCCESS) {
         cuda_fail("blueconnect: ordering after the legacy stream", r);
+        lost_ = true;
+      }
+    // After this communicator's previous call on this rank, whatever its stream (its
+    // stages must not be overtaken: the levels' routes match operations in call order).
+    if (lay_.last_stream && lay_.last_stream != s_ && !lost_)
+      if (CUresult r = d_.cuStreamWaitEvent(s_, lay_.last, 0); r != CUDA_SUCCESS) {
+        cuda_fail("blueconnect: ordering after the previous call", r);
         lost_ = true;
       }
     // reduce_scatter_block always combines in scratch: MPI writes the first block of recv
@@ -857,6 +956,10 @@ class GpuCall {
     if (scratch_)
       if (CUresult r = d_.cuMemFreeAsync(scratch_, s_); r != CUDA_SUCCESS)
         cuda_fail("blueconnect: cuMemFreeAsync", r);
+    if (CUresult r = d_.cuEventRecord(lay_.last, s_); r != CUDA_SUCCESS)
+      cuda_fail("blueconnect: cuEventRecord (behind the call)", r);
+    else
+      lay_.last_stream = s_;
     if (!env_.has_stream) {
       // Polling the levels' failure notices: a peer that could not run a stage makes this
       // rank abort that level, which ends its kernels.
@@ -871,9 +974,19 @@ class GpuCall {
     // its stages are done now) or an earlier stream-ordered call's.
     if (int late = take_late(lay_); late != MPI_SUCCESS && rc_ == MPI_SUCCESS) rc_ = late;
     // The outcome over the whole communicator: a part that failed anywhere spoils the
-    // result everywhere (stages mix every rank's data).
+    // result everywhere (stages mix every rank's data). Where the agreed facts say
+    // stream-ordered, the exchange is non-blocking on every rank (a peer may be late: the
+    // host does not wait), and a peer's failure is a later call's to report, also on a
+    // rank of such a call that has no stream (classic here: waiting for the exchange
+    // could wait for a peer's next MPI call, which may itself wait for this rank).
     int mine = rc_ != MPI_SUCCESS ? 1 : 0, any = 0;
-    if (PMPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, bc_.p2p) != MPI_SUCCESS) any = 1;
+    if (env_.agreed_stream) {
+      if (int earlier = bc_.take_outcomes(); earlier != MPI_SUCCESS && rc_ == MPI_SUCCESS)
+        rc_ = earlier;
+      any = bc_.exchange_outcome(mine) != MPI_SUCCESS;
+    } else if (PMPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, bc_.p2p) != MPI_SUCCESS) {
+      any = 1;
+    }
     if (rc_ == MPI_SUCCESS && any) {
       log_error("blueconnect: another rank's part of this collective failed; this rank's "
                 "result is not valid");
@@ -913,6 +1026,45 @@ int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_pt
             const config::RouteChoice& choice) {
   GpuCall call(a, bc, lay_ptr, env, backends, ring_only, choice);
   return call.run();
+}
+
+// A call on GPU facts whose buffers here are not on the levels' GPU (host memory, managed
+// memory, another GPU: routed from facts agreed at an earlier call, shim/dispatch.cpp):
+// staged through scratch there (core/device_staging.hpp), after the application's work on
+// the buffers' GPUs and on the stream attached here, and run as a classic call on this
+// rank (the host waits, and its outcome exchange takes the agreed form). A failed copy in
+// still takes part, with no data (GpuCall: lost_), so that no level waits for it.
+int run_gpu_staged(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay,
+                   const CallEnv& env, const std::vector<Backend>& backends, bool ring_only,
+                   const config::RouteChoice& choice) {
+  const cuda::Driver& d = cuda::driver();
+  cuda::ScopedContext scope(lay->cuctx);
+  device_staging::Layout l;
+  int rc = device_staging::layout(a, bc.rank, bc.size, &l)
+               ? MPI_SUCCESS
+               : fail(Failure::cuda, call_name(a.coll, false) + " (blueconnect): no staged form");
+  if (rc == MPI_SUCCESS)
+    rc = device_staging::order_after(l.in, a.recvbuf, lay->classic,
+                                     env.has_stream ? static_cast<CUstream>(env.stream) : nullptr);
+  CUdeviceptr buf = 0;
+  if (rc == MPI_SUCCESS && l.scratch)
+    rc = cuda::check(d.cuMemAllocAsync(&buf, l.scratch, lay->classic), "blueconnect: cuMemAllocAsync (staging)");
+  if (rc == MPI_SUCCESS && buf) rc = device_staging::copy_in(l, buf, lay->classic);
+  CallEnv e = env;
+  e.mem = MemKind::device;
+  e.device = lay->device;
+  e.has_stream = false;
+  e.stream = nullptr;
+  if (rc != MPI_SUCCESS) e.input_failure = rc;
+  CollArgs staged = a;
+  staged.sendbuf = MPI_IN_PLACE;
+  staged.recvbuf = reinterpret_cast<void*>(buf);
+  rc = run_gpu(staged, bc, lay, e, backends, ring_only, choice);  // the host waited for it
+  if (rc == MPI_SUCCESS) rc = device_staging::copy_out(l, buf, a.recvbuf, lay->classic);
+  if (buf) d.cuMemFreeAsync(buf, lay->classic);
+  if (CUresult r = d.cuStreamSynchronize(lay->classic); r != CUDA_SUCCESS && rc == MPI_SUCCESS)
+    rc = cuda::failure("blueconnect: cuStreamSynchronize (staging out)", r);
+  return rc;
 }
 
 #endif  // STREAMCOLL_HAVE_CUDA && STREAMCOLL_HAVE_NCCL
@@ -991,6 +1143,20 @@ class BlueConnectRoute final : public Route {
     return true;
   }
 
+  // Stream-ordered calls on GPU facts: a rank whose buffers are elsewhere stages them
+  // (run_gpu_staged), one without the stream runs classic, one without its input takes
+  // part with none (GpuCall: lost_); the outcome exchange is non-blocking on every rank.
+  // Host calls agree at every call.
+  bool adapts(const CollArgs&, CommContext&, const config::RouteChoice&,
+              const CallEnv& agreed) override {
+#if STREAMCOLL_HAVE_CUDA && STREAMCOLL_HAVE_NCCL
+    return agreed.has_stream && agreed.mem == MemKind::device;
+#else
+    (void)agreed;
+    return false;
+#endif
+  }
+
   // This rank's allgather must describe its block with the receive type (ranks may use
   // different datatypes for one type signature). GPU buffers: on the GPU of the levels'
   // NCCL communicators, none of which may be aborted (route nccl's able_here on each).
@@ -1031,25 +1197,18 @@ class BlueConnectRoute final : public Route {
     std::shared_ptr<Layout> lay = layout(*bc, choice);
     std::vector<Backend> backends;
     bool ring_only = false;
-    parse_params(choice, env.mem == MemKind::device, &backends, &ring_only);
+    parse_params(choice, env.agreed_mem == MemKind::device, &backends, &ring_only);
 
 #if STREAMCOLL_HAVE_CUDA && STREAMCOLL_HAVE_NCCL
-    if (env.mem == MemKind::device) {
-      if (env.device != lay->device) {
-        // able_here makes every rank avoid this for a blocking call; should it happen
-        // anyway, this rank's peers are told rather than left waiting.
-        const int rc = fail(Failure::wrong_device,
-                            call_name(a.coll, a.nonblocking) + ": buffer on device " +
-                                std::to_string(env.device) + ", but this communicator's "
-                                "hierarchical NCCL communicators are on device " +
-                                std::to_string(lay->device));
-        for (CommContext* sub : lay->sub_ctx)
-          if (sub) nccl_stage::fail_collectively(*sub, rc, "blueconnect: wrong device");
-        int mine = 1, any = 0;
-        PMPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, bc->p2p);
-        return rc;
-      }
-      return run_gpu(a, *bc, lay, env, backends, ring_only, choice);
+    // GPU facts (agreed: equal everywhere); this rank's buffers may be elsewhere (a call
+    // decided from earlier agreements: adapts; a buffer on another GPU: able_here makes
+    // every rank avoid that at an agreed call, should it happen anyway).
+    if (env.agreed_mem == MemKind::device) {
+      const int rc = env.mem != MemKind::device || env.device != lay->device
+                         ? run_gpu_staged(a, *bc, lay, env, backends, ring_only, choice)
+                         : run_gpu(a, *bc, lay, env, backends, ring_only, choice);
+      if (env.agreed_stream) ctx.polls.store(true, std::memory_order_relaxed);  // its outcome
+      return rc;
     }
 #endif
     BcOp::Call call{};
@@ -1196,6 +1355,14 @@ class BlueConnectRoute final : public Route {
 Route* blueconnect_route() {
   static BlueConnectRoute r;
   return &r;
+}
+
+void blueconnect_release() {
+  std::lock_guard<std::mutex> lock(g_orphans_mu);
+  for (BcComm::Outcome& o : g_orphans) PMPI_Wait(&o.req, MPI_STATUS_IGNORE);
+  g_orphans.clear();
+  for (MPI_Comm& c : g_orphan_comms) PMPI_Comm_free(&c);
+  g_orphan_comms.clear();
 }
 
 }  // namespace streamcoll

@@ -908,6 +908,18 @@ class HtRoute final : public Route {
  public:
   RouteId id() const override { return RouteId::ht; }
 
+  // A rank stages GPU memory through the host and runs classic or stream-ordered on its
+  // own (algo=mpi through the engine on every rank: CallEnv::adopted), with the failure
+  // flags the agreed kind says: every reduction. Bcast and allgather only stream-ordered
+  // (a repacked rank's lost input travels as a taint of the host collective); host calls
+  // forced onto ht keep agreeing at each call, so that one whose datatype suits only the
+  // MPI still goes there unchanged rather than repacked.
+  bool adapts(const CollArgs& a, CommContext&, const config::RouteChoice&,
+              const CallEnv& agreed) override {
+    return takes_op(a.coll) ||
+           (agreed.has_stream && (a.coll == Coll::bcast || a.coll == Coll::allgather));
+  }
+
   bool accepts(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,
                const CallEnv& env) override {
     switch (a.coll) {

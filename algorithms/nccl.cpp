@@ -603,6 +603,19 @@ class NcclRoute final : public Route {
   explicit NcclRoute(RouteId id) : id_(id) {}
   RouteId id() const override { return id_; }
 
+  // A rank stages host, managed, mixed and other-GPU memory through the communicator's GPU
+  // (run_staged) and runs classic or stream-ordered on its own: one NCCL operation on
+  // every rank whatever each passes. ccube stages so too, and a rank whose reduction
+  // kernel cannot load fails the call on every rank through nccl's failure path. A rank
+  // that describes a bcast, allgather or alltoall with a derived datatype runs repacked
+  // to the others' datatype (core/repack.hpp), and one that cannot read its data fails
+  // the call on every rank (CallEnv::input_failure).
+  bool adapts(const CollArgs& a, CommContext&, const config::RouteChoice&, const CallEnv&) override {
+    return takes_op(a.coll) ||
+           (id_ == RouteId::nccl &&
+            (a.coll == Coll::bcast || a.coll == Coll::allgather || a.coll == Coll::alltoall));
+  }
+
   bool accepts(const CollArgs& a, CommContext& ctx, const config::RouteChoice&,
                const CallEnv& env) override {
     if (id_ == RouteId::ccube && !ccube_takes(a)) return false;

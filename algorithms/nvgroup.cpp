@@ -92,6 +92,7 @@
 #include "core/coll_args.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/datatypes.hpp"
+#include "core/device_staging.hpp"
 #include "core/errors.hpp"
 #include "core/host_staging.hpp"
 #include "core/requests.hpp"
@@ -271,6 +272,10 @@ struct Group : std::enable_shared_from_this<Group> {
   uint64_t last_seq = 0;  // the last round launched (or failed)
   std::mutex mu;          // next_seq, failure words, status words
   CUstream side = nullptr;  // stream-ordered MPI_I*: after the attached stream
+  // Staged calls' copies back (Staged): made at the first, used by nothing else, so that
+  // waiting for it waits for no kernel (and so for no other rank).
+  CUstream copy = nullptr;
+  std::once_flag copy_once;
   // Status words of classic MPI_I* calls, one per call in flight (a request completes
   // only once its kernel is done, so its word is free again after it): pinned,
   // device-mapped pages of kStatusPerPage words, made as needed.
@@ -516,6 +521,7 @@ struct Group : std::enable_shared_from_this<Group> {
       for (void* page : status_pages) d.cuMemFreeHost(page);
       if (classic) d.cuStreamDestroy(classic);
       if (side) d.cuStreamDestroy(side);
+      if (copy) d.cuStreamDestroy(copy);
       if (legacy) d.cuEventDestroy(legacy);
       if (last) d.cuEventDestroy(last);
       d.cuDevicePrimaryCtxRelease(cudev);
@@ -778,12 +784,42 @@ uint64_t reserve(Group& g, uint64_t rounds) {
   return seq;
 }
 
+// A rank's part staged through scratch on the group's GPU (core/device_staging.hpp): its
+// buffers are elsewhere (host memory, another GPU) while the call was routed from facts
+// agreed at an earlier call that said device memory. The input goes to scratch on the
+// classic stream before the kernel, which runs in place on it; the results come back on
+// the group's copy stream once the kernel is done (back(): after a blocking call's host
+// wait, or when a classic MPI_I* request completes), so that nothing here waits for
+// another rank. The scratch goes with the Staged, by which time no kernel reads it (done,
+// or never launched).
+struct Staged {
+  std::shared_ptr<Group> g;
+  device_staging::Layout l;
+  void* recvbuf = nullptr;
+  CUdeviceptr buf = 0;
+
+  ~Staged() {
+    if (!buf) return;
+    ScopedContext scope(g->cuctx);
+    driver().cuMemFreeAsync(buf, g->copy ? g->copy : g->classic);
+  }
+  int back() {
+    const cuda::Driver& d = driver();
+    ScopedContext scope(g->cuctx);
+    int rc = device_staging::copy_out(l, buf, recvbuf, g->copy);
+    if (CUresult e = d.cuStreamSynchronize(g->copy); e != CUDA_SUCCESS && rc == MPI_SUCCESS)
+      rc = cuda::failure("nvgroup: cuStreamSynchronize (staging out)", e);
+    return rc;
+  }
+};
+
 // A classic MPI_I* call: complete once the event behind its kernel is (never blocking in
-// on_test), with the error its status word holds.
+// on_test), with the error its status word holds; a staged one once its results are back.
 class NvgroupRequest final : public ManagedRequest {
  public:
-  NvgroupRequest(std::shared_ptr<Group> g, CUevent done, Group::StatusWord w, std::string what)
-      : g_(std::move(g)), done_(done), word_(w), what_(std::move(what)) {}
+  NvgroupRequest(std::shared_ptr<Group> g, CUevent done, Group::StatusWord w, std::string what,
+                 std::shared_ptr<Staged> staged)
+      : g_(std::move(g)), done_(done), word_(w), what_(std::move(what)), staged_(std::move(staged)) {}
   ~NvgroupRequest() override {
     ScopedContext scope(g_->cuctx);
     // Never completed (start_request failed): the kernel may still use the word.
@@ -812,12 +848,15 @@ class NvgroupRequest final : public ManagedRequest {
       error_ = cuda::failure(what_ + " (nvgroup)", r);
     else if (__atomic_load_n(word_.host, __ATOMIC_ACQUIRE))
       error_ = fail(Failure::cuda, what_ + " (nvgroup): a rank of the group could not take its part");
+    else if (staged_)
+      error_ = staged_->back();
     complete();
   }
   std::shared_ptr<Group> g_;
   CUevent done_;
   Group::StatusWord word_;
   std::string what_;
+  std::shared_ptr<Staged> staged_;  // freed after done_ (the destructor's body waits for it)
   int error_ = MPI_SUCCESS;
 };
 
@@ -888,6 +927,177 @@ bool valid_cross(const config::RouteChoice& choice) {
   return c == "nccl" || c == "ht";
 }
 
+// One call's kernel on this rank (the route's run(), below, for buffers the group's GPU
+// reaches; `staged`: the scratch of a staged call, whose results it brings back). The
+// forms of the file comment: classic, attached, MPI_I* classic or stream-ordered.
+int launch(const CollArgs& a, const CallEnv& env, std::shared_ptr<Group> g,
+           std::shared_ptr<Staged> staged) {
+  const cuda::Driver& d = driver();
+  uint64_t rounds = 0;
+  nvgroup::Params p = shape_of(a, *g, &rounds);
+  const uint64_t seq = reserve(*g, rounds);
+  const uint64_t ts = nvgroup::dtype_size(static_cast<nvgroup::DType>(p.dtype));
+  // A failure the kernel of an earlier stream-ordered call saw: reported now.
+  int late = MPI_SUCCESS;
+  if (env.has_stream && __atomic_exchange_n(g->status_host(g->me), 0, __ATOMIC_ACQ_REL))
+    late = fail(Failure::cuda, "nvgroup: an earlier stream-ordered call on this "
+                               "communicator failed on a rank of the group");
+  const std::string what = call_name(a.coll, a.nonblocking);
+  const bool classic_request = a.nonblocking && !env.has_stream;
+  CUstream user = static_cast<CUstream>(env.stream);
+  CUstream s = !env.has_stream ? g->classic : a.nonblocking ? g->side : user;
+  ScopedContext scope(g->cuctx);
+  // This rank cannot take its part: its peers' kernels go on without it (they report
+  // the call failed). Its own earlier kernels may still run: they never wait for a
+  // failure word, only peers do, so writing it now cannot stop them.
+  Group::StatusWord word{nullptr, 0};
+  auto lost = [&](int rc) {
+    if (word.host) g->give_status(word);
+    g->give_up(seq + rounds - 1);
+    if (!env.has_stream) d.cuStreamSynchronize(s);  // nothing may still use the buffers
+    if (a.nonblocking) *a.request = MPI_REQUEST_NULL;
+    return rc;
+  };
+  // (A rank that has no input to give: a repacked call's that it could not read, or a
+  // staged call's that it could not copy.)
+  if (env.input_failure != MPI_SUCCESS) return lost(env.input_failure);
+  // Ordered after the work the caller's semantics put before it: the legacy stream
+  // (classic), the attached stream (a stream-ordered MPI_I*, on the side stream); and
+  // after this communicator's previous kernel on this rank, whatever its stream.
+  if (!env.has_stream || a.nonblocking) {
+    CUresult r;
+    if (!env.has_stream)
+      r = cuda::wait_for_legacy(s, g->legacy);
+    else if ((r = d.cuEventRecord(g->legacy, user)) == CUDA_SUCCESS)
+      r = d.cuStreamWaitEvent(s, g->legacy, 0);
+    if (r != CUDA_SUCCESS)
+      return lost(cuda::failure("nvgroup: ordering the kernel's stream", r));
+  }
+  if (g->last_recorded && g->last_stream != s)
+    if (const int rc = cuda::check(d.cuStreamWaitEvent(s, g->last, 0), "nvgroup: cuStreamWaitEvent (previous kernel)"))
+      return lost(rc);
+  // In place: the input is in the output buffer (allgather: this rank's block of it).
+  const bool gather = a.coll == Coll::allgather;
+  p.send = a.sendbuf != MPI_IN_PLACE ? a.sendbuf
+           : gather ? static_cast<const char*>(a.recvbuf) + g->me * p.count * ts
+                    : a.recvbuf;
+  p.recv = a.recvbuf;
+  p.seq = seq;
+  for (uint32_t m = 0; m < g->members; ++m)
+    p.scratch[m] = reinterpret_cast<char*>(m == g->me ? g->scratch : g->peer[m]);
+  p.flags = reinterpret_cast<uint64_t*>(g->segment_dev);
+  p.inbox = 2 * g->chunk_bytes;
+  p.fails = reinterpret_cast<uint64_t*>(g->segment_dev + kFailOffset);
+  p.status = reinterpret_cast<uint64_t*>(g->segment_dev + kStatusOffset) + g->me;
+  // Registered inputs: the peers' new registrations mapped, and this rank's input read
+  // in place where every peer has its allocation mapped (reduce_scatter_block: unless
+  // its output is another block of its input, which a peer reads; never a staged call's
+  // scratch, which goes after the call).
+  if (g->maps_host) {
+    g->map_peers();
+    p.maps = reinterpret_cast<const uint64_t*>(g->maps_dev);
+    const uint64_t in_bytes = p.count * ts * (a.coll == Coll::reduce_scatter_block ? g->members : 1);
+    const auto in = reinterpret_cast<uintptr_t>(p.send), out = reinterpret_cast<uintptr_t>(p.recv);
+    const uint64_t out_bytes = p.count * ts;
+    const bool clash = a.coll == Coll::reduce_scatter_block && out < in + in_bytes &&
+                       in < out + out_bytes && out != in + g->me * out_bytes;
+    if (a.coll != Coll::allgather && !clash && !staged)
+      p.input = g->input_word(p.send, in_bytes, seq + rounds - 1);
+  }
+  CUevent done = nullptr;
+  if (a.nonblocking) {
+    if (classic_request) {
+      word = g->take_status();
+      if (!word.host)
+        return lost(fail(Failure::cuda, "nvgroup: cuMemHostAlloc (status words) failed"));
+      p.status = reinterpret_cast<uint64_t*>(word.dev);
+    }
+    if (const int rc = cuda::check(d.cuEventCreate(&done, CU_EVENT_DISABLE_TIMING), "nvgroup: cuEventCreate"))
+      return lost(rc);
+  }
+  void* params[] = {&p};
+  if (CUresult r = d.cuLaunchKernel(g->fn, g->blocks, 1, 1, kThreads, 1, 1, 0, s, params, nullptr);
+      r != CUDA_SUCCESS) {
+    if (done) d.cuEventDestroy(done);
+    return lost(cuda::failure(what + " (nvgroup kernel launch)", r));
+  }
+  g->last_recorded = d.cuEventRecord(g->last, s) == CUDA_SUCCESS;
+  g->last_stream = s;
+  if (a.nonblocking) {
+    // The kernel runs: the request is how the caller learns when its buffers are free.
+    // Without one the operation is lost to it, and a classic caller waits here.
+    CUresult r = d.cuEventRecord(done, s);
+    int rc = MPI_SUCCESS;
+    if (r != CUDA_SUCCESS) {
+      d.cuEventDestroy(done);
+      rc = cuda::failure("nvgroup: cuEventRecord", r);
+    } else if (classic_request) {
+      rc = start_request(new NvgroupRequest(g, done, word, what, std::move(staged)), a.request);
+      word = Group::StatusWord{nullptr, 0};  // the request's now (or given back with it)
+    } else {
+      rc = start_request(new NvgroupStreamRequest(g, done, user), a.request);
+    }
+    if (rc != MPI_SUCCESS) {
+      if (word.host) g->give_status(word);
+      if (!env.has_stream) d.cuStreamSynchronize(s);
+      *a.request = MPI_REQUEST_NULL;
+      return rc;
+    }
+    return late;
+  }
+  if (env.has_stream) return late;
+  if (CUresult r = d.cuStreamSynchronize(s); r != CUDA_SUCCESS)
+    return lost(cuda::failure(what + " (nvgroup)", r));
+  if (__atomic_exchange_n(g->status_host(g->me), 0, __ATOMIC_ACQ_REL))
+    return fail(Failure::cuda, what + " (nvgroup): a rank of the group could not take its part");
+  return MPI_SUCCESS;
+}
+
+// A call whose buffers here are not on the group's GPU (Staged): the input copied to
+// scratch on the classic stream, after the application's work on the buffers' GPUs and on
+// the stream attached here, then the kernel as a classic call on this rank (the host
+// waits for a blocking call, as for any call on buffers it must find final at return; an
+// MPI_I* completes once the results are back). A failure before the kernel still takes
+// this call's rounds (launch: input_failure), so the peers' kernels go on without it.
+int run_staged(const CollArgs& a, CommContext& ctx, const CallEnv& env, std::shared_ptr<Group> g) {
+  auto st = std::make_shared<Staged>();
+  st->g = g;
+  st->recvbuf = a.recvbuf;
+  CallEnv e = env;
+  e.mem = MemKind::device;
+  e.device = g->device;
+  e.has_stream = false;
+  e.stream = nullptr;
+  CollArgs staged = a;
+  int rc = device_staging::layout(a, ctx.rank, ctx.size, &st->l)
+               ? MPI_SUCCESS
+               : fail(Failure::cuda, call_name(a.coll, a.nonblocking) + " (nvgroup): no staged form");
+  {
+    const cuda::Driver& d = driver();
+    ScopedContext scope(g->cuctx);
+    CUresult made = CUDA_SUCCESS;
+    std::call_once(g->copy_once, [&] { made = d.cuStreamCreate(&g->copy, CU_STREAM_NON_BLOCKING); });
+    if (rc == MPI_SUCCESS && !g->copy)
+      rc = cuda::failure("nvgroup: cuStreamCreate (staging)", made ? made : CUDA_ERROR_INVALID_HANDLE);
+    if (rc == MPI_SUCCESS)
+      rc = device_staging::order_after(st->l.in, a.recvbuf, g->classic,
+                                       env.has_stream ? static_cast<CUstream>(env.stream) : nullptr);
+    if (rc == MPI_SUCCESS && st->l.scratch)
+      rc = cuda::check(d.cuMemAllocAsync(&st->buf, st->l.scratch, g->classic),
+                       "nvgroup: cuMemAllocAsync (staging)");
+    if (rc == MPI_SUCCESS && st->buf) rc = device_staging::copy_in(st->l, st->buf, g->classic);
+  }
+  if (rc != MPI_SUCCESS) {
+    e.input_failure = rc;  // the kernel is not launched: this rank gives its rounds up
+    return launch(a, e, g, nullptr);
+  }
+  staged.sendbuf = MPI_IN_PLACE;
+  staged.recvbuf = reinterpret_cast<void*>(st->buf);
+  rc = launch(staged, e, g, st);
+  if (a.nonblocking || rc != MPI_SUCCESS) return rc;  // (an MPI_I*'s request brings them back)
+  return st->back();
+}
+
 class NvgroupRoute final : public Route {
  public:
   RouteId id() const override { return RouteId::nvgroup; }
@@ -927,126 +1137,27 @@ class NvgroupRoute final : public Route {
     return st.status == NvgroupState::ready;
   }
 
+  // Stream-ordered calls on one group: a rank whose buffers are not on the group's GPU
+  // stages them (run_staged), one without the stream runs classic, one that cannot read
+  // a repacked input gives its rounds up: the peers' kernels report the call failed.
+  // Classic calls agree at every call (their host waits for the peers anyway). Several
+  // groups: as BlueConnect's decomposition says.
+  bool adapts(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,
+              const CallEnv& agreed) override {
+    if (several_groups(ctx, choice))
+      return find_route(RouteId::blueconnect)->adapts(a, ctx, across(choice), agreed);
+    return agreed.has_stream;
+  }
+
   int run(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,
           const CallEnv& env) override {
     if (several_groups(ctx, choice)) return find_route(RouteId::blueconnect)->run(a, ctx, across(choice), env);
     bury(nullptr);  // frees what gone communicators left, once their peers are through
     std::shared_ptr<Group> g = state_of(ctx).group;
-    const cuda::Driver& d = driver();
-    uint64_t rounds = 0;
-    nvgroup::Params p = shape_of(a, *g, &rounds);
-    const uint64_t seq = reserve(*g, rounds);
-    const uint64_t ts = nvgroup::dtype_size(static_cast<nvgroup::DType>(p.dtype));
-    // A failure the kernel of an earlier stream-ordered call saw: reported now.
-    int late = MPI_SUCCESS;
-    if (env.has_stream && __atomic_exchange_n(g->status_host(g->me), 0, __ATOMIC_ACQ_REL))
-      late = fail(Failure::cuda, "nvgroup: an earlier stream-ordered call on this "
-                                 "communicator failed on a rank of the group");
-    const std::string what = call_name(a.coll, a.nonblocking);
-    const bool classic_request = a.nonblocking && !env.has_stream;
-    CUstream user = static_cast<CUstream>(env.stream);
-    CUstream s = !env.has_stream ? g->classic : a.nonblocking ? g->side : user;
-    ScopedContext scope(g->cuctx);
-    // This rank cannot take its part: its peers' kernels go on without it (they report
-    // the call failed). Its own earlier kernels may still run: they never wait for a
-    // failure word, only peers do, so writing it now cannot stop them.
-    Group::StatusWord word{nullptr, 0};
-    auto lost = [&](int rc) {
-      if (word.host) g->give_status(word);
-      g->give_up(seq + rounds - 1);
-      if (!env.has_stream) d.cuStreamSynchronize(s);  // nothing may still use the buffers
-      if (a.nonblocking) *a.request = MPI_REQUEST_NULL;
-      return rc;
-    };
-    // Ordered after the work the caller's semantics put before it: the legacy stream
-    // (classic), the attached stream (a stream-ordered MPI_I*, on the side stream); and
-    // after this communicator's previous kernel on this rank, whatever its stream.
-    if (!env.has_stream || a.nonblocking) {
-      CUresult r;
-      if (!env.has_stream)
-        r = cuda::wait_for_legacy(s, g->legacy);
-      else if ((r = d.cuEventRecord(g->legacy, user)) == CUDA_SUCCESS)
-        r = d.cuStreamWaitEvent(s, g->legacy, 0);
-      if (r != CUDA_SUCCESS)
-        return lost(cuda::failure("nvgroup: ordering the kernel's stream", r));
-    }
-    if (g->last_recorded && g->last_stream != s)
-      if (const int rc = cuda::check(d.cuStreamWaitEvent(s, g->last, 0), "nvgroup: cuStreamWaitEvent (previous kernel)"))
-        return lost(rc);
-    // In place: the input is in the output buffer (allgather: this rank's block of it).
-    const bool gather = a.coll == Coll::allgather;
-    p.send = a.sendbuf != MPI_IN_PLACE ? a.sendbuf
-             : gather ? static_cast<const char*>(a.recvbuf) + g->me * p.count * ts
-                      : a.recvbuf;
-    p.recv = a.recvbuf;
-    p.seq = seq;
-    for (uint32_t m = 0; m < g->members; ++m)
-      p.scratch[m] = reinterpret_cast<char*>(m == g->me ? g->scratch : g->peer[m]);
-    p.flags = reinterpret_cast<uint64_t*>(g->segment_dev);
-    p.inbox = 2 * g->chunk_bytes;
-    p.fails = reinterpret_cast<uint64_t*>(g->segment_dev + kFailOffset);
-    p.status = reinterpret_cast<uint64_t*>(g->segment_dev + kStatusOffset) + g->me;
-    // Registered inputs: the peers' new registrations mapped, and this rank's input read
-    // in place where every peer has its allocation mapped (reduce_scatter_block: unless
-    // its output is another block of its input, which a peer reads).
-    if (g->maps_host) {
-      g->map_peers();
-      p.maps = reinterpret_cast<const uint64_t*>(g->maps_dev);
-      const uint64_t in_bytes = p.count * ts * (a.coll == Coll::reduce_scatter_block ? g->members : 1);
-      const auto in = reinterpret_cast<uintptr_t>(p.send), out = reinterpret_cast<uintptr_t>(p.recv);
-      const uint64_t out_bytes = p.count * ts;
-      const bool clash = a.coll == Coll::reduce_scatter_block && out < in + in_bytes &&
-                         in < out + out_bytes && out != in + g->me * out_bytes;
-      if (a.coll != Coll::allgather && !clash)
-        p.input = g->input_word(p.send, in_bytes, seq + rounds - 1);
-    }
-    CUevent done = nullptr;
-    if (a.nonblocking) {
-      if (classic_request) {
-        word = g->take_status();
-        if (!word.host)
-          return lost(fail(Failure::cuda, "nvgroup: cuMemHostAlloc (status words) failed"));
-        p.status = reinterpret_cast<uint64_t*>(word.dev);
-      }
-      if (const int rc = cuda::check(d.cuEventCreate(&done, CU_EVENT_DISABLE_TIMING), "nvgroup: cuEventCreate"))
-        return lost(rc);
-    }
-    void* params[] = {&p};
-    if (CUresult r = d.cuLaunchKernel(g->fn, g->blocks, 1, 1, kThreads, 1, 1, 0, s, params, nullptr);
-        r != CUDA_SUCCESS) {
-      if (done) d.cuEventDestroy(done);
-      return lost(cuda::failure(what + " (nvgroup kernel launch)", r));
-    }
-    g->last_recorded = d.cuEventRecord(g->last, s) == CUDA_SUCCESS;
-    g->last_stream = s;
-    if (a.nonblocking) {
-      // The kernel runs: the request is how the caller learns when its buffers are free.
-      // Without one the operation is lost to it, and a classic caller waits here.
-      CUresult r = d.cuEventRecord(done, s);
-      int rc = MPI_SUCCESS;
-      if (r != CUDA_SUCCESS) {
-        d.cuEventDestroy(done);
-        rc = cuda::failure("nvgroup: cuEventRecord", r);
-      } else if (classic_request) {
-        rc = start_request(new NvgroupRequest(g, done, word, what), a.request);
-        word = Group::StatusWord{nullptr, 0};  // the request's now (or given back with it)
-      } else {
-        rc = start_request(new NvgroupStreamRequest(g, done, user), a.request);
-      }
-      if (rc != MPI_SUCCESS) {
-        if (word.host) g->give_status(word);
-        if (!env.has_stream) d.cuStreamSynchronize(s);
-        *a.request = MPI_REQUEST_NULL;
-        return rc;
-      }
-      return late;
-    }
-    if (env.has_stream) return late;
-    if (CUresult r = d.cuStreamSynchronize(s); r != CUDA_SUCCESS)
-      return lost(cuda::failure(what + " (nvgroup)", r));
-    if (__atomic_exchange_n(g->status_host(g->me), 0, __ATOMIC_ACQ_REL))
-      return fail(Failure::cuda, what + " (nvgroup): a rank of the group could not take its part");
-    return MPI_SUCCESS;
+    // Managed memory is reachable from the group's GPU; device memory only from its own.
+    const bool reachable = env.mem == MemKind::managed ||
+                           (env.mem == MemKind::device && env.device == g->device);
+    return reachable ? launch(a, env, g, nullptr) : run_staged(a, ctx, env, g);
   }
 };
 

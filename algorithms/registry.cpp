@@ -9,6 +9,7 @@ Route* pmpi_route();
 Route* ht_route();
 void ht_shutdown();
 Route* blueconnect_route();
+void blueconnect_release();
 #if STREAMCOLL_HAVE_NCCL
 Route* nccl_route();
 void nccl_shutdown();
@@ -38,7 +39,7 @@ constexpr Registration kRoutes[] = {
     {RouteId::nccl, nccl_route, nccl_shutdown, nccl_release},
 #endif
     {RouteId::ht, ht_route, ht_shutdown, nullptr},
-    {RouteId::blueconnect, blueconnect_route, nullptr, nullptr},
+    {RouteId::blueconnect, blueconnect_route, nullptr, blueconnect_release},
 #if STREAMCOLL_HAVE_NVGROUP
     {RouteId::nvgroup, nvgroup_route, nullptr, nvgroup_release},
 #endif

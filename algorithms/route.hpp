@@ -27,6 +27,11 @@ struct CallEnv {
   /// from it what every rank must do alike (e.g. exchange a failure status), while `mem`
   /// is this rank's own.
   MemKind agreed_mem = MemKind::host;
+  /// The stream mode agreed over the ranks (every rank's call carries a stream), equal on
+  /// every rank as agreed_mem is, while `has_stream` is this rank's own: a route whose
+  /// classic and stream-ordered forms would exchange different messages takes the agreed
+  /// one on every rank (blueconnect's outcome exchange).
+  bool agreed_stream = false;
   /// A blocking call decided from its signature's earlier agreements (shim/dispatch.cpp:
   /// cacheable): the ranks' buffers and streams may differ from the agreed facts and from
   /// each other, so a route whose blocking forms differ by stream (ht's algo=mpi) takes
@@ -72,6 +77,22 @@ class Route {
   /// but only when `a` is a blocking call: starting a non-blocking call stays local.
   virtual bool accepts(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,
                        const CallEnv& agreed) = 0;
+
+  /// Whether this route takes part in `a` (a blocking call it accepted) with whatever
+  /// buffers and stream each rank passes, when the call is decided from facts agreed at
+  /// earlier calls of its signature, which may no longer hold on some rank
+  /// (shim/dispatch.cpp: cacheable): a rank whose memory kind, GPU or stream differs from
+  /// `agreed` adapts inside run() (stages its buffers, runs classic where it has no
+  /// stream, repacks a derived datatype, fails the call on every rank through the route's
+  /// failure path), never by leaving the call. Then the dispatcher need not agree at every
+  /// such call, and a stream-ordered one never waits for late peers. The answer must be
+  /// equal on every rank: from the same facts as accepts(). The default: no, those calls
+  /// agree at every call.
+  virtual bool adapts(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,
+                      const CallEnv& agreed) {
+    (void)a, (void)ctx, (void)choice, (void)agreed;
+    return false;
+  }
 
   /// Carries out the call with this rank's own buffers (`env`: their memory kind and
   /// GPU, and the stream attached on this rank). For a blocking call the kinds equal the

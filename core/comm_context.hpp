@@ -27,6 +27,14 @@ struct Queue;
 /// the context: at MPI_Comm_free, or before MPI_Finalize, in context creation order.
 struct RouteState {
   virtual ~RouteState() = default;
+  /// Finishes what the route's earlier calls left for MPI progress to complete (a
+  /// non-blocking exchange of outcomes: blueconnect), without waiting; from
+  /// CommContext::poll_routes. Returns a failure found so (reported like async_error),
+  /// and sets *pending when something is still left.
+  virtual int poll(bool* pending) {
+    *pending = false;
+    return MPI_SUCCESS;
+  }
 };
 
 /// The table walk of one communicator's calls, cached (Horovod's response cache, as a
@@ -122,6 +130,25 @@ struct CommContext {
 
   /// Per route, created by the route at its first call on the communicator.
   std::unique_ptr<RouteState> route_state[kNumRoutes];
+  /// Set by a route that left work for later calls to finish (RouteState::poll): every
+  /// later call on this communicator that streamcoll looks at polls the routes' states
+  /// (poll_routes) until none is left, and a failure found there is reported as an
+  /// async_error, also where the communicator's calls have gone to another route since.
+  /// One relaxed load per call otherwise.
+  std::atomic<bool> polls{false};
+  void poll_routes() {
+    bool left = false;
+    for (auto& s : route_state) {
+      if (!s) continue;
+      bool pending = false;
+      if (const int rc = s->poll(&pending); rc != MPI_SUCCESS) {
+        int none = MPI_SUCCESS;
+        async_error->compare_exchange_strong(none, rc);
+      }
+      left = left || pending;
+    }
+    if (!left) polls.store(false, std::memory_order_relaxed);
+  }
   DecisionCache decisions;  ///< the table walk of this communicator's calls
   /// MPI_Iallreduce fusion (algorithms/fusion.hpp): made at a blocking call when the table can
   /// fuse (equal on every rank); null when it cannot. Shared with the progress thread,

@@ -23,8 +23,8 @@
 //     at the first blocking call of a signature that may leave pmpi (and at every call
 //     while they go to a route that cannot take what a rank passes), the ranks exchange,
 //     in one small allreduce, what only each of them can see; later calls that pass
-//     host memory or are stream-ordered (to pmpi, to nccl or ht for a reduction, to ccube,
-//     to nccl for a bcast, allgather or alltoall) decide from agreements started
+//     host memory or are stream-ordered, to pmpi or to a route that takes whatever each
+//     rank passes (Route::adapts), decide from agreements started
 //     at earlier calls of the signature (the n-th call of a signature is the same call on
 //     every rank: no rank waits for another there, unless one runs ahead by more than
 //     SignatureAgreements::kRunAhead calls), and a rank whose own facts differ adapts
@@ -255,30 +255,18 @@ AgreedFacts signature_facts(SignatureAgreements& sig, CommContext& ctx, MPI_Comm
 }
 
 // Whether a blocking call routed as `d` from `agreed` may decide from earlier agreements
-// (the next call of its signature too). Host-memory facts and stream-ordered facts (GPU memory with a stream on every rank), where an agreement per
-// call would hold the host for late peers, are; classic GPU calls, whose host waits for
-// the operation (and so the peers) anyway, agree at every call, so a stream attached
-// later, or a route that became unable, is seen at the next one. Then the route must
-// take part with whatever buffers and stream each rank has now, whatever the adopted
-// facts said. pmpi takes anything. nccl stages host, managed, mixed and other-GPU memory
-// through its GPU (run_staged) and runs classic or stream-ordered per rank: one NCCL
-// operation on every rank whatever each passes. ht stages GPU memory through the host,
-// runs classic or stream-ordered per rank (algo=mpi through its engine on every rank:
-// CallEnv::adopted), with the failure flags the agreed kind says. Both run a Fortran call
-// on its C arguments. ccube (route nccl's class: C-Cube's tree on the same NCCL
-// communicator) stages as nccl does, and a rank whose reduction kernel cannot load fails
-// the call on every rank through nccl's failure path. nccl also takes bcast, allgather
-// and alltoall so: a rank that
-// describes its data with a derived datatype is asked (accepts) and runs repacked to the
-// datatype the others pass (core/repack.hpp: basic_view, run_blocking), and one that
-// cannot read its data fails the call on every rank through the route (input_failure).
-// ht takes stream-ordered bcast and allgather the same way (its host collectives carry a
-// repacked rank's lost input as a taint, or, without failure flags, that rank aborts the
-// job).
-// Fused calls and the other routes agree at every call. From the route, the agreed facts
-// and the call's arguments that MPI makes equal on every rank: equal everywhere.
+// (the next call of its signature too). Host-memory facts and stream-ordered facts (GPU
+// memory with a stream on every rank), where an agreement per call would hold the host
+// for late peers, may; classic GPU calls, whose host waits for the operation (and so the
+// peers) anyway, agree at every call, so a stream attached later, or a route that became
+// unable, is seen at the next one. Then the route must take part with whatever buffers
+// and stream each rank has now, whatever the adopted facts said: pmpi takes anything;
+// another route says whether it does (Route::adapts: nccl, ccube, ht; nvgroup and
+// blueconnect stream-ordered), a Fortran call running on its C arguments. From the
+// route, the agreed facts and the call's arguments that MPI makes equal on every rank:
+// equal everywhere.
 bool cacheable(const Decision& d, const CollArgs& a, const AgreedFacts& agreed) {
-  if (d.fuse) return false;
+  if (d.fuse) return false;  // (fusion takes MPI_I* calls only: never here)
   // Facts that are not routable (ranks' kinds differ, or a rank's arguments suited only
   // pmpi: its binding, or how it described an earlier call's type signature, which the
   // call signature does not hold) are this call's only when agreed at it.
@@ -286,15 +274,13 @@ bool cacheable(const Decision& d, const CollArgs& a, const AgreedFacts& agreed) 
   const bool host = agreed.mem == MemKind::host || agreed.mem == MemKind::pinned;
   if (!host && !d.agreed_stream) return false;  // classic GPU calls agree at every call
   if (d.route == RouteId::pmpi) return true;
-  if (takes_op(a.coll))
-    return d.route == RouteId::nccl || d.route == RouteId::ht || d.route == RouteId::ccube;
-  // (ht's bcast and allgather only where stream-ordered: host calls forced onto ht keep
-  // agreeing at each call, so that one whose datatype suits only the MPI still goes there
-  // unchanged rather than repacked.)
-  if (d.route == RouteId::ht)
-    return d.agreed_stream && (a.coll == Coll::bcast || a.coll == Coll::allgather);
-  return d.route == RouteId::nccl && (a.coll == Coll::bcast || a.coll == Coll::allgather ||
-                                      a.coll == Coll::alltoall);
+  Route* route = find_route(d.route);
+  if (!route || !d.choice || !d.ctx) return false;
+  CallEnv env = d.env;
+  env.mem = agreed.mem;
+  env.has_stream = d.agreed_stream;
+  env.unable = agreed.unable;
+  return route->adapts(a, *d.ctx, *d.choice, env);
 }
 
 // Step 3's rule walk: the matching rules in order (`walk`: the forced routes' rule, else
@@ -374,7 +360,7 @@ void choose_route(Decision& d, const CollArgs& a, const AgreedFacts& agreed, int
   env.mem = agreed.mem;
   env.has_stream = agreed.stream &&
                    (agreed.mem == MemKind::device || agreed.mem == MemKind::managed);
-  d.agreed_stream = env.has_stream;
+  d.agreed_stream = d.env.agreed_stream = env.agreed_stream = env.has_stream;
   env.unable = agreed.unable;
   config::CallKey key{a.coll, d.bytes, size, ctx->nodes, ctx->ppn, env.mem, env.has_stream};
   // The matching rules: the forced routes' first (streamcoll_comm_set_route), else the
@@ -755,7 +741,9 @@ int run_on_route(const CollArgs& a, const Decision& d) {
 // returned: reported after this call ran (it decided nothing from it), when this one
 // succeeded.
 int report_async_error(const CollArgs& a, const Decision& d, int rc) {
-  if (!d.ctx || d.ctx->async_error->load(std::memory_order_relaxed) == MPI_SUCCESS) return rc;
+  if (!d.ctx) return rc;
+  if (d.ctx->polls.load(std::memory_order_relaxed)) d.ctx->poll_routes();
+  if (d.ctx->async_error->load(std::memory_order_relaxed) == MPI_SUCCESS) return rc;
   const int late = d.ctx->async_error->exchange(MPI_SUCCESS);
   if (late != MPI_SUCCESS && rc == MPI_SUCCESS) {
     SC_WARN("%s: reporting the failure of an earlier stream-ordered operation on this "

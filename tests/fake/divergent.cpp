@@ -48,7 +48,8 @@
 //            DIVERGENT_STREAM=1: with a stream attached, which each rank detaches and
 //            attaches again on its own; with route nccl, then stream-ordered bcast and
 //            allgather where the last rank describes its data with derived datatypes now
-//            and then, and once fails to read it (derived_adopted).
+//            and then, and once fails to read it (derived_adopted); with route nvgroup,
+//            or blueconnect, a rank's staging copy fails once (staged_failure).
 //   skew     stream-ordered MPI_Allreduce calls on route nccl (or ht), and on nccl MPI_Bcast,
 //            MPI_Allgather and MPI_Alltoall too, with the last rank 300 ms late: rank 0's
 //            host is back in well under 100 ms (skew_program).
@@ -712,7 +713,8 @@ void signature_program(MPI_Comm world, unsigned seed) {
       }
       one_call(sg, nb, sm, rm, "stream phase");
     }
-    if (route == "nccl" || route == "ht" || route == "ccube") {
+    if (route == "nccl" || route == "ht" || route == "ccube" || route == "nvgroup" ||
+        route == "blueconnect") {
       check(on_route("device") > device0, "stream phase: calls took route " + route);
       // Some rank took part in a route's allreduce with host memory while the facts its
       // call decided from said device memory (summed over the ranks).
@@ -776,6 +778,62 @@ void signature_program(MPI_Comm world, unsigned seed) {
   check(r1 - r0 <= limit, "steady host phase: " + std::to_string(r1 - r0) + " refreshes in 300 calls");
   if (const char* mode = std::getenv("DIVERGENT_FAIL_STAGING"))
     staging_failures(comm, seed, std::string(mode) == "fatal");
+  MPI_Comm_free(&comm);
+}
+
+// Stream-ordered MPI_Allreduce calls on `route` (nvgroup, blueconnect) decided from their
+// signature's earlier agreements (device memory everywhere): the last rank passes host
+// memory at calls 4 and 5 (it stages through scratch on the route's GPU) and its copy in
+// fails at call 4: that call fails on that rank at once; the peers go on without its data
+// and a later call of theirs reports the failure (on nvgroup call 5, whose kernel reads
+// the status word of call 4's; on blueconnect within the next calls, as the outcome
+// exchange completes and the levels' aborted NCCL communicators are seen); a call's value
+// is exact wherever it and the next call returned MPI_SUCCESS (a stream-ordered call's
+// failure is its next call's to report), and calls 22 to 27 succeed and are exact on
+// every rank (nothing latched).
+void staged_failure(MPI_Comm world, unsigned seed, const std::string& route) {
+  const int rank = comm_rank(world), size = comm_size(world);
+  const bool last = rank == size - 1;
+  constexpr int kCalls = 28, kFailing = 4, kSettled = 22;
+  auto fail_after = reinterpret_cast<fake_cuda_fail_after_fn>(
+      dlsym(dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL), "fake_cuda_fail_after"));
+  check(fail_after != nullptr, "fake_cuda_fail_after found");
+  if (!fail_after) return;
+  MPI_Comm comm;
+  MPI_Comm_dup(world, &comm);
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  CUstream_st* stream = api.stream_create(1);
+  check(streamcoll_comm_attach_stream(comm, stream) == MPI_SUCCESS, "staged failure: attach the stream");
+  const unsigned long long host0 = stat_calls("allreduce", route.c_str(), "host");
+  std::vector<Call> calls;
+  calls.reserve(kCalls);
+  std::vector<int> rcs;
+  for (int n = 0; n < kCalls; ++n) {
+    calls.push_back(make(Kind::allreduce, 300, 0, false, seed * 10000 + 9700 + n, comm));
+    const Mem m = last && (n == kFailing || n == kFailing + 1) ? Mem::host : Mem::device;
+    calls.back().prepare(m, m);
+    const bool failing = last && n == kFailing;
+    if (failing) fail_after("cuMemcpyAsync", 1);
+    rcs.push_back(calls.back().start(nullptr));
+    if (failing) fail_after("cuMemcpyAsync", 0);
+    check(api.stream_sync(stream) == 0, "staged failure: synchronise the stream");
+  }
+  bool reported = false;
+  for (int n = 0; n < kCalls; ++n) {
+    const std::string L = route + " staged failure call " + std::to_string(n);
+    if (n > kFailing && rcs[n] != MPI_SUCCESS) reported = true;
+    if (n == kFailing && last) check(rcs[n] != MPI_SUCCESS, L + ": fails on the rank whose copy failed");
+    if (n < kFailing || n >= kSettled) check(rcs[n] == MPI_SUCCESS, L + ": succeeds");
+    if (route == "nvgroup" && n == kFailing + 1 && !last)
+      check(rcs[n] != MPI_SUCCESS, L + ": reports the earlier call's failure");
+    if (rcs[n] == MPI_SUCCESS && (n + 1 == kCalls || rcs[n + 1] == MPI_SUCCESS)) calls[n].verify(L);
+  }
+  if (!last) check(reported, route + " staged failure: a later call reports the failure");
+  if (last && size > 1)
+    check(stat_calls("allreduce", route.c_str(), "host") == host0 + 2,
+          route + " staged failure: the host-memory calls took part in the route");
+  streamcoll_comm_detach_stream(comm);
+  api.stream_destroy(stream);
   MPI_Comm_free(&comm);
 }
 
@@ -942,10 +1000,10 @@ void skew_program(MPI_Comm world) {
   const char* forced = std::getenv("DIVERGENT_ALLREDUCE_ROUTE");
   const std::string route = forced ? forced : "nccl";
   skew_calls(comm, Kind::allreduce, route, 5000);
-  if (route == "nccl" || route == "ht") {
-    skew_calls(comm, Kind::bcast, route, 5100);
+  if (route == "nccl" || route == "ht") skew_calls(comm, Kind::bcast, route, 5100);
+  if (route == "nccl" || route == "ht" || route == "nvgroup" || route == "blueconnect")
     skew_calls(comm, Kind::allgather, route, 5200);
-  }
+  if (route == "nvgroup" || route == "blueconnect") skew_calls(comm, Kind::rsb, route, 5400);
   if (route == "nccl") skew_calls(comm, Kind::alltoall, route, 5300);
   MPI_Comm_free(&comm);
 }
@@ -1024,6 +1082,9 @@ int main(int argc, char** argv) {
     if (std::getenv("DIVERGENT_STREAM") && ar && (std::string(ar) == "nccl" || std::string(ar) == "ht") &&
         g_size > 1)
       derived_adopted(comm, base, ar);
+    if (std::getenv("DIVERGENT_STREAM") && ar &&
+        (std::string(ar) == "nvgroup" || std::string(ar) == "blueconnect") && g_size > 1)
+      staged_failure(comm, base, ar);
   } else {
     const int seeds = argc > 2 ? std::atoi(argv[2]) : 2;
     const unsigned base = std::getenv("DIVERGENT_SEED_BASE")

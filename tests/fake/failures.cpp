@@ -205,8 +205,15 @@ bool one_try(const Setup& s, Kind k, How how, bool in_place, bool nccl_api, cons
   // alone) until a refresh agreed without it is adopted, at most kRefreshRouted (8) +
   // kRunAhead (4) calls on; never a wrong value reported as a success. The same number
   // of calls on every rank (collective); the last ones succeed and are right.
+  // Stream-ordered calls on route blueconnect (and nvgroup over several groups, which is
+  // BlueConnect's decomposition) too: the calls still routed to a level's aborted NCCL
+  // communicator fail on every rank, and a peer's failure comes with the outcome
+  // exchange, which completes at a later call.
+  const bool decomposed = s.route == "blueconnect" ||
+                          (s.route == "nvgroup" && s.spec.find("cross=") != std::string::npos);
   const bool cached_nccl = s.route == "nccl" ||  // (every collective of Kind)
-                           (s.route == "ccube" && k == Kind::allreduce);
+                           (s.route == "ccube" && k == Kind::allreduce) ||
+                           (decomposed && how == How::stream);
   auto window = [&](How how) {
     constexpr int kWindow = 8 + 4, kCalls = kWindow + 2;
     int failed = 0;
