@@ -17,7 +17,8 @@
 # (default --min 8 --max 64 --iters 2000 --batches 11; add --coll bcast, allgather or
 # reduce for another host collective).
 # Then bench/stream_skew per rank count, collective and route (allreduce, bcast and
-# allgather on nccl, the fake NCCL, and on ht) and library: rank 0's host time of a
+# allgather on nccl, the fake NCCL, and on ht; allreduce and allgather on nvgroup and, at
+# 4 ranks, blueconnect) and library: rank 0's host time of a
 # stream-ordered call on device memory, with every rank
 # on time and with the last rank 300 ms late (target: independent of the lateness after
 # the signature's first call, < 5 ms). SC_SKEW_ARGS: its options (default --rounds 10);
@@ -83,15 +84,22 @@ PY
 echo "## stream-ordered calls with a late rank (bench/stream_skew)"
 read -r -a skew_args <<< "${SC_SKEW_ARGS:---rounds 10 --late-ms 300}"
 for np in ${SC_BENCH_NP:-2 4}; do
-  # MPI_Allreduce, MPI_Bcast and MPI_Allgather on nccl and on ht.
-  for case in allreduce:nccl allreduce:ht bcast:nccl allgather:nccl bcast:ht allgather:ht; do
+  # MPI_Allreduce, MPI_Bcast and MPI_Allgather on nccl and on ht; MPI_Allreduce and
+  # MPI_Allgather on nvgroup (every rank on one fake GPU) and, at 4 ranks, on blueconnect
+  # (hierarchy 2x2, NCCL stages).
+  cases=(allreduce:nccl allreduce:ht bcast:nccl allgather:nccl bcast:ht allgather:ht
+         allreduce:nvgroup:chunk=4K:blocks=4 allgather:nvgroup:chunk=4K:blocks=4)
+  [ "$np" = 4 ] && cases+=(allreduce:blueconnect:hierarchy=2x2 allgather:blueconnect:hierarchy=2x2)
+  for case in "${cases[@]}"; do
     coll=${case%%:*} route=${case#*:}
+    bus=per-rank
+    [[ $route == nvgroup* ]] && bus=same
     for lib in "${libs[@]}"; do
       echo "## $np ranks, $coll on route $route, $lib"
       env LD_PRELOAD="$lib" LD_LIBRARY_PATH="$fake${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
         STREAMCOLL_STATS=1 STREAMCOLL_THREAD_MULTIPLE=1 \
-        STREAMCOLL_NCCL_LIB="$PWD/$build/tests/fake/libfakenccl.so" FAKE_CUDA_BUS_ID=per-rank \
-        STREAMCOLL_ROUTE="$coll:$route" \
+        STREAMCOLL_NCCL_LIB="$PWD/$build/tests/fake/libfakenccl.so" FAKE_CUDA_BUS_ID=$bus \
+        FAKE_CUDA_MALLOC_SHM=1 STREAMCOLL_ROUTE="$coll:$route" \
         "${mpi[@]}" "$np" "$build/bench/stream_skew" --coll "$coll" "${skew_args[@]}" || true
     done
   done
