@@ -18,7 +18,7 @@ int fail(Failure f, const std::string& detail) {
 namespace {
 
 std::mutex g_mu;
-int g_codes[kNumFailures] = {-1, -1, -1, -1, -1};
+int g_codes[kNumFailures] = {-1, -1, -1, -1};
 // The codes whose string the MPI does not give back (MPICH before 4.2: a code added to a
 // predefined class lacks its dynamic-code bit, so MPI_Error_string reads it as an error
 // stack and prints another error's message; pmodels/mpich commit 0b7f962e, 2023).
@@ -34,8 +34,6 @@ const struct {
        "streamcoll: the communicator's NCCL communicator was aborted: a rank could not take "
        "its part in an NCCL operation, or NCCL reported an asynchronous error (details on "
        "stderr)"},
-      {MPI_ERR_BUFFER,
-       "streamcoll: a buffer is on another GPU than the communicator's NCCL communicator"},
       {MPI_ERR_OTHER,
        "streamcoll: another rank's part of this collective failed; the result is not valid "
        "(details on that rank's stderr)"},

@@ -1,6 +1,6 @@
 // streamcoll's own MPI error codes, for failures that no MPI call of the application's
-// would produce: a CUDA or NCCL failure, an aborted NCCL communicator, a buffer on the
-// wrong GPU. Each is a code of an existing MPI error class (MPI_Error_class gives that
+// would produce: a CUDA or NCCL failure, an aborted NCCL communicator, a peer's failure.
+// Each is a code of an existing MPI error class (MPI_Error_class gives that
 // class) with its own string (MPI_Error_string), added with MPI_Add_error_code at first
 // use. The detailed message (which call, which communicator) goes to stderr, rank-tagged.
 #pragma once
@@ -16,13 +16,11 @@ enum class Failure {
   nccl,          ///< an NCCL call failed                         (class MPI_ERR_OTHER)
   nccl_aborted,  ///< the communicator's NCCL communicator was aborted: a rank could
                  ///< not take its part, or an asynchronous error (class MPI_ERR_OTHER)
-  wrong_device,  ///< a buffer is on another GPU than the communicator's NCCL
-                 ///< communicator                                (class MPI_ERR_BUFFER)
   peer,          ///< another rank's part of the collective failed, so this rank's
                  ///< result is not valid (the details are on that rank's stderr)
                  ///<                                             (class MPI_ERR_OTHER)
 };
-inline constexpr int kNumFailures = 5;
+inline constexpr int kNumFailures = 4;
 
 /// Logs `detail` (always, not only under STREAMCOLL_DEBUG) and returns the MPI error code
 /// for `f`, to be raised through the communicator's error handler. Thread-safe; calls
