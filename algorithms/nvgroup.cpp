@@ -60,6 +60,10 @@
 // an event behind it has (its own status word says whether it failed). Stream-ordered:
 // the kernel goes on a side stream that waits for the attached stream, and MPI_Wait makes
 // the attached stream wait for it (the host does not).
+// Calls decided from earlier agreements (stream-ordered: Route::adapts; MPI_I*): a rank
+// whose buffers are not on the group's GPU (host memory, another GPU) copies its input to
+// scratch there and runs its kernel classic, the results copied back after it (Staged,
+// run_staged); a rank without the stream runs classic.
 // The kernels of one communicator run one after the other on this rank's GPU, whatever
 // streams they go on (each waits for an event behind the previous one): every kernel
 // waits for the previous call's rounds, and two resident at once could starve each other.
