@@ -18,6 +18,8 @@
 namespace streamcoll {
 namespace {
 
+std::atomic<int> g_app_level{-1};  // the level the application was told; -1: not ours
+
 // MPI deletes MPI_COMM_SELF's attributes first thing in MPI_Finalize, while MPI is
 // still fully usable: the standard hook for a tool to clean up (MPI-4.0 section 11.2.4).
 int self_delete_fn(MPI_Comm, int, void*, void*) {
@@ -26,6 +28,9 @@ int self_delete_fn(MPI_Comm, int, void*, void*) {
 }
 
 }  // namespace
+
+void set_application_thread_level(int level) { g_app_level.store(level); }
+int application_thread_level() { return g_app_level.load(); }
 
 bool Runtime::start() {
   std::lock_guard<std::mutex> lock(mu_);

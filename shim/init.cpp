@@ -33,7 +33,6 @@ using streamcoll::Runtime;
 // or less if that is all the MPI gives (MPI-4.0 section 11.2.1 lets `provided` differ
 // from what the MPI could do), and MPI_Query_thread answers the same.
 namespace {
-std::atomic<int> g_app_level{-1};  // the level the application was told; -1: not ours
 
 // What the runtime (core) stops at MPI_Finalize from the layers above it: the routes'
 // threads and state, the stream attribute's. Set when the library loads.
@@ -43,11 +42,6 @@ std::atomic<int> g_app_level{-1};  // the level the application was told; -1: no
   return true;
 }();
 }  // namespace
-
-namespace streamcoll {
-void set_application_thread_level(int level) { g_app_level.store(level); }
-int application_thread_level() { return g_app_level.load(); }
-}  // namespace streamcoll
 
 namespace {
 
@@ -89,7 +83,7 @@ SC_EXPORT int MPI_Init_thread(int* argc, char*** argv, int required, int* provid
 }
 
 SC_EXPORT int MPI_Query_thread(int* provided) {
-  const int level = g_app_level.load();
+  const int level = streamcoll::application_thread_level();
   if (level < 0 || provided == nullptr) return SC_NEXT(MPI_Query_thread)(provided);
   int initialized = 0;
   PMPI_Initialized(&initialized);
