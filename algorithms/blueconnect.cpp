@@ -84,7 +84,7 @@
 #include "core/comm_context.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/datatypes.hpp"
-#include "core/device_staging.hpp"
+#include "core/staging.hpp"
 #include "core/engine_request.hpp"
 #include "core/errors.hpp"
 #include "core/private_comm.hpp"
@@ -1030,7 +1030,7 @@ int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_pt
 
 // A call on GPU facts whose buffers here are not on the levels' GPU (host memory, managed
 // memory, another GPU: routed from facts agreed at an earlier call, shim/dispatch.cpp):
-// staged through scratch there (core/device_staging.hpp), after the application's work on
+// staged through scratch there (core/staging.hpp), after the application's work on
 // the buffers' GPUs and on the stream attached here, and run as a classic call on this
 // rank (the host waits, and its outcome exchange takes the agreed form). A failed copy in
 // still takes part, with no data (GpuCall: lost_), so that no level waits for it.
@@ -1039,17 +1039,17 @@ int run_gpu_staged(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>&
                    const config::RouteChoice& choice) {
   const cuda::Driver& d = cuda::driver();
   cuda::ScopedContext scope(lay->cuctx);
-  device_staging::Layout l;
-  int rc = device_staging::layout(a, bc.rank, bc.size, &l)
+  staging::Layout l;
+  int rc = staging::layout(a, bc.rank, bc.size, &l)
                ? MPI_SUCCESS
                : fail(Failure::cuda, call_name(a.coll, false) + " (blueconnect): no staged form");
   if (rc == MPI_SUCCESS)
-    rc = device_staging::order_after(l.in, a.recvbuf, lay->classic,
+    rc = staging::order_after(l.in, a.recvbuf, lay->classic,
                                      env.has_stream ? static_cast<CUstream>(env.stream) : nullptr);
   CUdeviceptr buf = 0;
   if (rc == MPI_SUCCESS && l.scratch)
     rc = cuda::check(d.cuMemAllocAsync(&buf, l.scratch, lay->classic), "blueconnect: cuMemAllocAsync (staging)");
-  if (rc == MPI_SUCCESS && buf) rc = device_staging::copy_in(l, buf, lay->classic);
+  if (rc == MPI_SUCCESS && buf) rc = staging::copy_in(l, buf, lay->classic);
   CallEnv e = env;
   e.mem = MemKind::device;
   e.device = lay->device;
@@ -1060,7 +1060,7 @@ int run_gpu_staged(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>&
   staged.sendbuf = MPI_IN_PLACE;
   staged.recvbuf = reinterpret_cast<void*>(buf);
   rc = run_gpu(staged, bc, lay, e, backends, ring_only, choice);  // the host waited for it
-  if (rc == MPI_SUCCESS) rc = device_staging::copy_out(l, buf, a.recvbuf, lay->classic);
+  if (rc == MPI_SUCCESS) rc = staging::copy_out(l, buf, a.recvbuf, lay->classic);
   if (buf) d.cuMemFreeAsync(buf, lay->classic);
   if (CUresult r = d.cuStreamSynchronize(lay->classic); r != CUDA_SUCCESS && rc == MPI_SUCCESS)
     rc = cuda::failure("blueconnect: cuStreamSynchronize (staging out)", r);

@@ -67,6 +67,7 @@
 #include "core/progress.hpp"
 #include "core/requests.hpp"
 #include "core/runtime.hpp"
+#include "core/staging.hpp"
 
 namespace streamcoll {
 namespace {
@@ -414,66 +415,13 @@ struct Staging {
   }
 };
 
-// Byte ranges of the staging buffer that go in (D2H) and come out (H2D) on this rank.
-struct Copies {
-  const void* in_src = nullptr;  // GPU source of the D2H copy, null: none
-  uint64_t in_off = 0, in_bytes = 0;
-  void* out_dst = nullptr;       // GPU destination of the H2D copy, null: none
-  uint64_t out_off = 0, out_bytes = 0;
-  uint64_t staging_bytes = 0;
-};
-
-Copies plan_copies(const CollArgs& a, uint64_t count, int extent, int rank, int size) {
-  Copies c;
-  const uint64_t n = count * static_cast<uint64_t>(extent);
-  const bool in_place = a.sendbuf == MPI_IN_PLACE;
-  switch (a.coll) {
-    case Coll::allreduce:
-      c.staging_bytes = n;
-      c.in_src = in_place ? a.recvbuf : a.sendbuf;
-      c.in_bytes = n;
-      c.out_dst = a.recvbuf;
-      c.out_bytes = n;
-      break;
-    case Coll::reduce:
-      c.staging_bytes = n;
-      c.in_src = (in_place && rank == a.root) ? a.recvbuf : a.sendbuf;
-      c.in_bytes = n;
-      if (rank == a.root) {  // the result apart from the input (host_call)
-        c.staging_bytes = 2 * n;
-        c.out_dst = a.recvbuf;
-        c.out_off = n;
-        c.out_bytes = n;
-      }
-      break;
-    case Coll::bcast:
-      c.staging_bytes = n;
-      if (rank == a.root) {
-        c.in_src = a.recvbuf;
-        c.in_bytes = n;
-      } else {
-        c.out_dst = a.recvbuf;
-        c.out_bytes = n;
-      }
-      break;
-    case Coll::allgather:
-      c.staging_bytes = n * static_cast<uint64_t>(size);
-      c.in_off = n * static_cast<uint64_t>(rank);
-      c.in_src = in_place ? static_cast<const char*>(a.recvbuf) + c.in_off : a.sendbuf;
-      c.in_bytes = n;
-      c.out_dst = a.recvbuf;
-      c.out_bytes = c.staging_bytes;
-      break;
-    case Coll::reduce_scatter_block:
-      c.staging_bytes = n * static_cast<uint64_t>(size);
-      c.in_src = in_place ? a.recvbuf : a.sendbuf;
-      c.in_bytes = c.staging_bytes;
-      c.out_dst = a.recvbuf;
-      c.out_bytes = n;
-      break;
-    default: break;
-  }
-  return c;
+// Where a call's data lies in its pinned staging buffer (core/staging.hpp): the vector
+// host_call runs on, the root's reduce result after the input (the host schedules do not
+// reduce in place). A collective ht takes always has one.
+staging::Layout plan_copies(const CollArgs& a, int rank, int size) {
+  staging::Layout l;
+  staging::layout(a, rank, size, &l, /*result_apart=*/true);
+  return l;
 }
 
 // A stream-ordered operation, advanced by the engine: wait for the D2H copy, run the host
@@ -676,46 +624,36 @@ void unwind_staged(Staging* st, CUstream stream, bool may_block, bool enqueued,
 
 // Enqueues the copies and the wait on `stream`. Returns an MPI error code; on failure
 // everything acquired is released (unwind_staged).
-int enqueue_staged(Staging* st, const Copies& c, CUstream stream, config::HtWait mode,
-                   bool may_block) {
+int enqueue_staged(Staging* st, const staging::Layout& l, void* recvbuf, CUstream stream,
+                   config::HtWait mode, bool may_block) {
   DeviceSide& ds = DeviceSide::get();
   const cuda::Driver& d = cuda::driver();
   // What is on the stream so far: on a failure, the copy in must be over before the flag
   // lets the stream read the staging buffer, and the stream through before the buffers
   // are recycled (or the caller's freed).
   bool enqueued = false, recorded = false, held = false;
-  auto bail = [&](const char* what, CUresult r) {
+  auto unwind = [&](int rc) {
     unwind_staged(st, stream, may_block, enqueued, recorded, held, false);
-    return cuda::failure(what, r);
+    return rc;
   };
-  st->host = ds.pool.get(c.staging_bytes);
+  auto bail = [&](const char* what, CUresult r) { return unwind(cuda::failure(what, r)); };
+  st->host = ds.pool.get(l.scratch);
   if (!st->host) return bail("ht: cuMemHostAlloc (staging buffer)", CUDA_ERROR_OUT_OF_MEMORY);
   if (!ds.pool.get_flag(&st->flag, &st->dev_flag))
     return bail("ht: cuMemHostAlloc (flag)", CUDA_ERROR_OUT_OF_MEMORY);
   st->copied_in = ds.event(*st->gpu);
   st->copied_out = ds.event(*st->gpu);
   if (!st->copied_in || !st->copied_out) return bail("ht: cuEventCreate", CUDA_ERROR_UNKNOWN);
-  char* h = static_cast<char*>(st->host);
-  if (c.in_src && c.in_bytes) {
-    if (CUresult r = d.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(h + c.in_off),
-                                     reinterpret_cast<CUdeviceptr>(c.in_src), c.in_bytes, stream);
-        r != CUDA_SUCCESS)
-      return bail("ht: cuMemcpyAsync (D2H)", r);
-    enqueued = true;
-  }
+  const auto buf = reinterpret_cast<CUdeviceptr>(st->host);
+  if (const int rc = staging::copy_in(l, buf, stream)) return unwind(rc);
+  enqueued = l.in_bytes > 0;
   if (CUresult r = d.cuEventRecord(st->copied_in, stream); r != CUDA_SUCCESS)
     return bail("ht: cuEventRecord", r);
   enqueued = recorded = true;
   if (CUresult r = ds.hold_stream(*st->gpu, stream, st->dev_flag, mode); r != CUDA_SUCCESS)
     return bail("ht: holding the stream (cuStreamWaitValue32 / spin kernel)", r);
   held = true;  // from here the stream waits on the flag: bail() releases it
-  if (c.out_dst && c.out_bytes) {
-    if (CUresult r = d.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(c.out_dst),
-                                     reinterpret_cast<CUdeviceptr>(h + c.out_off), c.out_bytes,
-                                     stream);
-        r != CUDA_SUCCESS)
-      return bail("ht: cuMemcpyAsync (H2D)", r);
-  }
+  if (const int rc = staging::copy_out(l, buf, recvbuf, stream)) return unwind(rc);
   if (CUresult r = d.cuEventRecord(st->copied_out, stream); r != CUDA_SUCCESS)
     return bail("ht: cuEventRecord", r);
   return MPI_SUCCESS;
@@ -730,23 +668,19 @@ int run_device_classic(const CollArgs& a, HtComm& hc, AlgoSel algo, int extent, 
   const cuda::Driver& d = cuda::driver();
   DeviceSide& ds = DeviceSide::get();
   cuda::ScopedContext scope(gpu.ctx);
-  const Copies c = plan_copies(a, call_count(a), extent, hc.rank, hc.size);
-  void* host = ds.pool.get(c.staging_bytes);
+  const staging::Layout l = plan_copies(a, hc.rank, hc.size);
+  void* host = ds.pool.get(l.scratch);
   std::vector<char> pageable;
   if (!host) {
     SC_WARN("ht: no pinned memory for %llu bytes of staging; using pageable memory",
-            static_cast<unsigned long long>(c.staging_bytes));
-    pageable.resize(c.staging_bytes ? c.staging_bytes : 1);
+            static_cast<unsigned long long>(l.scratch));
+    pageable.resize(l.scratch ? l.scratch : 1);
   }
   char* h = host ? static_cast<char*>(host) : pageable.data();
   CUstream legacy = nullptr;  // the legacy default stream
-  int own = MPI_SUCCESS;
-  if (c.in_src && c.in_bytes) {
-    CUresult r = d.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(h + c.in_off),
-                                 reinterpret_cast<CUdeviceptr>(c.in_src), c.in_bytes, legacy);
-    if (r == CUDA_SUCCESS) r = d.cuStreamSynchronize(legacy);
-    own = cuda::check(r, "ht: D2H copy");
-  }
+  const auto buf = reinterpret_cast<CUdeviceptr>(h);
+  int own = staging::copy_in(l, buf, legacy);
+  if (own == MPI_SUCCESS && l.in_bytes) own = cuda::check(d.cuStreamSynchronize(legacy), "ht: D2H copy");
   // Every rank runs the collective, even after a local copy failure (tainted), so none
   // hangs and none takes this rank's garbage for data.
   HostCall hcall = host_call(a, algo, hc.rank, extent, h);
@@ -754,11 +688,9 @@ int run_device_classic(const CollArgs& a, HtComm& hc, AlgoSel algo, int extent, 
   hcall.status = status;
   int rc = run_blocking(hcall, hc, a.comm);
   if (own != MPI_SUCCESS) rc = own;
-  if (rc == MPI_SUCCESS && c.out_dst && c.out_bytes) {
-    CUresult r = d.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(c.out_dst),
-                                 reinterpret_cast<CUdeviceptr>(h + c.out_off), c.out_bytes, legacy);
-    if (r == CUDA_SUCCESS) r = d.cuStreamSynchronize(legacy);
-    rc = cuda::check(r, "ht: H2D copy");
+  if (rc == MPI_SUCCESS && !l.out.empty()) {
+    rc = staging::copy_out(l, buf, a.recvbuf, legacy);
+    if (rc == MPI_SUCCESS) rc = cuda::check(d.cuStreamSynchronize(legacy), "ht: H2D copy");
   }
   if (host) ds.pool.put(host);
   return rc;
@@ -815,7 +747,7 @@ int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, AlgoS
   DeviceSide& ds = DeviceSide::get();
   cuda::ScopedContext scope(gpu.ctx);
   DeviceSide::Checked checked(ds, gpu);
-  const Copies c = plan_copies(a, call_count(a), extent, hc->rank, hc->size);
+  const staging::Layout l = plan_copies(a, hc->rank, hc->size);
 
   // The stream the work goes on: the attached stream for a blocking call; the side
   // stream, after the attached (or legacy) stream, for MPI_I*.
@@ -825,17 +757,17 @@ int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, AlgoS
   if (a.nonblocking) {
     work = ds.side(gpu, hc->id);
     if (!work)
-      return stand_in(a, hc, algo, extent, c.staging_bytes, status,
+      return stand_in(a, hc, algo, extent, l.scratch, status,
                       fail(Failure::cuda, "ht: cuStreamCreate (side stream) failed"));
     start = ds.event(gpu);
     if (!start)
-      return stand_in(a, hc, algo, extent, c.staging_bytes, status,
+      return stand_in(a, hc, algo, extent, l.scratch, status,
                       fail(Failure::cuda, "ht: cuEventCreate failed"));
     CUresult r = d.cuEventRecord(start, app);
     if (r == CUDA_SUCCESS) r = d.cuStreamWaitEvent(work, start, 0);
     ds.put_event(gpu, start);  // recorded and waited on: reusable
     if (r != CUDA_SUCCESS)
-      return stand_in(a, hc, algo, extent, c.staging_bytes, status,
+      return stand_in(a, hc, algo, extent, l.scratch, status,
                       cuda::failure("ht: ordering the side stream", r));
   }
   Staging st;
@@ -843,8 +775,8 @@ int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, AlgoS
   // The host may wait for the work stream only in classic mode (ours, after the legacy
   // stream); never for the application's attached stream.
   const bool may_block = !env.has_stream;
-  if (int rc = enqueue_staged(&st, c, work, mode, may_block); rc != MPI_SUCCESS)
-    return stand_in(a, hc, algo, extent, c.staging_bytes, status, rc);
+  if (int rc = enqueue_staged(&st, l, a.recvbuf, work, mode, may_block); rc != MPI_SUCCESS)
+    return stand_in(a, hc, algo, extent, l.scratch, status, rc);
 
   DeviceRequest* req = nullptr;
   if (a.nonblocking) {
@@ -854,13 +786,13 @@ int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, AlgoS
     if (r != CUDA_SUCCESS) {
       ds.put_event(gpu, done);
       unwind_staged(&st, work, may_block, true, true, true, true);  // let the stream go on
-      return stand_in(a, hc, algo, extent, c.staging_bytes, status,
+      return stand_in(a, hc, algo, extent, l.scratch, status,
                       cuda::failure("ht: cuEventRecord (request)", r));
     }
     req = new DeviceRequest(env.has_stream, app, &gpu, done);
     if (int rc = start_request(req, a.request); rc != MPI_SUCCESS) {
       unwind_staged(&st, work, may_block, true, true, true, true);
-      return stand_in(a, hc, algo, extent, c.staging_bytes, status, rc);  // start_request deleted req
+      return stand_in(a, hc, algo, extent, l.scratch, status, rc);  // start_request deleted req
     }
   }
   HostCall hcall = host_call(a, algo, hc->rank, extent, st.host);
@@ -998,17 +930,17 @@ class HtRoute final : public Route {
     // (the copies take any pointer the driver can address; for a blocking call the
     // agreement left only device memory here).
     if (env.mem == MemKind::device || env.mem == MemKind::managed || env.mem == MemKind::mixed) {
-      const Copies c = plan_copies(a, call_count(a), extent, hc->rank, hc->size);
+      const staging::Layout l = plan_copies(a, hc->rank, hc->size);
       Device* gpu = DeviceSide::get().device(gpu_of(env));
       if (!gpu) {
         const int rc = fail(Failure::cuda, "ht: the buffer's GPU has no usable context");
         if (!a.nonblocking && !env.has_stream) {  // blocking: take part here, tainted
-          StandInTask part(hc, a, algo, extent, c.staging_bytes, status);
+          StandInTask part(hc, a, algo, extent, l.scratch, status);
           while (!part.step()) {
           }
           return rc;
         }
-        return stand_in(a, hc, algo, extent, c.staging_bytes, status, rc);
+        return stand_in(a, hc, algo, extent, l.scratch, status, rc);
       }
       if (!env.has_stream && !a.nonblocking)
         return run_device_classic(a, *hc, algo, extent, *gpu, status);

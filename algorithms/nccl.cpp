@@ -81,7 +81,7 @@
 #endif
 #include "base/log.hpp"
 #include "core/cuda_driver.hpp"
-#include "core/device_staging.hpp"
+#include "core/staging.hpp"
 #include "core/errors.hpp"
 #include "core/host_staging.hpp"
 #include "core/requests.hpp"
@@ -508,8 +508,8 @@ ncclResult_t enqueue(const CollArgs& a, const CommContext& ctx, const NcclComm& 
 // the bytes MPI says the call writes on this rank are written.
 int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<NcclComm>& c,
                const Ccube* cc, const CallEnv& env) {
-  device_staging::Layout l;
-  if (!device_staging::layout(a, ctx.rank, ctx.size, &l))
+  staging::Layout l;
+  if (!staging::layout(a, ctx.rank, ctx.size, &l))
     return fail(Failure::nccl, call_name(a.coll, a.nonblocking) + ": no staged form");
   const cuda::Driver& d = driver();
   ScopedContext scope(c->cuctx);
@@ -526,13 +526,13 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
                                                    made ? made : CUDA_ERROR_INVALID_HANDLE));
   CUstream s = c->classic;
   // After the work on the buffers' GPUs and on the attached stream, which itself goes on.
-  if (const int rc = device_staging::order_after(
+  if (const int rc = staging::order_after(
           l.in, a.recvbuf, s, env.has_stream ? static_cast<CUstream>(env.stream) : nullptr))
     return lost(rc);
   CUdeviceptr buf = 0;
   if (const int rc = cuda::check(d.cuMemAllocAsync(&buf, l.scratch, s), "cuMemAllocAsync (staging)"))
     return lost(rc);
-  if (const int rc = device_staging::copy_in(l, buf, s)) {
+  if (const int rc = staging::copy_in(l, buf, s)) {
     d.cuMemFreeAsync(buf, s);
     return lost(rc);
   }
@@ -562,7 +562,7 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
   auto back = [c, buf, user = a.recvbuf, l = std::move(l)]() -> int {
     const cuda::Driver& d = driver();
     ScopedContext scope(c->cuctx);
-    int rc = device_staging::copy_out(l, buf, user, c->copy);
+    int rc = staging::copy_out(l, buf, user, c->copy);
     d.cuMemFreeAsync(buf, c->copy);
     if (CUresult e = d.cuStreamSynchronize(c->copy); e != CUDA_SUCCESS && rc == MPI_SUCCESS)
       rc = cuda::failure("cuStreamSynchronize (staging out)", e);

@@ -96,7 +96,7 @@
 #include "core/coll_args.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/datatypes.hpp"
-#include "core/device_staging.hpp"
+#include "core/staging.hpp"
 #include "core/errors.hpp"
 #include "core/host_staging.hpp"
 #include "core/requests.hpp"
@@ -788,7 +788,7 @@ uint64_t reserve(Group& g, uint64_t rounds) {
   return seq;
 }
 
-// A rank's part staged through scratch on the group's GPU (core/device_staging.hpp): its
+// A rank's part staged through scratch on the group's GPU (core/staging.hpp): its
 // buffers are elsewhere (host memory, another GPU) while the call was routed from facts
 // agreed at an earlier call that said device memory. The input goes to scratch on the
 // classic stream before the kernel, which runs in place on it; the results come back on
@@ -798,7 +798,7 @@ uint64_t reserve(Group& g, uint64_t rounds) {
 // or never launched).
 struct Staged {
   std::shared_ptr<Group> g;
-  device_staging::Layout l;
+  staging::Layout l;
   void* recvbuf = nullptr;
   CUdeviceptr buf = 0;
 
@@ -810,7 +810,7 @@ struct Staged {
   int back() {
     const cuda::Driver& d = driver();
     ScopedContext scope(g->cuctx);
-    int rc = device_staging::copy_out(l, buf, recvbuf, g->copy);
+    int rc = staging::copy_out(l, buf, recvbuf, g->copy);
     if (CUresult e = d.cuStreamSynchronize(g->copy); e != CUDA_SUCCESS && rc == MPI_SUCCESS)
       rc = cuda::failure("nvgroup: cuStreamSynchronize (staging out)", e);
     return rc;
@@ -1073,7 +1073,7 @@ int run_staged(const CollArgs& a, CommContext& ctx, const CallEnv& env, std::sha
   e.has_stream = false;
   e.stream = nullptr;
   CollArgs staged = a;
-  int rc = device_staging::layout(a, ctx.rank, ctx.size, &st->l)
+  int rc = staging::layout(a, ctx.rank, ctx.size, &st->l)
                ? MPI_SUCCESS
                : fail(Failure::cuda, call_name(a.coll, a.nonblocking) + " (nvgroup): no staged form");
   {
@@ -1084,12 +1084,12 @@ int run_staged(const CollArgs& a, CommContext& ctx, const CallEnv& env, std::sha
     if (rc == MPI_SUCCESS && !g->copy)
       rc = cuda::failure("nvgroup: cuStreamCreate (staging)", made ? made : CUDA_ERROR_INVALID_HANDLE);
     if (rc == MPI_SUCCESS)
-      rc = device_staging::order_after(st->l.in, a.recvbuf, g->classic,
+      rc = staging::order_after(st->l.in, a.recvbuf, g->classic,
                                        env.has_stream ? static_cast<CUstream>(env.stream) : nullptr);
     if (rc == MPI_SUCCESS && st->l.scratch)
       rc = cuda::check(d.cuMemAllocAsync(&st->buf, st->l.scratch, g->classic),
                        "nvgroup: cuMemAllocAsync (staging)");
-    if (rc == MPI_SUCCESS && st->buf) rc = device_staging::copy_in(st->l, st->buf, g->classic);
+    if (rc == MPI_SUCCESS && st->buf) rc = staging::copy_in(st->l, st->buf, g->classic);
   }
   if (rc != MPI_SUCCESS) {
     e.input_failure = rc;  // the kernel is not launched: this rank gives its rounds up

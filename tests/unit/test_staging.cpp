@@ -1,14 +1,16 @@
-// Device staging (core/device_staging): where a staged call's input and results lie in
-// its scratch buffer, per collective, rank and in-place use.
+// Staging (core/staging): where a staged call's input and results lie in its scratch
+// buffer, per collective, rank and in-place use (the routes that stage on a GPU, and ht,
+// which stages on pinned host memory with the root's reduce result apart).
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
-#include "core/device_staging.hpp"
+#include "core/staging.hpp"
 
 using namespace streamcoll;
-using namespace streamcoll::device_staging;
+using namespace streamcoll::staging;
 
 namespace {
 
@@ -44,6 +46,15 @@ Ranges out_of(const Layout& l) {
   Ranges r;
   for (const Layout::Range& x : l.out) r.emplace_back(x.off, x.bytes);
   return r;
+}
+
+// (recvbuf offset, bytes, scratch offset) of each result range.
+using Moves = std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>;
+
+Moves moves_of(const Layout& l) {
+  Moves m;
+  for (const Layout::Range& x : l.out) m.emplace_back(x.off, x.bytes, x.from);
+  return m;
 }
 
 }  // namespace
@@ -119,4 +130,32 @@ TEST_CASE("device staging: alltoall, and collectives without a staged form") {
   CHECK_FALSE(layout(gather(Coll::allgatherv, false, 2), 0, 3, &l));
   CHECK_FALSE(layout(reduction(Coll::reduce_scatter, false, 2), 0, 3, &l));
   CHECK_FALSE(layout(reduction(Coll::barrier, false, 0), 0, 3, &l));
+}
+
+TEST_CASE("staging: each result range comes from the same offset of scratch, in place") {
+  Layout l;
+  REQUIRE(layout(gather(Coll::allgather, true, 3), 2, 4, &l));
+  CHECK(moves_of(l) == Moves{{0, 24, 0}, {36, 12, 36}});
+  REQUIRE(layout(reduction(Coll::reduce, false, 6, MPI_INT, 2), 2, 3, &l));
+  CHECK(moves_of(l) == Moves{{0, 24, 0}});
+}
+
+TEST_CASE("staging: result_apart puts the root's reduce result after its input (ht)") {
+  for (bool in_place : {false, true}) {
+    Layout l;
+    REQUIRE(layout(reduction(Coll::reduce, in_place, 6, MPI_INT, 1), 1, 3, &l, true));
+    CHECK(l.in == (in_place ? g_recv : g_send));
+    CHECK(l.in_off == 0);
+    CHECK(l.in_bytes == 24);
+    CHECK(l.scratch == 48);
+    CHECK(moves_of(l) == Moves{{0, 24, 24}});
+  }
+  // Not at a non-root rank, and no other collective changes.
+  Layout l;
+  REQUIRE(layout(reduction(Coll::reduce, false, 6, MPI_INT, 1), 0, 3, &l, true));
+  CHECK(l.scratch == 24);
+  CHECK(moves_of(l).empty());
+  REQUIRE(layout(reduction(Coll::allreduce, false, 6), 0, 3, &l, true));
+  CHECK(l.scratch == 24);
+  CHECK(moves_of(l) == Moves{{0, 24, 0}});
 }

@@ -1,14 +1,14 @@
-// Device staging (core/device_staging.hpp): the layout of a staged call, and its copies.
-#include "core/device_staging.hpp"
+// Staging (core/staging.hpp): the layout of a staged call, and its copies.
+#include "core/staging.hpp"
 
 #include "core/cuda_driver.hpp"
 #include "core/datatypes.hpp"
 #include "core/errors.hpp"
 #include "core/host_staging.hpp"
 
-namespace streamcoll::device_staging {
+namespace streamcoll::staging {
 
-bool layout(const CollArgs& a, int rank, int size, Layout* l) {
+bool layout(const CollArgs& a, int rank, int size, Layout* l, bool result_apart) {
   const TypeInfo* t =
       find_type(takes_op(a.coll) || a.coll == Coll::bcast ? a.datatype : a.recvtype);
   if (!t) return false;
@@ -25,7 +25,12 @@ bool layout(const CollArgs& a, int rank, int size, Layout* l) {
       break;
     case Coll::reduce:
       l->scratch = l->in_bytes = static_cast<uint64_t>(a.count) * ts;
-      if (rank == a.root) out.push_back({0, l->scratch});
+      if (rank == a.root && result_apart) {
+        out.push_back({0, l->in_bytes, l->in_bytes});
+        l->scratch = 2 * l->in_bytes;
+      } else if (rank == a.root) {
+        out.push_back({0, l->scratch});
+      }
       break;
     case Coll::bcast:
       l->scratch = static_cast<uint64_t>(a.count) * ts;
@@ -42,8 +47,8 @@ bool layout(const CollArgs& a, int rank, int size, Layout* l) {
       l->in_bytes = block;
       if (in_place) {  // this rank's block is the input: left alone
         in += me * block;
-        if (me > 0) out.push_back({0, me * block});
-        if (me + 1 < p) out.push_back({(me + 1) * block, (p - me - 1) * block});
+        if (me > 0) out.push_back({0, me * block, 0});
+        if (me + 1 < p) out.push_back({(me + 1) * block, (p - me - 1) * block, (me + 1) * block});
       } else {
         out.push_back({0, l->scratch});
       }
@@ -97,7 +102,8 @@ int copy_out(const Layout& l, CUdeviceptr buf, void* recvbuf, CUstream s) {
   auto* user = static_cast<char*>(recvbuf);
   int rc = MPI_SUCCESS;
   for (const Layout::Range& r : l.out) {
-    const CUresult e = d.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(user + r.off), buf + r.off,
+    if (!r.bytes) continue;
+    const CUresult e = d.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(user + r.off), buf + r.from,
                                        r.bytes, s);
     if (e != CUDA_SUCCESS && rc == MPI_SUCCESS) rc = cuda::failure("cuMemcpyAsync (staging out)", e);
   }
@@ -105,4 +111,4 @@ int copy_out(const Layout& l, CUdeviceptr buf, void* recvbuf, CUstream s) {
 }
 #endif
 
-}  // namespace streamcoll::device_staging
+}  // namespace streamcoll::staging
