@@ -11,6 +11,9 @@
 #include <vector>
 
 #include "algorithms/ht.hpp"
+#if STREAMCOLL_HAVE_NCCL
+#include "algorithms/nccl.hpp"
+#endif
 #include "algorithms/route.hpp"
 #include "base/log.hpp"
 #include "config/tuning_table.hpp"
@@ -23,6 +26,17 @@
 
 namespace streamcoll::fusion {
 namespace {
+
+// GPU memory from route nccl for a message packed on the GPU (nccl_stage::device_buffer),
+// or null.
+std::shared_ptr<void> nccl_device_buffer(CommContext& ctx, uint64_t bytes, int* device) {
+#if STREAMCOLL_HAVE_NCCL
+  return nccl_stage::device_buffer(ctx, bytes, device);
+#else
+  (void)ctx, (void)bytes, (void)device;
+  return nullptr;
+#endif
+}
 
 uint64_t now_ns() {
   timespec ts;
@@ -227,7 +241,7 @@ struct Queue : std::enable_shared_from_this<Queue> {
     unsigned char* buf = nullptr;
     void* pinned = nullptr;
     std::vector<unsigned char> own;
-    std::shared_ptr<void> dev;  ///< route nccl's device_buffer, on GPU dev_device
+    std::shared_ptr<void> dev;  ///< route nccl's nccl_stage::device_buffer, on GPU dev_device
     int dev_device = -1;
     /// Packed for route nccl (nccl_pack_rule, equal on every rank): its fused message
     /// goes there, or, where some rank's NCCL communicator is no longer usable, to the
@@ -451,8 +465,8 @@ struct Queue : std::enable_shared_from_this<Queue> {
     bool staged = false;
     for (size_t i = 0; i < n && !staged; ++i) staged = pending[i]->stage != nullptr;
     if (g->for_nccl && total > 0 && !staged)
-      if (Route* nccl = find_route(RouteId::nccl)) {
-        g->dev = nccl->device_buffer(*nccl_ctx, total, &g->dev_device);
+      if (find_route(RouteId::nccl)) {
+        g->dev = nccl_device_buffer(*nccl_ctx, total, &g->dev_device);
         if (g->dev) g->buf = static_cast<unsigned char*>(g->dev.get());
       }
     if (!g->dev) {

@@ -58,7 +58,7 @@
 // group's size, and so its route, is not known, so the ranks decide from facts equal on
 // every rank (Queue::nccl_pack_rule: NCCL usable on every rank at the last agreement, the
 // rules for one call and for the fuse= limit both nccl) that the group goes to nccl, and
-// each packs it in GPU memory on route nccl's GPU (route nccl's device_buffer; the
+// each packs it in GPU memory on route nccl's GPU (nccl_stage::device_buffer; the
 // batched-copy kernel where both ends are on that GPU), or in host memory where it can
 // have none (route nccl then stages it to the GPU and back: two copies of the whole
 // buffer). If the agreement then finds some rank's NCCL communicator unusable (aborted

@@ -671,39 +671,6 @@ class NcclRoute final : public Route {
 #endif
   }
 
-  // From the GPU's memory pool, stream-ordered on the copy stream, so that neither the
-  // allocation nor the free waits for the GPU's other work (cuMemFree may synchronise the
-  // device, whose work may wait for other ranks): that stream holds only staged results,
-  // each copied and waited for at once, so synchronising it after the allocation waits
-  // for no other rank.
-  std::shared_ptr<void> device_buffer(CommContext& ctx, uint64_t bytes, int* device) override {
-    auto& slot = ctx.route_state[static_cast<int>(RouteId::nccl)];
-    if (!slot || bytes == 0) return nullptr;
-    auto& st = static_cast<NcclState&>(*slot);
-    if (st.status != NcclState::ready || !st.comm) return nullptr;
-    std::shared_ptr<NcclComm> c = st.comm;
-    const cuda::Driver& d = driver();
-    ScopedContext scope(c->cuctx);
-    CUresult r = CUDA_SUCCESS;
-    std::call_once(c->copy_once, [&] { r = d.cuStreamCreate(&c->copy, CU_STREAM_NON_BLOCKING); });
-    CUdeviceptr p = 0;
-    if (c->copy) r = d.cuMemAllocAsync(&p, bytes, c->copy);
-    if (c->copy && r == CUDA_SUCCESS) {
-      r = d.cuStreamSynchronize(c->copy);
-      if (r != CUDA_SUCCESS) d.cuMemFreeAsync(p, c->copy);
-    }
-    if (!c->copy || r != CUDA_SUCCESS) {
-      SC_INFO("nccl: no GPU memory for a fused message (%s); it is packed in host memory",
-              cuda::describe("cuMemAllocAsync", r ? r : CUDA_ERROR_INVALID_HANDLE).c_str());
-      return nullptr;
-    }
-    *device = c->device;
-    return std::shared_ptr<void>(reinterpret_cast<void*>(p), [c](void* q) {
-      ScopedContext free_scope(c->cuctx);
-      driver().cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(q), c->copy);
-    });
-  }
-
   int run(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,
           const CallEnv& env) override {
     std::shared_ptr<NcclComm> c = state_of(ctx).comm;
@@ -861,6 +828,39 @@ int wait_stream(const std::vector<CommContext*>& ctxs, void* stream) {
       if (i >= 64 * 1024) sched_yield();
     }
   }
+}
+
+// From the GPU's memory pool, stream-ordered on the copy stream, so that neither the
+// allocation nor the free waits for the GPU's other work (cuMemFree may synchronise the
+// device, whose work may wait for other ranks): that stream holds only staged results,
+// each copied and waited for at once, so synchronising it after the allocation waits
+// for no other rank.
+std::shared_ptr<void> device_buffer(CommContext& ctx, uint64_t bytes, int* device) {
+  auto& slot = ctx.route_state[static_cast<int>(RouteId::nccl)];
+  if (!slot || bytes == 0) return nullptr;
+  auto& st = static_cast<NcclState&>(*slot);
+  if (st.status != NcclState::ready || !st.comm) return nullptr;
+  std::shared_ptr<NcclComm> c = st.comm;
+  const cuda::Driver& d = driver();
+  ScopedContext scope(c->cuctx);
+  CUresult r = CUDA_SUCCESS;
+  std::call_once(c->copy_once, [&] { r = d.cuStreamCreate(&c->copy, CU_STREAM_NON_BLOCKING); });
+  CUdeviceptr p = 0;
+  if (c->copy) r = d.cuMemAllocAsync(&p, bytes, c->copy);
+  if (c->copy && r == CUDA_SUCCESS) {
+    r = d.cuStreamSynchronize(c->copy);
+    if (r != CUDA_SUCCESS) d.cuMemFreeAsync(p, c->copy);
+  }
+  if (!c->copy || r != CUDA_SUCCESS) {
+    SC_INFO("nccl: no GPU memory for a fused message (%s); it is packed in host memory",
+            cuda::describe("cuMemAllocAsync", r ? r : CUDA_ERROR_INVALID_HANDLE).c_str());
+    return nullptr;
+  }
+  *device = c->device;
+  return std::shared_ptr<void>(reinterpret_cast<void*>(p), [c](void* q) {
+    ScopedContext free_scope(c->cuctx);
+    driver().cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(q), c->copy);
+  });
 }
 
 }  // namespace nccl_stage

@@ -104,17 +104,6 @@ class Route {
   /// block the host.
   virtual int run(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,
                   const CallEnv& env) = 0;
-
-  /// GPU memory for a message this route will run on `ctx` (a fused message packed on the
-  /// GPU, algorithms/fusion.hpp): `bytes` (> 0) bytes on the GPU the route runs ctx's
-  /// operations on (*device: its ordinal), freed when the last copy of the pointer goes,
-  /// by which time the route's operation on it and every copy from or to it must be
-  /// complete. Null: the route has none to offer (the default: only route nccl has), or
-  /// the memory cannot be had. Local and never waits for other ranks.
-  virtual std::shared_ptr<void> device_buffer(CommContext& ctx, uint64_t bytes, int* device) {
-    (void)ctx, (void)bytes, (void)device;
-    return nullptr;
-  }
 };
 
 /// The route for `id` in this build and process, or nullptr when it is not available

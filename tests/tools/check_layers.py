@@ -52,7 +52,7 @@ ROUTE_USES = {
     "ht": set(),
     "blueconnect": {"ht", "nvgroup", "nccl"},  # its levels' backends
     "nvgroup": set(),                 # (several groups: blueconnect, through find_route)
-    "fusion": {"ht"},                 # fused messages staged by ht's stream stages
+    "fusion": {"ht", "nccl"},         # ht's stream stages, nccl's GPU memory for packing
 }
 SUFFIXES = {".cpp", ".hpp", ".h", ".cu", ".c"}
 
