@@ -277,23 +277,16 @@ struct Queue : std::enable_shared_from_this<Queue> {
   std::atomic<uint64_t> calls{0}, messages{0}, agreements{0};
 
   // The route of a fused message of `bytes` (CallKey convention) on host memory: the
-  // forced routes' rule for it, else the table's rules in order, as dispatch matches a
-  // call of that size (decided from the agreed group and rank-invariant state only, so
+  // rules in order (config::RuleWalk), as dispatch walks them for a call of that size (decided from the agreed group and rank-invariant state only, so
   // equal on every rank). Only pmpi and ht can start a fused message here (non-blocking,
   // host buffer, from the thread stepping the queue): a rule of another route goes on to
   // the next table rule, a forced one to pmpi, as a declining route does. (Groups on GPU
   // memory are offered to route nccl first: nccl_rule.)
   const config::Rule* fused_route(const Member& h, uint64_t bytes) const {
     const config::CallKey key{Coll::allreduce, bytes, size, nodes, ppn, MemKind::host, false};
-    const config::TuningTable& table = Runtime::get().table();
-    const config::Rule* r = h.forced ? h.forced->match(key) : nullptr;
-    if (!r) r = table.match(key);
-    while (r) {
-      if (r->choice.route == RouteId::pmpi) return nullptr;
+    config::RuleWalk walk(Runtime::get().table(), h.forced ? h.forced->match(key) : nullptr, key);
+    for (const config::Rule* r = walk.rule(); r; r = walk.next())
       if (r->choice.route == RouteId::ht && ht_ctx) return r;
-      if (r->forced) return nullptr;
-      r = table.match(key, r);
-    }
     return nullptr;
   }
 
@@ -305,8 +298,8 @@ struct Queue : std::enable_shared_from_this<Queue> {
     if (!nccl_ctx || (h.agreed_mem != MemKind::device && h.agreed_mem != MemKind::managed))
       return nullptr;
     const config::CallKey key{Coll::allreduce, bytes, size, nodes, ppn, MemKind::device, false};
-    const config::Rule* r = h.forced ? h.forced->match(key) : nullptr;
-    if (!r) r = Runtime::get().table().match(key);
+    const config::Rule* r =
+        config::RuleWalk(Runtime::get().table(), h.forced ? h.forced->match(key) : nullptr, key).rule();
     return r && r->choice.route == RouteId::nccl ? r : nullptr;
   }
 

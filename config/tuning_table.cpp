@@ -327,6 +327,29 @@ const Rule* TuningTable::match(const CallKey& key, const Rule* after) const {
   return nullptr;
 }
 
+RuleWalk::RuleWalk(const TuningTable& table, const Rule* forced, const CallKey& key,
+                   const Rule* const* cached, int count, bool overflow)
+    : table_(table), key_(key), cached_(cached), count_(count), overflow_(overflow),
+      beyond_(cached == nullptr) {
+  if (forced)
+    rule_ = forced;
+  else if (beyond_)
+    rule_ = table.match(key);
+  else
+    rule_ = count > 0 ? cached[0] : overflow ? table.match(key) : nullptr;
+  if (!forced && !beyond_ && count == 0) beyond_ = true;
+}
+
+const Rule* RuleWalk::next() {
+  if (!rule_ || rule_->forced || rule_->choice.route == RouteId::pmpi) return rule_ = nullptr;
+  if (!beyond_ && at_ + 1 < count_) return rule_ = cached_[++at_];
+  if (beyond_ || overflow_) {
+    beyond_ = true;
+    return rule_ = table_.match(key_, rule_);
+  }
+  return rule_ = nullptr;
+}
+
 void TuningTable::index() {
   // A call can leave pmpi only if some rule that can match it names another route.
   // (Earlier rules may shadow that rule; being conservative here only costs the fast

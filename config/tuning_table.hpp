@@ -155,4 +155,30 @@ std::optional<uint64_t> parse_size(std::string_view s);
 /// "*", "N", "A-B", "A-" -> Range.
 std::optional<Range> parse_range(std::string_view s);
 
+/// The rules a call of `key` is offered to, in order, by the dispatcher and by fusion
+/// alike (first match wins; a route that declines hands the call on): a forced rule
+/// (STREAMCOLL_ROUTE, streamcoll_comm_set_route) alone, and a forced rule that declines
+/// ends the walk; else the table's matching rules in order. A rule of route pmpi ends the
+/// walk (the MPI takes every call); so does the end of the table: the call goes to pmpi.
+/// The table's first matches may come from a cache (`cached`, `count` of them; `overflow`:
+/// more may follow, found with TuningTable::match). Not thread-safe; the table must
+/// outlive the walk.
+class RuleWalk {
+ public:
+  RuleWalk(const TuningTable& table, const Rule* forced, const CallKey& key,
+           const Rule* const* cached = nullptr, int count = 0, bool overflow = false);
+  /// The rule to offer the call to, or null: the walk is over (pmpi).
+  const Rule* rule() const { return rule_; }
+  /// The current rule's route declined the call: the next rule, or null (pmpi).
+  const Rule* next();
+
+ private:
+  const TuningTable& table_;
+  const CallKey& key_;
+  const Rule* const* cached_;
+  const Rule* rule_ = nullptr;
+  int count_, at_ = 0;
+  bool overflow_, beyond_;  // beyond_: past cached_, walking the table from rule_
+};
+
 }  // namespace streamcoll::config

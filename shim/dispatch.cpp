@@ -296,10 +296,8 @@ void walk_rules(Decision& d, const CollArgs& a, const CallEnv& env, const config
   // a bcast or gather-like call's data its own way, as repacking would pass it.
   CollArgs view;
   const CollArgs& asked = !takes_op(a.coll) && repack::basic_view(a, &view) ? view : a;
-  const bool by_comm = walk.forced != nullptr;
-  const config::Rule* rule = by_comm ? walk.forced : walk.count ? walk.table[0] : nullptr;
-  int at = 0;            // rule's index in walk.table
-  bool beyond = false;   // past walk.table: walking the table from rule on
+  config::RuleWalk rules(rt.table(), walk.forced, key, walk.table, walk.count, walk.overflow);
+  const config::Rule* rule = rules.rule();
   // STREAMCOLL_CHECK: the rule every rank matched, before its route sets anything up.
   if (check)
     check_agreement(a.comm, a.coll, a.nonblocking, rule ? rule->choice.route : RouteId::pmpi,
@@ -320,15 +318,7 @@ void walk_rules(Decision& d, const CollArgs& a, const CallEnv& env, const config
       break;
     }
     if (rule->choice.route == RouteId::pmpi) break;
-    const config::Rule* next = nullptr;
-    if (!rule->forced) {
-      if (!beyond && at + 1 < walk.count) {
-        next = walk.table[++at];
-      } else if (beyond || walk.overflow) {
-        next = rt.table().match(key, rule);
-        beyond = true;
-      }
-    }
+    const config::Rule* next = rules.next();
     SC_TRACE("%s: route %s (%s) %s; %s%s", call_name(a.coll, a.nonblocking).c_str(),
              std::string(name(rule->choice.route)).c_str(), rule->origin.c_str(),
              !route ? "is not available"

@@ -382,3 +382,42 @@ TEST_CASE("a rule written back as a table line parses to the same rule") {
   CHECK(t.rules()[0].to_string() == "allreduce,bcast 0-65536 2-8 1 * device,managed yes ht algo=rd chunk=4M");
   CHECK(t.rules()[3].to_string() == "* * * * * * * pmpi");
 }
+
+TEST_CASE("RuleWalk: the rules a call is offered to, in order, as dispatch and fusion walk them") {
+  TuningTable t = parse_ok(R"(
+allreduce   0-32K  *  *  *  device  *  ht algo=rd
+allreduce   *      *  *  *  device  *  nccl
+allreduce   *      *  *  *  device  *  blueconnect
+allreduce   *      *  *  *  device  *  pmpi
+allreduce   *      *  *  *  device  *  nvgroup
+)");
+  const CallKey k = key(Coll::allreduce, 1024, 4, MemKind::device);
+  auto routes = [](RuleWalk w) {
+    std::vector<RouteId> seen;
+    for (const Rule* r = w.rule(); r; r = w.next()) seen.push_back(r->choice.route);
+    return seen;
+  };
+  using V = std::vector<RouteId>;
+  // The table's matches in order; a pmpi rule ends the walk (nvgroup after it never comes).
+  CHECK(routes(RuleWalk(t, nullptr, k)) ==
+        V{RouteId::ht, RouteId::nccl, RouteId::blueconnect, RouteId::pmpi});
+  const CallKey big = key(Coll::allreduce, 1 << 20, 4, MemKind::device);
+  CHECK(routes(RuleWalk(t, nullptr, big)) == V{RouteId::nccl, RouteId::blueconnect, RouteId::pmpi});
+  CHECK(routes(RuleWalk(t, nullptr, key(Coll::bcast, 8, 4, MemKind::device))).empty());
+
+  // A cached prefix of the matches: walked first, then the table from the last one on
+  // when more may follow (overflow), else the walk ends with the prefix.
+  const Rule* prefix[2] = {t.match(k), t.match(k, t.match(k))};
+  CHECK(routes(RuleWalk(t, nullptr, k, prefix, 2, true)) ==
+        V{RouteId::ht, RouteId::nccl, RouteId::blueconnect, RouteId::pmpi});
+  CHECK(routes(RuleWalk(t, nullptr, k, prefix, 2, false)) == V{RouteId::ht, RouteId::nccl});
+  CHECK(routes(RuleWalk(t, nullptr, k, prefix, 0, false)).empty());
+
+  // A forced rule is offered alone: when it declines, the call goes to pmpi.
+  std::optional<ParseError> err;
+  auto forced = TuningTable::parse_forced("allreduce:blueconnect", &err);
+  REQUIRE(!err);
+  REQUIRE(forced.size() == 1);
+  CHECK(routes(RuleWalk(t, &forced[0], k)) == V{RouteId::blueconnect});
+  CHECK(routes(RuleWalk(t, &forced[0], k, prefix, 2, true)) == V{RouteId::blueconnect});
+}
