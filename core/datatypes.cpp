@@ -37,6 +37,41 @@ std::vector<TypeInfo> build_types() {
       T(MPI_2INT, pair), T(MPI_SHORT_INT, pair), T(MPI_LONG_DOUBLE_INT, pair),
       T(MPI_2REAL, pair), T(MPI_2DOUBLE_PRECISION, pair), T(MPI_2INTEGER, pair),
       T(MPI_CHAR, character), T(MPI_WCHAR, character), T(MPI_CHARACTER, character),
+  // Fortran's sized types, where the MPI (and its Fortran compiler) has them: routed by
+  // size and class like the others (MPI_REAL8 as MPI_DOUBLE_PRECISION, ...).
+#ifdef MPI_INTEGER1
+      T(MPI_INTEGER1, fortran_integer),
+#endif
+#ifdef MPI_INTEGER2
+      T(MPI_INTEGER2, fortran_integer),
+#endif
+#ifdef MPI_INTEGER4
+      T(MPI_INTEGER4, fortran_integer),
+#endif
+#ifdef MPI_INTEGER8
+      T(MPI_INTEGER8, fortran_integer),
+#endif
+#ifdef MPI_REAL2
+      T(MPI_REAL2, floating),
+#endif
+#ifdef MPI_REAL4
+      T(MPI_REAL4, floating),
+#endif
+#ifdef MPI_REAL8
+      T(MPI_REAL8, floating),
+#endif
+#ifdef MPI_REAL16
+      T(MPI_REAL16, floating),
+#endif
+#ifdef MPI_COMPLEX8
+      T(MPI_COMPLEX8, complex),
+#endif
+#ifdef MPI_COMPLEX16
+      T(MPI_COMPLEX16, complex),
+#endif
+#ifdef MPI_COMPLEX32
+      T(MPI_COMPLEX32, complex),
+#endif
   // 16-bit floating point, where the MPI has it (MPICH's extensions).
 #ifdef MPIX_C_FLOAT16
       T(MPIX_C_FLOAT16, floating),

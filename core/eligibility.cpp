@@ -15,7 +15,6 @@ const char* describe(Verdict v) {
     case Verdict::user_op: return "user-defined op";
     case Verdict::op_not_defined: return "op not defined for this datatype";
     case Verdict::mixed_memory: return "buffers in different memory kinds";
-    case Verdict::fortran: return "Fortran binding (routes take C calls only)";
   }
   return "?";
 }
@@ -34,7 +33,6 @@ Verdict eligibility(const CallFacts& f) {
     if (!op_defined_for(f.op->kind, f.send_type->cls)) return Verdict::op_not_defined;
   }
   if (f.mem == MemKind::mixed) return Verdict::mixed_memory;
-  if (f.fortran) return Verdict::fortran;
   return Verdict::eligible;
 }
 

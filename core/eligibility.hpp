@@ -19,7 +19,6 @@ enum class Verdict : uint8_t {
   user_op,         ///< not a predefined reduction op
   op_not_defined,  ///< MPI does not define this op on this type (MPI raises the error)
   mixed_memory,    ///< the buffers are of different memory kinds
-  fortran,         ///< made through the Fortran bindings: passed through for now
 };
 
 const char* describe(Verdict v);
@@ -34,7 +33,6 @@ struct CallFacts {
   bool counts_match = true;            ///< allgather/alltoall: sendcount == recvcount
   const OpInfo* op = nullptr;          ///< nullptr: user op (only read if takes_op)
   MemKind mem = MemKind::host;
-  bool fortran = false;
 };
 
 Verdict eligibility(const CallFacts& f);

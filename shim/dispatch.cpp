@@ -179,7 +179,6 @@ bool invariant_verdict(Verdict v, Coll c) {
   switch (v) {
     case Verdict::eligible:
     case Verdict::mixed_memory:  // memory kinds are each rank's own
-    case Verdict::fortran:       // so is the language binding
       return true;
     case Verdict::derived_type:
     case Verdict::type_mismatch:
@@ -430,7 +429,6 @@ bool screen_arguments(const CollArgs& a, Decision& d, CallFacts* f, CommContext*
                       int* rank, int* size, int* sts, int* rts) {
   if ((d.error = screen(a, &d.error_comm)) != MPI_SUCCESS) return false;
   f->coll = a.coll;
-  f->fortran = a.fortran != nullptr;
   f->invalid_args = obviously_invalid(a);
   if (f->invalid_args) return false;  // PMPI raises the error; nothing else may touch a.comm
   *ctx = comm_context(a.comm, false);

@@ -1,13 +1,13 @@
 // The Fortran bindings (mpif.h and `use mpi`). Open MPI's and MPICH's Fortran wrappers
 // call PMPI_ directly, so a PMPI tool sees Fortran calls only if it intercepts the
-// Fortran symbols itself. Each wrapper converts the handles for the dispatcher (for the
-// statistics, the agreement check and, later, routing) and hands it the MPI's own
-// Fortran binding with the caller's original arguments: the pmpi route runs that, so
-// Fortran handles, MPI_IN_PLACE/MPI_BOTTOM and ierr behave exactly as without streamcoll.
-// Blocking calls made here go to pmpi (Verdict::fortran, agreed with the other ranks),
-// unless they decide from an earlier agreement of their signature in which the other ranks
-// made C calls (shim/dispatch.cpp): then, as a non-blocking one following the
-// communicator's earlier agreement, the route runs them on the converted C arguments.
+// Fortran symbols itself. Each wrapper converts the handles (MPI_*_f2c) and the
+// sentinels (MPI_IN_PLACE, MPI_BOTTOM) and hands the dispatcher the C call, with the
+// MPI's own Fortran binding and the caller's original arguments beside it. The call is
+// routed exactly like the C call (a Fortran rank and a C rank take the same route: the
+// binding is no fact of the decision): a route runs it on the converted C arguments, and
+// its return code becomes ierr, its C request the Fortran one (MPI_Request_c2f); the
+// pmpi route runs the MPI's binding itself, so that Fortran handles, MPI_IN_PLACE,
+// MPI_BOTTOM and ierr behave exactly as without streamcoll.
 // The wait/test family, MPI_REQUEST_GET_STATUS and MPI_REQUEST_FREE are bound too, so
 // that streamcoll's own requests (core/requests.hpp) get their turn when Fortran waits
 // for them: with no owned request alive, the real binding unchanged; otherwise the same
@@ -131,11 +131,10 @@ Bound<Fn> real(const char* base) {
   return Bound<Fn>{reinterpret_cast<Fn>(resolve(base))};
 }
 
-// Dispatches a call made through the Fortran bindings. Blocking calls go to the MPI's own
-// binding (pmpi; the ranks agree on that). A non-blocking one is routed from the
-// communicator's earlier agreement like a C call, so another route may carry it on its C
-// arguments (handles and MPI_IN_PLACE converted above): then its C request becomes the
-// Fortran one. Otherwise the MPI's binding ran and set the Fortran request itself.
+// Dispatches a call made through the Fortran bindings, routed as the C call would be. A
+// route other than pmpi runs it on its C arguments (handles and MPI_IN_PLACE converted
+// above): its return code is ierr, and a non-blocking call's C request becomes the
+// Fortran one. On pmpi the MPI's binding ran and set ierr and the request itself.
 void run(CollArgs& a, FortranCall& call, F* ierr, MPI_Request* scratch,
          F* freq = nullptr) {
   call.request = freq;

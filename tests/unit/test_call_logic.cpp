@@ -295,9 +295,6 @@ TEST_CASE("eligibility") {
   g = f;
   g.mem = MemKind::mixed;
   CHECK(eligibility(g) == Verdict::mixed_memory);
-  g = f;
-  g.fortran = true;
-  CHECK(eligibility(g) == Verdict::fortran);
 
   // Gather-like calls take no op; their types must agree.
   CallFacts a = f;

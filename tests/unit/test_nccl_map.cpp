@@ -156,3 +156,29 @@ TEST_CASE("host and bus hashes distinguish names") {
   CHECK(nc::hash("ab", nc::hash("c")) != nc::hash("a", nc::hash("bc")));
   CHECK(nc::hash("") == 1469598103934665603ull);
 }
+
+TEST_CASE("Fortran datatypes: NCCL's type of the same size and kind, or none") {
+  // Debian's Open MPI and MPICH are built with gfortran: every type below is there.
+  CHECK(rtype(MPI_INTEGER) == ncclInt32);
+  CHECK(rtype(MPI_REAL) == ncclFloat32);
+  CHECK(rtype(MPI_DOUBLE_PRECISION) == ncclFloat64);
+  CHECK(rtype(MPI_INTEGER1) == ncclInt8);
+  CHECK_FALSE(rtype(MPI_INTEGER2));  // NCCL has no 16-bit integer
+  CHECK(rtype(MPI_INTEGER4) == ncclInt32);
+  CHECK(rtype(MPI_INTEGER8) == ncclInt64);
+  CHECK(rtype(MPI_REAL4) == ncclFloat32);
+  CHECK(rtype(MPI_REAL8) == ncclFloat64);
+  // Complex and LOGICAL have no NCCL reduction type: reductions go to the next rule
+  // (whose host algorithms reduce with the MPI's own MPI_Reduce_local); moving them is
+  // bytes, which NCCL carries.
+  for (MPI_Datatype t : {MPI_COMPLEX, MPI_DOUBLE_COMPLEX, MPI_COMPLEX8, MPI_COMPLEX16, MPI_LOGICAL}) {
+    CHECK_FALSE(rtype(t));
+    CHECK(nc::supports(Coll::allreduce, MemKind::device, &type(t), find_op(MPI_SUM)) ==
+          nc::Support::datatype);
+    CHECK(nc::supports(Coll::bcast, MemKind::device, &type(t), nullptr) == nc::Support::ok);
+  }
+  CHECK(type(MPI_INTEGER8).size == 8);
+  CHECK(type(MPI_COMPLEX16).size == 16);
+  CHECK(type(MPI_COMPLEX16).cls == TypeClass::complex);
+  CHECK(type(MPI_INTEGER2).cls == TypeClass::fortran_integer);
+}
