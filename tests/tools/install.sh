@@ -67,6 +67,27 @@ STREAMCOLL_STATS=1 timeout 120 "$mpirun" "${mpi_args[@]}" "$tmp/allreduce" >"$tm
   { cat "$tmp/plain.log"; fail "mpirun without the wrapper"; }
 grep -q "streamcoll statistics" "$tmp/plain.log" && fail "streamcoll loaded without streamcoll-exec"
 streamcoll-exec true || fail "streamcoll-exec true (a non-MPI program under the wrapper)"
+# The Fortran stream module, where the build had a Fortran compiler: a program that says
+# `use streamcoll`, built with the MPI's Fortran wrapper and pkg-config streamcoll-fortran,
+# sees streamcoll under streamcoll-exec and not without it.
+if pkg-config --exists streamcoll-fortran; then
+  case $flavor in openmpi | mpich) mpifc=mpif90.$flavor ;; *) mpifc=mpif90 ;; esac
+  command -v "$mpifc" >/dev/null || mpifc=mpif90
+  [ -e "$(pkg-config --variable=fmoddir streamcoll-fortran)/streamcoll.mod" ] ||
+    fail "pkg-config streamcoll-fortran: no streamcoll.mod in its fmoddir"
+  printf '%s\n' 'program p' '  use streamcoll' '  include "mpif.h"' '  integer :: ierr, rank' \
+    '  call mpi_init(ierr)' '  call mpi_comm_rank(MPI_COMM_WORLD, rank, ierr)' \
+    '  if (rank == 0) print "(a,l1)", "available: ", streamcoll_stream_available()' \
+    '  call mpi_finalize(ierr)' 'end program' >"$tmp/avail.f90"
+  "$mpifc" $(pkg-config --cflags streamcoll-fortran) "$tmp/avail.f90" -o "$tmp/avail" \
+    $(pkg-config --libs streamcoll-fortran) || fail "$mpifc with pkg-config streamcoll-fortran"
+  timeout 60 "$mpirun" "${mpi_args[@]}" streamcoll-exec "$tmp/avail" >"$tmp/avail.log" 2>&1 ||
+    { cat "$tmp/avail.log"; fail "the Fortran module's program under streamcoll-exec"; }
+  grep -q "available: T" "$tmp/avail.log" || { cat "$tmp/avail.log"; fail "use streamcoll: not available under streamcoll-exec"; }
+  timeout 60 "$mpirun" "${mpi_args[@]}" "$tmp/avail" >"$tmp/avail.log" 2>&1 ||
+    { cat "$tmp/avail.log"; fail "the Fortran module's program"; }
+  grep -q "available: F" "$tmp/avail.log" || { cat "$tmp/avail.log"; fail "use streamcoll: available without streamcoll"; }
+fi
 # The installed plotting scripts' route names (routes.txt, written from the route table).
 [ "$(python3 "$prefix/share/streamcoll/route_names.py" | tr '\n' ' ')" = \
   "$(streamcoll-info --routes | sed -n 's/^| `\([a-z]*\)` |.*/\1/p' | tr '\n' ' ')" ] ||
