@@ -5,7 +5,9 @@
 ! result is checked against values computed here; with STREAMCOLL_EXPECT_INTERCEPT=1 each
 ! call must have taken the route STREAMCOLL_ROUTE forces for its collective (pmpi where
 ! it forces none), by streamcoll's statistics (routes_helper.c). Rank 0 prints
-! "N passed, N failed".
+! "N passed, N failed". Under STREAMCOLL_TEST_DEVICE=1 the buffers are fake device memory
+! (the fake CUDA driver; a route NCCL's reductions cannot carry, complex, LOGICAL,
+! INTEGER2, is expected on pmpi).
 program fortran_routes
   use iso_c_binding
 #ifdef STREAMCOLL_F08
@@ -18,15 +20,27 @@ program fortran_routes
 #define REQ integer
 #endif
   interface
-    integer(c_long_long) function sc_route_calls(name) bind(C, name="sc_route_calls")
-      import :: c_char, c_long_long
+    integer(c_long_long) function sc_route_calls(name, reducible) bind(C, name="sc_route_calls")
+      import :: c_char, c_long_long, c_int
       character(kind=c_char), dimension(*) :: name
+      integer(c_int), value :: reducible
     end function
+    integer(c_int) function sc_device_mode() bind(C, name="sc_device_mode")
+      import :: c_int
+    end function
+    type(c_ptr) function sc_dev_alloc(bytes) bind(C, name="sc_dev_alloc")
+      import :: c_ptr, c_size_t
+      integer(c_size_t), value :: bytes
+    end function
+    subroutine sc_dev_free(p) bind(C, name="sc_dev_free")
+      import :: c_ptr
+      type(c_ptr), value :: p
+    end subroutine
   end interface
 
   integer, parameter :: n = 7
   integer :: ierr, rank, nranks, passed, failed, totals(2)
-  logical :: check_routes
+  logical :: check_routes, device
   character(len=8) :: env
   integer(c_long_long) :: before
 
@@ -35,6 +49,7 @@ program fortran_routes
   call mpi_comm_size(MPI_COMM_WORLD, nranks, ierr)
   call get_environment_variable("STREAMCOLL_EXPECT_INTERCEPT", env)
   check_routes = env == "1"
+  device = sc_device_mode() == 1
   passed = 0
   failed = 0
 
@@ -60,9 +75,17 @@ program fortran_routes
 
 contains
 
-  integer(c_long_long) function route_calls(name)
+  ! The calls of `name` so far on the route expected for this one (`reducible`: the
+  ! datatype is one NCCL reduces; moving data, any is).
+  integer(c_long_long) function route_calls(name, reducible)
     character(len=*), intent(in) :: name
-    route_calls = sc_route_calls(trim(name) // c_null_char)
+    logical, intent(in), optional :: reducible
+    integer(c_int) :: r
+    r = 1
+    if (present(reducible)) then
+      if (.not. reducible) r = 0
+    end if
+    route_calls = sc_route_calls(trim(name) // c_null_char, r)
   end function
 
   subroutine check(what, ok)
@@ -76,16 +99,22 @@ contains
     end if
   end subroutine
 
-  subroutine routed(name, before)
+  subroutine routed(name, before, reducible)
     character(len=*), intent(in) :: name
     integer(c_long_long), intent(in) :: before
-    if (check_routes) call check(name // " on its route", route_calls(name) == before + 1)
+    logical, intent(in), optional :: reducible
+    if (check_routes) call check(name // " on its route", route_calls(name, reducible) == before + 1)
   end subroutine
+
+! The test's buffers: fake device memory under STREAMCOLL_TEST_DEVICE=1, else host.
+#define MAKE(a, m) if (device) then; call c_f_pointer(sc_dev_alloc(int(m, c_size_t) * storage_size(a) / 8), a, [m]); else; allocate(a(m)); end if
+#define DROP(a) if (device) then; call sc_dev_free(c_loc(a)); else; deallocate(a); end if
 
 #define FT integer
 #define MT MPI_INTEGER
 #define TN "MPI_INTEGER"
 #define CV(v) int(v)
+#define NR .true.
   subroutine integer_default()
 #include "routes_numeric.inc"
   end subroutine
@@ -93,11 +122,13 @@ contains
 #undef MT
 #undef TN
 #undef CV
+#undef NR
 
 #define FT integer(kind=1)
 #define MT MPI_INTEGER1
 #define TN "MPI_INTEGER1"
 #define CV(v) int(v, kind=1)
+#define NR .true.
   subroutine integer1()
 #include "routes_numeric.inc"
   end subroutine
@@ -105,11 +136,13 @@ contains
 #undef MT
 #undef TN
 #undef CV
+#undef NR
 
 #define FT integer(kind=2)
 #define MT MPI_INTEGER2
 #define TN "MPI_INTEGER2"
 #define CV(v) int(v, kind=2)
+#define NR .false.
   subroutine integer2()
 #include "routes_numeric.inc"
   end subroutine
@@ -117,11 +150,13 @@ contains
 #undef MT
 #undef TN
 #undef CV
+#undef NR
 
 #define FT integer(kind=4)
 #define MT MPI_INTEGER4
 #define TN "MPI_INTEGER4"
 #define CV(v) int(v, kind=4)
+#define NR .true.
   subroutine integer4()
 #include "routes_numeric.inc"
   end subroutine
@@ -129,11 +164,13 @@ contains
 #undef MT
 #undef TN
 #undef CV
+#undef NR
 
 #define FT integer(kind=8)
 #define MT MPI_INTEGER8
 #define TN "MPI_INTEGER8"
 #define CV(v) int(v, kind=8)
+#define NR .true.
   subroutine integer8()
 #include "routes_numeric.inc"
   end subroutine
@@ -141,11 +178,13 @@ contains
 #undef MT
 #undef TN
 #undef CV
+#undef NR
 
 #define FT real
 #define MT MPI_REAL
 #define TN "MPI_REAL"
 #define CV(v) real(v)
+#define NR .true.
   subroutine real_default()
 #include "routes_numeric.inc"
   end subroutine
@@ -153,11 +192,13 @@ contains
 #undef MT
 #undef TN
 #undef CV
+#undef NR
 
 #define FT double precision
 #define MT MPI_DOUBLE_PRECISION
 #define TN "MPI_DOUBLE_PRECISION"
 #define CV(v) dble(v)
+#define NR .true.
   subroutine double_precision()
 #include "routes_numeric.inc"
   end subroutine
@@ -165,11 +206,13 @@ contains
 #undef MT
 #undef TN
 #undef CV
+#undef NR
 
 #define FT real(kind=4)
 #define MT MPI_REAL4
 #define TN "MPI_REAL4"
 #define CV(v) real(v, kind=4)
+#define NR .true.
   subroutine real4()
 #include "routes_numeric.inc"
   end subroutine
@@ -177,11 +220,13 @@ contains
 #undef MT
 #undef TN
 #undef CV
+#undef NR
 
 #define FT real(kind=8)
 #define MT MPI_REAL8
 #define TN "MPI_REAL8"
 #define CV(v) real(v, kind=8)
+#define NR .true.
   subroutine real8()
 #include "routes_numeric.inc"
   end subroutine
@@ -189,11 +234,13 @@ contains
 #undef MT
 #undef TN
 #undef CV
+#undef NR
 
 #define FT complex
 #define MT MPI_COMPLEX
 #define TN "MPI_COMPLEX"
 #define CV(re, im) cmplx(re, im)
+#define NR .false.
   subroutine complex_default()
 #include "routes_complex.inc"
   end subroutine
@@ -201,11 +248,13 @@ contains
 #undef MT
 #undef TN
 #undef CV
+#undef NR
 
 #define FT double complex
 #define MT MPI_DOUBLE_COMPLEX
 #define TN "MPI_DOUBLE_COMPLEX"
 #define CV(re, im) cmplx(re, im, kind=kind(0.0d0))
+#define NR .false.
   subroutine double_complex()
 #include "routes_complex.inc"
   end subroutine
@@ -213,11 +262,13 @@ contains
 #undef MT
 #undef TN
 #undef CV
+#undef NR
 
 #define FT complex(kind=4)
 #define MT MPI_COMPLEX8
 #define TN "MPI_COMPLEX8"
 #define CV(re, im) cmplx(re, im, kind=4)
+#define NR .false.
   subroutine complex8()
 #include "routes_complex.inc"
   end subroutine
@@ -225,11 +276,13 @@ contains
 #undef MT
 #undef TN
 #undef CV
+#undef NR
 
 #define FT complex(kind=8)
 #define MT MPI_COMPLEX16
 #define TN "MPI_COMPLEX16"
 #define CV(re, im) cmplx(re, im, kind=8)
+#define NR .false.
   subroutine complex16()
 #include "routes_complex.inc"
   end subroutine
@@ -237,15 +290,18 @@ contains
 #undef MT
 #undef TN
 #undef CV
+#undef NR
 
 #define FT logical
 #define MT MPI_LOGICAL
 #define TN "MPI_LOGICAL"
+#define NR .false.
   subroutine logical_default()
 #include "routes_logical.inc"
   end subroutine
 #undef FT
 #undef MT
 #undef TN
+#undef NR
 
 end program

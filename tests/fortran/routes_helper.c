@@ -1,12 +1,16 @@
 /* For the Fortran routing test (routes.F90): how many calls of one collective in this
  * process took the route STREAMCOLL_ROUTE forces for it ("allreduce:ht,bcast:ht", "*:ht";
  * a non-blocking collective, "iallreduce", follows its blocking one's entry), or route
- * pmpi where it forces none; through streamcoll's statistics, found at run time so that
- * it works preloaded or linked. -1 when streamcoll is not loaded. */
+ * pmpi where it forces none or the route cannot carry the call; through streamcoll's
+ * statistics, found at run time so that it works preloaded or linked. -1 when streamcoll
+ * is not loaded. And, under STREAMCOLL_TEST_DEVICE=1, the test's buffers in fake device
+ * memory (the fake CUDA driver of tests/fake, libcuda.so.1 on LD_LIBRARY_PATH). */
 #include <dlfcn.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "fake_api.h"
 #include "streamcoll/streamcoll.h"
 
 /* The route STREAMCOLL_ROUTE forces for `coll` (a blocking collective's name) into
@@ -36,7 +40,9 @@ static void forced_route(const char *coll, char *route, size_t len) {
   }
 }
 
-long long sc_route_calls(const char *collective) {
+/* `reducible`: 0 when the call is a reduction on a datatype NCCL cannot reduce exactly
+ * (complex, LOGICAL, 16-bit integers): a forced nccl declines it and it goes to pmpi. */
+long long sc_route_calls(const char *collective, int reducible) {
   int (*get)(const char *, const char *, const char *, streamcoll_stat_t *) =
       (int (*)(const char *, const char *, const char *, streamcoll_stat_t *))dlsym(
           RTLD_DEFAULT, "streamcoll_get_stats");
@@ -45,7 +51,34 @@ long long sc_route_calls(const char *collective) {
   if (collective[0] == 'i') blocking = collective + 1; /* no blocking one begins with i */
   char route[32];
   forced_route(blocking, route, sizeof route);
+  if (!reducible && strcmp(route, "nccl") == 0) strcpy(route, "pmpi");
   streamcoll_stat_t s;
   if (get(collective, route, 0, &s) != 0) return 0;
   return (long long)s.calls;
 }
+
+static fake_cuda_malloc_fn dev_malloc;
+static fake_cuda_free_fn dev_free;
+
+/* 1: the buffers go in fake device memory (STREAMCOLL_TEST_DEVICE=1 and the fake driver
+ * loads), 0: host memory. Exits when device memory was asked for and cannot be had. */
+int sc_device_mode(void) {
+  static int mode = -1;
+  if (mode >= 0) return mode;
+  const char *want = getenv("STREAMCOLL_TEST_DEVICE");
+  mode = 0;
+  if (!want || strcmp(want, "1") != 0) return mode;
+  void *cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+  fake_cuda_runtime_init_fn init =
+      cu ? (fake_cuda_runtime_init_fn)dlsym(cu, "fake_cuda_runtime_init") : NULL;
+  dev_malloc = cu ? (fake_cuda_malloc_fn)dlsym(cu, "fake_cuda_malloc") : NULL;
+  dev_free = cu ? (fake_cuda_free_fn)dlsym(cu, "fake_cuda_free") : NULL;
+  if (!init || !dev_malloc || !dev_free || init() != 0) {
+    fprintf(stderr, "routes: STREAMCOLL_TEST_DEVICE=1 but libcuda.so.1 is not the fake driver\n");
+    exit(2);
+  }
+  return mode = 1;
+}
+
+void *sc_dev_alloc(size_t bytes) { return dev_malloc(bytes ? bytes : 1); }
+void sc_dev_free(void *p) { dev_free(p); }
