@@ -1584,10 +1584,32 @@ FAKE_EXPORT CUresult cuMemAlloc(CUdeviceptr* dptr, size_t bytes) {
   return CUDA_SUCCESS;
 }
 
+// Managed memory (the driver's cuMemAllocManaged, as CUDA Fortran's `managed` arrays and
+// OpenACC's unified memory get it): host-addressable, of the current context's GPU.
+FAKE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytes, unsigned int flags) {
+  LOCK();
+  count("cuMemAllocManaged");
+  if (injected_failure("cuMemAllocManaged")) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (!dptr || bytes == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
+    return ret("cuMemAllocManaged", CUDA_ERROR_INVALID_VALUE);
+  CUcontext c = current_ctx();
+  if (!c) return ret("cuMemAllocManaged", CUDA_ERROR_INVALID_CONTEXT);
+  void* p = allocate(bytes, c->device, true, false);
+  if (!p) return ret("cuMemAllocManaged", CUDA_ERROR_OUT_OF_MEMORY);
+  *dptr = reinterpret_cast<CUdeviceptr>(p);
+  return CUDA_SUCCESS;
+}
+
 FAKE_EXPORT CUresult cuMemFree(CUdeviceptr dptr) {
   LOCK();
   count("cuMemFree");
   auto it = g_allocs.find(static_cast<uintptr_t>(dptr));
+  if (it != g_allocs.end() && it->second.managed && it->second.kind == Alloc::plain &&
+      !it->second.async) {  // cuMemAllocManaged's
+    check_races(g_host, it->first, it->first + it->second.bytes, true, "the host (cuMemFree)");
+    release(it->first);
+    return CUDA_SUCCESS;
+  }
   if (it == g_allocs.end() || it->second.kind != Alloc::shm) return ret("cuMemFree", CUDA_ERROR_INVALID_VALUE);
   check_races(g_host, it->first, it->first + it->second.bytes, true, "the host (cuMemFree)");
   release(it->first);

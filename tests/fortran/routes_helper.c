@@ -3,9 +3,14 @@
  * a non-blocking collective, "iallreduce", follows its blocking one's entry), or route
  * pmpi where it forces none or the route cannot carry the call; through streamcoll's
  * statistics, found at run time so that it works preloaded or linked. -1 when streamcoll
- * is not loaded. And, under STREAMCOLL_TEST_DEVICE=1, the test's buffers in fake device
- * memory (the fake CUDA driver of tests/fake, libcuda.so.1 on LD_LIBRARY_PATH). */
+ * is not loaded. And the test's buffers: under STREAMCOLL_TEST_DEVICE=1 in fake device
+ * memory (the fake CUDA driver of tests/fake, libcuda.so.1 on LD_LIBRARY_PATH); under
+ * STREAMCOLL_TEST_DEVICE=managed in managed memory from the CUDA driver API
+ * (cuMemAllocManaged, as CUDA Fortran's `managed` arrays and OpenACC's unified memory
+ * get it), a real GPU's or the fake's: without a GPU the program skips (exit 77). */
 #include <dlfcn.h>
+#include <mpi.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,15 +64,46 @@ long long sc_route_calls(const char *collective, int reducible) {
 
 static fake_cuda_malloc_fn dev_malloc;
 static fake_cuda_free_fn dev_free;
+/* The driver API, for managed memory (CUdeviceptr is a 64-bit integer; 0: CUDA_SUCCESS;
+ * the _v2 names are the ones cuda.h binds). */
+static int (*cu_mem_alloc_managed)(unsigned long long *, size_t, unsigned);
+static int (*cu_mem_free)(unsigned long long);
 
-/* 1: the buffers go in fake device memory (STREAMCOLL_TEST_DEVICE=1 and the fake driver
- * loads), 0: host memory. Exits when device memory was asked for and cannot be had. */
+/* Managed memory on this rank's GPU (rank modulo the GPUs), or a skip without one. */
+static void managed_or_skip(void) {
+  void *cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+  int (*init)(unsigned) = cu ? (int (*)(unsigned))dlsym(cu, "cuInit") : NULL;
+  int (*count)(int *) = cu ? (int (*)(int *))dlsym(cu, "cuDeviceGetCount") : NULL;
+  int (*get)(int *, int) = cu ? (int (*)(int *, int))dlsym(cu, "cuDeviceGet") : NULL;
+  int (*retain)(void **, int) = cu ? (int (*)(void **, int))dlsym(cu, "cuDevicePrimaryCtxRetain") : NULL;
+  int (*set)(void *) = cu ? (int (*)(void *))dlsym(cu, "cuCtxPushCurrent_v2") : NULL;
+  cu_mem_alloc_managed = cu ? (int (*)(unsigned long long *, size_t, unsigned))dlsym(cu, "cuMemAllocManaged") : NULL;
+  cu_mem_free = cu ? (int (*)(unsigned long long))dlsym(cu, "cuMemFree_v2") : NULL;
+  int n = 0, dev = 0, rank = 0;
+  void *ctx = NULL;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (!init || !count || !get || !retain || !set || !cu_mem_alloc_managed || !cu_mem_free ||
+      init(0) != 0 || count(&n) != 0 || n < 1 || get(&dev, rank % n) != 0 || retain(&ctx, dev) != 0 ||
+      set(ctx) != 0) {
+    if (rank == 0) printf("SKIP: no CUDA driver or GPU for managed memory\n");
+    MPI_Finalize();
+    exit(77);
+  }
+}
+
+/* 1: the buffers go in device memory (STREAMCOLL_TEST_DEVICE=1, fake; =managed, managed),
+ * 0: host memory. Exits when device memory was asked for and cannot be had. */
 int sc_device_mode(void) {
   static int mode = -1;
   if (mode >= 0) return mode;
   const char *want = getenv("STREAMCOLL_TEST_DEVICE");
   mode = 0;
-  if (!want || strcmp(want, "1") != 0) return mode;
+  if (!want) return mode;
+  if (strcmp(want, "managed") == 0) {
+    managed_or_skip();
+    return mode = 1;
+  }
+  if (strcmp(want, "1") != 0) return mode;
   void *cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
   fake_cuda_runtime_init_fn init =
       cu ? (fake_cuda_runtime_init_fn)dlsym(cu, "fake_cuda_runtime_init") : NULL;
@@ -80,5 +116,19 @@ int sc_device_mode(void) {
   return mode = 1;
 }
 
-void *sc_dev_alloc(size_t bytes) { return dev_malloc(bytes ? bytes : 1); }
-void sc_dev_free(void *p) { dev_free(p); }
+void *sc_dev_alloc(size_t bytes) {
+  if (dev_malloc) return dev_malloc(bytes ? bytes : 1);
+  unsigned long long p = 0;
+  if (cu_mem_alloc_managed(&p, bytes ? bytes : 1, 1 /* CU_MEM_ATTACH_GLOBAL */) != 0) {
+    fprintf(stderr, "routes: cuMemAllocManaged failed\n");
+    exit(2);
+  }
+  return (void *)(uintptr_t)p;
+}
+
+void sc_dev_free(void *p) {
+  if (dev_free)
+    dev_free(p);
+  else
+    cu_mem_free((unsigned long long)(uintptr_t)p);
+}
