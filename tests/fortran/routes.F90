@@ -1,8 +1,9 @@
 ! Fortran calls take routes: every Fortran datatype streamcoll routes (MPI_INTEGER, REAL,
 ! DOUBLE PRECISION, COMPLEX, DOUBLE COMPLEX, LOGICAL and the sized INTEGER1/2/4/8, REAL4/8,
 ! COMPLEX8/16) through every collective a host route takes, blocking and non-blocking, in
-! place and not, through mpif.h, or `use mpi_f08` when built with -DSTREAMCOLL_F08. Each
-! result is checked against values computed here; with STREAMCOLL_EXPECT_INTERCEPT=1 each
+! place and not, through mpif.h, `use mpi` (-DSTREAMCOLL_USE_MPI) or `use mpi_f08`
+! (-DSTREAMCOLL_F08). Each result is checked against values computed here; with
+! STREAMCOLL_EXPECT_INTERCEPT=1 each
 ! call must have taken the route STREAMCOLL_ROUTE forces for its collective (pmpi where
 ! it forces none), by streamcoll's statistics (routes_helper.c). Rank 0 prints
 ! "N passed, N failed". Under STREAMCOLL_TEST_DEVICE=1 the buffers are fake device memory
@@ -10,10 +11,14 @@
 ! INTEGER2, is expected on pmpi).
 program fortran_routes
   use iso_c_binding
-#ifdef STREAMCOLL_F08
+#if defined(STREAMCOLL_F08)
   use mpi_f08
   implicit none
 #define REQ type(MPI_Request)
+#elif defined(STREAMCOLL_USE_MPI)
+  use mpi
+  implicit none
+#define REQ integer
 #else
   implicit none
   include 'mpif.h'

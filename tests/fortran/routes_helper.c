@@ -56,7 +56,9 @@ long long sc_route_calls(const char *collective, int reducible) {
   if (collective[0] == 'i') blocking = collective + 1; /* no blocking one begins with i */
   char route[32];
   forced_route(blocking, route, sizeof route);
-  if (!reducible && strcmp(route, "nccl") == 0) strcpy(route, "pmpi");
+  if (!reducible && (strcmp(route, "nccl") == 0 || strcmp(route, "ccube") == 0 ||
+                     strcmp(route, "nvgroup") == 0))
+    strcpy(route, "pmpi");
   streamcoll_stat_t s;
   if (get(collective, route, 0, &s) != 0) return 0;
   return (long long)s.calls;
