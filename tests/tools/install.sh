@@ -75,6 +75,7 @@ if pkg-config --exists streamcoll-fortran; then
   command -v "$mpifc" >/dev/null || mpifc=mpif90
   [ -e "$(pkg-config --variable=fmoddir streamcoll-fortran)/streamcoll.mod" ] ||
     fail "pkg-config streamcoll-fortran: no streamcoll.mod in its fmoddir"
+  [ -e "${STREAMCOLL_FMODDIR:-}/streamcoll.mod" ] || fail "the module's STREAMCOLL_FMODDIR has no streamcoll.mod"
   printf '%s\n' 'program p' '  use streamcoll' '  include "mpif.h"' '  integer :: ierr, rank' \
     '  call mpi_init(ierr)' '  call mpi_comm_rank(MPI_COMM_WORLD, rank, ierr)' \
     '  if (rank == 0) print "(a,l1)", "available: ", streamcoll_stream_available()' \
