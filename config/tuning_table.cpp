@@ -368,4 +368,65 @@ void TuningTable::index() {
   }
 }
 
+bool parse_call(std::string_view text, CallKey* key, std::string* error) {
+  CallKey k;
+  std::vector<std::string_view> w;
+  for (size_t i = 0; i < text.size();) {
+    while (i < text.size() && (text[i] == ' ' || text[i] == ',' || text[i] == '\t')) ++i;
+    size_t j = i;
+    while (j < text.size() && text[j] != ' ' && text[j] != ',' && text[j] != '\t') ++j;
+    if (j > i) w.push_back(text.substr(i, j - i));
+    i = j;
+  }
+  bool have_coll = false, have_bytes = false, have_nodes = false;
+  for (size_t i = 0; i < w.size(); ++i) {
+    const bool counted = i + 1 < w.size() && (w[i + 1] == "ranks" || w[i + 1] == "rank" ||
+                                              w[i + 1] == "nodes" || w[i + 1] == "node");
+    if (auto c = parse_coll(w[i]); c && !have_coll) {
+      k.coll = *c;
+      have_coll = true;
+    } else if (auto m = parse_mem(w[i])) {
+      k.mem = *m;
+    } else if (w[i] == "stream" || w[i] == "classic") {
+      k.stream = w[i] == "stream";
+    } else if (auto n = parse_size(w[i]); n && counted) {
+      if (*n < 1 || *n > (1u << 30)) return *error = "a count of ranks or nodes out of range", false;
+      (w[i + 1][0] == 'r' ? k.ranks : k.nodes) = static_cast<int>(*n);
+      have_nodes = have_nodes || w[i + 1][0] == 'n';
+      ++i;
+    } else if (n && !have_bytes) {
+      k.bytes = *n;
+      have_bytes = true;
+    } else {
+      return *error = "'" + std::string(w[i]) + "' is not a collective, a size, a memory kind, "
+                      "N ranks, N nodes, stream or classic", false;
+    }
+  }
+  if (!have_coll) return *error = "no collective named (allreduce, bcast, ...)", false;
+  if (!have_nodes) k.nodes = 1;
+  if (k.nodes > k.ranks) return *error = "more nodes than ranks", false;
+  k.ppn = (k.ranks + k.nodes - 1) / k.nodes;
+  *key = k;
+  return true;
+}
+
+std::string explain(const TuningTable& table, const CallKey& key, bool (*built)(RouteId id)) {
+  std::string out;
+  const Rule* answer = nullptr;
+  RuleWalk walk(table, nullptr, key);
+  for (const Rule* r = walk.rule(); r; r = walk.next()) {
+    const bool here = built(r->choice.route);
+    out += "  " + r->origin + ": " + r->to_string() +
+           (here ? "" : "   (route not in this build: next rule)") +
+           (r->forced ? "   (forced: if the route declines, pmpi)" : "") + "\n";
+    if (here && !answer) answer = r;
+  }
+  if (out.empty()) out = "  no rule matches\n";
+  const std::string route = answer ? std::string(name(answer->choice.route)) : "pmpi";
+  out += "-> " + route;
+  if (answer && answer->choice.route != RouteId::pmpi)
+    out += " (unless it declines the call at run time: then the next rule listed, or pmpi)";
+  return out + "\n";
+}
+
 }  // namespace streamcoll::config

@@ -181,4 +181,19 @@ class RuleWalk {
   bool overflow_, beyond_;  // beyond_: past cached_, walking the table from rule_
 };
 
+/// A call as a person writes it, for `streamcoll-info --explain`: words in any order,
+/// "allreduce 8 device 64 ranks 8 nodes stream": a collective name, a size in bytes (the
+/// CallKey convention; "4K", "1M"), a memory kind (default host), "N ranks" (default 1),
+/// "N nodes" (default 1; ppn = ranks / nodes), "stream" or "classic" (default). Fills
+/// *key; false with *error saying which word is wrong.
+bool parse_call(std::string_view text, CallKey* key, std::string* error);
+
+/// What the table does with a call of `key`: the rules it is offered to in order
+/// (RuleWalk), each with its origin and whether its route is in this build (`built`),
+/// and the answer: the first rule whose route is built, unless that route declines the
+/// call at run time (each route's reasons: docs/guide.md), then the next one; pmpi when
+/// the walk ends. One line per rule, then "-> ROUTE". Pure but for `built`.
+std::string explain(const TuningTable& table, const CallKey& key,
+                    bool (*built)(RouteId id));
+
 }  // namespace streamcoll::config

@@ -3,6 +3,7 @@
 //   streamcoll-info [--json] [--no-mpi]
 //   streamcoll-info --knobs
 //   streamcoll-info --routes
+//   streamcoll-info --explain "allreduce 8 device 64 ranks 8 nodes [stream]"
 //
 // Reports the build (version, options, the MPI it was compiled against), the MPI it runs
 // with (library version, standard, CUDA-awareness, the thread level it gives), the CUDA
@@ -16,6 +17,9 @@
 // --json prints one JSON object with the same content (keys as in the text, lower case).
 // --knobs prints the environment knobs' reference table (Markdown, docs/reference.md's).
 // --routes prints the routes' reference table (Markdown, docs/reference.md's).
+// --explain answers what the effective tuning table (STREAMCOLL_TUNING_FILE or the
+// embedded default, STREAMCOLL_ROUTE in front) does with a call, without running it: the
+// rules it is offered to in order and the route (config::explain). No MPI.
 // Exit status 0, or 2 for a bad argument.
 #include <dlfcn.h>
 #include <mpi.h>
@@ -446,6 +450,28 @@ Node environment_text(const Node& list) {
   return t;
 }
 
+// --explain: the effective table's answer for the call `spec` describes. 0, or 2 for a
+// call that does not parse.
+int explain_call(const char* spec) {
+  streamcoll::config::CallKey key;
+  std::string error;
+  if (!streamcoll::config::parse_call(spec, &key, &error)) {
+    std::fprintf(stderr, "streamcoll-info: --explain \"%s\": %s\n", spec, error.c_str());
+    return 2;
+  }
+  const streamcoll::config::Settings s = streamcoll::config::read_settings();
+  const streamcoll::config::TuningTable table = streamcoll::effective_table(s, false);
+  std::printf("%s %llu B on %s memory, %d ranks on %d nodes (%d per node), %s; table: %s%s\n",
+              std::string(streamcoll::name(key.coll)).c_str(),
+              static_cast<unsigned long long>(key.bytes),
+              std::string(streamcoll::name(key.mem)).c_str(), key.ranks, key.nodes, key.ppn,
+              key.stream ? "stream-ordered" : "classic",
+              s.tuning_file.empty() ? "embedded default" : s.tuning_file.c_str(),
+              s.route.empty() ? "" : (", STREAMCOLL_ROUTE=" + s.route + " in front").c_str());
+  std::fputs(streamcoll::config::explain(table, key, streamcoll::route_built).c_str(), stdout);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -461,11 +487,15 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--routes") == 0) {
       std::fputs(streamcoll::config::routes_markdown().c_str(), stdout);
       return 0;
+    } else if (std::strcmp(argv[i], "--explain") == 0) {
+      return i + 1 < argc ? explain_call(argv[i + 1]) : (std::fputs("streamcoll-info: --explain needs a call, e.g. \"allreduce 8 device 64 ranks 8 nodes\"\n", stderr), 2);
     } else if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
-      std::printf("usage: streamcoll-info [--json] [--no-mpi] | --knobs | --routes\n"
+      std::printf("usage: streamcoll-info [--json] [--no-mpi] | --knobs | --routes | --explain CALL\n"
                   "  what streamcoll would see here: build, MPI, CUDA, NCCL, topology, tuning\n"
                   "  table, environment. --json: one JSON object; --no-mpi: do not initialise MPI;\n"
-                  "  --knobs, --routes: the environment knobs' and the routes' reference tables (Markdown).\n");
+                  "  --knobs, --routes: the environment knobs' and the routes' reference tables (Markdown);\n"
+                  "  --explain \"allreduce 8 device 64 ranks 8 nodes [stream]\": the rules the table offers\n"
+                  "  such a call to, in order, and its route.\n");
       return 0;
     } else {
       std::fprintf(stderr, "streamcoll-info: unknown argument '%s' (try --help)\n", argv[i]);

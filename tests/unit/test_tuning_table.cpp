@@ -421,3 +421,63 @@ allreduce   *      *  *  *  device  *  nvgroup
   CHECK(routes(RuleWalk(t, &forced[0], k)) == V{RouteId::blueconnect});
   CHECK(routes(RuleWalk(t, &forced[0], k, prefix, 2, true)) == V{RouteId::blueconnect});
 }
+
+TEST_CASE("parse_call: a call as a person writes it, for streamcoll-info --explain") {
+  CallKey k;
+  std::string err;
+  REQUIRE(parse_call("allreduce 8 device 64 ranks 8 nodes", &k, &err));
+  CHECK(k.coll == Coll::allreduce);
+  CHECK(k.bytes == 8);
+  CHECK(k.mem == MemKind::device);
+  CHECK(k.ranks == 64);
+  CHECK(k.nodes == 8);
+  CHECK(k.ppn == 8);
+  CHECK_FALSE(k.stream);
+  REQUIRE(parse_call("stream 4K, bcast 3 ranks", &k, &err));  // any order, commas
+  CHECK(k.coll == Coll::bcast);
+  CHECK(k.bytes == 4096);
+  CHECK(k.mem == MemKind::host);
+  CHECK(k.ranks == 3);
+  CHECK(k.nodes == 1);
+  CHECK(k.ppn == 3);
+  CHECK(k.stream);
+  CHECK_FALSE(parse_call("8 device", &k, &err));
+  CHECK(err.find("no collective") != std::string::npos);
+  CHECK_FALSE(parse_call("allreduce 8 nowhere", &k, &err));
+  CHECK(err.find("'nowhere'") != std::string::npos);
+  CHECK_FALSE(parse_call("allreduce 8 2 ranks 4 nodes", &k, &err));  // more nodes than ranks
+  CHECK_FALSE(parse_call("allreduce 8 16", &k, &err));                // two sizes
+}
+
+TEST_CASE("explain: the rules a call is offered to, and its route") {
+  TuningTable t = parse_ok(R"(
+allreduce 0-1K * * * device * nvgroup
+allreduce * * * * device * nccl
+* * * * * * * pmpi
+)");
+  CallKey k;
+  std::string err;
+  REQUIRE(parse_call("allreduce 512 device 4 ranks", &k, &err));
+  auto all = [](RouteId) { return true; };
+  auto no_nvgroup = [](RouteId r) { return r != RouteId::nvgroup; };
+  const std::string both = explain(t, k, all);
+  CHECK(both.find("t.conf:2") != std::string::npos);
+  CHECK(both.find("t.conf:3") != std::string::npos);
+  CHECK(both.find("-> nvgroup") != std::string::npos);
+  // A route not in this build hands the call to the next rule, as dispatch does.
+  const std::string without = explain(t, k, no_nvgroup);
+  CHECK(without.find("not in this build") != std::string::npos);
+  CHECK(without.find("-> nccl") != std::string::npos);
+  REQUIRE(parse_call("allreduce 4K device 4 ranks", &k, &err));
+  CHECK(explain(t, k, all).find("-> nccl") != std::string::npos);
+  REQUIRE(parse_call("bcast 8 host 2 ranks", &k, &err));
+  CHECK(explain(t, k, all).find("-> pmpi") != std::string::npos);
+  // A forced rule is offered alone.
+  std::optional<ParseError> perr;
+  t.prepend(TuningTable::parse_forced("allreduce:ht", &perr));
+  REQUIRE(!perr);
+  REQUIRE(parse_call("allreduce 512 device 4 ranks", &k, &err));
+  const std::string forced = explain(t, k, all);
+  CHECK(forced.find("-> ht") != std::string::npos);
+  CHECK(forced.find("t.conf:2") == std::string::npos);
+}
