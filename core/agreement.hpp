@@ -26,8 +26,8 @@ void check_agreement(MPI_Comm comm, Coll coll, bool nonblocking, RouteId route, 
                      int rank);
 
 /// What one rank knows of a call that other ranks may see differently (MPI lets ranks
-/// pass different memory kinds, call from different language bindings, describe the
-/// same type signature with different datatypes, and each rank has its own GPU).
+/// pass different memory kinds and describe the same type signature with different
+/// datatypes, and each rank has its own GPU).
 struct LocalFacts {
   MemKind mem = MemKind::host;  ///< kind of this rank's significant buffers (or mixed)
   bool ineligible = false;      ///< no route but pmpi can take this rank's arguments

@@ -32,8 +32,9 @@
 //     describes with a derived datatype repacked: core/repack). What each rank sees: the
 //     memory kind of its buffers (MPI lets a rank pass host memory where another passes
 //     device memory, and makes MPI_Reduce's receive buffer significant at the root only),
-//     whether its arguments suit a route at all (language binding, how it describes a
-//     type signature), whether the communicator carries a stream attribute on it, and
+//     whether its arguments suit a route at all (how it describes a type signature; the
+//     language binding is no such fact: Fortran calls are routed alike), whether the
+//     communicator carries a stream attribute on it, and
 //     which routes it cannot run (Route::able_here: a driver that cannot hold a stream, a
 //     buffer on another GPU than the communicator's NCCL one). Ranks that pass different
 //     memory kinds go to pmpi together.
@@ -267,7 +268,7 @@ AgreedFacts signature_facts(SignatureAgreements& sig, CommContext& ctx, MPI_Comm
 bool cacheable(const Decision& d, const CollArgs& a, const AgreedFacts& agreed) {
   if (d.fuse) return false;  // (fusion takes MPI_I* calls only: never here)
   // Facts that are not routable (ranks' kinds differ, or a rank's arguments suited only
-  // pmpi: its binding, or how it described an earlier call's type signature, which the
+  // pmpi: how it described an earlier call's type signature, which the
   // call signature does not hold) are this call's only when agreed at it.
   if (!agreed.valid || !agreed.routable) return false;
   const bool host = agreed.mem == MemKind::host || agreed.mem == MemKind::pinned;
@@ -495,7 +496,7 @@ bool classify(const CollArgs& a, const CommContext* ctx, Decision& d, CallFacts*
 // Step 1, rank-invariant: may this call leave pmpi at all? From the call's arguments that
 // MPI requires to match, the table (agreed at MPI_Init) and the communicator's forced
 // routes (streamcoll_comm_set_route is collective). A verdict that only this rank's
-// arguments can cause (memory kinds, binding, how a gather-like call describes its type
+// arguments can cause (memory kinds, how a gather-like call describes its type
 // signature) is not used here: it goes into the agreement (step 2).
 bool candidate(const CollArgs& a, const Decision& d, Verdict verdict,
                const config::TuningTable* forced, int rank, bool check, Runtime& rt) {
