@@ -11,8 +11,10 @@ fail() { echo "FAIL: $*"; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 source "$src/scripts/mpi-launcher.sh"
-mpi_launcher "$(mpi_flavor_of "$(dirname "$STREAMCOLL_LIB")")"
-case $mpirun_kind in openmpi | mpich) mpicc=mpicc.$mpirun_kind ;; *) mpicc=mpicc ;; esac
+flavor=$(mpi_flavor_of "$(dirname "$STREAMCOLL_LIB")")
+mpi_launcher "$flavor"
+# The compiler wrapper of the MPI the library is for (Debian: mpicc.openmpi, mpicc.mpich).
+case $flavor in openmpi | mpich) mpicc=mpicc.$flavor ;; *) mpicc=mpicc ;; esac
 command -v "$mpicc" >/dev/null || mpicc=mpicc
 "$mpicc" "$src/examples/allreduce.c" -o "$tmp/allreduce" || fail "$mpicc"
 printf 'allreduce 0-64 * * * host * ht algo=rd\n' >"$tmp/ht.table"
