@@ -75,7 +75,13 @@ typedef int (*fake_cuda_deferred_fn)(void);
  * "kernel_waits", "memop_waits_passed", "kernel_waits_passed", "held_queries",
  * "blocked_syncs", "live_modules", "not_supported"; work run beside the host
  * (fake_cuda_enqueue_async): "async_launched", "async_pending" (gauge),
- * "async_held_queries", "async_blocked_syncs". Unknown names give 0. */
+ * "async_held_queries", "async_blocked_syncs"; stream capture and graphs: "captures"
+ * (begun), "captured_nodes", "capture_joins" (streams joined through an event),
+ * "capture_invalidated", "capture_unjoined", "live_graphs", "live_graph_execs" (gauges),
+ * "graph_launches", "graph_node_run" (nodes run, counted as each completes),
+ * "graph_races" (unordered nodes of a captured graph that conflict; also in "races"),
+ * "host_funcs_run" (cuLaunchHostFunc calls run, live or in a graph), "not_permitted"
+ * (CUDA calls from a host function). Unknown names give 0. */
 typedef unsigned long long (*fake_cuda_counter_fn)(const char *name);
 /* cuStreamSynchronize calls made through the CUDA API (the program's own are not). */
 typedef unsigned long long (*fake_cuda_sync_count_fn)(void);
@@ -118,6 +124,25 @@ typedef int (*fake_cuda_enqueue_async_fn)(struct CUstream_st *stream, int check_
                                           void (*finish)(void *), void *arg,
                                           const fake_cuda_range *ranges, int nranges,
                                           const char *what);
+/* Stream capture (CUDA graphs): work the fake CUDA replays, for the fake NCCL. When
+ * `stream` is capturing, records a graph node and sets *captured = 1: every launch of a
+ * graph exec holding the node calls issue(arg, launch_stream) at cuGraphLaunch, on the
+ * launching thread and holding the fake's lock, in the graph's node order; it enqueues
+ * that run's work on launch_stream (a handle: CU_STREAM_LEGACY for the legacy stream)
+ * with the helpers here, which take the lock again. release(arg) runs once the last
+ * graph or exec holding the node is destroyed (or the capture is invalidated or fails).
+ * ranges: what the work reads and writes (the graph's race check between unordered
+ * nodes). When the stream is not capturing: *captured = 0 and nothing is recorded (the
+ * caller enqueues the work itself; arg stays the caller's). Returns a CUresult:
+ * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED for a stream of an invalidated capture (arg stays
+ * the caller's). fake_cuda_enqueue and fake_cuda_enqueue_async, whose argument is
+ * one-shot, refuse a capturing stream (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, the capture
+ * invalidated). */
+typedef int (*fake_cuda_capture_node_fn)(struct CUstream_st *stream, int check_ctx, int *captured,
+                                         void (*issue)(void *arg, struct CUstream_st *launch_stream),
+                                         void (*release)(void *arg), void *arg,
+                                         const fake_cuda_range *ranges, int nranges,
+                                         const char *what);
 /* Events outside the counters: create, record, make a stream wait, wait on the host,
  * destroy. */
 typedef struct CUevent_st *(*fake_cuda_event_new_fn)(void);
@@ -139,7 +164,9 @@ typedef unsigned long long (*fake_nccl_calls_fn)(void);
 /* Counters, by name: an entry point ("ncclCommInitRank", "ncclCommAbort",
  * "ncclCommDestroy", "ncclAllReduce", ...: calls made), or "executed" (operations run),
  * "init_failures", "mismatches" (ranks ran different operations), "errors",
- * "injected_failures". */
+ * "injected_failures", "captured" (operations made graph nodes on a capturing stream:
+ * not issued, not in fake_nccl_calls), "replayed" (operations issued by graph launches,
+ * which fake_nccl_calls counts too). */
 typedef unsigned long long (*fake_nccl_counter_fn)(const char *name);
 /* Failure injection at run time, as FAKE_NCCL_FAIL (fake_nccl.cpp): the n-th call of
  * `api` from now (n >= 1) fails with ncclUnhandledCudaError and issues nothing; 0

@@ -35,6 +35,14 @@
 //    waiting on such an event (cuStreamWaitEvent) running its own work. A query that
 //    finds work pending runs it and still answers CUDA_ERROR_NOT_READY once, so callers'
 //    polling loops are exercised. Events record a position in a stream.
+//    FAKE_CUDA_GPU_PROGRESS_MS=<n> (with deferral): a thread of the fake also runs every
+//    stream as far as it can go every n ms, as a GPU runs queued work without being asked
+//    (a rank replaying a CUDA graph needs its live peers' queued NCCL work to run while
+//    their hosts are blocked in the next call).
+//    A host wait's release (the flag written by the host, or by cuStreamWriteValue32 on
+//    another stream) orders the work behind it after what the host had seen, or after
+//    the writer's work; the race check of work enqueued behind a wait whose flag does not
+//    hold yet is made at the release.
 //  - Happens-before: every piece of work carries a vector clock (stream order, event
 //    waits, the legacy stream's implicit order, and whatever the host has seen complete
 //    through a synchronize or a successful query). Work that reads or writes memory that
@@ -111,6 +119,11 @@
 //    finds work pending moves the failure to the next call. Entry points that can fail:
 //    kInjectable below. Counted under "injected_failures" (not under "errors", which
 //    counts misuse).
+//  - Stream capture and CUDA graphs (cuStreamBeginCapture ... cuGraphLaunch): captured
+//    work becomes graph nodes; a launch enqueues every node's work, in capture order, on
+//    the launch stream as ordinary stream work; the driver's capture rules, invalidation
+//    included; host functions (cuLaunchHostFunc) on a thread of the fake's own. See
+//    "stream capture and graphs" below.
 //  - Contexts: cuStreamCreate, cuEventCreate, cuMemAllocAsync, cuMemHostAlloc and every
 //    use of the legacy stream need a current context (CUDA_ERROR_INVALID_CONTEXT
 //    otherwise); cuCtxPushCurrent needs a retained primary context.
@@ -122,10 +135,12 @@
 // every call; deferred work runs on the thread that waits for it, holding the lock (a
 // synchronising call lets go of it between polls while a host wait or async work holds
 // its stream). Async work itself runs on its own thread, without the lock, and calls
-// nothing here.
+// nothing here; so do host functions (cuLaunchHostFunc), whose CUDA calls are refused.
 #include <cuda.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdint.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -136,6 +151,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
@@ -171,6 +187,10 @@ struct CUctx_st {
 struct CUstream_st;
 
 namespace {
+struct Capture;
+}  // namespace
+
+namespace {
 
 struct Dep {
   CUstream_st* stream;
@@ -203,6 +223,13 @@ struct Item {
   HostWait wait;
   std::vector<RangeUse> ranges;  // what fn reads and writes (for the flag-release check)
   std::string what;
+  // Enqueued behind a host wait that had not passed: its race check waits for the release
+  // (held_vc: its order at enqueue, to which the release adds what the host had seen).
+  bool held = false;
+  VC held_vc;
+  uint64_t held_seq = 0;  // the history recorded before it (g_history_seq)
+  // A host function's launch: the host sees the stream's work before it complete.
+  VC observe;
 };
 
 }  // namespace
@@ -223,7 +250,12 @@ struct CUstream_st {
   uint64_t release_idx = 0;
   uintptr_t release_flag = 0;
   VC release_host;
+  VC released_acc;  // every release_host so far: complete once the stream passed its wait
   bool released = false;
+  // Stream capture: the capture this stream belongs to (began here, or joined through an
+  // event), and the nodes its next captured work depends on.
+  std::shared_ptr<Capture> cap;
+  std::vector<size_t> cap_tail;
 };
 
 // A module from cuModuleLoadData (PTX text, or a fatbin of streamcoll's kernels) and the
@@ -247,6 +279,9 @@ struct CUevent_st {
   CUstream_st* stream = nullptr;
   uint64_t pos = 0;
   VC vc;
+  // Last recorded in a capture: that capture and the nodes the record stood for.
+  std::shared_ptr<Capture> cap;
+  std::vector<size_t> cap_nodes;
 };
 
 namespace {
@@ -274,6 +309,19 @@ struct Access {
   uintptr_t lo, hi;
   bool write;
   std::string what;
+  uint64_t seq = 0;  // order of recording (g_history_seq)
+};
+
+// A conflict found while one side (held_*) was behind a host wait that had not passed:
+// a race unless the release orders the other side before it (check_released).
+struct HeldPair {
+  int held_sid;
+  uint64_t held_idx;
+  int sid;
+  uint64_t idx;
+  uintptr_t lo, hi;
+  bool write;
+  std::string who;
 };
 
 std::recursive_mutex g_mu;
@@ -289,6 +337,11 @@ std::set<CUevent_st*> g_events;
 std::map<uintptr_t, Alloc> g_allocs;
 unsigned long long g_alloc_ids = 0;
 std::vector<Access> g_history;  // accesses of work the host has not seen complete
+uint64_t g_history_seq = 0;
+std::vector<HeldPair> g_held_pairs;
+std::map<uintptr_t, VC> g_flag_writers;  // cuStreamWriteValue32: the writer's order, per flag
+// cuStreamWriteValue32 enqueued: the latest write of each flag (its stream and position).
+std::map<uintptr_t, std::pair<CUstream_st*, uint64_t>> g_pending_writes;
 VC g_host;                      // what the host has seen complete
 std::map<std::string, unsigned long long> g_counters;
 thread_local std::vector<CUcontext> t_ctx_stack;
@@ -303,11 +356,61 @@ std::set<CUfunc_st*> g_functions;
 
 void count(const char* name, long long delta = 1) { g_counters[name] += delta; }
 
+// ---- stream capture: the state (entry points: "stream capture and graphs" below) --------
+
+// A node of a captured graph: what each launch of an exec holding it enqueues on the
+// launch stream (ordinary stream work, so the happens-before check sees every run).
+struct Node {
+  std::function<void(CUstream_st*)> issue;
+  std::vector<size_t> deps;       // earlier nodes of the graph this one depends on
+  std::vector<RangeUse> ranges;   // what its work reads and writes (the graph's race check)
+  std::string what;
+  std::function<void()> release;  // once the last graph or exec holding it is gone
+  Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+  ~Node() {
+    if (release) release();
+  }
+};
+using Nodes = std::vector<std::shared_ptr<Node>>;
+
+// One capture sequence, from cuStreamBeginCapture to cuStreamEndCapture on its origin.
+struct Capture {
+  unsigned long long id = 0;
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  CUstream_st* origin = nullptr;
+  std::thread::id thread;          // the thread that began it
+  bool active = true;              // until cuStreamEndCapture
+  bool invalidated = false;        // a rule was broken: nothing of it will run
+  std::set<CUstream_st*> streams;  // the origin and the streams that joined
+  Nodes nodes;                     // in capture order, a topological order
+  // The graph being built (cuStreamGetCaptureInfo hands it out, cuGraphRetainUserObject
+  // takes it): returned by cuStreamEndCapture, destroyed with a failed capture.
+  CUgraph_st* graph = nullptr;
+};
+std::vector<std::shared_ptr<Capture>> g_captures;  // the active ones
+unsigned long long g_capture_ids = 0;
+// cuThreadExchangeStreamCaptureMode: this thread's interaction mode (GLOBAL by default).
+thread_local CUstreamCaptureMode t_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+thread_local bool t_in_host_fn = false;  // running a host function (cuLaunchHostFunc)
+
+// A rule of stream capture was broken: the capture is invalidated, as the driver does;
+// its streams answer CUDA_ERROR_STREAM_CAPTURE_INVALIDATED until it is ended.
+void invalidate(Capture* c, const std::string& why) {
+  if (!c->active || c->invalidated) return;
+  c->invalidated = true;
+  c->nodes.clear();
+  count("capture_invalidated");
+  fprintf(stderr, "fake_cuda: stream capture %llu (stream %d) invalidated: %s\n", c->id,
+          c->origin->id, why.c_str());
+}
+
 // The entry points whose calls FAKE_CUDA_FAIL / fake_cuda_fail_after can make fail.
 const char* const kInjectable[] = {
     "cuMemHostAlloc", "cuMemcpyAsync", "cuMemcpyDtoDAsync", "cuMemAllocAsync", "cuEventCreate",
     "cuEventRecord", "cuEventQuery", "cuEventSynchronize", "cuStreamCreate", "cuStreamWaitEvent",
-    "cuStreamQuery", "cuStreamSynchronize", "cuStreamWaitValue32", "cuLaunchKernel",
+    "cuStreamQuery", "cuStreamSynchronize", "cuStreamWaitValue32", "cuStreamWriteValue32", "cuLaunchKernel",
     "cuModuleLoadData", "cuMemHostGetDevicePointer", "cuDevicePrimaryCtxRetain", "cuMemAlloc",
     "cuIpcGetMemHandle", "cuIpcOpenMemHandle", "cuMemHostRegister"};
 bool injectable(const std::string& api) {
@@ -340,6 +443,36 @@ CUresult ret(const char* api, CUresult r) {
   return r;
 }
 
+void run_all_streams();
+
+// FAKE_CUDA_GPU_PROGRESS_MS=N: with deferred stream work, a thread of the fake runs every
+// stream as far as it can go every N ms, as a GPU runs queued work without the host
+// waiting for it. Without it a deferred stream runs only when the host waits for it: a
+// program whose progress needs a peer's GPU work to run while that peer's host is
+// blocked (a rank replaying a CUDA graph against peers that call live, stream-ordered)
+// would hang here and not on a GPU.
+// (Joined at exit, before the fake's state is destroyed.)
+std::atomic<bool> g_gpu_progress_stop{false};
+std::thread* g_gpu_progress = nullptr;
+
+void start_gpu_progress(int ms) {
+  sigset_t all, old;  // asynchronous signals stay with the program's threads
+  sigfillset(&all);
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP}) sigdelset(&all, sig);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
+  g_gpu_progress = new std::thread([ms] {
+    while (!g_gpu_progress_stop.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      if (!g_gpu_progress_stop.load()) run_all_streams();
+    }
+  });
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  atexit([] {
+    g_gpu_progress_stop.store(true);
+    g_gpu_progress->join();
+  });
+}
+
 void init_once() {
   static bool done = false;
   if (done) return;
@@ -351,6 +484,7 @@ void init_once() {
   if (const char* n = getenv("FAKE_CUDA_DEVICES")) g_devices = atoi(n);
   if (g_devices < 0) g_devices = 0;
   if (const char* b = getenv("FAKE_CUDA_BUS_ID")) g_bus_mode = b;
+  if (const char* g = getenv("FAKE_CUDA_GPU_PROGRESS_MS"); g && atoi(g) > 0) start_gpu_progress(atoi(g));
   const char* nm = getenv("FAKE_CUDA_NO_STREAM_MEMOPS");
   g_no_memops = nm && strcmp(nm, "1") == 0;
   if (const char* w = getenv("FAKE_CUDA_WAIT_WARN")) g_wait_warn_s = atof(w);
@@ -424,6 +558,86 @@ CUstream_st* resolve(CUstream h, bool check_ctx, CUresult* err) {
   return h;
 }
 
+// Whether a capture holds a blocking stream (one ordered with the legacy stream): the
+// legacy stream is unusable meanwhile. invalidate_them: the use is made, and breaks them.
+bool legacy_blocked(bool invalidate_them) {
+  bool any = false;
+  for (const auto& c : g_captures)
+    for (CUstream_st* x : c->streams)
+      if (!(x->flags & CU_STREAM_NON_BLOCKING) && x->cap == c) {
+        any = true;
+        if (invalidate_them) invalidate(c.get(), "the legacy stream was used while a blocking stream captures");
+        break;
+      }
+  return any;
+}
+
+// resolve() for a call that enqueues work: the legacy stream while a blocking stream
+// captures (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, the capture invalidated), a stream of an
+// invalidated capture (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED).
+CUstream_st* resolve_work(CUstream h, bool check_ctx, CUresult* err) {
+  CUstream_st* s = resolve(h, check_ctx, err);
+  if (!s) return nullptr;
+  if (s->legacy && legacy_blocked(true)) {
+    *err = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    return nullptr;
+  }
+  if (s->cap && s->cap->invalidated) {
+    *err = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    return nullptr;
+  }
+  return s;
+}
+
+// A query or synchronization of s (the driver rejects those of a capturing stream, and of
+// the legacy stream while a blocking stream captures, and invalidates the capture).
+CUresult capture_forbids_wait(CUstream_st* s, const char* api) {
+  if (s->legacy && legacy_blocked(true)) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+  if (!s->cap) return CUDA_SUCCESS;
+  invalidate(s->cap.get(), std::string(api) + " of a capturing stream");
+  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+// The same for an event last recorded in a capture: still active (unsupported, and the
+// capture invalidated) or ended (CUDA_ERROR_CAPTURED_EVENT).
+CUresult capture_forbids_event(CUevent_st* e, const char* api) {
+  if (!e->cap) return CUDA_SUCCESS;
+  if (!e->cap->active) return CUDA_ERROR_CAPTURED_EVENT;
+  invalidate(e->cap.get(), std::string(api) + " of an event recorded in the capture");
+  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+// A "potentially unsafe" call (cuMemAlloc, cuMemFree, cuMemHostAlloc, ...: they do not
+// go through a stream) under cuThreadExchangeStreamCaptureMode's rules: prohibited while
+// this thread has a capture not begun RELAXED, or, in GLOBAL mode, while another thread
+// has a GLOBAL one; such captures are invalidated.
+CUresult unsafe_during_capture(const char* api) {
+  if (t_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_SUCCESS;
+  const std::thread::id me = std::this_thread::get_id();
+  bool prohibited = false;
+  for (const auto& c : g_captures) {
+    const bool mine = c->thread == me && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED;
+    const bool global = t_capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL && c->thread != me &&
+                        c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+    if (!mine && !global) continue;
+    prohibited = true;
+    invalidate(c.get(), std::string(api) + (mine ? " during the capture" : " on another thread during a GLOBAL capture"));
+  }
+  return prohibited ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+// Appends a node to s's capture, after the nodes s's work so far ends with.
+void add_node(CUstream_st* s, std::shared_ptr<Node> n) {
+  Capture& c = *s->cap;
+  n->deps = s->cap_tail;
+  s->cap_tail = {c.nodes.size()};
+  c.nodes.push_back(std::move(n));
+  count("captured_nodes");
+}
+
+// The handle a node's work is enqueued with at launch (the fake NCCL resolves it again).
+CUstream handle_of(CUstream_st* s) { return s->legacy ? CU_STREAM_LEGACY : s; }
+
 bool run_until(CUstream_st* s, uint64_t pos);
 void check_release(CUstream_st* s, const Item& it);
 struct Alloc;
@@ -440,6 +654,60 @@ bool wait_holds(const HostWait& w) {
     case CU_STREAM_WAIT_VALUE_AND: return (v & w.value) != 0;
     case CU_STREAM_WAIT_VALUE_NOR: return ~(v | w.value) != 0;
     default: return false;
+  }
+}
+
+int check_races(const VC& vc, uintptr_t lo, uintptr_t hi, bool write, const std::string& who,
+                int sid = -1, uint64_t idx = 0, uint64_t seq_limit = UINT64_MAX);
+void report_race(const std::string& who, bool write, uintptr_t lo, uintptr_t hi, const std::string& what,
+                 int sid, uint64_t idx, bool a_write, uintptr_t a_lo, uintptr_t a_hi);
+void host_observe(const VC& vc);
+bool overlap(uintptr_t lo1, uintptr_t hi1, uintptr_t lo2, uintptr_t hi2);
+
+uint64_t held_from(const CUstream_st* s) {
+  for (const Item& it : s->pending)
+    if (it.is_wait && !it.wait.probe) {
+      // A flag already written: the release has happened (the fake has not run the wait
+      // yet), and whatever comes now cannot be ordered before it.
+      if (wait_holds(it.wait)) continue;
+      return it.idx;
+    }
+  return UINT64_MAX;
+}
+
+// The host wait at the front of s has passed: the work behind it, up to the next host
+// wait, is ordered after what the host had seen by the release; its race check, held
+// since it was enqueued, is made now (against work enqueued since too).
+void check_released(CUstream_st* s) {
+  bool first = true;
+  for (Item& it : s->pending) {
+    if (first) {  // the wait itself
+      first = false;
+      continue;
+    }
+    if (it.is_wait && !it.wait.probe) break;
+    if (!it.held) continue;
+    it.held = false;
+    merge(it.held_vc, s->release_host);
+    const std::string who = it.what + " (stream " + std::to_string(s->id) + ", #" +
+                            std::to_string(it.idx) + ")";
+    for (const RangeUse& r : it.ranges)
+      check_races(it.held_vc, r.lo, r.hi, r.write, who, s->id, it.idx, it.held_seq);
+    // what was recorded since, and not ordered after it
+    for (size_t i = 0; i < g_held_pairs.size();) {
+      const HeldPair& p = g_held_pairs[i];
+      if (p.held_sid != s->id || p.held_idx != it.idx) {
+        ++i;
+        continue;
+      }
+      if (at(it.held_vc, p.sid) < p.idx)
+        for (const RangeUse& r : it.ranges)
+          if ((r.write || p.write) && overlap(r.lo, r.hi, p.lo, p.hi))
+            report_race(p.who, p.write, p.lo, p.hi, it.what, s->id, it.idx, r.write, r.lo, r.hi);
+      g_held_pairs[i] = g_held_pairs.back();
+      g_held_pairs.pop_back();
+    }
+    VC().swap(it.held_vc);
   }
 }
 
@@ -460,6 +728,13 @@ bool try_front(CUstream_st* s) {
     }
     count("async_pending", -1);  // async work done: no flag, no release
   } else if (front.is_wait) {
+    // A flag that stream work writes (cuStreamWriteValue32): that stream is run up to the
+    // write, as a GPU runs every stream without being asked.
+    if (!wait_holds(front.wait))
+      if (auto w = g_pending_writes.find(front.wait.addr); w != g_pending_writes.end()) {
+        const auto [ws, widx] = w->second;
+        if (ws != s && !ws->running && ws->completed < widx) run_until(ws, widx);
+      }
     if (!wait_holds(front.wait)) {
       s->running = false;
       return false;
@@ -470,12 +745,18 @@ bool try_front(CUstream_st* s) {
     s->release_idx = front.idx;
     s->release_flag = front.wait.addr;
     s->release_host = g_host;
+    if (auto w = g_flag_writers.find(front.wait.addr); w != g_flag_writers.end())
+      merge(s->release_host, w->second);  // written by stream work (cuStreamWriteValue32)
+    merge(s->vc, s->release_host);  // work enqueued from now on
+    merge(s->released_acc, s->release_host);  // what a wait for the stream observes
+    check_released(s);
     count("pending_waits", -1);
     count(front.wait.kernel ? "kernel_waits_passed" : "memop_waits_passed");
   }
   Item it = std::move(front);
   s->pending.pop_front();
   if (s->released && !it.is_wait) check_release(s, it);
+  if (!it.observe.empty()) host_observe(it.observe);
   if (it.fn) it.fn();
   s->completed = it.idx;
   s->running = false;
@@ -516,6 +797,13 @@ void pump() {
   if (!g_defer && !legacy()->pending.empty()) run_until(legacy(), legacy()->enqueued);
 }
 
+void run_all_streams() {
+  std::unique_lock<std::recursive_mutex> lock(g_mu);
+  for (CUstream_st* s : g_live_streams)
+    if (!s->pending.empty() && !s->running) run_until(s, s->enqueued);
+  if (!legacy()->pending.empty() && !legacy()->running) run_until(legacy(), legacy()->enqueued);
+}
+
 void prune_history() {
   g_history.erase(std::remove_if(g_history.begin(), g_history.end(),
                                  [](const Access& a) { return at(g_host, a.sid) >= a.idx; }),
@@ -533,21 +821,41 @@ bool overlap(uintptr_t lo1, uintptr_t hi1, uintptr_t lo2, uintptr_t hi2) {
 }
 
 // Checks an access of work ordered after `vc` against the history; returns the races.
-int check_races(const VC& vc, uintptr_t lo, uintptr_t hi, bool write, const std::string& who) {
+// The position of the first host wait on s whose flag does not hold yet (work after it
+// is ordered after a release that has not happened), or UINT64_MAX.
+uint64_t held_from(const CUstream_st* s);
+
+void report_race(const std::string& who, bool write, uintptr_t lo, uintptr_t hi, const std::string& what,
+                 int sid, uint64_t idx, bool a_write, uintptr_t a_lo, uintptr_t a_hi) {
+  count("races");
+  if (g_counters["races"] > 20) return;  // the first ones say enough
+  fprintf(stderr,
+          "fake_cuda: RACE: %s %s [%p, +%zu) while %s (stream %d, #%llu) %s [%p, +%zu), "
+          "and nothing orders the two\n",
+          who.c_str(), write ? "writes" : "reads", reinterpret_cast<void*>(lo),
+          static_cast<size_t>(hi - lo), what.c_str(), sid, static_cast<unsigned long long>(idx),
+          a_write ? "writes" : "reads", reinterpret_cast<void*>(a_lo), static_cast<size_t>(a_hi - a_lo));
+}
+
+// `who` (work at position idx of stream sid, or the host: sid -1) accesses [lo, hi) with
+// order `vc`, against the history recorded before `seq_limit`. An access behind a host
+// wait that has not passed is decided at that wait's release (a HeldPair).
+int check_races(const VC& vc, uintptr_t lo, uintptr_t hi, bool write, const std::string& who,
+                int sid, uint64_t idx, uint64_t seq_limit) {
   int races = 0;
+  std::map<int, uint64_t> held;  // per stream of the history: held_from
   for (const Access& a : g_history) {
+    if (a.seq > seq_limit) continue;
     if (at(vc, a.sid) >= a.idx) continue;  // ordered after it
     if (!(a.write || write) || !overlap(lo, hi, a.lo, a.hi)) continue;
+    auto h = held.find(a.sid);
+    if (h == held.end()) h = held.emplace(a.sid, held_from(g_streams[a.sid])).first;
+    if (a.idx > h->second) {  // behind a host wait: decided at its release
+      if (sid >= 0) g_held_pairs.push_back({a.sid, a.idx, sid, idx, lo, hi, write, who});
+      continue;
+    }
     ++races;
-    count("races");
-    if (g_counters["races"] > 20) continue;  // the first ones say enough
-    fprintf(stderr,
-            "fake_cuda: RACE: %s %s [%p, +%zu) while %s (stream %d, #%llu) %s [%p, +%zu), "
-            "and nothing orders the two\n",
-            who.c_str(), write ? "writes" : "reads", reinterpret_cast<void*>(lo),
-            static_cast<size_t>(hi - lo), a.what.c_str(), a.sid,
-            static_cast<unsigned long long>(a.idx), a.write ? "writes" : "reads",
-            reinterpret_cast<void*>(a.lo), static_cast<size_t>(a.hi - a.lo));
+    report_race(who, write, lo, hi, a.what, a.sid, a.idx, a.write, a.lo, a.hi);
   }
   return races;
 }
@@ -659,11 +967,36 @@ void run_blocking(Lock& lock, CUstream_st* s, uint64_t pos, const char* api) {
   }
 }
 
-// Appends work to s: implicit order first (what the host has seen, the legacy stream),
-// then `extra_vc` (an event waited on), then the race check.
 void enqueue(CUstream_st* s, std::vector<Dep> deps, const VC* extra_vc, std::function<void()> fn,
              const std::vector<RangeUse>& ranges, const std::string& what,
-             const HostWait* wait = nullptr) {
+             const HostWait* wait = nullptr);
+
+// Work enqueued on a capturing stream: a node that enqueues the same work (the closure is
+// run once per launch, so it must not own one-shot state) on the launch stream.
+void capture_work(CUstream_st* s, std::function<void()> fn, const std::vector<RangeUse>& ranges,
+                  const std::string& what, const HostWait* wait) {
+  if (wait && wait->probe) {
+    fprintf(stderr, "fake_cuda: internal error: async work captured as plain work (%s)\n", what.c_str());
+    abort();
+  }
+  auto n = std::make_shared<Node>();
+  const bool has_wait = wait != nullptr;
+  const HostWait w = has_wait ? *wait : HostWait{};
+  n->issue = [fn, ranges, what, has_wait, w](CUstream_st* t) {
+    enqueue(t, {}, nullptr, fn, ranges, what, has_wait ? &w : nullptr);
+  };
+  n->ranges = ranges;
+  n->what = what;
+  add_node(s, std::move(n));
+}
+
+// Appends work to s: implicit order first (what the host has seen, the legacy stream),
+// then `extra_vc` (an event waited on), then the race check. On a capturing stream: a
+// graph node instead (capture_work).
+void enqueue(CUstream_st* s, std::vector<Dep> deps, const VC* extra_vc, std::function<void()> fn,
+             const std::vector<RangeUse>& ranges, const std::string& what,
+             const HostWait* wait) {
+  if (s->cap) return capture_work(s, std::move(fn), ranges, what, wait);
   merge(s->vc, g_host);
   if (s->legacy) {
     for (CUstream_st* b : g_live_streams)
@@ -685,8 +1018,15 @@ void enqueue(CUstream_st* s, std::vector<Dep> deps, const VC* extra_vc, std::fun
   s->vc[s->id] = it.idx;
   const std::string who = what + " (stream " + std::to_string(s->id) + ", #" +
                           std::to_string(it.idx) + ")";
-  for (const RangeUse& r : ranges) check_races(s->vc, r.lo, r.hi, r.write, who);
-  for (const RangeUse& r : ranges) g_history.push_back({s->id, it.idx, r.lo, r.hi, r.write, what});
+  if (held_from(s) != UINT64_MAX) {  // behind a host wait: checked at its release
+    it.held = !ranges.empty();
+    if (it.held) it.held_vc = s->vc, it.held_seq = g_history_seq;
+  } else {
+    for (const RangeUse& r : ranges) check_races(s->vc, r.lo, r.hi, r.write, who, s->id, it.idx);
+  }
+  if (what == "host function (launch)") it.observe = s->vc;
+  for (const RangeUse& r : ranges)
+    g_history.push_back({s->id, it.idx, r.lo, r.hi, r.write, what, ++g_history_seq});
   it.deps = std::move(deps);
   it.fn = std::move(fn);
   it.ranges = ranges;
@@ -815,6 +1155,12 @@ void destroy_stream(CUstream_st* s) {
 }
 
 CUresult record(CUevent_st* e, CUstream_st* s) {
+  if (s->cap) {  // a capture event: the nodes s's captured work ends with, no stream work
+    e->cap = s->cap;
+    e->cap_nodes = s->cap_tail;
+    return CUDA_SUCCESS;
+  }
+  e->cap.reset();
   enqueue(s, {}, nullptr, nullptr, {}, "event record");
   e->recorded = true;
   e->stream = s;
@@ -823,9 +1169,54 @@ CUresult record(CUevent_st* e, CUstream_st* s) {
   return CUDA_SUCCESS;
 }
 
-void wait_event(CUstream_st* s, CUevent_st* e) {
-  if (!e->recorded) return;  // waiting for a never-recorded event is a no-op
+// s waits for an event recorded in a capture: s joins that capture (its later work is
+// captured too, after the event's nodes), or, capturing already, depends on them.
+CUresult join_capture(CUstream_st* s, CUevent_st* e) {
+  Capture* c = e->cap.get();
+  if (!c->active) return CUDA_ERROR_CAPTURED_EVENT;
+  if (c->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  if (s->cap && s->cap != e->cap) {
+    invalidate(s->cap.get(), "a wait on an event of another capture");
+    invalidate(c, "a stream of another capture waited on its event");
+    return CUDA_ERROR_STREAM_CAPTURE_MERGE;
+  }
+  if (s->legacy) {
+    invalidate(c, "the legacy stream waited on its event (the legacy stream cannot capture)");
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  if (!s->cap) {
+    s->cap = e->cap;
+    s->cap_tail = e->cap_nodes;
+    c->streams.insert(s);
+    count("capture_joins");
+    return CUDA_SUCCESS;
+  }
+  for (size_t n : e->cap_nodes)
+    if (std::find(s->cap_tail.begin(), s->cap_tail.end(), n) == s->cap_tail.end()) s->cap_tail.push_back(n);
+  return CUDA_SUCCESS;
+}
+
+// cuStreamWaitEvent's work. On a capturing stream, an event recorded outside the capture
+// is an error (the capture invalidated) unless CU_EVENT_WAIT_EXTERNAL asks for an
+// external wait node (each launch waits for the event as it is recorded then).
+CUresult wait_event(CUstream_st* s, CUevent_st* e, unsigned flags = 0) {
+  if (e->cap) return join_capture(s, e);
+  if (!e->recorded) return CUDA_SUCCESS;  // waiting for a never-recorded event is a no-op
+  if (s->cap && (flags & CU_EVENT_WAIT_EXTERNAL)) {
+    auto n = std::make_shared<Node>();
+    n->issue = [e](CUstream_st* t) {
+      if (g_events.count(e) && e->recorded && !e->cap) wait_event(t, e);
+    };
+    n->what = "external event wait";
+    add_node(s, std::move(n));
+    return CUDA_SUCCESS;
+  }
+  if (s->cap) {
+    invalidate(s->cap.get(), "a wait on an event recorded outside the capture (no CU_EVENT_WAIT_EXTERNAL)");
+    return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+  }
   enqueue(s, {{e->stream, e->pos}}, &e->vc, nullptr, {}, "stream wait");
+  return CUDA_SUCCESS;
 }
 
 // A query's answer when s cannot reach its position: held by a host wait or by async
@@ -839,6 +1230,7 @@ CUresult held_query(CUstream_st* s, bool* async) {
 
 // SUCCESS when the work before e is done; otherwise runs it and says NOT_READY.
 CUresult query_event(CUevent_st* e, bool* async) {
+  if (CUresult r = capture_forbids_event(e, "cuEventQuery"); r != CUDA_SUCCESS) return r;
   if (!e->recorded) return CUDA_SUCCESS;
   if (e->stream->completed >= e->pos) {
     host_observe(e->vc);
@@ -895,6 +1287,17 @@ struct Depth {
   Depth depth_guard;           \
   init_once();                 \
   pump()
+
+namespace {
+CUresult called_from_host_fn(const char* api);
+}  // namespace
+
+// Every CUDA entry point: refused in a host function (cuLaunchHostFunc), as the driver
+// refuses it; then LOCK(), and the call counted under its name.
+#define API(name)                                    \
+  if (t_in_host_fn) return called_from_host_fn(name); \
+  LOCK();                                            \
+  count(name)
 
 namespace {
 
@@ -1024,53 +1427,12 @@ struct HostLaunch {
   std::atomic<bool> done{false};
 };
 
-CUresult launch_host_kernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                            unsigned by, unsigned bz, unsigned shmem, CUstream h, void** params,
-                            void** extra) {
-  if (!params || extra || !params[0] || gy != 1 || gz != 1 || by != 1 || bz != 1 || shmem != 0)
-    return CUDA_ERROR_INVALID_VALUE;
-  const HostKernel* k = nullptr;
-  for (const HostKernel& x : kHostKernels)
-    if (x.run == f->host) k = &x;
-  if (const char* why = k->check(params[0], gx, bx)) {
-    fprintf(stderr, "fake_cuda: cuLaunchKernel(%s): %s\n", k->name, why);
-    return CUDA_ERROR_INVALID_VALUE;
-  }
-  CUresult err = CUDA_SUCCESS;
-  CUstream_st* s = resolve(h, true, &err);
-  if (!s) return err;
+// A host kernel's run as work beside the host (launch, wait for its thread, end).
+void enqueue_host_kernel(CUstream_st* s, void (*run)(const void*), const std::vector<char>& params,
+                         const std::vector<RangeUse>& ranges, const std::string& name) {
   auto* l = new HostLaunch;
-  l->run = f->host;
-  l->params.assign(static_cast<const char*>(params[0]),
-                   static_cast<const char*>(params[0]) + f->param_bytes);  // copied at launch
-  std::vector<RangeUse> ranges;
-  const bool direct_input = f->host == nvgroup_allreduce_host &&
-                            reinterpret_cast<const streamcoll::nvgroup::Params*>(l->params.data())->input;
-  if (f->host == nvgroup_allreduce_host) {
-    namespace nv = streamcoll::nvgroup;
-    const auto& p = *reinterpret_cast<const nv::Params*>(l->params.data());
-    const uintptr_t block = p.count * nv::dtype_size(static_cast<nv::DType>(p.dtype));
-    const auto mode = static_cast<nv::Mode>(p.mode);
-    const uintptr_t in_bytes = mode == nv::Mode::reduce_scatter_block ? block * p.members : block;
-    const uintptr_t out_bytes = mode == nv::Mode::allgather ? block * p.members : block;
-    const auto in = reinterpret_cast<uintptr_t>(p.send), out = reinterpret_cast<uintptr_t>(p.recv);
-    if (!overlap(in, in + in_bytes, out, out + out_bytes)) ranges.push_back({in, in + in_bytes, false});
-    ranges.push_back({out, out + out_bytes, true});
-  } else if (f->host == batch_copy_host) {
-    const auto& p = *reinterpret_cast<const streamcoll::nvgroup::BatchCopyParams*>(l->params.data());
-    for (uint32_t i = 0; i < p.n; ++i) {
-      ranges.push_back({p.seg[i].src, p.seg[i].src + p.seg[i].bytes, false});
-      ranges.push_back({p.seg[i].dst, p.seg[i].dst + p.seg[i].bytes, true});
-    }
-  } else if (f->host == reduce_host) {
-    namespace nv = streamcoll::nvgroup;
-    const auto& p = *reinterpret_cast<const nv::ReduceParams*>(l->params.data());
-    const uintptr_t n = p.count * nv::dtype_size(static_cast<nv::DType>(p.dtype));
-    const auto d = reinterpret_cast<uintptr_t>(p.dst), x = reinterpret_cast<uintptr_t>(p.src);
-    ranges.push_back({x, x + n, false});
-    ranges.push_back({d, d + n, true});
-  }
-  const std::string name = std::string(k->name) + " (host kernel)";
+  l->run = run;
+  l->params = params;
   enqueue(s, {}, nullptr, [l] {
     count("async_launched");
     l->thread = std::thread([l] {
@@ -1087,6 +1449,64 @@ CUresult launch_host_kernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
     delete l;
   }, ranges, name);
   count("host_kernels");
+}
+
+CUresult launch_host_kernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                            unsigned by, unsigned bz, unsigned shmem, CUstream h, void** kparams,
+                            void** extra) {
+  if (!kparams || extra || !kparams[0] || gy != 1 || gz != 1 || by != 1 || bz != 1 || shmem != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  const HostKernel* k = nullptr;
+  for (const HostKernel& x : kHostKernels)
+    if (x.run == f->host) k = &x;
+  if (const char* why = k->check(kparams[0], gx, bx)) {
+    fprintf(stderr, "fake_cuda: cuLaunchKernel(%s): %s\n", k->name, why);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  CUresult err = CUDA_SUCCESS;
+  CUstream_st* s = resolve_work(h, true, &err);
+  if (!s) return err;
+  const std::vector<char> params(static_cast<const char*>(kparams[0]),  // copied at launch
+                                 static_cast<const char*>(kparams[0]) + f->param_bytes);
+  std::vector<RangeUse> ranges;
+  const bool direct_input = f->host == nvgroup_allreduce_host &&
+                            reinterpret_cast<const streamcoll::nvgroup::Params*>(params.data())->input;
+  if (f->host == nvgroup_allreduce_host) {
+    namespace nv = streamcoll::nvgroup;
+    const auto& p = *reinterpret_cast<const nv::Params*>(params.data());
+    const uintptr_t block = p.count * nv::dtype_size(static_cast<nv::DType>(p.dtype));
+    const auto mode = static_cast<nv::Mode>(p.mode);
+    const uintptr_t in_bytes = mode == nv::Mode::reduce_scatter_block ? block * p.members : block;
+    const uintptr_t out_bytes = mode == nv::Mode::allgather ? block * p.members : block;
+    const auto in = reinterpret_cast<uintptr_t>(p.send), out = reinterpret_cast<uintptr_t>(p.recv);
+    if (!overlap(in, in + in_bytes, out, out + out_bytes)) ranges.push_back({in, in + in_bytes, false});
+    ranges.push_back({out, out + out_bytes, true});
+  } else if (f->host == batch_copy_host) {
+    const auto& p = *reinterpret_cast<const streamcoll::nvgroup::BatchCopyParams*>(params.data());
+    for (uint32_t i = 0; i < p.n; ++i) {
+      ranges.push_back({p.seg[i].src, p.seg[i].src + p.seg[i].bytes, false});
+      ranges.push_back({p.seg[i].dst, p.seg[i].dst + p.seg[i].bytes, true});
+    }
+  } else if (f->host == reduce_host) {
+    namespace nv = streamcoll::nvgroup;
+    const auto& p = *reinterpret_cast<const nv::ReduceParams*>(params.data());
+    const uintptr_t n = p.count * nv::dtype_size(static_cast<nv::DType>(p.dtype));
+    const auto d = reinterpret_cast<uintptr_t>(p.dst), x = reinterpret_cast<uintptr_t>(p.src);
+    ranges.push_back({x, x + n, false});
+    ranges.push_back({d, d + n, true});
+  }
+  const std::string name = std::string(k->name) + " (host kernel)";
+  if (s->cap) {  // a kernel node: its parameters as copied at capture, launched each run
+    auto n = std::make_shared<Node>();
+    n->issue = [run = f->host, params = std::move(params), ranges, name](CUstream_st* t) {
+      enqueue_host_kernel(t, run, params, ranges, name);
+    };
+    n->ranges = ranges;
+    n->what = name;
+    add_node(s, std::move(n));
+  } else {
+    enqueue_host_kernel(s, f->host, params, ranges, name);
+  }
   if (direct_input) count("nvgroup_direct_inputs");
   return CUDA_SUCCESS;
 }
@@ -1106,22 +1526,19 @@ void spin_pause() {
 // ---- the CUDA driver API --------------------------------------------------------------
 
 FAKE_EXPORT CUresult cuInit(unsigned int flags) {
-  LOCK();
-  count("cuInit");
+  API("cuInit");
   return ret("cuInit", flags == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);
 }
 
 FAKE_EXPORT CUresult cuDriverGetVersion(int* version) {
-  LOCK();
-  count("cuDriverGetVersion");
+  API("cuDriverGetVersion");
   if (!version) return ret("cuDriverGetVersion", CUDA_ERROR_INVALID_VALUE);
   *version = CUDA_VERSION;
   return CUDA_SUCCESS;
 }
 
 FAKE_EXPORT CUresult cuDeviceGetCount(int* n) {
-  LOCK();
-  count("cuDeviceGetCount");
+  API("cuDeviceGetCount");
   if (!n) return ret("cuDeviceGetCount", CUDA_ERROR_INVALID_VALUE);
   *n = g_devices;
   return CUDA_SUCCESS;
@@ -1140,6 +1557,17 @@ FAKE_EXPORT CUresult cuGetErrorString(CUresult error, const char** str) {
     case CUDA_ERROR_NOT_READY: *str = "device not ready"; break;
     case CUDA_ERROR_NOT_SUPPORTED: *str = "operation not supported"; break;
     case CUDA_ERROR_ILLEGAL_ADDRESS: *str = "an illegal memory access was encountered"; break;
+    case CUDA_ERROR_ILLEGAL_STATE: *str = "the operation cannot be performed in the present state"; break;
+    case CUDA_ERROR_NOT_PERMITTED: *str = "operation not permitted"; break;
+    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: *str = "operation not permitted when stream is capturing"; break;
+    case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: *str = "operation failed due to a previous error during capture"; break;
+    case CUDA_ERROR_STREAM_CAPTURE_MERGE: *str = "operation would result in a merge of separate capture sequences"; break;
+    case CUDA_ERROR_STREAM_CAPTURE_UNMATCHED: *str = "capture was not ended in the same stream as it began"; break;
+    case CUDA_ERROR_STREAM_CAPTURE_UNJOINED: *str = "capturing stream has unjoined work"; break;
+    case CUDA_ERROR_STREAM_CAPTURE_ISOLATION: *str = "dependency created on uncaptured work in another stream"; break;
+    case CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: *str = "operation would make the legacy stream depend on a capturing blocking stream"; break;
+    case CUDA_ERROR_CAPTURED_EVENT: *str = "operation not permitted on an event last recorded in a capturing stream"; break;
+    case CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: *str = "attempt to terminate a thread-local capture sequence from another thread"; break;
     default: *str = nullptr; return CUDA_ERROR_INVALID_VALUE;
   }
   return CUDA_SUCCESS;
@@ -1188,8 +1616,7 @@ CUresult attribute(CUpointer_attribute attr, void* data, const Alloc* a, uintptr
 
 FAKE_EXPORT CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute* attrs,
                                             void** data, CUdeviceptr ptr) {
-  LOCK();
-  count("cuPointerGetAttributes");
+  API("cuPointerGetAttributes");
   if (!attrs || !data) return ret("cuPointerGetAttributes", CUDA_ERROR_INVALID_VALUE);
   uintptr_t base = 0;
   const Alloc* a = find_alloc(reinterpret_cast<const void*>(ptr), 1, &base);
@@ -1200,8 +1627,7 @@ FAKE_EXPORT CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute*
 }
 
 FAKE_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr) {
-  LOCK();
-  count("cuPointerGetAttribute");
+  API("cuPointerGetAttribute");
   uintptr_t base = 0;
   const Alloc* a = find_alloc(reinterpret_cast<const void*>(ptr), 1, &base);
   if (!data || !a) return ret("cuPointerGetAttribute", CUDA_ERROR_INVALID_VALUE);
@@ -1209,8 +1635,7 @@ FAKE_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attr,
 }
 
 FAKE_EXPORT CUresult cuDeviceGet(CUdevice* device, int ordinal) {
-  LOCK();
-  count("cuDeviceGet");
+  API("cuDeviceGet");
   if (!device) return ret("cuDeviceGet", CUDA_ERROR_INVALID_VALUE);
   if (ordinal < 0 || ordinal >= g_devices) return ret("cuDeviceGet", CUDA_ERROR_INVALID_DEVICE);
   *device = ordinal;
@@ -1219,8 +1644,7 @@ FAKE_EXPORT CUresult cuDeviceGet(CUdevice* device, int ordinal) {
 
 // For tools (streamcoll-info): "Fake GPU d", 80 GiB each.
 FAKE_EXPORT CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
-  LOCK();
-  count("cuDeviceGetName");
+  API("cuDeviceGetName");
   if (dev < 0 || dev >= g_devices) return ret("cuDeviceGetName", CUDA_ERROR_INVALID_DEVICE);
   if (!name || len <= 0) return ret("cuDeviceGetName", CUDA_ERROR_INVALID_VALUE);
   snprintf(name, static_cast<size_t>(len), "Fake GPU %d", dev);
@@ -1228,8 +1652,7 @@ FAKE_EXPORT CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
 }
 
 FAKE_EXPORT CUresult cuDeviceTotalMem(size_t* bytes, CUdevice dev) {
-  LOCK();
-  count("cuDeviceTotalMem");
+  API("cuDeviceTotalMem");
   if (dev < 0 || dev >= g_devices) return ret("cuDeviceTotalMem", CUDA_ERROR_INVALID_DEVICE);
   if (!bytes) return ret("cuDeviceTotalMem", CUDA_ERROR_INVALID_VALUE);
   *bytes = size_t{80} << 30;
@@ -1237,8 +1660,7 @@ FAKE_EXPORT CUresult cuDeviceTotalMem(size_t* bytes, CUdevice dev) {
 }
 
 FAKE_EXPORT CUresult cuDeviceGetPCIBusId(char* bus, int len, CUdevice dev) {
-  LOCK();
-  count("cuDeviceGetPCIBusId");
+  API("cuDeviceGetPCIBusId");
   if (dev < 0 || dev >= g_devices) return ret("cuDeviceGetPCIBusId", CUDA_ERROR_INVALID_DEVICE);
   char id[64];
   const bool literal = !g_bus_mode.empty() && g_bus_mode != "same" && g_bus_mode != "per-rank" &&
@@ -1253,8 +1675,7 @@ FAKE_EXPORT CUresult cuDeviceGetPCIBusId(char* bus, int len, CUdevice dev) {
 }
 
 FAKE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
-  LOCK();
-  count("cuDevicePrimaryCtxRetain");
+  API("cuDevicePrimaryCtxRetain");
   if (injected_failure("cuDevicePrimaryCtxRetain")) return CUDA_ERROR_OUT_OF_MEMORY;
   if (!pctx) return ret("cuDevicePrimaryCtxRetain", CUDA_ERROR_INVALID_VALUE);
   if (dev < 0 || dev >= g_devices) return ret("cuDevicePrimaryCtxRetain", CUDA_ERROR_INVALID_DEVICE);
@@ -1265,8 +1686,7 @@ FAKE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
 }
 
 FAKE_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
-  LOCK();
-  count("cuDevicePrimaryCtxRelease");
+  API("cuDevicePrimaryCtxRelease");
   if (dev < 0 || dev >= g_devices) return ret("cuDevicePrimaryCtxRelease", CUDA_ERROR_INVALID_DEVICE);
   if (g_ctx[dev].refs <= 0) return ret("cuDevicePrimaryCtxRelease", CUDA_ERROR_INVALID_CONTEXT);
   --g_ctx[dev].refs;
@@ -1275,16 +1695,14 @@ FAKE_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
 }
 
 FAKE_EXPORT CUresult cuCtxGetCurrent(CUcontext* pctx) {
-  LOCK();
-  count("cuCtxGetCurrent");
+  API("cuCtxGetCurrent");
   if (!pctx) return ret("cuCtxGetCurrent", CUDA_ERROR_INVALID_VALUE);
   *pctx = current_ctx();
   return CUDA_SUCCESS;
 }
 
 FAKE_EXPORT CUresult cuCtxGetDevice(CUdevice* device) {
-  LOCK();
-  count("cuCtxGetDevice");
+  API("cuCtxGetDevice");
   if (!device) return ret("cuCtxGetDevice", CUDA_ERROR_INVALID_VALUE);
   CUcontext c = current_ctx();
   if (!c) return ret("cuCtxGetDevice", CUDA_ERROR_INVALID_CONTEXT);
@@ -1293,8 +1711,7 @@ FAKE_EXPORT CUresult cuCtxGetDevice(CUdevice* device) {
 }
 
 FAKE_EXPORT CUresult cuCtxPushCurrent(CUcontext ctx) {
-  LOCK();
-  count("cuCtxPushCurrent");
+  API("cuCtxPushCurrent");
   bool known = false;
   for (auto& c : g_ctx) known = known || &c == ctx;
   // A primary context is usable only while retained.
@@ -1304,8 +1721,7 @@ FAKE_EXPORT CUresult cuCtxPushCurrent(CUcontext ctx) {
 }
 
 FAKE_EXPORT CUresult cuCtxPopCurrent(CUcontext* pctx) {
-  LOCK();
-  count("cuCtxPopCurrent");
+  API("cuCtxPopCurrent");
   if (t_ctx_stack.empty()) return ret("cuCtxPopCurrent", CUDA_ERROR_INVALID_CONTEXT);
   CUcontext c = t_ctx_stack.back();
   t_ctx_stack.pop_back();
@@ -1314,8 +1730,7 @@ FAKE_EXPORT CUresult cuCtxPopCurrent(CUcontext* pctx) {
 }
 
 FAKE_EXPORT CUresult cuStreamCreate(CUstream* ph, unsigned int flags) {
-  LOCK();
-  count("cuStreamCreate");
+  API("cuStreamCreate");
   if (injected_failure("cuStreamCreate")) return CUDA_ERROR_OUT_OF_MEMORY;
   if (!ph || (flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)))
     return ret("cuStreamCreate", CUDA_ERROR_INVALID_VALUE);
@@ -1326,8 +1741,7 @@ FAKE_EXPORT CUresult cuStreamCreate(CUstream* ph, unsigned int flags) {
 }
 
 FAKE_EXPORT CUresult cuStreamDestroy(CUstream h) {
-  LOCK();
-  count("cuStreamDestroy");
+  API("cuStreamDestroy");
   if (is_legacy_handle(h) || !g_live_streams.count(h) || h->internal)
     return ret("cuStreamDestroy", CUDA_ERROR_INVALID_HANDLE);
   destroy_stream(h);
@@ -1335,11 +1749,11 @@ FAKE_EXPORT CUresult cuStreamDestroy(CUstream h) {
 }
 
 FAKE_EXPORT CUresult cuStreamQuery(CUstream h) {
-  LOCK();
-  count("cuStreamQuery");
+  API("cuStreamQuery");
   CUresult err = CUDA_SUCCESS;
   CUstream_st* s = resolve(h, true, &err);
   if (!s) return ret("cuStreamQuery", err);
+  if (CUresult r = capture_forbids_wait(s, "cuStreamQuery"); r != CUDA_SUCCESS) return ret("cuStreamQuery", r);
   if (s->completed >= s->enqueued) {
     host_observe(s->vc);
     if (injected_failure("cuStreamQuery")) return CUDA_ERROR_ILLEGAL_ADDRESS;
@@ -1361,38 +1775,38 @@ CUresult sync_stream(Lock& lock, CUstream h, bool check_ctx) {
   CUresult err = CUDA_SUCCESS;
   CUstream_st* s = resolve(h, check_ctx, &err);
   if (!s) return err;
+  if (CUresult r = capture_forbids_wait(s, "cuStreamSynchronize"); r != CUDA_SUCCESS) return r;
   const uint64_t pos = s->enqueued;
-  const VC vc = s->vc;
+  VC vc = s->vc;
   run_blocking(lock, s, pos, "cuStreamSynchronize");
+  merge(vc, s->released_acc);  // the work the passed waits were released after
   host_observe(vc);
   return CUDA_SUCCESS;
 }
 }  // namespace
 
 FAKE_EXPORT CUresult cuStreamSynchronize(CUstream h) {
-  LOCK();
-  count("cuStreamSynchronize");
+  API("cuStreamSynchronize");
   const CUresult r = sync_stream(lock, h, true);
   if (r == CUDA_SUCCESS && injected_failure("cuStreamSynchronize")) return CUDA_ERROR_ILLEGAL_ADDRESS;
   return ret("cuStreamSynchronize", r);
 }
 
 FAKE_EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent e, unsigned int flags) {
-  LOCK();
-  count("cuStreamWaitEvent");
+  API("cuStreamWaitEvent");
   if (injected_failure("cuStreamWaitEvent")) return CUDA_ERROR_ILLEGAL_ADDRESS;
   CUresult err = CUDA_SUCCESS;
-  CUstream_st* s = resolve(h, true, &err);
+  CUstream_st* s = resolve_work(h, true, &err);
   if (!s) return ret("cuStreamWaitEvent", err);
   if (!g_events.count(e)) return ret("cuStreamWaitEvent", CUDA_ERROR_INVALID_HANDLE);
-  if (flags != 0) return ret("cuStreamWaitEvent", CUDA_ERROR_INVALID_VALUE);
-  wait_event(s, e);
-  return CUDA_SUCCESS;
+  // CU_EVENT_WAIT_EXTERNAL: only in a capture
+  if (flags != 0 && !(flags == CU_EVENT_WAIT_EXTERNAL && s->cap))
+    return ret("cuStreamWaitEvent", CUDA_ERROR_INVALID_VALUE);
+  return ret("cuStreamWaitEvent", wait_event(s, e, flags));
 }
 
 FAKE_EXPORT CUresult cuEventCreate(CUevent* pe, unsigned int flags) {
-  LOCK();
-  count("cuEventCreate");
+  API("cuEventCreate");
   if (injected_failure("cuEventCreate")) return CUDA_ERROR_OUT_OF_MEMORY;
   if (!pe) return ret("cuEventCreate", CUDA_ERROR_INVALID_VALUE);
   if (!current_ctx()) return ret("cuEventCreate", CUDA_ERROR_INVALID_CONTEXT);
@@ -1406,8 +1820,7 @@ FAKE_EXPORT CUresult cuEventCreate(CUevent* pe, unsigned int flags) {
 }
 
 FAKE_EXPORT CUresult cuEventDestroy(CUevent e) {
-  LOCK();
-  count("cuEventDestroy");
+  API("cuEventDestroy");
   if (!g_events.count(e) || e->internal) return ret("cuEventDestroy", CUDA_ERROR_INVALID_HANDLE);
   g_events.erase(e);
   delete e;
@@ -1416,19 +1829,17 @@ FAKE_EXPORT CUresult cuEventDestroy(CUevent e) {
 }
 
 FAKE_EXPORT CUresult cuEventRecord(CUevent e, CUstream h) {
-  LOCK();
-  count("cuEventRecord");
+  API("cuEventRecord");
   if (injected_failure("cuEventRecord")) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (!g_events.count(e)) return ret("cuEventRecord", CUDA_ERROR_INVALID_HANDLE);
   CUresult err = CUDA_SUCCESS;
-  CUstream_st* s = resolve(h, true, &err);
+  CUstream_st* s = resolve_work(h, true, &err);
   if (!s) return ret("cuEventRecord", err);
   return record(e, s);
 }
 
 FAKE_EXPORT CUresult cuEventQuery(CUevent e) {
-  LOCK();
-  count("cuEventQuery");
+  API("cuEventQuery");
   if (!g_events.count(e)) return ret("cuEventQuery", CUDA_ERROR_INVALID_HANDLE);
   bool async = false;
   const CUresult r = query_event(e, &async);
@@ -1439,9 +1850,10 @@ FAKE_EXPORT CUresult cuEventQuery(CUevent e) {
 }
 
 FAKE_EXPORT CUresult cuEventSynchronize(CUevent e) {
-  LOCK();
-  count("cuEventSynchronize");
+  API("cuEventSynchronize");
   if (!g_events.count(e)) return ret("cuEventSynchronize", CUDA_ERROR_INVALID_HANDLE);
+  if (CUresult r = capture_forbids_event(e, "cuEventSynchronize"); r != CUDA_SUCCESS)
+    return ret("cuEventSynchronize", r);
   if (e->recorded) {
     // What the event stands for now (it may be recorded again while this waits).
     CUstream_st* s = e->stream;
@@ -1455,11 +1867,10 @@ FAKE_EXPORT CUresult cuEventSynchronize(CUevent e) {
 }
 
 FAKE_EXPORT CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream h) {
-  LOCK();
-  count("cuMemcpyDtoDAsync");
+  API("cuMemcpyDtoDAsync");
   if (injected_failure("cuMemcpyDtoDAsync")) return CUDA_ERROR_ILLEGAL_ADDRESS;
   CUresult err = CUDA_SUCCESS;
-  CUstream_st* s = resolve(h, true, &err);
+  CUstream_st* s = resolve_work(h, true, &err);
   if (!s) return ret("cuMemcpyDtoDAsync", err);
   if (n == 0) return CUDA_SUCCESS;
   const Alloc* d = find_alloc(reinterpret_cast<void*>(dst), n);
@@ -1474,34 +1885,71 @@ FAKE_EXPORT CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t 
   return CUDA_SUCCESS;
 }
 
+namespace {
+// Graph allocations: cuMemAllocAsync in a capture (base -> the capture's id). The address is
+// fixed when the node is made and stays the graph's until the last graph or exec holding
+// the node is destroyed (a simplification: the driver frees it at the graph's free node
+// and may reuse it between launches).
+std::map<uintptr_t, unsigned long long> g_graph_allocs;
+
+CUresult capture_alloc(CUstream_st* s, uintptr_t a, size_t bytes) {
+  g_graph_allocs[a] = s->cap->id;
+  auto n = std::make_shared<Node>();
+  const std::vector<RangeUse> ranges = {{a, a + bytes, true}};
+  n->issue = [ranges](CUstream_st* t) { enqueue(t, {}, nullptr, nullptr, ranges, "cuMemAllocAsync (graph)"); };
+  n->ranges = ranges;
+  n->what = "cuMemAllocAsync (graph)";
+  n->release = [a] {
+    if (g_graph_allocs.erase(a) && g_allocs.count(a)) release(a);
+  };
+  add_node(s, std::move(n));
+  return CUDA_SUCCESS;
+}
+
+// cuMemFreeAsync in a capture: of an allocation of the same capture (a free node; the
+// memory goes with the graph). Not modelled: freeing other memory in a graph (said on
+// stderr, CUDA_ERROR_NOT_SUPPORTED, the capture invalidated).
+CUresult capture_free(CUstream_st* s, uintptr_t base, size_t bytes) {
+  auto it = g_graph_allocs.find(base);
+  if (it == g_graph_allocs.end() || it->second != s->cap->id) {
+    fprintf(stderr, "fake_cuda: cuMemFreeAsync in a capture of memory not allocated in that capture: "
+                    "not modelled by the fake\n");
+    invalidate(s->cap.get(), "cuMemFreeAsync of memory from outside the capture (not modelled)");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  capture_work(s, nullptr, {{base, base + bytes, true}}, "cuMemFreeAsync (graph)", nullptr);
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
 FAKE_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytes, CUstream h) {
-  LOCK();
-  count("cuMemAllocAsync");
+  API("cuMemAllocAsync");
   if (injected_failure("cuMemAllocAsync")) return CUDA_ERROR_OUT_OF_MEMORY;
   if (!dptr || bytes == 0) return ret("cuMemAllocAsync", CUDA_ERROR_INVALID_VALUE);
   CUcontext ctx = current_ctx();
   if (!ctx) return ret("cuMemAllocAsync", CUDA_ERROR_INVALID_CONTEXT);
   CUresult err = CUDA_SUCCESS;
-  CUstream_st* s = resolve(h, true, &err);
+  CUstream_st* s = resolve_work(h, true, &err);
   if (!s) return ret("cuMemAllocAsync", err);
   void* p = allocate(bytes, ctx->device, false, true);
   if (!p) return ret("cuMemAllocAsync", CUDA_ERROR_OUT_OF_MEMORY);
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  *dptr = a;
+  if (s->cap) return capture_alloc(s, a, bytes);
   // Stream-ordered: the memory is the stream's from here on.
   enqueue(s, {}, nullptr, nullptr, {{a, a + bytes, true}}, "cuMemAllocAsync");
-  *dptr = a;
   return CUDA_SUCCESS;
 }
 
 FAKE_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream h) {
-  LOCK();
-  count("cuMemFreeAsync");
+  API("cuMemFreeAsync");
   CUresult err = CUDA_SUCCESS;
-  CUstream_st* s = resolve(h, true, &err);
+  CUstream_st* s = resolve_work(h, true, &err);
   if (!s) return ret("cuMemFreeAsync", err);
   auto it = g_allocs.find(dptr);
   if (it == g_allocs.end() || !it->second.async || it->second.free_pending)
     return ret("cuMemFreeAsync", CUDA_ERROR_INVALID_VALUE);
+  if (s->cap) return ret("cuMemFreeAsync", capture_free(s, dptr, it->second.bytes));
   it->second.free_pending = true;
   const uintptr_t base = dptr;
   enqueue(s, {}, nullptr, [base] { release(base); },
@@ -1512,8 +1960,8 @@ FAKE_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream h) {
 // Page-locked host memory and a copy between any two pointers (unified addressing), for
 // host staging (core/host_staging.cpp).
 FAKE_EXPORT CUresult cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags) {
-  LOCK();
-  count("cuMemHostAlloc");
+  API("cuMemHostAlloc");
+  if (CUresult r = unsafe_during_capture("cuMemHostAlloc"); r != CUDA_SUCCESS) return ret("cuMemHostAlloc", r);
   const unsigned known = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
   if (!pp || bytes == 0 || (flags & ~known)) return ret("cuMemHostAlloc", CUDA_ERROR_INVALID_VALUE);
   CUcontext ctx = current_ctx();
@@ -1525,8 +1973,8 @@ FAKE_EXPORT CUresult cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags)
 }
 
 FAKE_EXPORT CUresult cuMemFreeHost(void* p) {
-  LOCK();
-  count("cuMemFreeHost");
+  API("cuMemFreeHost");
+  if (CUresult r = unsafe_during_capture("cuMemFreeHost"); r != CUDA_SUCCESS) return ret("cuMemFreeHost", r);
   auto it = g_allocs.find(reinterpret_cast<uintptr_t>(p));
   if (it == g_allocs.end() || !it->second.pinned) return ret("cuMemFreeHost", CUDA_ERROR_INVALID_VALUE);
   const uintptr_t a = it->first;
@@ -1536,10 +1984,9 @@ FAKE_EXPORT CUresult cuMemFreeHost(void* p) {
 }
 
 FAKE_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream h) {
-  LOCK();
-  count("cuMemcpyAsync");
+  API("cuMemcpyAsync");
   CUresult err = CUDA_SUCCESS;
-  CUstream_st* s = resolve(h, true, &err);
+  CUstream_st* s = resolve_work(h, true, &err);
   if (!s) return ret("cuMemcpyAsync", err);
   if (n == 0) return CUDA_SUCCESS;
   if (!dst || !src) return ret("cuMemcpyAsync", CUDA_ERROR_INVALID_VALUE);
@@ -1572,8 +2019,8 @@ constexpr uint32_t kIpcMagic = 0xfa4ec0deu;
 }  // namespace
 
 FAKE_EXPORT CUresult cuMemAlloc(CUdeviceptr* dptr, size_t bytes) {
-  LOCK();
-  count("cuMemAlloc");
+  API("cuMemAlloc");
+  if (CUresult r = unsafe_during_capture("cuMemAlloc"); r != CUDA_SUCCESS) return ret("cuMemAlloc", r);
   if (injected_failure("cuMemAlloc")) return CUDA_ERROR_OUT_OF_MEMORY;
   if (!dptr || bytes == 0) return ret("cuMemAlloc", CUDA_ERROR_INVALID_VALUE);
   CUcontext c = current_ctx();
@@ -1587,8 +2034,8 @@ FAKE_EXPORT CUresult cuMemAlloc(CUdeviceptr* dptr, size_t bytes) {
 // Managed memory (the driver's cuMemAllocManaged, as CUDA Fortran's `managed` arrays and
 // OpenACC's unified memory get it): host-addressable, of the current context's GPU.
 FAKE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytes, unsigned int flags) {
-  LOCK();
-  count("cuMemAllocManaged");
+  API("cuMemAllocManaged");
+  if (CUresult r = unsafe_during_capture("cuMemAllocManaged"); r != CUDA_SUCCESS) return ret("cuMemAllocManaged", r);
   if (injected_failure("cuMemAllocManaged")) return CUDA_ERROR_OUT_OF_MEMORY;
   if (!dptr || bytes == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
     return ret("cuMemAllocManaged", CUDA_ERROR_INVALID_VALUE);
@@ -1601,8 +2048,8 @@ FAKE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytes, unsigned
 }
 
 FAKE_EXPORT CUresult cuMemFree(CUdeviceptr dptr) {
-  LOCK();
-  count("cuMemFree");
+  API("cuMemFree");
+  if (CUresult r = unsafe_during_capture("cuMemFree"); r != CUDA_SUCCESS) return ret("cuMemFree", r);
   auto it = g_allocs.find(static_cast<uintptr_t>(dptr));
   if (it != g_allocs.end() && it->second.managed && it->second.kind == Alloc::plain &&
       !it->second.async) {  // cuMemAllocManaged's
@@ -1617,8 +2064,7 @@ FAKE_EXPORT CUresult cuMemFree(CUdeviceptr dptr) {
 }
 
 FAKE_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) {
-  LOCK();
-  count("cuIpcGetMemHandle");
+  API("cuIpcGetMemHandle");
   if (injected_failure("cuIpcGetMemHandle")) return CUDA_ERROR_INVALID_VALUE;
   if (!handle) return ret("cuIpcGetMemHandle", CUDA_ERROR_INVALID_VALUE);
   auto it = g_allocs.find(static_cast<uintptr_t>(dptr));
@@ -1635,8 +2081,7 @@ FAKE_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr)
 }
 
 FAKE_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr* dptr, CUipcMemHandle handle, unsigned int flags) {
-  LOCK();
-  count("cuIpcOpenMemHandle");
+  API("cuIpcOpenMemHandle");
   if (injected_failure("cuIpcOpenMemHandle")) return CUDA_ERROR_OUT_OF_MEMORY;
   CUcontext c = current_ctx();
   if (!c) return ret("cuIpcOpenMemHandle", CUDA_ERROR_INVALID_CONTEXT);
@@ -1660,8 +2105,7 @@ FAKE_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr* dptr, CUipcMemHandle handle
 }
 
 FAKE_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
-  LOCK();
-  count("cuIpcCloseMemHandle");
+  API("cuIpcCloseMemHandle");
   auto it = g_allocs.find(static_cast<uintptr_t>(dptr));
   if (it == g_allocs.end() || it->second.kind != Alloc::ipc) return ret("cuIpcCloseMemHandle", CUDA_ERROR_INVALID_VALUE);
   count("live_ipc_mappings", -1);
@@ -1670,8 +2114,8 @@ FAKE_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
 }
 
 FAKE_EXPORT CUresult cuMemHostRegister(void* p, size_t bytes, unsigned int flags) {
-  LOCK();
-  count("cuMemHostRegister");
+  API("cuMemHostRegister");
+  if (CUresult r = unsafe_during_capture("cuMemHostRegister"); r != CUDA_SUCCESS) return ret("cuMemHostRegister", r);
   if (injected_failure("cuMemHostRegister")) return CUDA_ERROR_OUT_OF_MEMORY;
   if (!p || bytes == 0) return ret("cuMemHostRegister", CUDA_ERROR_INVALID_VALUE);
   if (!current_ctx()) return ret("cuMemHostRegister", CUDA_ERROR_INVALID_CONTEXT);
@@ -1686,8 +2130,8 @@ FAKE_EXPORT CUresult cuMemHostRegister(void* p, size_t bytes, unsigned int flags
 }
 
 FAKE_EXPORT CUresult cuMemHostUnregister(void* p) {
-  LOCK();
-  count("cuMemHostUnregister");
+  API("cuMemHostUnregister");
+  if (CUresult r = unsafe_during_capture("cuMemHostUnregister"); r != CUDA_SUCCESS) return ret("cuMemHostUnregister", r);
   auto it = g_allocs.find(reinterpret_cast<uintptr_t>(p));
   if (it == g_allocs.end() || it->second.kind != Alloc::registered)
     return ret("cuMemHostUnregister", CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
@@ -1698,8 +2142,7 @@ FAKE_EXPORT CUresult cuMemHostUnregister(void* p) {
 
 // "0000:BB:00.0" of one of this process's devices (bus_number()).
 FAKE_EXPORT CUresult cuDeviceGetByPCIBusId(CUdevice* dev, const char* bus) {
-  LOCK();
-  count("cuDeviceGetByPCIBusId");
+  API("cuDeviceGetByPCIBusId");
   if (!dev || !bus) return ret("cuDeviceGetByPCIBusId", CUDA_ERROR_INVALID_VALUE);
   unsigned domain = 0, b = 0, device = 0, fn = 0;
   if (sscanf(bus, "%x:%x:%x.%x", &domain, &b, &device, &fn) != 4)
@@ -1714,8 +2157,7 @@ FAKE_EXPORT CUresult cuDeviceGetByPCIBusId(CUdevice* dev, const char* bus) {
 
 // Peer access between two distinct devices of this process, unless FAKE_CUDA_NO_PEER=1.
 FAKE_EXPORT CUresult cuDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer) {
-  LOCK();
-  count("cuDeviceCanAccessPeer");
+  API("cuDeviceCanAccessPeer");
   if (!can) return ret("cuDeviceCanAccessPeer", CUDA_ERROR_INVALID_VALUE);
   if (dev < 0 || dev >= g_devices || peer < 0 || peer >= g_devices)
     return ret("cuDeviceCanAccessPeer", CUDA_ERROR_INVALID_DEVICE);
@@ -1730,8 +2172,7 @@ FAKE_EXPORT CUresult cuDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer
 // Only for memory from cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP (this fake is
 // stricter than a driver with unified addressing, which maps every allocation).
 FAKE_EXPORT CUresult cuMemHostGetDevicePointer(CUdeviceptr* pdptr, void* p, unsigned int flags) {
-  LOCK();
-  count("cuMemHostGetDevicePointer");
+  API("cuMemHostGetDevicePointer");
   if (injected_failure("cuMemHostGetDevicePointer")) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (!pdptr || !p || flags != 0) return ret("cuMemHostGetDevicePointer", CUDA_ERROR_INVALID_VALUE);
   const Alloc* a = find_alloc(p, 1);
@@ -1764,7 +2205,7 @@ bool waitable(CUdeviceptr addr, const char* api) {
 CUresult enqueue_wait(CUstream h, CUdeviceptr addr, uint32_t value, unsigned mode, bool kernel,
                       const char* api) {
   CUresult err = CUDA_SUCCESS;
-  CUstream_st* s = resolve(h, true, &err);
+  CUstream_st* s = resolve_work(h, true, &err);
   if (!s) return err;
   if (!waitable(addr, api)) return CUDA_ERROR_INVALID_VALUE;
   HostWait w;
@@ -1827,8 +2268,7 @@ bool ptxas_accepts(const std::string& image) {
 // (as on a driver or system without stream memory operations), so that the caller's
 // fallback runs.
 FAKE_EXPORT CUresult cuStreamWaitValue32(CUstream h, CUdeviceptr addr, cuuint32_t value, unsigned int flags) {
-  LOCK();
-  count("cuStreamWaitValue32");
+  API("cuStreamWaitValue32");
   if (injected_failure("cuStreamWaitValue32")) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (g_no_memops) {  // the driver's answer, not a misuse: counted apart from "errors"
     count("not_supported");
@@ -1840,11 +2280,41 @@ FAKE_EXPORT CUresult cuStreamWaitValue32(CUstream h, CUdeviceptr addr, cuuint32_
   return ret("cuStreamWaitValue32", enqueue_wait(h, addr, value, flags, false, "cuStreamWaitValue32"));
 }
 
+// The stream writes `value` to the flag once its earlier work is done (with the memory
+// barrier the default flags ask for). A host wait released by it orders the waiting
+// stream after the writer's work (g_flag_writers).
+FAKE_EXPORT CUresult cuStreamWriteValue32(CUstream h, CUdeviceptr addr, cuuint32_t value, unsigned int flags) {
+  API("cuStreamWriteValue32");
+  if (injected_failure("cuStreamWriteValue32")) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (g_no_memops) {
+    count("not_supported");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  if (flags & ~static_cast<unsigned>(CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER))
+    return ret("cuStreamWriteValue32", CUDA_ERROR_INVALID_VALUE);
+  CUresult err = CUDA_SUCCESS;
+  CUstream_st* s = resolve_work(h, true, &err);
+  if (!s) return ret("cuStreamWriteValue32", err);
+  if (!waitable(addr, "cuStreamWriteValue32")) return ret("cuStreamWriteValue32", CUDA_ERROR_INVALID_VALUE);
+  // The write's order, as enqueue() makes it (before it, which may run it at once); on a
+  // capturing stream: the capture's, not each launch's.
+  auto order = std::make_shared<VC>(s->vc);
+  merge(*order, g_host);
+  if (order->size() <= static_cast<size_t>(s->id)) order->resize(s->id + 1, 0);
+  (*order)[s->id] = s->enqueued + 1;
+  if (!s->cap) g_pending_writes[addr] = {s, s->enqueued + 1};
+  enqueue(s, {}, nullptr, [addr, value, order] {
+    g_flag_writers[addr] = *order;
+    __atomic_store_n(reinterpret_cast<uint32_t*>(addr), value, __ATOMIC_RELEASE);
+  }, {}, "cuStreamWriteValue32");
+  count("memop_writes");
+  return CUDA_SUCCESS;
+}
+
 // Some device attributes, as an H200 answers; stream memory operations per
 // FAKE_CUDA_NO_STREAM_MEMOPS. Others: 0 (said under FAKE_CUDA_VERBOSE=1).
 FAKE_EXPORT CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) {
-  LOCK();
-  count("cuDeviceGetAttribute");
+  API("cuDeviceGetAttribute");
   if (!pi) return ret("cuDeviceGetAttribute", CUDA_ERROR_INVALID_VALUE);
   if (dev < 0 || dev >= g_devices) return ret("cuDeviceGetAttribute", CUDA_ERROR_INVALID_DEVICE);
   switch (attrib) {
@@ -1884,8 +2354,7 @@ FAKE_EXPORT CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CU
 // declare it so, or loading fails (CUDA_ERROR_INVALID_PTX, with a line on stderr). Or from
 // a fatbin that names a kernel of kHostKernels (load_fatbin).
 FAKE_EXPORT CUresult cuModuleLoadData(CUmodule* module, const void* image) {
-  LOCK();
-  count("cuModuleLoadData");
+  API("cuModuleLoadData");
   if (injected_failure("cuModuleLoadData")) return CUDA_ERROR_OUT_OF_MEMORY;
   if (!module || !image) return ret("cuModuleLoadData", CUDA_ERROR_INVALID_VALUE);
   if (!current_ctx()) return ret("cuModuleLoadData", CUDA_ERROR_INVALID_CONTEXT);
@@ -1919,8 +2388,7 @@ FAKE_EXPORT CUresult cuModuleLoadData(CUmodule* module, const void* image) {
 }
 
 FAKE_EXPORT CUresult cuModuleGetFunction(CUfunction* f, CUmodule m, const char* name) {
-  LOCK();
-  count("cuModuleGetFunction");
+  API("cuModuleGetFunction");
   if (!f || !name) return ret("cuModuleGetFunction", CUDA_ERROR_INVALID_VALUE);
   if (!g_modules.count(m)) return ret("cuModuleGetFunction", CUDA_ERROR_INVALID_HANDLE);
   if (m->fatbin) {
@@ -1947,8 +2415,7 @@ FAKE_EXPORT CUresult cuModuleGetFunction(CUfunction* f, CUmodule m, const char* 
 }
 
 FAKE_EXPORT CUresult cuModuleUnload(CUmodule m) {
-  LOCK();
-  count("cuModuleUnload");
+  API("cuModuleUnload");
   if (!g_modules.count(m)) return ret("cuModuleUnload", CUDA_ERROR_INVALID_HANDLE);
   // A kernel of the module still waiting on a stream: its code would be gone.
   for (CUstream_st* s : g_streams)
@@ -1978,8 +2445,7 @@ FAKE_EXPORT CUresult cuModuleUnload(CUmodule m) {
 FAKE_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                                     unsigned int bx, unsigned int by, unsigned int bz,
                                     unsigned int shmem, CUstream h, void** params, void** extra) {
-  LOCK();
-  count("cuLaunchKernel");
+  API("cuLaunchKernel");
   if (injected_failure("cuLaunchKernel")) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (!g_functions.count(f)) return ret("cuLaunchKernel", CUDA_ERROR_INVALID_HANDLE);
   if (f->host) return ret("cuLaunchKernel", launch_host_kernel(f, gx, gy, gz, bx, by, bz, shmem, h, params, extra));
@@ -1992,6 +2458,463 @@ FAKE_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int 
   const CUdeviceptr flag = *static_cast<const CUdeviceptr*>(params[0]);
   const uint32_t value = *static_cast<const uint32_t*>(params[1]);
   return ret("cuLaunchKernel", enqueue_wait(h, flag, value, CU_STREAM_WAIT_VALUE_GEQ, true, "cuLaunchKernel"));
+}
+
+// ---- stream capture and graphs ----------------------------------------------------------
+// cuStreamBeginCapture: the stream's work from then on (copies, kernels, waits, host
+// functions, graph allocations, the fake NCCL's operations through fake_cuda_capture_node)
+// becomes graph nodes instead of running. An event recorded on a capturing stream is a
+// capture event; a stream waiting on it joins the capture (its later work is captured,
+// after the event's nodes). cuStreamEndCapture on the origin gives the graph: every
+// joined stream must have been joined back (its last nodes reach the origin's), or
+// CUDA_ERROR_STREAM_CAPTURE_UNJOINED. Rules whose violation invalidates the capture (the
+// driver's, "Prohibited and Unhandled Operations"): queries and synchronizations of a
+// capturing stream or a capture event (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED); the legacy
+// stream while a blocking stream captures (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT); a wait on
+// an event from outside the capture (CUDA_ERROR_STREAM_CAPTURE_ISOLATION) or from another
+// capture (CUDA_ERROR_STREAM_CAPTURE_MERGE); potentially unsafe calls (cuMemAlloc,
+// cuMemFree, cuMemAllocManaged, cuMemHostAlloc, cuMemFreeHost, cuMemHostRegister,
+// cuMemHostUnregister) per the capture and thread modes (unsafe_during_capture).
+// An invalidated capture's streams answer CUDA_ERROR_STREAM_CAPTURE_INVALIDATED until
+// cuStreamEndCapture, which returns that error and a NULL graph.
+// cuGraphLaunch enqueues every node's work, in capture order (a topological order), on
+// the launch stream as ordinary stream work, after the exec's previous launch (as the
+// driver orders launches of one exec); so the happens-before check sees each run. The
+// graph's own unordered nodes are checked for races once, at cuStreamEndCapture.
+// Host functions (cuLaunchHostFunc, live or in a graph) run on one thread of the fake's
+// own, in stream order, as work beside the host; a CUDA call from one answers
+// CUDA_ERROR_NOT_PERMITTED.
+
+// cuUserObjectCreate: an object whose destructor runs when its last reference goes (the
+// application's, and those of the graphs and executable graphs that retain it).
+struct CUuserObject_st {
+  void* ptr = nullptr;
+  CUhostFn destroy = nullptr;
+  unsigned refs = 0;
+};
+namespace {
+std::set<CUuserObject_st*> g_user_objects;
+
+// Drops `n` references of `o`; the destructor runs at the last, as a host function would
+// (no CUDA call allowed: the driver runs it on an internal thread).
+void release_user_object(CUuserObject_st* o, unsigned n) {
+  o->refs -= std::min(n, o->refs);
+  if (o->refs) return;
+  g_user_objects.erase(o);
+  count("live_user_objects", -1);
+  const bool was = t_in_host_fn;
+  t_in_host_fn = true;
+  o->destroy(o->ptr);
+  t_in_host_fn = was;
+  delete o;
+}
+}  // namespace
+
+// The user-object references a graph holds; shared with the executable graphs made from
+// it, so they last as long as the last of them.
+struct UserRefs {
+  std::vector<std::pair<CUuserObject_st*, unsigned>> held;
+  ~UserRefs() {
+    for (auto& [o, n] : held) release_user_object(o, n);
+  }
+};
+
+struct CUgraph_st {
+  Nodes nodes;
+  std::shared_ptr<UserRefs> users = std::make_shared<UserRefs>();
+};
+struct CUgraphExec_st {
+  Nodes nodes;
+  std::shared_ptr<UserRefs> users;
+  CUevent_st last;  // recorded after its latest launch (internal, never in g_events)
+};
+
+namespace {
+
+std::set<CUgraph_st*> g_graphs;
+std::set<CUgraphExec_st*> g_execs;
+
+// ---- host functions: one thread of the fake's, as the driver's callback thread ----
+
+struct HostCall {
+  CUhostFn fn;
+  void* data;
+  std::atomic<int> done{0};
+};
+
+struct HostFnThread {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<HostCall*> queue;
+  bool started = false;
+};
+
+HostFnThread& host_fn_thread() {
+  static auto* t = new HostFnThread;  // never destroyed: the thread outlives main
+  return *t;
+}
+
+void host_fn_loop(HostFnThread* t) {
+  for (;;) {
+    HostCall* c = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(t->mu);
+      t->cv.wait(lock, [&] { return !t->queue.empty(); });
+      c = t->queue.front();
+      t->queue.pop_front();
+    }
+    t_in_host_fn = true;
+    c->fn(c->data);
+    t_in_host_fn = false;
+    c->done.store(1, std::memory_order_release);
+  }
+}
+
+// Hands a host function to the thread (the launch piece: holding the lock, never blocks).
+void start_host_call(HostCall* c) {
+  HostFnThread& t = host_fn_thread();
+  std::lock_guard<std::mutex> lock(t.mu);
+  t.queue.push_back(c);
+  if (!t.started) {
+    t.started = true;
+    sigset_t all, old;  // asynchronous signals stay with the program's threads
+    sigfillset(&all);
+    for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP}) sigdelset(&all, sig);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    std::thread(host_fn_loop, &t).detach();
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  }
+  t.cv.notify_one();
+}
+
+// fn(data) when s gets there: launch, the stream held until it returned, end.
+void enqueue_host_call(CUstream_st* s, CUhostFn fn, void* data) {
+  auto* c = new HostCall{fn, data};
+  enqueue(s, {}, nullptr, [c] { start_host_call(c); }, {}, "host function (launch)");
+  HostWait w;
+  w.probe = [](void* a) { return static_cast<HostCall*>(a)->done.load(std::memory_order_acquire); };
+  w.probe_arg = c;
+  enqueue(s, {}, nullptr, nullptr, {}, "host function (running)", &w);
+  enqueue(s, {}, nullptr, [c] {
+    count("host_funcs_run");
+    delete c;
+  }, {}, "host function");
+}
+
+// A CUDA call made by a host function (API()): the driver does not permit it.
+CUresult called_from_host_fn(const char* api) {
+  Lock lock(g_mu);
+  count(api);
+  count("not_permitted");
+  fprintf(stderr, "fake_cuda: %s called from a host function (cuLaunchHostFunc): not permitted\n", api);
+  return CUDA_ERROR_NOT_PERMITTED;
+}
+
+// ---- capture sequences ----
+
+void end_capture(Capture* c) {
+  delete c->graph;  // (null once cuStreamEndCapture handed it out)
+  c->graph = nullptr;
+  for (CUstream_st* x : c->streams)
+    if (x->cap.get() == c) {
+      x->cap.reset();
+      x->cap_tail.clear();
+    }
+  c->active = false;
+  g_captures.erase(std::remove_if(g_captures.begin(), g_captures.end(),
+                                  [c](const std::shared_ptr<Capture>& p) { return p.get() == c; }),
+                   g_captures.end());
+}
+
+// Nodes whose work precedes node i (its ancestors), for every i.
+std::vector<std::vector<bool>> ancestors(const Nodes& nodes) {
+  std::vector<std::vector<bool>> anc(nodes.size(), std::vector<bool>(nodes.size(), false));
+  for (size_t i = 0; i < nodes.size(); ++i)
+    for (size_t d : nodes[i]->deps) {
+      anc[i][d] = true;
+      for (size_t k = 0; k < d; ++k)
+        if (anc[d][k]) anc[i][k] = true;
+    }
+  return anc;
+}
+
+// Whether every node in `tail` (a joined stream's last nodes) precedes or is one of the
+// origin's last nodes: the stream was joined back.
+bool joined_back(const std::vector<size_t>& tail, const std::vector<size_t>& origin,
+                 const std::vector<std::vector<bool>>& anc) {
+  for (size_t n : tail) {
+    bool reached = false;
+    for (size_t o : origin) reached = reached || n == o || anc[o][n];
+    if (!reached) return false;
+  }
+  return true;
+}
+
+// Two nodes of the graph that nothing orders, one writing what the other touches: a race
+// on a GPU, though the fake's launches run the nodes one after the other.
+void check_graph_races(const Nodes& nodes, const std::vector<std::vector<bool>>& anc) {
+  for (size_t j = 0; j < nodes.size(); ++j)
+    for (size_t i = 0; i < j; ++i) {
+      if (anc[j][i]) continue;
+      for (const RangeUse& a : nodes[i]->ranges)
+        for (const RangeUse& b : nodes[j]->ranges) {
+          if (!(a.write || b.write) || !overlap(a.lo, a.hi, b.lo, b.hi)) continue;
+          count("races");
+          count("graph_races");
+          if (g_counters["races"] > 20) continue;
+          fprintf(stderr, "fake_cuda: RACE in a captured graph: node %zu (%s) %s [%p, +%zu) and node %zu "
+                          "(%s) %s [%p, +%zu), and nothing orders the two\n",
+                  i, nodes[i]->what.c_str(), a.write ? "writes" : "reads", reinterpret_cast<void*>(a.lo),
+                  static_cast<size_t>(a.hi - a.lo), j, nodes[j]->what.c_str(), b.write ? "writes" : "reads",
+                  reinterpret_cast<void*>(b.lo), static_cast<size_t>(b.hi - b.lo));
+        }
+    }
+}
+
+// One launch: every node's work on s, in capture order, each followed by a marker that
+// counts it run.
+void launch_nodes(CUstream_st* s, const Nodes& nodes) {
+  for (const auto& n : nodes) {
+    n->issue(s);
+    enqueue(s, {}, nullptr, [] { count("graph_node_run"); }, {}, "graph node end");
+  }
+}
+
+std::vector<RangeUse> ranges_of_nodes(const Nodes& nodes) {
+  std::vector<RangeUse> out;
+  for (const auto& n : nodes) out.insert(out.end(), n->ranges.begin(), n->ranges.end());
+  return out;
+}
+
+}  // namespace
+
+FAKE_EXPORT CUresult cuStreamBeginCapture(CUstream h, CUstreamCaptureMode mode) {
+  API("cuStreamBeginCapture");
+  if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+      mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+    return ret("cuStreamBeginCapture", CUDA_ERROR_INVALID_VALUE);
+  CUresult err = CUDA_SUCCESS;
+  CUstream_st* s = resolve(h, true, &err);
+  if (!s) return ret("cuStreamBeginCapture", err);
+  if (s->legacy) return ret("cuStreamBeginCapture", CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  if (s->cap) return ret("cuStreamBeginCapture", CUDA_ERROR_ILLEGAL_STATE);
+  auto c = std::make_shared<Capture>();
+  c->id = ++g_capture_ids;
+  c->mode = mode;
+  c->origin = s;
+  c->thread = std::this_thread::get_id();
+  c->streams.insert(s);
+  c->graph = new CUgraph_st;
+  s->cap = c;
+  s->cap_tail.clear();
+  g_captures.push_back(c);
+  count("captures");
+  return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuStreamEndCapture(CUstream h, CUgraph* graph) {
+  API("cuStreamEndCapture");
+  if (!graph) return ret("cuStreamEndCapture", CUDA_ERROR_INVALID_VALUE);
+  *graph = nullptr;
+  CUresult err = CUDA_SUCCESS;
+  CUstream_st* s = resolve(h, true, &err);
+  if (!s) return ret("cuStreamEndCapture", err);
+  if (!s->cap) return ret("cuStreamEndCapture", CUDA_ERROR_ILLEGAL_STATE);
+  Capture* c = s->cap.get();
+  if (c->origin != s) {
+    invalidate(c, "cuStreamEndCapture on a stream that joined it, not its origin");
+    return ret("cuStreamEndCapture", CUDA_ERROR_STREAM_CAPTURE_UNMATCHED);
+  }
+  if (c->mode != CU_STREAM_CAPTURE_MODE_RELAXED && c->thread != std::this_thread::get_id())
+    return ret("cuStreamEndCapture", CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+  const std::shared_ptr<Capture> keep = s->cap;
+  if (c->invalidated) {
+    end_capture(c);
+    return ret("cuStreamEndCapture", CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  }
+  const auto anc = ancestors(c->nodes);
+  for (CUstream_st* x : c->streams)
+    if (x != s && x->cap.get() == c && !joined_back(x->cap_tail, s->cap_tail, anc)) {
+      fprintf(stderr, "fake_cuda: cuStreamEndCapture: stream %d joined capture %llu and was not "
+                      "joined back into its origin (stream %d)\n", x->id, c->id, s->id);
+      count("capture_unjoined");
+      c->nodes.clear();
+      end_capture(c);
+      return ret("cuStreamEndCapture", CUDA_ERROR_STREAM_CAPTURE_UNJOINED);
+    }
+  check_graph_races(c->nodes, anc);
+  CUgraph_st* g = c->graph;
+  c->graph = nullptr;
+  g->nodes = std::move(c->nodes);
+  end_capture(c);
+  g_graphs.insert(g);
+  count("live_graphs");
+  *graph = g;
+  return CUDA_SUCCESS;
+}
+
+namespace {
+CUstreamCaptureStatus capture_status(const CUstream_st* s) {
+  if (!s->cap) return CU_STREAM_CAPTURE_STATUS_NONE;
+  return s->cap->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+}
+}  // namespace
+
+FAKE_EXPORT CUresult cuStreamIsCapturing(CUstream h, CUstreamCaptureStatus* status) {
+  API("cuStreamIsCapturing");
+  if (!status) return ret("cuStreamIsCapturing", CUDA_ERROR_INVALID_VALUE);
+  CUresult err = CUDA_SUCCESS;
+  CUstream_st* s = resolve(h, true, &err);
+  if (!s) return ret("cuStreamIsCapturing", err);
+  // the legacy stream while a blocking stream captures: an error, the capture untouched
+  if (s->legacy && legacy_blocked(false)) return ret("cuStreamIsCapturing", CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+  *status = capture_status(s);
+  return CUDA_SUCCESS;
+}
+
+// The status, the capture's id and the graph being built; no dependency nodes (NULL, 0):
+// the fake has no CUgraphNode handles.
+FAKE_EXPORT CUresult cuStreamGetCaptureInfo(CUstream h, CUstreamCaptureStatus* status, cuuint64_t* id,
+                                            CUgraph* graph, const CUgraphNode** deps,
+                                            const CUgraphEdgeData** edges, size_t* ndeps) {
+  API("cuStreamGetCaptureInfo");
+  if (!status) return ret("cuStreamGetCaptureInfo", CUDA_ERROR_INVALID_VALUE);
+  CUresult err = CUDA_SUCCESS;
+  CUstream_st* s = resolve(h, true, &err);
+  if (!s) return ret("cuStreamGetCaptureInfo", err);
+  if (s->legacy && legacy_blocked(false)) return ret("cuStreamGetCaptureInfo", CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+  *status = capture_status(s);
+  if (id) *id = s->cap ? s->cap->id : 0;
+  if (graph) *graph = s->cap ? s->cap->graph : nullptr;
+  if (deps) *deps = nullptr;
+  if (edges) *edges = nullptr;
+  if (ndeps) *ndeps = 0;
+  return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+  API("cuThreadExchangeStreamCaptureMode");
+  if (!mode || (*mode != CU_STREAM_CAPTURE_MODE_GLOBAL && *mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+                *mode != CU_STREAM_CAPTURE_MODE_RELAXED))
+    return ret("cuThreadExchangeStreamCaptureMode", CUDA_ERROR_INVALID_VALUE);
+  std::swap(*mode, t_capture_mode);
+  return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuGraphInstantiate(CUgraphExec* exec, CUgraph g, unsigned long long flags) {
+  API("cuGraphInstantiate");
+  const unsigned long long known = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH |
+                                   CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD |
+                                   CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
+  if (!exec || (flags & ~known)) return ret("cuGraphInstantiate", CUDA_ERROR_INVALID_VALUE);
+  if (!g_graphs.count(g)) return ret("cuGraphInstantiate", CUDA_ERROR_INVALID_HANDLE);
+  auto* x = new CUgraphExec_st;
+  x->nodes = g->nodes;  // shared: the exec outlives the graph
+  x->users = g->users;  // and so do the user objects the graph retains
+  x->last.internal = true;
+  g_execs.insert(x);
+  count("live_graph_execs");
+  *exec = x;
+  return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuGraphLaunch(CUgraphExec x, CUstream h) {
+  API("cuGraphLaunch");
+  if (!g_execs.count(x)) return ret("cuGraphLaunch", CUDA_ERROR_INVALID_HANDLE);
+  CUresult err = CUDA_SUCCESS;
+  CUstream_st* s = resolve_work(h, true, &err);
+  if (!s) return ret("cuGraphLaunch", err);
+  if (s->cap) {  // a child graph node: the exec's nodes, run at each launch of the parent
+    auto n = std::make_shared<Node>();
+    n->issue = [nodes = x->nodes](CUstream_st* t) { launch_nodes(t, nodes); };
+    n->ranges = ranges_of_nodes(x->nodes);
+    n->what = "graph launch (child graph)";
+    add_node(s, std::move(n));
+    return CUDA_SUCCESS;
+  }
+  wait_event(s, &x->last);  // after the exec's previous launch, on whatever stream
+  launch_nodes(s, x->nodes);
+  record(&x->last, s);
+  count("graph_launches");
+  return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuGraphExecDestroy(CUgraphExec x) {
+  API("cuGraphExecDestroy");
+  if (!g_execs.erase(x)) return ret("cuGraphExecDestroy", CUDA_ERROR_INVALID_HANDLE);
+  delete x;  // launched work holds what it needs (the nodes' closures were copied)
+  count("live_graph_execs", -1);
+  return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuGraphDestroy(CUgraph g) {
+  API("cuGraphDestroy");
+  if (!g_graphs.erase(g)) return ret("cuGraphDestroy", CUDA_ERROR_INVALID_HANDLE);
+  delete g;
+  count("live_graphs", -1);
+  return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuUserObjectCreate(CUuserObject* out, void* ptr, CUhostFn destroy,
+                                        unsigned int refs, unsigned int flags) {
+  API("cuUserObjectCreate");
+  if (!out || !destroy || refs == 0 || flags != CU_USER_OBJECT_NO_DESTRUCTOR_SYNC)
+    return ret("cuUserObjectCreate", CUDA_ERROR_INVALID_VALUE);  // (the only flag there is)
+  auto* o = new CUuserObject_st{ptr, destroy, refs};
+  g_user_objects.insert(o);
+  count("live_user_objects");
+  *out = o;
+  return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuUserObjectRetain(CUuserObject o, unsigned int n) {
+  API("cuUserObjectRetain");
+  if (!g_user_objects.count(o) || n == 0) return ret("cuUserObjectRetain", CUDA_ERROR_INVALID_VALUE);
+  o->refs += n;
+  return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuUserObjectRelease(CUuserObject o, unsigned int n) {
+  API("cuUserObjectRelease");
+  if (!g_user_objects.count(o) || n == 0 || n > o->refs)
+    return ret("cuUserObjectRelease", CUDA_ERROR_INVALID_VALUE);
+  release_user_object(o, n);
+  return CUDA_SUCCESS;
+}
+
+// A graph (or the graph of an active capture, from cuStreamGetCaptureInfo) takes `n`
+// references of `o`: the caller's own with CU_GRAPH_USER_OBJECT_MOVE, else new ones.
+FAKE_EXPORT CUresult cuGraphRetainUserObject(CUgraph g, CUuserObject o, unsigned int n,
+                                             unsigned int flags) {
+  API("cuGraphRetainUserObject");
+  bool capturing = false;
+  for (const auto& c : g_captures) capturing = capturing || (c->graph == g && g);
+  if ((!g_graphs.count(g) && !capturing) || !g_user_objects.count(o) || n == 0 ||
+      (flags & ~static_cast<unsigned>(CU_GRAPH_USER_OBJECT_MOVE)))
+    return ret("cuGraphRetainUserObject", CUDA_ERROR_INVALID_VALUE);
+  if (!(flags & CU_GRAPH_USER_OBJECT_MOVE)) o->refs += n;
+  else if (n > o->refs) return ret("cuGraphRetainUserObject", CUDA_ERROR_INVALID_VALUE);
+  g->users->held.emplace_back(o, n);
+  return CUDA_SUCCESS;
+}
+
+// fn(userData) once the stream gets there, on the fake's host-function thread; in a
+// capture, a host node (run at each launch).
+FAKE_EXPORT CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void* data) {
+  API("cuLaunchHostFunc");
+  if (!fn) return ret("cuLaunchHostFunc", CUDA_ERROR_INVALID_VALUE);
+  CUresult err = CUDA_SUCCESS;
+  CUstream_st* s = resolve_work(h, true, &err);
+  if (!s) return ret("cuLaunchHostFunc", err);
+  if (s->cap) {
+    auto n = std::make_shared<Node>();
+    n->issue = [fn, data](CUstream_st* t) { enqueue_host_call(t, fn, data); };
+    n->what = "host function";
+    add_node(s, std::move(n));
+    return CUDA_SUCCESS;
+  }
+  enqueue_host_call(s, fn, data);
+  return CUDA_SUCCESS;
 }
 
 // ---- fake_api.h: for test programs -----------------------------------------------------
@@ -2114,7 +3037,7 @@ FAKE_EXPORT int fake_cuda_pending(CUstream h) {
 FAKE_EXPORT int fake_cuda_enqueue_copy(CUstream h, void* dst, const void* src, size_t bytes) {
   LOCK();
   CUresult err = CUDA_SUCCESS;
-  CUstream_st* s = resolve(h, false, &err);
+  CUstream_st* s = resolve_work(h, false, &err);
   if (!s) return err;
   const Alloc* d = find_alloc(dst, bytes);
   if (!d || d->free_pending) return CUDA_ERROR_INVALID_VALUE;
@@ -2129,7 +3052,7 @@ FAKE_EXPORT int fake_cuda_enqueue_copy(CUstream h, void* dst, const void* src, s
 FAKE_EXPORT int fake_cuda_enqueue_wait(CUstream h, const void* flag, unsigned value) {
   LOCK();
   CUresult err = CUDA_SUCCESS;
-  CUstream_st* s = resolve(h, false, &err);
+  CUstream_st* s = resolve_work(h, false, &err);
   if (!s) return err;
   const CUdeviceptr addr = reinterpret_cast<CUdeviceptr>(flag);
   if (!waitable(addr, "fake_cuda_enqueue_wait")) return CUDA_ERROR_INVALID_VALUE;
@@ -2171,12 +3094,45 @@ FAKE_EXPORT int fake_cuda_fail_after(const char* api, unsigned long long n) {
 
 // ---- fake_api.h: for the fake NCCL ------------------------------------------------------
 
+namespace {
+// Work that owns a one-shot argument cannot be a graph node (each launch runs every node):
+// a fake user's bug (fake_cuda_capture_node is for that), said, and the capture invalidated.
+int one_shot_in_capture(CUstream_st* s, const char* api) {
+  fprintf(stderr, "fake_cuda: %s on a capturing stream: one-shot work cannot be captured "
+                  "(use fake_cuda_capture_node)\n", api);
+  invalidate(s->cap.get(), std::string(api) + " (one-shot work)");
+  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+}  // namespace
+
+FAKE_EXPORT int fake_cuda_capture_node(CUstream h, int check_ctx, int* captured,
+                                       void (*issue)(void*, CUstream), void (*release)(void*),
+                                       void* arg, const fake_cuda_range* ranges, int nranges,
+                                       const char* what) {
+  LOCK();
+  if (!captured || !issue || !release) return CUDA_ERROR_INVALID_VALUE;
+  *captured = 0;
+  CUresult err = CUDA_SUCCESS;
+  CUstream_st* s = resolve_work(h, check_ctx != 0, &err);
+  if (!s) return err;
+  if (!s->cap) return CUDA_SUCCESS;
+  auto n = std::make_shared<Node>();
+  n->issue = [issue, arg](CUstream_st* t) { issue(arg, handle_of(t)); };
+  n->release = [release, arg] { release(arg); };
+  n->ranges = ranges_of(ranges, nranges);
+  n->what = what ? what : "fake node";
+  add_node(s, std::move(n));
+  *captured = 1;
+  return CUDA_SUCCESS;
+}
+
 FAKE_EXPORT int fake_cuda_enqueue(CUstream h, int check_ctx, void (*fn)(void*), void* arg,
                                   const fake_cuda_range* ranges, int nranges, const char* what) {
   LOCK();
   CUresult err = CUDA_SUCCESS;
-  CUstream_st* s = resolve(h, check_ctx != 0, &err);
+  CUstream_st* s = resolve_work(h, check_ctx != 0, &err);
   if (!s) return err;
+  if (s->cap) return one_shot_in_capture(s, "fake_cuda_enqueue");
   enqueue(s, {}, nullptr, [fn, arg] { fn(arg); }, ranges_of(ranges, nranges),
           what ? what : "fake work");
   return CUDA_SUCCESS;
@@ -2188,9 +3144,10 @@ FAKE_EXPORT int fake_cuda_enqueue_async(CUstream h, int check_ctx, void (*launch
                                         const char* what) {
   LOCK();
   CUresult err = CUDA_SUCCESS;
-  CUstream_st* s = resolve(h, check_ctx != 0, &err);
+  CUstream_st* s = resolve_work(h, check_ctx != 0, &err);
   if (!s) return err;
   if (!launch || !done || !finish) return CUDA_ERROR_INVALID_VALUE;
+  if (s->cap) return one_shot_in_capture(s, "fake_cuda_enqueue_async");
   const std::string name = what ? what : "async work";
   // The three pieces go in together (nothing else can come between: the lock is held).
   // Without deferral the launch runs here, at once, and the stream stops at the end.
@@ -2218,7 +3175,7 @@ FAKE_EXPORT int fake_cuda_event_record(CUevent e, CUstream h, int check_ctx) {
   LOCK();
   if (!g_events.count(e)) return CUDA_ERROR_INVALID_HANDLE;
   CUresult err = CUDA_SUCCESS;
-  CUstream_st* s = resolve(h, check_ctx != 0, &err);
+  CUstream_st* s = resolve_work(h, check_ctx != 0, &err);
   if (!s) return err;
   return record(e, s);
 }
@@ -2227,15 +3184,15 @@ FAKE_EXPORT int fake_cuda_stream_wait(CUstream h, CUevent e, int check_ctx) {
   LOCK();
   if (!g_events.count(e)) return CUDA_ERROR_INVALID_HANDLE;
   CUresult err = CUDA_SUCCESS;
-  CUstream_st* s = resolve(h, check_ctx != 0, &err);
+  CUstream_st* s = resolve_work(h, check_ctx != 0, &err);
   if (!s) return err;
-  wait_event(s, e);
-  return CUDA_SUCCESS;
+  return wait_event(s, e);
 }
 
 FAKE_EXPORT int fake_cuda_event_sync(CUevent e) {
   LOCK();
   if (!g_events.count(e)) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult r = capture_forbids_event(e, "fake_cuda_event_sync"); r != CUDA_SUCCESS) return r;
   if (e->recorded) run_blocking(lock, e->stream, e->pos, "fake_cuda_event_sync");  // not a host observation
   return CUDA_SUCCESS;
 }

@@ -2,7 +2,7 @@
 // streamcoll and without MPI: the semantics the host-transfer route relies on, so that a
 // failure of tests/fake/ht_route.cpp points at the route, not at the fake.
 //
-//   fake_cuda_selftest [memops|no-memops]     (linked with the fake libcuda.so.1)
+//   fake_cuda_selftest [memops|no-memops|graphs]     (linked with the fake libcuda.so.1)
 //
 // memops (FAKE_CUDA_NO_STREAM_MEMOPS unset), run with FAKE_CUDA_DEFER=1 and =0:
 //  - cuMemHostGetDevicePointer: identity for CU_MEMHOSTALLOC_DEVICEMAP memory, an error
@@ -21,6 +21,20 @@
 //    complete;
 //  - a stream destroyed while held finishes once the flag is stored;
 //  - nothing left: modules, waits, streams, events, allocations.
+// graphs, run with FAKE_CUDA_DEFER=1 and =0: stream capture and CUDA graphs
+//  - a copy, a fork to a second stream (event), a wait on a flag, a copy and a host
+//    function there, a join back: captured (nothing runs), instantiated, the graph
+//    destroyed, the exec launched 50 times with new inputs, each checked, no race; an
+//    unjoined fork (CUDA_ERROR_STREAM_CAPTURE_UNJOINED); unordered writes in a graph: a race;
+//  - rules: queries and synchronizations of a capturing stream or capture event, a wait on
+//    an outside event, the legacy stream while a blocking stream captures: the driver's
+//    errors, the capture invalidated, cuStreamEndCapture says so, the stream usable again;
+//  - potentially unsafe calls from the capturing thread or another one, per capture mode
+//    and the thread's mode (cuThreadExchangeStreamCaptureMode); WRONG_THREAD;
+//  - a host function's CUDA calls: CUDA_ERROR_NOT_PERMITTED, live and in a graph;
+//  - graph allocations go with the last graph or exec; nothing left;
+//  - the fake NCCL: rank 0 replays a captured ncclAllReduce 50 times while rank 1 calls it
+//    live 50 times, sums right; a launch after ncclCommDestroy aborts (a forked child).
 // no-memops (FAKE_CUDA_NO_STREAM_MEMOPS=1): cuStreamWaitValue32 is CUDA_ERROR_NOT_SUPPORTED
 // and the attribute says 0; the kernel still works.
 // Both modes, when the fake NCCL is found (libfakenccl.so beside this program, or
@@ -36,6 +50,8 @@
 #include <dlfcn.h>
 #include <limits.h>
 #include <nccl.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -364,6 +380,324 @@ bool load_kernel(Waiter* w, CUmodule* mod) {
   return f != nullptr;
 }
 
+// ---- stream capture and graphs (mode "graphs") -------------------------------------------
+
+CUdeviceptr dp(const void* p) { return reinterpret_cast<CUdeviceptr>(p); }
+
+// Runs fn on a thread of its own with device 0's context current.
+void on_thread(const std::function<void()>& fn) {
+  std::thread t([&fn] {
+    fake_cuda_runtime_init();
+    fn();
+    fake_cuda_runtime_fini();
+  });
+  t.join();
+}
+
+struct HostNodeLog {
+  const int* out = nullptr;
+  std::vector<int> seen;  // out[7] as each run of the host node saw it
+};
+void host_node(void* arg) {
+  auto* log = static_cast<HostNodeLog*>(arg);
+  log->seen.push_back(log->out[7]);
+}
+
+// A copy, a fork to a second stream (event), a wait on a pinned flag, a copy and a host
+// function there, a join back: captured (nothing runs), instantiated, the graph destroyed,
+// the exec launched 50 times on a third stream with new inputs, each checked.
+void capture_and_replay() {
+  const std::string label = "capture";
+  constexpr size_t kInts = 256;
+  CUstream s1 = nullptr, s2 = nullptr, s3 = nullptr;
+  cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING);
+  cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING);
+  cuStreamCreate(&s3, 0);
+  CUevent fork = nullptr, join = nullptr;
+  cuEventCreate(&fork, CU_EVENT_DISABLE_TIMING);
+  cuEventCreate(&join, CU_EVENT_DISABLE_TIMING);
+  auto* in = static_cast<int*>(fake_cuda_malloc(kInts * 4));
+  auto* mid = static_cast<int*>(fake_cuda_malloc(kInts * 4));
+  auto* out = static_cast<int*>(fake_cuda_malloc(kInts * 4));
+  void* flag_v = nullptr;
+  cuMemHostAlloc(&flag_v, 4, CU_MEMHOSTALLOC_DEVICEMAP);
+  store_flag(static_cast<uint32_t*>(flag_v), 0);
+  std::memset(out, 0, kInts * 4);
+  HostNodeLog log;
+  log.out = out;
+  const unsigned long long executed0 = cnt("executed"), races0 = cnt("races");
+
+  check(cuStreamBeginCapture(s1, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS, label + ": cuStreamBeginCapture");
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t id = 0;
+  check(cuStreamGetCaptureInfo(s1, &st, &id, nullptr, nullptr, nullptr, nullptr) == CUDA_SUCCESS &&
+            st == CU_STREAM_CAPTURE_STATUS_ACTIVE && id != 0,
+        label + ": cuStreamGetCaptureInfo says active, with an id");
+  check(cuMemcpyAsync(dp(mid), dp(in), kInts * 4, s1) == CUDA_SUCCESS, label + ": copy captured");
+  check(cuEventRecord(fork, s1) == CUDA_SUCCESS, label + ": fork event");
+  check(cuStreamWaitEvent(s2, fork, 0) == CUDA_SUCCESS, label + ": s2 joins");
+  check(cuStreamIsCapturing(s2, &st) == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_ACTIVE,
+        label + ": s2 is capturing");
+  check(cuStreamWaitValue32(s2, dp(flag_v), 1, CU_STREAM_WAIT_VALUE_GEQ) == CUDA_SUCCESS, label + ": wait captured");
+  check(cuMemcpyAsync(dp(out), dp(mid), kInts * 4, s2) == CUDA_SUCCESS, label + ": second copy captured");
+  check(cuLaunchHostFunc(s2, host_node, &log) == CUDA_SUCCESS, label + ": host node captured");
+  check(cuEventRecord(join, s2) == CUDA_SUCCESS && cuStreamWaitEvent(s1, join, 0) == CUDA_SUCCESS,
+        label + ": join back");
+  CUgraph g = nullptr;
+  check(cuStreamEndCapture(s1, &g) == CUDA_SUCCESS && g != nullptr, label + ": cuStreamEndCapture gives a graph");
+  check(cuStreamIsCapturing(s2, &st) == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_NONE,
+        label + ": the joined stream left capture");
+  check(cnt("executed") == executed0 && log.seen.empty(), label + ": nothing ran during the capture");
+  CUgraphExec x = nullptr;
+  check(cuGraphInstantiate(&x, g, 0) == CUDA_SUCCESS, label + ": cuGraphInstantiateWithFlags");
+  check(cuGraphDestroy(g) == CUDA_SUCCESS, label + ": cuGraphDestroy right after instantiation");
+  store_flag(static_cast<uint32_t*>(flag_v), 1);
+
+  const unsigned long long launches0 = cnt("graph_launches"), runs0 = cnt("graph_node_run");
+  bool right = true, host_right = true;
+  for (int round = 0; round < 50; ++round) {
+    for (size_t i = 0; i < kInts; ++i) in[i] = round * 1000 + static_cast<int>(i);
+    check(cuGraphLaunch(x, s3) == CUDA_SUCCESS, label + ": cuGraphLaunch " + std::to_string(round));
+    check(cuStreamSynchronize(s3) == CUDA_SUCCESS, label + ": synchronize " + std::to_string(round));
+    for (size_t i = 0; i < kInts; ++i) right = right && out[i] == round * 1000 + static_cast<int>(i);
+    host_right = host_right && log.seen.size() == static_cast<size_t>(round + 1) && log.seen.back() == round * 1000 + 7;
+  }
+  check(right, label + ": every launch copied that round's input");
+  check(host_right, label + ": the host node ran once per launch, after the copy");
+  check(cnt("graph_launches") == launches0 + 50, label + ": 50 launches counted");
+  check(cnt("graph_node_run") == runs0 + 50 * 4, label + ": every node ran once per launch (4 nodes)");
+  check(cnt("races") == races0, label + ": no race across replays");
+  check(cuGraphExecDestroy(x) == CUDA_SUCCESS, label + ": cuGraphExecDestroy");
+  check(cuGraphExecDestroy(x) == CUDA_ERROR_INVALID_HANDLE, label + ": ... twice: invalid handle");
+
+  // A fork not joined back.
+  cuStreamBeginCapture(s1, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  cuEventRecord(fork, s1);
+  cuStreamWaitEvent(s2, fork, 0);
+  cuMemcpyAsync(dp(out), dp(in), kInts * 4, s2);
+  g = reinterpret_cast<CUgraph>(1);
+  check(cuStreamEndCapture(s1, &g) == CUDA_ERROR_STREAM_CAPTURE_UNJOINED && g == nullptr,
+        label + ": unjoined fork: CUDA_ERROR_STREAM_CAPTURE_UNJOINED, no graph");
+  check(cuStreamIsCapturing(s2, &st) == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_NONE,
+        label + ": ... and the forked stream left capture");
+  // Two forks writing one buffer, unordered: a race in the graph.
+  const unsigned long long graph_races0 = cnt("graph_races");
+  cuStreamBeginCapture(s1, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  cuEventRecord(fork, s1);
+  cuStreamWaitEvent(s2, fork, 0);
+  cuMemcpyAsync(dp(out), dp(in), kInts * 4, s2);
+  cuMemcpyAsync(dp(out), dp(mid), kInts * 4, s1);
+  cuEventRecord(join, s2);
+  cuStreamWaitEvent(s1, join, 0);
+  check(cuStreamEndCapture(s1, &g) == CUDA_SUCCESS && g, label + ": a graph with unordered writes");
+  check(cnt("graph_races") > graph_races0, label + ": ... is reported as a race");
+  cuGraphDestroy(g);
+  cuEventDestroy(fork);
+  cuEventDestroy(join);
+  for (CUstream s : {s1, s2, s3}) cuStreamDestroy(s);
+  for (int* p : {in, mid, out}) fake_cuda_free(p);
+  cuMemFreeHost(flag_v);
+}
+
+// Illegal calls during capture: rejected, the capture invalidated, cuStreamEndCapture says so.
+void capture_rules() {
+  const std::string label = "capture rules";
+  CUstream s = nullptr, b = nullptr;
+  cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+  cuStreamCreate(&b, 0);
+  CUevent e = nullptr, live = nullptr;
+  cuEventCreate(&e, 0);
+  cuEventCreate(&live, 0);
+  auto* buf = static_cast<int*>(fake_cuda_malloc(64));
+  auto* buf2 = static_cast<int*>(fake_cuda_malloc(64));
+  CUgraph g = nullptr;
+  CUstreamCaptureStatus st;
+  const unsigned long long inv0 = cnt("capture_invalidated");
+
+  check(cuStreamBeginCapture(nullptr, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+        label + ": no capture on the legacy stream");
+  check(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS, label + ": begin");
+  check(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_ERROR_ILLEGAL_STATE,
+        label + ": begin again: CUDA_ERROR_ILLEGAL_STATE");
+  cuMemcpyAsync(dp(buf2), dp(buf), 64, s);
+  check(cuStreamQuery(s) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, label + ": cuStreamQuery: unsupported");
+  check(cuStreamIsCapturing(s, &st) == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_INVALIDATED,
+        label + ": ... the capture is invalidated");
+  check(cuMemcpyAsync(dp(buf2), dp(buf), 64, s) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+        label + ": work after it: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED");
+  g = reinterpret_cast<CUgraph>(1);
+  check(cuStreamEndCapture(s, &g) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED && g == nullptr,
+        label + ": cuStreamEndCapture: invalidated, no graph");
+  check(cuStreamIsCapturing(s, &st) == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_NONE &&
+            cuMemcpyAsync(dp(buf2), dp(buf), 64, s) == CUDA_SUCCESS && cuStreamSynchronize(s) == CUDA_SUCCESS,
+        label + ": the stream is usable again");
+
+  cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  check(cuStreamSynchronize(s) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, label + ": cuStreamSynchronize: unsupported");
+  check(cuStreamEndCapture(s, &g) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, label + ": ... invalidated");
+
+  cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  cuMemcpyAsync(dp(buf2), dp(buf), 64, s);
+  cuEventRecord(e, s);
+  check(cuEventQuery(e) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, label + ": cuEventQuery of a capture event: unsupported");
+  check(cuStreamEndCapture(s, &g) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, label + ": ... invalidated");
+  check(cuEventSynchronize(e) == CUDA_ERROR_CAPTURED_EVENT, label + ": after the capture: CUDA_ERROR_CAPTURED_EVENT");
+  cuEventRecord(e, s);
+  check(cuEventSynchronize(e) == CUDA_SUCCESS, label + ": recorded again live: usable");
+
+  cuEventRecord(live, s);
+  cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  check(cuStreamWaitEvent(s, live, 0) == CUDA_ERROR_STREAM_CAPTURE_ISOLATION,
+        label + ": waiting on an event from outside: CUDA_ERROR_STREAM_CAPTURE_ISOLATION");
+  check(cuStreamEndCapture(s, &g) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, label + ": ... invalidated");
+
+  check(cuStreamBeginCapture(b, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS, label + ": a blocking stream captures");
+  check(cuStreamIsCapturing(nullptr, &st) == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+        label + ": cuStreamIsCapturing(legacy): CUDA_ERROR_STREAM_CAPTURE_IMPLICIT");
+  check(cuStreamIsCapturing(b, &st) == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_ACTIVE,
+        label + ": ... which does not invalidate");
+  check(cuMemcpyAsync(dp(buf2), dp(buf), 64, nullptr) == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+        label + ": work on the legacy stream: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT");
+  check(cuStreamEndCapture(b, &g) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, label + ": ... invalidated");
+  check(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS &&
+            cuMemcpyAsync(dp(buf2), dp(buf), 64, nullptr) == CUDA_SUCCESS,
+        label + ": the legacy stream while a non-blocking stream captures: fine");
+  check(cuStreamEndCapture(s, &g) == CUDA_SUCCESS && g, label + ": ... and the capture too");
+  cuGraphDestroy(g);
+  check(cnt("capture_invalidated") == inv0 + 5, label + ": 5 invalidations counted");
+  cuStreamSynchronize(nullptr);
+  cuEventDestroy(e);
+  cuEventDestroy(live);
+  cuStreamDestroy(s);
+  cuStreamDestroy(b);
+  fake_cuda_free(buf);
+  fake_cuda_free(buf2);
+}
+
+// Potentially unsafe calls (cuMemHostAlloc, cuMemAlloc) per capture and thread modes.
+void capture_modes() {
+  const std::string label = "capture modes";
+  CUstream s = nullptr;
+  cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+  CUgraph g = nullptr;
+  // Another thread's cuMemHostAlloc: prohibited under a GLOBAL capture (which it breaks).
+  auto other_alloc = [](CUstreamCaptureMode thread_mode) {
+    CUresult r = CUDA_SUCCESS;
+    on_thread([&] {
+      CUstreamCaptureMode m = thread_mode;
+      cuThreadExchangeStreamCaptureMode(&m);
+      void* p = nullptr;
+      r = cuMemHostAlloc(&p, 64, 0);
+      if (r == CUDA_SUCCESS) cuMemFreeHost(p);
+    });
+    return r;
+  };
+  struct Case {
+    CUstreamCaptureMode capture, other_thread;
+    CUresult alloc, end;
+    const char* what;
+  } cases[] = {
+      {CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_GLOBAL, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+       CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "GLOBAL capture, another GLOBAL thread allocates"},
+      {CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_RELAXED, CUDA_SUCCESS, CUDA_SUCCESS,
+       "GLOBAL capture, another RELAXED thread allocates"},
+      {CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, CU_STREAM_CAPTURE_MODE_GLOBAL, CUDA_SUCCESS, CUDA_SUCCESS,
+       "THREAD_LOCAL capture, another thread allocates"},
+      {CU_STREAM_CAPTURE_MODE_RELAXED, CU_STREAM_CAPTURE_MODE_GLOBAL, CUDA_SUCCESS, CUDA_SUCCESS,
+       "RELAXED capture, another thread allocates"},
+  };
+  for (const Case& c : cases) {
+    cuStreamBeginCapture(s, c.capture);
+    check(other_alloc(c.other_thread) == c.alloc, label + ": " + c.what + ": the allocation");
+    check(cuStreamEndCapture(s, &g) == c.end, label + ": " + c.what + ": the capture");
+    if (g) cuGraphDestroy(g);
+  }
+  // The capturing thread itself: THREAD_LOCAL prohibits, RELAXED does not.
+  CUdeviceptr d = 0;
+  cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+  check(cuMemAlloc(&d, 64) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, label + ": cuMemAlloc in its own THREAD_LOCAL capture");
+  check(cuStreamEndCapture(s, &g) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, label + ": ... invalidates it");
+  cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED);
+  check(cuMemAlloc(&d, 64) == CUDA_SUCCESS && cuMemFree(d) == CUDA_SUCCESS, label + ": cuMemAlloc in its own RELAXED capture");
+  check(cuStreamEndCapture(s, &g) == CUDA_SUCCESS, label + ": ... fine");
+  cuGraphDestroy(g);
+  // A GLOBAL capture must end on its own thread.
+  cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  CUresult r = CUDA_SUCCESS;
+  on_thread([&] { r = cuStreamEndCapture(s, &g); });
+  check(r == CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, label + ": ended on another thread: WRONG_THREAD");
+  check(cuStreamEndCapture(s, &g) == CUDA_SUCCESS, label + ": ended on its own");
+  cuGraphDestroy(g);
+  cuStreamDestroy(s);
+}
+
+struct HostCalls {
+  CUstream s = nullptr;
+  CUresult query = CUDA_SUCCESS, alloc = CUDA_SUCCESS;
+  int runs = 0;
+};
+void calls_cuda(void* arg) {
+  auto* h = static_cast<HostCalls*>(arg);
+  CUdeviceptr d = 0;
+  h->query = cuStreamQuery(h->s);
+  h->alloc = cuMemAlloc(&d, 64);
+  ++h->runs;
+}
+
+// A host function calling CUDA gets CUDA_ERROR_NOT_PERMITTED, live and in a graph.
+void host_fn_calls() {
+  const std::string label = "host function";
+  HostCalls h;
+  cuStreamCreate(&h.s, CU_STREAM_NON_BLOCKING);
+  check(cuLaunchHostFunc(h.s, calls_cuda, &h) == CUDA_SUCCESS, label + ": cuLaunchHostFunc");
+  check(cuStreamSynchronize(h.s) == CUDA_SUCCESS && h.runs == 1, label + ": ran once the stream got there");
+  check(h.query == CUDA_ERROR_NOT_PERMITTED && h.alloc == CUDA_ERROR_NOT_PERMITTED,
+        label + ": its CUDA calls: CUDA_ERROR_NOT_PERMITTED");
+  CUgraph g = nullptr;
+  CUgraphExec x = nullptr;
+  h.query = h.alloc = CUDA_SUCCESS;
+  cuStreamBeginCapture(h.s, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  cuLaunchHostFunc(h.s, calls_cuda, &h);
+  cuStreamEndCapture(h.s, &g);
+  check(h.runs == 1, label + ": not run at capture");
+  cuGraphInstantiate(&x, g, 0);
+  cuGraphDestroy(g);
+  cuGraphLaunch(x, h.s);
+  cuGraphLaunch(x, h.s);
+  check(cuStreamSynchronize(h.s) == CUDA_SUCCESS && h.runs == 3, label + ": a host node runs at each launch");
+  check(h.query == CUDA_ERROR_NOT_PERMITTED && h.alloc == CUDA_ERROR_NOT_PERMITTED,
+        label + ": ... its CUDA calls refused too");
+  cuGraphExecDestroy(x);
+  cuStreamDestroy(h.s);
+}
+
+// Graph allocations (cuMemAllocAsync/cuMemFreeAsync captured) go with the last graph or
+// exec holding them.
+void graph_memory() {
+  const std::string label = "graph memory";
+  CUstream s = nullptr;
+  cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+  auto* src = static_cast<int*>(fake_cuda_malloc(256));
+  const unsigned long long live0 = cnt("live_async_allocs");
+  CUgraph g = nullptr;
+  CUgraphExec x = nullptr;
+  CUdeviceptr d = 0;
+  cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  check(cuMemAllocAsync(&d, 256, s) == CUDA_SUCCESS && d, label + ": cuMemAllocAsync captured");
+  cuMemcpyAsync(d, dp(src), 256, s);
+  check(cuMemFreeAsync(d, s) == CUDA_SUCCESS, label + ": cuMemFreeAsync captured");
+  check(cuStreamEndCapture(s, &g) == CUDA_SUCCESS, label + ": end");
+  cuGraphInstantiate(&x, g, 0);
+  for (int i = 0; i < 3; ++i) cuGraphLaunch(x, s);
+  check(cuStreamSynchronize(s) == CUDA_SUCCESS, label + ": three launches");
+  check(cnt("live_graphs") == 1 && cnt("live_graph_execs") == 1, label + ": one graph, one exec");
+  check(cuGraphDestroy(g) == CUDA_SUCCESS && cnt("live_async_allocs") == live0 + 1, label + ": the exec still holds it");
+  check(cuGraphExecDestroy(x) == CUDA_SUCCESS && cnt("live_async_allocs") == live0, label + ": freed with the exec");
+  check(cnt("live_graphs") == 0 && cnt("live_graph_execs") == 0, label + ": no graph left");
+  cuStreamDestroy(s);
+  fake_cuda_free(src);
+}
+
 // ---- the fake NCCL's operations: async work ------------------------------------------
 
 struct Nccl {
@@ -501,6 +835,77 @@ void nccl_async(const Nccl& n) {
   for (int* p : {in0, out0, in1, out1}) fake_cuda_free(p);
 }
 
+// Rank 0 captures an ncclAllReduce and launches the graph 50 times while rank 1 calls
+// ncclAllReduce live 50 times: they match, the sums are right every round. A launch after
+// ncclCommDestroy aborts (in a forked child).
+void nccl_capture(const Nccl& n) {
+  const std::string label = "fake NCCL in a graph";
+  constexpr size_t kCount = 512;
+  ncclUniqueId id;
+  n.get_unique_id(&id);
+  ncclComm_t c0 = nullptr, c1 = nullptr;
+  std::thread t = rank1([&] { n.init_rank(&c1, 2, id, 1); });
+  n.init_rank(&c0, 2, id, 0);
+  t.join();
+  if (!check(c0 && c1, label + ": communicators")) return;
+  CUstream s0 = nullptr, s1 = nullptr;
+  cuStreamCreate(&s0, CU_STREAM_NON_BLOCKING);
+  cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING);
+  auto* in0 = static_cast<int*>(fake_cuda_malloc(kCount * 4));
+  auto* out0 = static_cast<int*>(fake_cuda_malloc(kCount * 4));
+  auto* in1 = static_cast<int*>(fake_cuda_malloc(kCount * 4));
+  auto* out1 = static_cast<int*>(fake_cuda_malloc(kCount * 4));
+  const unsigned long long launched0 = cnt("async_launched"), races0 = cnt("races");
+  CUgraph g = nullptr;
+  CUgraphExec x = nullptr;
+  check(cuStreamBeginCapture(s0, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS, label + ": begin");
+  check(n.allreduce(in0, out0, kCount, ncclInt32, ncclSum, c0, s0) == ncclSuccess, label + ": ncclAllReduce captured");
+  check(cuStreamEndCapture(s0, &g) == CUDA_SUCCESS, label + ": end");
+  check(cnt("async_launched") == launched0, label + ": nothing launched at capture");
+  check(cuGraphInstantiate(&x, g, 0) == CUDA_SUCCESS && cuGraphDestroy(g) == CUDA_SUCCESS, label + ": instantiated");
+  constexpr int kRounds = 50;
+  std::atomic<bool> right1{true};
+  t = rank1([&] {
+    for (int r = 0; r < kRounds; ++r) {
+      for (size_t i = 0; i < kCount; ++i) in1[i] = r * 7 + static_cast<int>(i);
+      n.allreduce(in1, out1, kCount, ncclInt32, ncclSum, c1, s1);
+      cuStreamSynchronize(s1);
+      for (size_t i = 0; i < kCount; ++i)
+        if (out1[i] != r * 10 + 2 * static_cast<int>(i) + 1) right1 = false;
+    }
+  });
+  bool right0 = true;
+  for (int r = 0; r < kRounds; ++r) {
+    for (size_t i = 0; i < kCount; ++i) in0[i] = r * 3 + static_cast<int>(i) + 1;
+    cuGraphLaunch(x, s0);
+    cuStreamSynchronize(s0);
+    for (size_t i = 0; i < kCount; ++i) right0 = right0 && out0[i] == r * 10 + 2 * static_cast<int>(i) + 1;
+  }
+  t.join();
+  check(right0 && right1.load(), label + ": 50 replays matched 50 live calls, sums right on both ranks");
+  check(cnt("races") == races0, label + ": no race");
+  check(cnt("async_launched") == launched0 + 2 * kRounds, label + ": one launch per replay and per live call");
+  check(n.destroy(c0) == ncclSuccess, label + ": ncclCommDestroy (rank 0)");
+  t = rank1([&] { n.destroy(c1); });
+  t.join();
+  std::fflush(nullptr);
+  const pid_t child = fork();
+  if (child == 0) {  // the launch after ncclCommDestroy must abort
+    std::fprintf(stderr, "(expected: the fake NCCL's abort on a destroyed communicator follows)\n");
+    cuGraphLaunch(x, s0);
+    cuStreamSynchronize(s0);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  check(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT,
+        label + ": a launch after ncclCommDestroy aborts the process");
+  check(cuGraphExecDestroy(x) == CUDA_SUCCESS, label + ": cuGraphExecDestroy frees the node");
+  cuStreamDestroy(s0);
+  cuStreamDestroy(s1);
+  for (int* p : {in0, out0, in1, out1}) fake_cuda_free(p);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -512,7 +917,7 @@ int main(int argc, char** argv) {
   const bool defer = fake_cuda_deferred() != 0;
   int attr = -1;
   check(cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR, 0) == CUDA_SUCCESS &&
-            attr == (mode == "memops" ? 1 : 0),
+            attr == (mode == "no-memops" ? 0 : 1),
         "CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR follows FAKE_CUDA_NO_STREAM_MEMOPS");
 
   // Device pointers of pinned memory.
@@ -540,7 +945,13 @@ int main(int argc, char** argv) {
   Waiter memop, kernel;
   CUmodule mod = nullptr;
   load_kernel(&kernel, &mod);
-  if (mode == "memops") {
+  if (mode == "graphs") {
+    capture_and_replay();
+    capture_rules();
+    capture_modes();
+    host_fn_calls();
+    graph_memory();
+  } else if (mode == "memops") {
     for (bool by_event : {false, true}) {
       const std::string how = by_event ? "cuEventSynchronize" : "cuStreamSynchronize";
       ht_pattern(memop, true, by_event, "memop, " + how);
@@ -567,12 +978,13 @@ int main(int argc, char** argv) {
     destroy_while_held(kernel);
   }
   Nccl nccl;
-  if (load_nccl(&nccl)) nccl_async(nccl);
+  if (load_nccl(&nccl)) mode == "graphs" ? nccl_capture(nccl) : nccl_async(nccl);
   check(cuModuleUnload(mod) == CUDA_SUCCESS, "cuModuleUnload");
   check(cuModuleUnload(mod) == CUDA_ERROR_INVALID_HANDLE, "cuModuleUnload twice: invalid handle");
   fake_cuda_runtime_fini();
   for (const char* gauge : {"live_modules", "pending_waits", "async_pending", "live_streams", "live_events",
-                            "live_allocs", "live_host_allocs", "ctx_refs"})
+                            "live_allocs", "live_host_allocs", "ctx_refs", "live_graphs", "live_graph_execs",
+                            "live_async_allocs"})
     check(cnt(gauge) == 0, std::string("nothing left: ") + gauge + " = " + std::to_string(cnt(gauge)));
   std::printf("fake_cuda_selftest (%s, %s): %d passed, %d failed\n", mode.c_str(),
               defer ? "deferred" : "immediate", g_pass, g_fail);

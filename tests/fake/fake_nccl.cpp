@@ -74,8 +74,18 @@
 // work completes (also that of operations launched later, which end at once). As with
 // real NCCL over shared memory or NVLink, the other ranks do not notice: their
 // operations keep waiting for this rank (until they abort too, or FAKE_NCCL_TIMEOUT_S).
-// Groups are per thread. The worker blocks asynchronous signals (they stay with the program's threads)
-// and calls nothing in the fake CUDA.
+// Groups are per thread.
+//
+// Stream capture (CUDA graphs): an operation issued on a capturing stream is a graph node
+// (fake_cuda_capture_node), not issued; each launch of a graph holding it issues it again
+// at cuGraphLaunch, on the launch stream, as a live call would: after the communicator's
+// previous operation, matched with the peers' operations in the order they reach the
+// communicator (a rank may replay while its peers call live). Groups captured too. A
+// launch after ncclCommDestroy/ncclCommAbort of the communicator aborts the process with
+// a message (undefined behaviour with real NCCL).
+//
+// The worker blocks asynchronous signals (they stay with the program's threads) and calls
+// nothing in the fake CUDA.
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <nccl.h>
@@ -166,6 +176,7 @@ struct Cuda {
   fake_cuda_event_delete_fn event_delete = nullptr;
   fake_cuda_is_device_fn is_device = nullptr;
   fake_cuda_current_device_fn current_device = nullptr;
+  fake_cuda_capture_node_fn capture_node = nullptr;
 };
 
 const Cuda& cuda() {
@@ -186,6 +197,7 @@ const Cuda& cuda() {
     get(c.event_delete, "fake_cuda_event_delete");
     get(c.is_device, "fake_cuda_is_device");
     get(c.current_device, "fake_cuda_current_device");
+    get(c.capture_node, "fake_cuda_capture_node");
     c.ok = all;
     return c;
   }();
@@ -307,6 +319,7 @@ struct Shared {
   uint32_t local_sense = 0;  // the init barrier's thread, then the worker's
   uint64_t executed = 0;     // the worker's: collectives run (their sequence numbers)
   std::atomic<bool> aborted{false};
+  std::atomic<bool> destroyed{false};  // the handle is gone (ncclCommDestroy/ncclCommAbort)
   std::atomic<int> async_error{ncclSuccess};
 
   // The worker (the communicator's "GPU"): runs the launched operations in launch order.
@@ -664,9 +677,8 @@ ncclResult_t check_device(const void* p, size_t bytes, const char* what) {
 }
 
 // Issues o on stream s: after the communicator's previous operation, as NCCL orders them.
-ncclResult_t issue(ncclComm_t comm, std::unique_ptr<Op> o, cudaStream_t stream,
-                   std::vector<fake_cuda_range> ranges) {
-  auto* s = reinterpret_cast<CUstream_st*>(stream);
+ncclResult_t issue_live(ncclComm_t comm, std::unique_ptr<Op> o, CUstream_st* s,
+                        const std::vector<fake_cuda_range>& ranges) {
   const Cuda& c = cuda();
   if (comm->last && c.stream_wait(s, comm->last, 1) != 0)
     return fail(ncclUnhandledCudaError, "invalid stream (or no current context for stream 0)");
@@ -685,6 +697,76 @@ ncclResult_t issue(ncclComm_t comm, std::unique_ptr<Op> o, cudaStream_t stream,
   if (!comm->last) comm->last = c.event_new();
   c.event_record(comm->last, s, 1);
   return ncclSuccess;
+}
+
+// ---- stream capture: an operation as a CUDA graph node -----------------------------------
+// On a capturing stream an operation is a node of the graph (fake_cuda_capture_node): each
+// launch of the graph issues it again, at cuGraphLaunch, on the launch stream, as a live
+// call would (after the communicator's previous operation; matched with the peers'
+// operations in the order they reach the communicator, as NCCL orders by launch). A
+// launch after ncclCommDestroy/ncclCommAbort of its communicator aborts the process.
+
+struct Captured {
+  ncclComm_t comm;              // valid while !sh->destroyed
+  std::shared_ptr<Shared> sh;
+  std::unique_ptr<Op> op;       // the template each launch copies
+  std::vector<fake_cuda_range> ranges;
+};
+
+std::unique_ptr<Op> copy_op(const Op& t) {
+  auto o = std::make_unique<Op>();
+  o->sh = t.sh;
+  o->sig = t.sig;
+  o->send = t.send;
+  o->recv = t.recv;
+  o->count = t.count;
+  o->type = t.type;
+  o->op = t.op;
+  o->root = t.root;
+  o->p2p = t.p2p;
+  return o;
+}
+
+// A graph launch reached the node (the fake CUDA's lock held, on the launching thread).
+void replay_op(void* arg, CUstream_st* s) {
+  auto* c = static_cast<Captured*>(arg);
+  if (c->sh->destroyed.load()) {
+    fprintf(stderr, "fake NCCL: a CUDA graph launch runs nccl%s captured on a communicator "
+                    "(rank %d of %d) that was destroyed since (ncclCommDestroy/ncclCommAbort): "
+                    "undefined behaviour with real NCCL. Aborting.\n",
+            kind_name(c->op->sig.kind), c->sh->rank, c->sh->nranks);
+    abort();
+  }
+  tally("replayed");
+  if (issue_live(c->comm, copy_op(*c->op), s, c->ranges) != ncclSuccess) {
+    fprintf(stderr, "fake NCCL: a CUDA graph launch could not issue nccl%s: %s. Aborting.\n",
+            kind_name(c->op->sig.kind), t_last_error.c_str());
+    abort();
+  }
+}
+
+void release_captured(void* arg) { delete static_cast<Captured*>(arg); }
+
+// Issues o on `stream`, or, when the stream is capturing, makes it a graph node.
+ncclResult_t issue(ncclComm_t comm, std::unique_ptr<Op> o, cudaStream_t stream,
+                   std::vector<fake_cuda_range> ranges) {
+  auto* s = reinterpret_cast<CUstream_st*>(stream);
+  const std::string what = std::string("nccl") + kind_name(o->sig.kind);
+  auto* node = new Captured{comm, comm->sh, std::move(o), ranges};
+  int captured = 0;
+  if (cuda().capture_node(s, 1, &captured, replay_op, release_captured, node, ranges.data(),
+                          static_cast<int>(ranges.size()), what.c_str()) != 0) {
+    delete node;
+    return fail(ncclUnhandledCudaError, "invalid stream, no current context for stream 0, or "
+                                        "an invalidated stream capture");
+  }
+  if (captured) {  // the graph owns the node now (release_captured)
+    tally("captured");
+    return ncclSuccess;
+  }
+  o = std::move(node->op);
+  delete node;
+  return issue_live(comm, std::move(o), s, ranges);
 }
 
 std::unique_ptr<Op> make_op(ncclComm_t comm, uint32_t kind, size_t count, ncclDataType_t t,
@@ -878,6 +960,7 @@ FAKE_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     cuda().event_delete(comm->last);
   }
   stop_worker(*comm->sh);  // idle by now
+  comm->sh->destroyed.store(true);
   delete comm;
   return ncclSuccess;
 }
@@ -891,6 +974,7 @@ FAKE_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
   comm->sh->aborted.store(true);
   stop_worker(*comm->sh);
   if (comm->last) cuda().event_delete(comm->last);
+  comm->sh->destroyed.store(true);
   delete comm;
   return ncclSuccess;
 }
