@@ -361,6 +361,14 @@ CUresult wait_for_legacy(CUstream stream, CUevent event) {
   return r;
 }
 
+bool relax_capture_mode() {
+  const Driver& d = driver();
+  if (!d.usable) return false;
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  if (d.cuThreadExchangeStreamCaptureMode) d.cuThreadExchangeStreamCaptureMode(&mode);
+  return true;
+}
+
 ScopedContext::ScopedContext(CUcontext ctx) {
   const Driver& d = driver();
   CUcontext current = nullptr;

@@ -28,13 +28,17 @@
 
 // Entry points only some routes need: a driver without them is still usable, and those
 // routes check the pointer (route ht: stream memory operations and its spin kernel;
-// route nvgroup: peer access, CUDA IPC, host registration, kernels).
+// route nvgroup: peer access, CUDA IPC, host registration, kernels; calls recorded into
+// a CUDA graph: stream capture, host functions, user objects: shim/capture.hpp).
 #define STREAMCOLL_CUDA_OPTIONAL_ENTRY_POINTS(X)                                        \
   X(cuStreamWaitValue32) X(cuMemHostGetDevicePointer) X(cuModuleLoadData)               \
   X(cuModuleGetFunction) X(cuModuleUnload) X(cuLaunchKernel)                           \
   X(cuDeviceGetAttribute) X(cuDeviceGetByPCIBusId) X(cuDeviceCanAccessPeer)             \
   X(cuMemAlloc) X(cuMemFree) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle)                 \
-  X(cuIpcCloseMemHandle) X(cuMemHostRegister) X(cuMemHostUnregister)
+  X(cuIpcCloseMemHandle) X(cuMemHostRegister) X(cuMemHostUnregister)                 \
+  X(cuStreamIsCapturing) X(cuStreamGetCaptureInfo) X(cuLaunchHostFunc)                 \
+  X(cuUserObjectCreate) X(cuUserObjectRelease) X(cuGraphRetainUserObject)              \
+  X(cuThreadExchangeStreamCaptureMode) X(cuStreamWriteValue32)
 #endif
 
 namespace streamcoll::cuda {
@@ -124,6 +128,14 @@ inline int check(CUresult r, const char* what) {
 /// Every path that reads or writes an application's GPU buffers for a classic call (no
 /// stream attached) starts with this (docs/design.md, "Ordering and lifetime").
 CUresult wait_for_legacy(CUstream stream, CUevent event);
+
+/// Sets the calling thread's capture interaction mode to relaxed
+/// (cuThreadExchangeStreamCaptureMode), once the driver is loaded: from then on its driver
+/// calls (allocations, synchronisations of streamcoll's own streams) never invalidate a
+/// capture another thread of the application has begun in global mode. For streamcoll's
+/// own threads (the progress engine, the graph replayer). Returns true once done, or when
+/// it never can be (a driver without the entry point); false while no driver is loaded.
+bool relax_capture_mode();
 
 /// Makes the primary context of a device current for the scope, if it is not already
 /// (the common case for a CUDA runtime application costs one cuCtxGetCurrent).

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "base/log.hpp"
+#include "core/cuda_driver.hpp"
 
 #if STREAMCOLL_HAVE_HWLOC
 #include <hwloc.h>
@@ -210,8 +211,13 @@ class Engine {
 #endif
     pthread_setname_np(pthread_self(), "sc-progress");
     unsigned idle_passes = 0;
+    [[maybe_unused]] bool relaxed = false;  // cuda::relax_capture_mode done
     for (;;) {
+#if STREAMCOLL_HAVE_CUDA
+      if (take_submitted() && !relaxed) relaxed = cuda::relax_capture_mode();
+#else
       take_submitted();
+#endif
       if (active_.empty()) {
         std::unique_lock<std::mutex> lock(mu_);
         sleeping_.store(true, std::memory_order_seq_cst);

@@ -98,6 +98,8 @@
 #include "core/pmpi_call.hpp"
 #include "core/repack.hpp"
 #include "core/runtime.hpp"
+#include "core/stats.hpp"
+#include "shim/capture.hpp"
 #include "streamext/stream_attr.hpp"
 
 namespace streamcoll {
@@ -125,6 +127,18 @@ struct Decision {
   /// (AgreedFacts::host_only): equal on every rank.
   bool agreed_host = false;
 };
+
+// A failure of the call, raised through the communicator's error handler; a replayed call
+// (shim/capture.hpp) raises nothing: the replayer keeps its failure for the next call.
+void raise_error(MPI_Comm comm, int rc) {
+  if (!capture::replaying()) PMPI_Comm_call_errhandler(comm, rc);
+}
+
+// The stream a call on `comm` is ordered on: the communicator's (streamext), or, for a
+// call a CUDA graph replays, the replayer's own.
+bool call_stream(MPI_Comm comm, void** stream) {
+  return capture::replay_stream(stream) || streamext::attached(comm, stream);
+}
 
 uint64_t now_ns() {
   timespec ts;
@@ -574,7 +588,7 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   if (!classify(a, ctx, d, &f, rank, size, sts, rts, check, rt)) return d;
   if (!rt.full_path(a.coll)) return d;  // only statistics asked for the facts above
   void* stream = nullptr;
-  const bool attached = streamext::attached(a.comm, &stream);
+  const bool attached = call_stream(a.comm, &stream);
   if (attached && (d.env.mem == MemKind::device || d.env.mem == MemKind::managed)) {
     d.env.has_stream = true;
     d.env.stream = stream;
@@ -641,6 +655,8 @@ int dispatch(const CollArgs& a) {
   if (g_in_binding) return run_pmpi(a);  // beneath a Fortran call streamcoll has routed
   Runtime& rt = Runtime::get();
   if (!rt.active()) return run_pmpi(a);
+  // A stream-ordered call on a stream being captured becomes nodes of the CUDA graph.
+  if (int rc; streamext::in_use() && capture::record(a, &rc)) return rc;
   // A non-blocking bcast/gather-like call that this rank describes with a derived datatype,
   // on a communicator whose agreement may route it: it runs repacked to the datatype the
   // other ranks pass (core/repack.hpp), through the same routing (once: the repacked call
@@ -648,7 +664,7 @@ int dispatch(const CollArgs& a) {
   if (a.nonblocking && repack::needed(a) && rt.full_path(a.coll) && may_route(a)) {
     // (The data is read now: after the work on the communicator's stream, if it has one.)
     void* stream = nullptr;
-    const int own = streamext::attached(a.comm, &stream) ? sync_stream(stream) : MPI_SUCCESS;
+    const int own = call_stream(a.comm, &stream) ? sync_stream(stream) : MPI_SUCCESS;
     return repack::run(a, [&rt](const CollArgs& b) { return dispatch_described(b, rt); }, own);
   }
   return dispatch_described(a, rt);
@@ -667,7 +683,7 @@ int run_fused(const CollArgs& a, const Decision& d) {
   env.has_stream = d.env.has_stream && d.agreed_stream;
   const int own = d.env.has_stream && !env.has_stream ? sync_stream(d.env.stream) : MPI_SUCCESS;
   const int rc = fusion::start(*d.ctx->fusion, a, d.fuse, env, own, d.forced, sync_stream);
-  if (rc != MPI_SUCCESS) PMPI_Comm_call_errhandler(a.comm, rc);
+  if (rc != MPI_SUCCESS) raise_error(a.comm, rc);
   return rc;
 }
 
@@ -690,7 +706,7 @@ int run_on_pmpi(const CollArgs& a, Decision& d, Runtime& rt) {
     return host_staging::run(a, outcomes, own, &d.kinds);  // raises its own failures
   int rc = run_pmpi(a);
   if (own != MPI_SUCCESS) {
-    PMPI_Comm_call_errhandler(a.comm, own);
+    raise_error(a.comm, own);
     rc = own;
   }
   return rc;
@@ -722,7 +738,7 @@ int run_on_route(const CollArgs& a, const Decision& d) {
   } else {
     rc = route->run(a, *d.ctx, choice, d.env);
   }
-  if (rc != MPI_SUCCESS) PMPI_Comm_call_errhandler(a.comm, rc);
+  if (rc != MPI_SUCCESS) raise_error(a.comm, rc);
   return rc;
 }
 
@@ -737,7 +753,7 @@ int report_async_error(const CollArgs& a, const Decision& d, int rc) {
   if (late != MPI_SUCCESS && rc == MPI_SUCCESS) {
     SC_WARN("%s: reporting the failure of an earlier stream-ordered operation on this "
             "communicator", call_name(a.coll, a.nonblocking).c_str());
-    PMPI_Comm_call_errhandler(a.comm, late);
+    raise_error(a.comm, late);
     return late;
   }
   return rc;
@@ -756,7 +772,7 @@ int dispatch_described(const CollArgs& a, Runtime& rt) {
   // inside this one).
   if (!fused && d.ctx && d.ctx->fusion) fusion::poke(*d.ctx->fusion);
   if (d.error != MPI_SUCCESS) {
-    PMPI_Comm_call_errhandler(d.error_comm, d.error);
+    raise_error(d.error_comm, d.error);
     rc = d.error;
   } else if (fused) {
     rc = run_fused(a, d);

@@ -19,6 +19,7 @@
 #include "core/errors.hpp"
 #include "core/next_mpi.hpp"
 #include "core/runtime.hpp"
+#include "shim/capture.hpp"
 #include "shim/dispatch.hpp"
 #include "shim/export.hpp"
 #include "streamcoll/streamcoll.h"
@@ -104,7 +105,10 @@ SC_EXPORT int MPI_Error_string(int code, char* text, int* len) {
 }
 
 SC_EXPORT int MPI_Finalize(void) {
-  if (!streamcoll::g_in_binding) Runtime::get().stop();
+  if (!streamcoll::g_in_binding) {
+    streamcoll::capture::stop();  // replayed calls still queued are made first
+    Runtime::get().stop();
+  }
   return SC_NEXT(MPI_Finalize)();
 }
 

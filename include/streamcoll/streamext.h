@@ -18,11 +18,18 @@
  *     requests with ordinary ones is fine) make the *stream* wait for the operation and
  *     complete the request at once: later work on the stream sees the result, the host
  *     is not held. MPI_Request_free does the same.
+ *   - made while the stream is being captured (cudaStreamBeginCapture), the call is
+ *     recorded into the CUDA graph and made once at every launch of it, in stream
+ *     order; MPI_I* calls return a request that is already complete (each launch makes
+ *     the MPI_I* call and waits for it on the stream). Needs MPI_THREAD_MULTIPLE; a rank launches its graphs and makes
+ *     its live calls on a communicator in one order, the same on every rank, and makes no
+ *     live call on it while a launched graph's calls may be pending; destroy the graphs
+ *     before freeing the communicator (docs/guide.md, "CUDA graphs").
  *
  * Covered: MPI_Allreduce, MPI_Reduce, MPI_Bcast, MPI_Allgather, MPI_Allgatherv,
  * MPI_Reduce_scatter_block, MPI_Reduce_scatter, MPI_Alltoall, MPI_Barrier and their
- * MPI_I* forms, made from C (made through the Fortran bindings they are correct but not
- * asynchronous: the stream is synchronised and the MPI runs them). Not
+ * MPI_I* forms, made from C or through the Fortran bindings (the module streamcoll
+ * attaches a stream from Fortran). Not
  * covered, and NOT ordered on the stream: MPI_Gather(v), MPI_Scatter(v), MPI_Alltoallv/w,
  * MPI_Scan, MPI_Exscan, the neighborhood and persistent collectives, and point-to-point:
  * streamcoll passes them to the MPI untouched, so synchronise the stream before them, as

@@ -1,0 +1,373 @@
+// Collectives recorded into a CUDA graph (shim/capture.hpp: the design and the rules).
+#include "shim/capture.hpp"
+
+#include <mpi.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/log.hpp"
+#include "core/comm_context.hpp"
+#include "core/cuda_driver.hpp"
+#include "core/errors.hpp"
+#include "core/runtime.hpp"
+#include "shim/dispatch.hpp"
+#include "streamext/stream_attr.hpp"
+
+#if STREAMCOLL_HAVE_CUDA
+#include "algorithms/ht_device.hpp"
+#endif
+
+namespace streamcoll::capture {
+
+namespace {
+thread_local void* t_replay_stream = nullptr;
+thread_local bool t_replaying = false;
+}  // namespace
+
+bool replay_stream(void** stream) {
+  if (!t_replaying) return false;
+  *stream = t_replay_stream;
+  return true;
+}
+
+bool replaying() { return t_replaying; }
+
+#if STREAMCOLL_HAVE_CUDA
+namespace {
+
+// Whether a communicator still exists, for the calls captured on it: an attribute of the
+// communicator (set locally at its first captured call) whose delete callback, at
+// MPI_Comm_free, marks it gone.
+struct CommLife {
+  std::atomic<bool> alive{true};
+  std::atomic<int> captured{0};  // calls held by graphs
+};
+using LifeRef = std::shared_ptr<CommLife>;
+
+int g_life_keyval = MPI_KEYVAL_INVALID;
+std::once_flag g_life_once;
+
+int life_gone(MPI_Comm, int, void* value, void*) {
+  auto* ref = static_cast<LifeRef*>(value);
+  (*ref)->alive.store(false);
+  if (const int n = (*ref)->captured.load())
+    SC_WARN("MPI_Comm_free of a communicator whose collectives %d captured call(s) of CUDA "
+            "graphs still hold: launching those graphs now skips the calls (destroy the "
+            "graphs before freeing the communicator)", n);
+  delete ref;
+  return MPI_SUCCESS;
+}
+
+LifeRef life_of(MPI_Comm comm) {
+  std::call_once(g_life_once, [] {
+    PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, life_gone, &g_life_keyval, nullptr);
+  });
+  void* v = nullptr;
+  int found = 0;
+  PMPI_Comm_get_attr(comm, g_life_keyval, &v, &found);
+  if (found) return *static_cast<LifeRef*>(v);
+  auto* ref = new LifeRef(std::make_shared<CommLife>());
+  PMPI_Comm_set_attr(comm, g_life_keyval, ref);
+  return *ref;
+}
+
+// One captured call: its arguments (the count arrays copied), where it runs, its flag.
+struct Captured {
+  CollArgs args;
+  std::vector<int> recvcounts, displs;
+  CUcontext ctx = nullptr;
+  int device = -1;
+  uint32_t* flag = nullptr;  // pinned, device-mapped; the graph waits for >= 1
+  CUdeviceptr dev_flag = 0;
+  LifeRef life;
+  ~Captured() {
+    if (flag) ht_device::DeviceSide::get().pool.put_flag(flag, dev_flag);  // no CUDA call
+    if (life) life->captured.fetch_sub(1);
+  }
+};
+
+// The thread that makes the replayed calls, in the order the GPU hands them over.
+class Replayer {
+ public:
+  static Replayer& get() {
+    static Replayer* r = new Replayer;  // never destroyed: host nodes may outlive exit
+    return *r;
+  }
+
+  // From the host node (a driver thread): no CUDA call, no blocking beyond the lock.
+  void post(Captured* c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) {  // a launch after MPI_Finalize: let the stream go on
+      __atomic_store_n(c->flag, 1u, __ATOMIC_RELEASE);
+      return;
+    }
+    queue_.push_back(c);
+    cv_.notify_one();
+  }
+
+  // At the first record, on the application's thread (a host node must not wait for a
+  // thread to start).
+  void start() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!thread_.joinable() && !stopped_) thread_ = std::thread([this] { loop(); });
+  }
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopped_ = true;
+      cv_.notify_one();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void loop() {
+    cuda::relax_capture_mode();  // (the driver is loaded: a call was recorded)
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [this] { return stopped_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopped, every call handed over made
+      Captured* c = queue_.front();
+      queue_.pop_front();
+      lock.unlock();
+      run(*c);
+      lock.lock();
+    }
+  }
+
+  // The call, as the application made it: an MPI_I* call stays one (MPI never matches a
+  // blocking collective with a non-blocking one), completed at once (stream-ordered, its
+  // MPI_Wait makes the stream wait, which the replayer then synchronises).
+  static int make_call(CollArgs a) {
+    if (!a.nonblocking) return dispatch(a);
+    MPI_Request request = MPI_REQUEST_NULL;
+    a.request = &request;
+    int rc = dispatch(a);
+    if (rc == MPI_SUCCESS && request != MPI_REQUEST_NULL) rc = MPI_Wait(&request, MPI_STATUS_IGNORE);
+    return rc;
+  }
+
+  CUstream stream_for(CUcontext ctx) {
+    CUstream& s = streams_[ctx];
+    if (!s && cuda::driver().cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+      s = nullptr;
+    return s;
+  }
+
+  void run(Captured& c) {
+    const cuda::Driver& d = cuda::driver();
+    const std::string what = call_name(c.args.coll, false);
+    int rc = MPI_SUCCESS;
+    if (!c.life->alive.load()) {
+      SC_WARN("a CUDA graph launched %s captured on a communicator freed since: the call "
+              "is skipped, its output not written", what.c_str());
+    } else {
+      cuda::ScopedContext scope(c.ctx);
+      CUstream s = stream_for(c.ctx);
+      if (!s) {
+        rc = fail(Failure::cuda, "replay of " + what + ": cuStreamCreate failed");
+      } else {
+        t_replay_stream = s;
+        t_replaying = true;
+        rc = make_call(c.args);
+        t_replaying = false;
+        t_replay_stream = nullptr;
+        // The stream releases the graph once the call's work is done; this thread goes on
+        // to the next call at once (it must not wait for peers that may need its next
+        // call first). Without stream memory operations it waits for the stream itself.
+        if (d.cuStreamWriteValue32 &&
+            d.cuStreamWriteValue32(s, c.dev_flag, 1, CU_STREAM_WRITE_VALUE_DEFAULT) == CUDA_SUCCESS) {
+          if (rc != MPI_SUCCESS) keep(c.args.comm, rc, what);
+          return;
+        }
+        if (CUresult r = d.cuStreamSynchronize(s); r != CUDA_SUCCESS && rc == MPI_SUCCESS)
+          rc = cuda::failure("replay of " + what + ": cuStreamSynchronize", r);
+      }
+      if (rc != MPI_SUCCESS) keep(c.args.comm, rc, what);
+    }
+    __atomic_store_n(c.flag, 1u, __ATOMIC_RELEASE);
+  }
+
+  // A replayed call's failure, for the next call on the communicator to report.
+  static void keep(MPI_Comm comm, int rc, const std::string& what) {
+    CommContext* ctx = comm_context(comm, false);
+    int none = MPI_SUCCESS;
+    if (ctx) ctx->async_error->compare_exchange_strong(none, rc);
+    SC_WARN("replay of %s captured in a CUDA graph failed; %s", what.c_str(),
+            ctx ? "the next call on the communicator reports it" : "nothing can report it");
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Captured*> queue_;
+  std::thread thread_;
+  bool stopped_ = false;
+  std::map<CUcontext, CUstream> streams_;  // the replayer's only
+};
+
+void CUDA_CB on_launch(void* p) {
+  auto* c = static_cast<Captured*>(p);
+  __atomic_store_n(c->flag, 0u, __ATOMIC_SEQ_CST);  // re-armed at every launch
+  Replayer::get().post(c);
+}
+
+void CUDA_CB on_destroy(void* p) { delete static_cast<Captured*>(p); }
+
+// The driver calls of a record, with this thread's capture mode relaxed for the scope, so
+// that the flag pool's allocations do not invalidate the capture they serve.
+class Relaxed {
+ public:
+  Relaxed() {
+    if (auto* f = cuda::driver().cuThreadExchangeStreamCaptureMode) f(&mode_), set_ = true;
+  }
+  ~Relaxed() {
+    if (set_) cuda::driver().cuThreadExchangeStreamCaptureMode(&mode_);
+  }
+  Relaxed(const Relaxed&) = delete;
+  Relaxed& operator=(const Relaxed&) = delete;
+
+ private:
+  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+  bool set_ = false;
+};
+
+bool gpu_buffers(const CollArgs& a) {
+  auto gpu = [](const void* p) {
+    if (!p || p == MPI_IN_PLACE) return false;
+    const MemKind k = cuda::classify_buffer(p, nullptr);
+    return k == MemKind::device || k == MemKind::managed;
+  };
+  return gpu(a.sendbuf) || gpu(a.recvbuf);
+}
+
+// The call's own copy of its arguments: count arrays copied, the Fortran binding left out
+// (a replay runs the C call on the converted handles).
+std::unique_ptr<Captured> copy_call(const CollArgs& a) {
+  auto c = std::make_unique<Captured>();
+  c->args = a;
+  c->args.fortran = nullptr;
+  c->args.request = nullptr;  // a replay's own
+  int size = 1;
+  PMPI_Comm_size(a.comm, &size);
+  if (a.recvcounts) c->recvcounts.assign(a.recvcounts, a.recvcounts + size);
+  if (a.displs) c->displs.assign(a.displs, a.displs + size);
+  c->args.recvcounts = a.recvcounts ? c->recvcounts.data() : nullptr;
+  c->args.displs = a.displs ? c->displs.data() : nullptr;
+  return c;
+}
+
+// The two nodes of a captured call, and its lifetime tied to the graph. A CUresult.
+CUresult add_nodes(CUstream s, std::unique_ptr<Captured> c, const char** what) {
+  const cuda::Driver& d = cuda::driver();
+  ht_device::DeviceSide& ds = ht_device::DeviceSide::get();
+  ht_device::Device* g = ds.device(c->device);
+  if (!g) return *what = "the GPU's set-up", CUDA_ERROR_INVALID_DEVICE;
+  if (!ds.pool.get_flag(&c->flag, &c->dev_flag))
+    return *what = "a flag (cuMemHostAlloc)", CUDA_ERROR_OUT_OF_MEMORY;
+  CUstreamCaptureStatus status;
+  cuuint64_t id = 0;
+  CUgraph graph = nullptr;
+  CUresult r = d.cuStreamGetCaptureInfo(s, &status, &id, &graph, nullptr, nullptr, nullptr);
+  if (r != CUDA_SUCCESS) return *what = "cuStreamGetCaptureInfo", r;
+  CUuserObject owner = nullptr;
+  Captured* raw = c.get();
+  r = d.cuUserObjectCreate(&owner, raw, on_destroy, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC);
+  if (r != CUDA_SUCCESS) return *what = "cuUserObjectCreate", r;
+  c.release();  // the user object owns it from here
+  if ((r = d.cuGraphRetainUserObject(graph, owner, 1, CU_GRAPH_USER_OBJECT_MOVE)) !=
+      CUDA_SUCCESS) {
+    d.cuUserObjectRelease(owner, 1);
+    return *what = "cuGraphRetainUserObject", r;
+  }
+  if ((r = d.cuLaunchHostFunc(s, on_launch, raw)) != CUDA_SUCCESS)
+    return *what = "cuLaunchHostFunc", r;
+  if ((r = ds.hold_stream(*g, s, raw->dev_flag, Runtime::get().settings().ht_wait)) !=
+      CUDA_SUCCESS)
+    return *what = "holding the stream (cuStreamWaitValue32 / spin kernel)", r;
+  return CUDA_SUCCESS;
+}
+
+// The request an MPI_I* call recorded into a graph returns: already complete.
+int done_request(MPI_Request* request) {
+  auto query = [](void*, MPI_Status* st) {
+    PMPI_Status_set_elements(st, MPI_BYTE, 0);
+    PMPI_Status_set_cancelled(st, 0);
+    st->MPI_SOURCE = MPI_UNDEFINED;
+    st->MPI_TAG = MPI_UNDEFINED;
+    return MPI_SUCCESS;
+  };
+  auto noop_free = [](void*) { return MPI_SUCCESS; };
+  auto noop_cancel = [](void*, int) { return MPI_SUCCESS; };
+  int rc = PMPI_Grequest_start(query, noop_free, noop_cancel, nullptr, request);
+  if (rc == MPI_SUCCESS) rc = PMPI_Grequest_complete(*request);
+  return rc;
+}
+
+int refuse(const CollArgs& a, const std::string& why) {
+  const int rc = fail(Failure::cuda, call_name(a.coll, a.nonblocking) +
+                                         " on a stream being captured into a CUDA graph: " + why);
+  PMPI_Comm_call_errhandler(a.comm, rc);
+  return rc;
+}
+
+}  // namespace
+
+bool record(const CollArgs& a, int* rc) {
+  if (t_replaying || a.comm == MPI_COMM_NULL) return false;
+  void* stream = nullptr;
+  if (!streamext::attached(a.comm, &stream)) return false;
+  const cuda::Driver& d = cuda::driver();
+  if (!d.usable || !d.cuStreamIsCapturing) return false;
+  CUstream s = static_cast<CUstream>(stream);
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (d.cuStreamIsCapturing(s, &status) != CUDA_SUCCESS ||
+      status == CU_STREAM_CAPTURE_STATUS_NONE || !gpu_buffers(a))
+    return false;
+  if (status != CU_STREAM_CAPTURE_STATUS_ACTIVE)
+    return *rc = refuse(a, "the capture was invalidated before this call"), true;
+  if (!Runtime::get().thread_multiple())
+    return *rc = refuse(a, "capture needs MPI_THREAD_MULTIPLE (streamcoll makes the call "
+                           "from a thread of its own at each launch)"), true;
+  if (!d.cuLaunchHostFunc || !d.cuStreamGetCaptureInfo || !d.cuUserObjectCreate ||
+      !d.cuGraphRetainUserObject || !ht_device::DeviceSide::can_hold(Runtime::get().settings().ht_wait))
+    return *rc = refuse(a, "this CUDA driver lacks host functions, user objects or stream "
+                           "memory operations"), true;
+  Replayer::get().start();
+  std::unique_ptr<Captured> c = copy_call(a);
+  d.cuCtxGetCurrent(&c->ctx);
+  c->device = cuda::device_of(a.recvbuf && a.recvbuf != MPI_IN_PLACE ? a.recvbuf : a.sendbuf);
+  if (c->device < 0) d.cuCtxGetDevice(&c->device);
+  c->life = life_of(a.comm);
+  c->life->captured.fetch_add(1);
+  const char* what = "";
+  CUresult r;
+  {
+    Relaxed relaxed;
+    r = add_nodes(s, std::move(c), &what);
+  }
+  if (r != CUDA_SUCCESS)
+    return *rc = refuse(a, cuda::describe(what, r)), true;
+  SC_TRACE("%s recorded into a CUDA graph", call_name(a.coll, a.nonblocking).c_str());
+  *rc = a.nonblocking ? done_request(a.request) : MPI_SUCCESS;
+  return true;
+}
+
+void stop() { Replayer::get().stop(); }
+
+#else  // no CUDA toolkit at build time: nothing can be captured
+
+bool record(const CollArgs&, int*) { return false; }
+void stop() {}
+
+#endif
+
+}  // namespace streamcoll::capture

@@ -1,0 +1,356 @@
+// Stream-ordered collectives captured into a CUDA graph and replayed (shim/capture.hpp).
+// A plain MPI program on the CUDA driver API, found with dlopen("libcuda.so.1"), so the
+// same program runs against the fake driver (tests/fake) and on a GPU; streamcoll
+// preloaded, the route chosen by STREAMCOLL_ROUTE.
+//
+// A step: for each collective, a copy of this launch's input from pinned host memory to
+// the GPU, the collective on the communicator's attached stream, a copy of the result back.
+// Modes (argv[1]):
+//   all    every rank captures the step once and launches it 50 times, new inputs each
+//          time, every value checked against the reduction computed here;
+//   mixed  even ranks replay a graph, odd ranks make the same calls live, 50 times;
+//   abort  a capture invalidated by an illegal query (cuStreamQuery on the capturing
+//          stream) ends with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, and a collective
+//          recorded into an invalidated capture fails with an MPI error (1 rank);
+//          streamcoll is usable afterwards (live and captured steps exact);
+//   freed  the communicator of a captured step is freed before the graph is launched
+//          (every rank): the launch skips the calls, with a message, and does not hang;
+//   bench  host time of a step of K small allreduces, live and replayed (no checks;
+//          scripts/bench-capture.sh).
+// Exit status 0 when every check passed.
+#include <cuda.h>
+#include <dlfcn.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "streamcoll/streamext.h"
+
+namespace {
+
+int g_rank = 0, g_size = 1, g_fail = 0, g_pass = 0;
+
+bool check(bool ok, const std::string& what) {
+  if (ok) {
+    ++g_pass;
+  } else if (++g_fail <= 20) {
+    std::fprintf(stderr, "[rank %d] FAIL: %s\n", g_rank, what.c_str());
+  }
+  return ok;
+}
+
+// The driver entry points the program uses, by the symbols cuda.h maps them to.
+struct Cu {
+#define CU_FN(name) decltype(&::name) name = nullptr;
+#define CU_FNS(X)                                                                          \
+  X(cuInit) X(cuDeviceGet) X(cuDeviceGetCount) X(cuDevicePrimaryCtxRetain) X(cuCtxPushCurrent)                 \
+  X(cuStreamCreate) X(cuStreamSynchronize) X(cuStreamQuery) X(cuMemAlloc) X(cuMemFree)     \
+  X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemcpyAsync) X(cuStreamBeginCapture)              \
+  X(cuStreamEndCapture) X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy)      \
+  X(cuGraphDestroy) X(cuGetErrorString)
+  CU_FNS(CU_FN)
+#undef CU_FN
+  bool load() {
+    void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (!h) return false;
+    bool ok = true;
+#define STR2(x) #x
+#define STR(x) STR2(x)
+#define CU_LOAD(name) \
+  ok = ok && (name = reinterpret_cast<decltype(name)>(dlsym(h, STR(name)))) != nullptr;
+    CU_FNS(CU_LOAD)
+#undef CU_LOAD
+    return ok;
+  }
+} cu;
+
+#define CU_OK(call)                                                                    \
+  do {                                                                                 \
+    CUresult r_ = (call);                                                              \
+    if (r_ != CUDA_SUCCESS) {                                                          \
+      const char* n_ = "?";                                                            \
+      cu.cuGetErrorString(r_, &n_);                                                      \
+      std::fprintf(stderr, "[rank %d] %s:%d %s: %s (%d)\n", g_rank, __FILE__, __LINE__, #call, n_, r_); \
+      MPI_Abort(MPI_COMM_WORLD, 2);                                                    \
+    }                                                                                  \
+  } while (0)
+
+constexpr int kN = 1000;  // elements per rank's block
+constexpr int kLaunches = 50;
+
+// One collective of the step: its pinned input/output and GPU buffers.
+struct Case {
+  const char* name;
+  int in_elems, out_elems;
+  double* h_in = nullptr;
+  double* h_out = nullptr;
+  CUdeviceptr d_in = 0, d_out = 0;
+};
+
+double input(int rank, int launch, int i) { return (rank + 1) * 1000.0 + launch * 7.0 + i % 97; }
+
+std::vector<Case> make_cases() {
+  std::vector<Case> cases = {{"allreduce", kN, kN},
+                             {"iallreduce", kN, kN},
+                             {"bcast", kN, kN},
+                             {"allgather", kN, kN * g_size},
+                             {"reduce_scatter_block", kN * g_size, kN},
+                             {"reduce", kN, kN}};
+  for (Case& c : cases) {
+    CU_OK(cu.cuMemHostAlloc(reinterpret_cast<void**>(&c.h_in), c.in_elems * sizeof(double), 0));
+    CU_OK(cu.cuMemHostAlloc(reinterpret_cast<void**>(&c.h_out), c.out_elems * sizeof(double), 0));
+    CU_OK(cu.cuMemAlloc(&c.d_in, c.in_elems * sizeof(double)));
+    CU_OK(cu.cuMemAlloc(&c.d_out, c.out_elems * sizeof(double)));
+  }
+  return cases;
+}
+
+void fill(std::vector<Case>& cases, int launch) {
+  for (Case& c : cases) {
+    for (int i = 0; i < c.in_elems; ++i) c.h_in[i] = input(g_rank, launch, i);
+    for (int i = 0; i < c.out_elems; ++i) c.h_out[i] = -1;
+  }
+}
+
+// The step, on stream s (live, or recorded while s is captured).
+void step(std::vector<Case>& cases, MPI_Comm comm, CUstream s) {
+  for (Case& c : cases) {
+    CU_OK(cu.cuMemcpyAsync(c.d_in, reinterpret_cast<CUdeviceptr>(c.h_in), c.in_elems * sizeof(double), s));
+    void* in = reinterpret_cast<void*>(c.d_in);
+    void* out = reinterpret_cast<void*>(c.d_out);
+    const std::string n = c.name;
+    int rc = MPI_SUCCESS;
+    if (n == "allreduce") {
+      rc = MPI_Allreduce(in, out, kN, MPI_DOUBLE, MPI_SUM, comm);
+    } else if (n == "iallreduce") {
+      MPI_Request req;
+      rc = MPI_Iallreduce(in, out, kN, MPI_DOUBLE, MPI_MAX, comm, &req);
+      if (rc == MPI_SUCCESS) rc = MPI_Wait(&req, MPI_STATUS_IGNORE);
+    } else if (n == "bcast") {
+      // root 1 % size: its input copied into the broadcast buffer first
+      CU_OK(cu.cuMemcpyAsync(c.d_out, c.d_in, kN * sizeof(double), s));
+      rc = MPI_Bcast(out, kN, MPI_DOUBLE, 1 % g_size, comm);
+    } else if (n == "allgather") {
+      rc = MPI_Allgather(in, kN, MPI_DOUBLE, out, kN, MPI_DOUBLE, comm);
+    } else if (n == "reduce_scatter_block") {
+      rc = MPI_Reduce_scatter_block(in, out, kN, MPI_DOUBLE, MPI_SUM, comm);
+    } else {
+      rc = MPI_Reduce(in, out, kN, MPI_DOUBLE, MPI_SUM, 0, comm);
+    }
+    check(rc == MPI_SUCCESS, n + " returned " + std::to_string(rc));
+    CU_OK(cu.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(c.h_out), c.d_out, c.out_elems * sizeof(double), s));
+  }
+}
+
+// The results of launch `launch`, against values computed here from every rank's input.
+void verify(const std::vector<Case>& cases, int launch, const char* how) {
+  for (const Case& c : cases) {
+    const std::string n = c.name;
+    int bad = 0;
+    for (int i = 0; i < c.out_elems; ++i) {
+      double want = 0;
+      if (n == "allreduce" || (n == "reduce" && g_rank == 0)) {
+        for (int r = 0; r < g_size; ++r) want += input(r, launch, i);
+      } else if (n == "reduce") {
+        continue;  // recvbuf insignificant off the root
+      } else if (n == "iallreduce") {
+        want = input(g_size - 1, launch, i);  // MPI_MAX: the last rank's is largest
+      } else if (n == "bcast") {
+        want = input(1 % g_size, launch, i);
+      } else if (n == "allgather") {
+        want = input(i / kN, launch, i % kN);
+      } else {  // reduce_scatter_block: block g_rank of every rank's input, summed
+        for (int r = 0; r < g_size; ++r) want += input(r, launch, g_rank * kN + i);
+      }
+      if (c.h_out[i] != want && bad++ == 0)
+        check(false, std::string(how) + " launch " + std::to_string(launch) + ": " + n + "[" +
+                         std::to_string(i) + "] = " + std::to_string(c.h_out[i]) + ", want " +
+                         std::to_string(want));
+    }
+    if (!bad) check(true, n);
+  }
+}
+
+CUgraphExec capture_step(std::vector<Case>& cases, MPI_Comm comm, CUstream s) {
+  CUgraph g = nullptr;
+  CUgraphExec ge = nullptr;
+  CU_OK(cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  step(cases, comm, s);
+  CU_OK(cu.cuStreamEndCapture(s, &g));
+  CU_OK(cu.cuGraphInstantiate(&ge, g, 0));
+  CU_OK(cu.cuGraphDestroy(g));  // the executable graph keeps what it needs
+  return ge;
+}
+
+// `launches` steps, replayed from a graph or made live; every value checked.
+void run_steps(std::vector<Case>& cases, MPI_Comm comm, CUstream s, bool replay, int first) {
+  CUgraphExec ge = replay ? capture_step(cases, comm, s) : nullptr;
+  for (int k = first; k < first + kLaunches; ++k) {
+    fill(cases, k);
+    if (replay)
+      CU_OK(cu.cuGraphLaunch(ge, s));
+    else
+      step(cases, comm, s);
+    CU_OK(cu.cuStreamSynchronize(s));
+    verify(cases, k, replay ? "replay" : "live");
+  }
+  if (ge) CU_OK(cu.cuGraphExecDestroy(ge));
+}
+
+MPI_Comm attached_dup(CUstream s) {
+  MPI_Comm comm;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  if (streamcoll_comm_attach_stream(comm, s) != MPI_SUCCESS) {
+    std::fprintf(stderr, "[rank %d] streamcoll is not loaded\n", g_rank);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  return comm;
+}
+
+void aborted(std::vector<Case>& cases, MPI_Comm comm, CUstream s) {
+  CU_OK(cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  check(cu.cuStreamQuery(s) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "query during capture refused");
+  if (g_size == 1) {  // one rank: no peer waits for the call that fails
+    Case& c = cases[0];
+    const int rc = MPI_Allreduce(reinterpret_cast<void*>(c.d_in), reinterpret_cast<void*>(c.d_out),
+                                 kN, MPI_DOUBLE, MPI_SUM, comm);
+    int cls = MPI_SUCCESS;
+    MPI_Error_class(rc, &cls);
+    check(rc != MPI_SUCCESS && cls == MPI_ERR_OTHER, "a call in an invalidated capture fails");
+  }
+  CUgraph g = nullptr;
+  check(cu.cuStreamEndCapture(s, &g) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED && !g,
+        "the invalidated capture ends invalidated");
+}
+
+double now_us() { return MPI_Wtime() * 1e6; }
+
+// bench: a step of K allreduces of 8 doubles on the stream, issued live or replayed from a
+// graph; per step, the host time to issue it (the calls, or cuGraphLaunch) and to the end
+// of the step (the stream synchronised), median of `reps` steps, on rank 0.
+void bench(MPI_Comm comm, CUstream s) {
+  const int reps = 200;
+  CUdeviceptr buf;
+  CU_OK(cu.cuMemAlloc(&buf, 64 * 8 * sizeof(double)));
+  if (g_rank == 0) std::printf("%-6s %4s %14s %14s %16s\n", "mode", "K", "issue_us/step", "step_us", "issue_us/call");
+  for (int k : {1, 4, 16, 64}) {
+    auto issue = [&] {
+      for (int j = 0; j < k; ++j) {
+        void* p = reinterpret_cast<void*>(buf + j * 8 * sizeof(double));
+        MPI_Allreduce(MPI_IN_PLACE, p, 8, MPI_DOUBLE, MPI_SUM, comm);
+      }
+    };
+    for (bool replay : {false, true}) {
+      CUgraphExec ge = nullptr;
+      if (replay) {
+        CUgraph g;
+        CU_OK(cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+        issue();
+        CU_OK(cu.cuStreamEndCapture(s, &g));
+        CU_OK(cu.cuGraphInstantiate(&ge, g, 0));
+        CU_OK(cu.cuGraphDestroy(g));
+      }
+      std::vector<double> iss, tot;
+      for (int r = 0; r < reps; ++r) {
+        const double t0 = now_us();
+        if (replay)
+          CU_OK(cu.cuGraphLaunch(ge, s));
+        else
+          issue();
+        const double t1 = now_us();
+        CU_OK(cu.cuStreamSynchronize(s));
+        const double t2 = now_us();
+        iss.push_back(t1 - t0);
+        tot.push_back(t2 - t0);
+      }
+      if (ge) CU_OK(cu.cuGraphExecDestroy(ge));
+      std::sort(iss.begin(), iss.end());
+      std::sort(tot.begin(), tot.end());
+      if (g_rank == 0)
+        std::printf("%-6s %4d %14.2f %14.2f %16.3f\n", replay ? "replay" : "live", k, iss[reps / 2],
+                    tot[reps / 2], iss[reps / 2] / k);
+    }
+  }
+  cu.cuMemFree(buf);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "all";
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+  int devices = 0;
+  if (!cu.load() || cu.cuInit(0) != CUDA_SUCCESS || cu.cuDeviceGetCount(&devices) != CUDA_SUCCESS ||
+      devices == 0) {
+    if (g_rank == 0) std::printf("SKIP: no CUDA driver with a device and graph capture\n");
+    MPI_Finalize();
+    return 77;
+  }
+  CUdevice dev;
+  CUcontext ctx;
+  CUstream s;
+  CU_OK(cu.cuDeviceGet(&dev, g_rank % devices));  // (one GPU per rank where there are more)
+  CU_OK(cu.cuDevicePrimaryCtxRetain(&ctx, dev));
+  CU_OK(cu.cuCtxPushCurrent(ctx));
+  CU_OK(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  std::vector<Case> cases = make_cases();
+  MPI_Comm comm = attached_dup(s);
+
+  if (mode == "all") {
+    run_steps(cases, comm, s, true, 0);
+    run_steps(cases, comm, s, false, kLaunches);  // live calls after the graph: in order
+  } else if (mode == "mixed") {
+    run_steps(cases, comm, s, g_rank % 2 == 0, 0);
+    run_steps(cases, comm, s, g_rank % 2 == 1, kLaunches);  // the other way round
+  } else if (mode == "abort") {
+    aborted(cases, comm, s);
+    run_steps(cases, comm, s, false, 0);
+    run_steps(cases, comm, s, true, kLaunches);
+  } else if (mode == "freed") {
+    MPI_Comm doomed = attached_dup(s);
+    CUgraphExec ge = capture_step(cases, doomed, s);
+    MPI_Comm_free(&doomed);
+    fill(cases, 0);  // h_out = -1, copied to the allreduce's output as a sentinel
+    CU_OK(cu.cuMemcpyAsync(cases[0].d_out, reinterpret_cast<CUdeviceptr>(cases[0].h_out),
+                           kN * sizeof(double), s));
+    CU_OK(cu.cuGraphLaunch(ge, s));
+    CU_OK(cu.cuStreamSynchronize(s));  // the skipped calls release the stream
+    check(cases[0].h_out[0] == -1, "a call on a freed communicator is skipped");
+    CU_OK(cu.cuGraphExecDestroy(ge));
+    run_steps(cases, comm, s, true, 0);
+  } else if (mode == "bench") {
+    bench(comm, s);
+  } else {
+    std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
+    return 2;
+  }
+
+  MPI_Comm_free(&comm);
+  for (Case& c : cases) {
+    cu.cuMemFree(c.d_in);
+    cu.cuMemFree(c.d_out);
+    cu.cuMemFreeHost(c.h_in);
+    cu.cuMemFreeHost(c.h_out);
+  }
+  // Against the fake driver: no race and no CUDA call from a host function seen.
+  using counter_fn = unsigned long long (*)(const char*);
+  if (auto counter = reinterpret_cast<counter_fn>(dlsym(RTLD_DEFAULT, "fake_cuda_counter"))) {
+    check(counter("races") == 0, "no race (fake driver)");
+    check(counter("not_permitted") == 0, "no CUDA call from a host function (fake driver)");
+    check(mode == "abort" || counter("capture_invalidated") == 0, "no capture invalidated");
+  }
+  int fails = 0;
+  MPI_Allreduce(&g_fail, &fails, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (g_rank == 0) std::printf("capture %s: %d ranks, %s\n", mode.c_str(), g_size, fails ? "FAILED" : "passed");
+  MPI_Finalize();
+  return fails ? 1 : 0;
+}
