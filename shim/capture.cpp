@@ -146,7 +146,7 @@ class Replayer {
 
   // The call, as the application made it: an MPI_I* call stays one (MPI never matches a
   // blocking collective with a non-blocking one), completed at once (stream-ordered, its
-  // MPI_Wait makes the stream wait, which the replayer then synchronises).
+  // MPI_Wait makes the replayer's stream wait, before the flag is written there).
   static int make_call(CollArgs a) {
     if (!a.nonblocking) return dispatch(a);
     MPI_Request request = MPI_REQUEST_NULL;
@@ -166,7 +166,6 @@ class Replayer {
   void run(Captured& c) {
     const cuda::Driver& d = cuda::driver();
     const std::string what = call_name(c.args.coll, false);
-    int rc = MPI_SUCCESS;
     if (!c.life->alive.load()) {
       SC_WARN("a CUDA graph launched %s captured on a communicator freed since: the call "
               "is skipped, its output not written", what.c_str());
@@ -174,25 +173,25 @@ class Replayer {
       cuda::ScopedContext scope(c.ctx);
       CUstream s = stream_for(c.ctx);
       if (!s) {
-        rc = fail(Failure::cuda, "replay of " + what + ": cuStreamCreate failed");
+        keep(c.args.comm, fail(Failure::cuda, "replay of " + what + ": cuStreamCreate failed"), what);
       } else {
         t_replay_stream = s;
         t_replaying = true;
-        rc = make_call(c.args);
+        const int rc = make_call(c.args);
         t_replaying = false;
         t_replay_stream = nullptr;
+        if (rc != MPI_SUCCESS) keep(c.args.comm, rc, what);
         // The stream releases the graph once the call's work is done; this thread goes on
         // to the next call at once (it must not wait for peers that may need its next
-        // call first). Without stream memory operations it waits for the stream itself.
+        // call first). Once the flag may be written, `c` may be gone (the graph done and
+        // destroyed): nothing of it is touched after. Without stream memory operations the
+        // replayer waits for the stream itself.
         if (d.cuStreamWriteValue32 &&
-            d.cuStreamWriteValue32(s, c.dev_flag, 1, CU_STREAM_WRITE_VALUE_DEFAULT) == CUDA_SUCCESS) {
-          if (rc != MPI_SUCCESS) keep(c.args.comm, rc, what);
+            d.cuStreamWriteValue32(s, c.dev_flag, 1, CU_STREAM_WRITE_VALUE_DEFAULT) == CUDA_SUCCESS)
           return;
-        }
         if (CUresult r = d.cuStreamSynchronize(s); r != CUDA_SUCCESS && rc == MPI_SUCCESS)
-          rc = cuda::failure("replay of " + what + ": cuStreamSynchronize", r);
+          keep(c.args.comm, cuda::failure("replay of " + what + ": cuStreamSynchronize", r), what);
       }
-      if (rc != MPI_SUCCESS) keep(c.args.comm, rc, what);
     }
     __atomic_store_n(c.flag, 1u, __ATOMIC_RELEASE);
   }
