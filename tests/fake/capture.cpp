@@ -15,6 +15,14 @@
 //          streamcoll is usable afterwards (live and captured steps exact);
 //   freed  the communicator of a captured step is freed before the graph is launched
 //          (every rank): the launch skips the calls, with a message, and does not hang;
+//   inject every rank replays; before launch 3, the fake driver is told to fail rank 1's next
+//          kernel launch (route nvgroup: its replayed allreduce): no rank hangs, the first
+//          live call after that launch reports an error on every rank, and the steps after
+//          it, live and replayed, are exact (fake driver only: skipped on a GPU);
+//   classic while a second thread holds a capture open in global mode on a stream of its own,
+//          classic calls (no stream attached) on GPU buffers, at first use of their
+//          route, exact; the capture is not invalidated and its graph runs (its stream
+//          a blocking one with CAPTURE_BLOCKING=1: then the legacy stream may not be used);
 //   bench  host time of a step of K small allreduces, live and replayed (no checks;
 //          scripts/bench-capture.sh).
 // Exit status 0 when every check passed.
@@ -23,10 +31,12 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "streamcoll/streamext.h"
@@ -52,7 +62,7 @@ struct Cu {
   X(cuStreamCreate) X(cuStreamSynchronize) X(cuStreamQuery) X(cuMemAlloc) X(cuMemFree)     \
   X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemcpyAsync) X(cuStreamBeginCapture)              \
   X(cuStreamEndCapture) X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy)      \
-  X(cuGraphDestroy) X(cuGetErrorString)
+  X(cuGraphDestroy) X(cuGetErrorString) X(cuCtxGetCurrent) X(cuCtxPopCurrent)
   CU_FNS(CU_FN)
 #undef CU_FN
   bool load() {
@@ -117,33 +127,36 @@ void fill(std::vector<Case>& cases, int launch) {
   }
 }
 
-// The step, on stream s (live, or recorded while s is captured).
-void step(std::vector<Case>& cases, MPI_Comm comm, CUstream s) {
+// Collective c of the step on comm, from c.d_in into c.d_out.
+int collective(Case& c, MPI_Comm comm) {
+  void* in = reinterpret_cast<void*>(c.d_in);
+  void* out = reinterpret_cast<void*>(c.d_out);
+  const std::string n = c.name;
+  if (n == "allreduce") return MPI_Allreduce(in, out, kN, MPI_DOUBLE, MPI_SUM, comm);
+  if (n == "iallreduce") {
+    MPI_Request req;
+    int rc = MPI_Iallreduce(in, out, kN, MPI_DOUBLE, MPI_MAX, comm, &req);
+    return rc == MPI_SUCCESS ? MPI_Wait(&req, MPI_STATUS_IGNORE) : rc;
+  }
+  if (n == "bcast") return MPI_Bcast(out, kN, MPI_DOUBLE, 1 % g_size, comm);
+  if (n == "allgather") return MPI_Allgather(in, kN, MPI_DOUBLE, out, kN, MPI_DOUBLE, comm);
+  if (n == "reduce_scatter_block")
+    return MPI_Reduce_scatter_block(in, out, kN, MPI_DOUBLE, MPI_SUM, comm);
+  return MPI_Reduce(in, out, kN, MPI_DOUBLE, MPI_SUM, 0, comm);
+}
+
+// The step, on stream s (live, or recorded while s is captured), or with no stream
+// attached to comm (classic calls), with s only for the program's copies, synchronised.
+void step(std::vector<Case>& cases, MPI_Comm comm, CUstream s, bool classic = false) {
   for (Case& c : cases) {
     CU_OK(cu.cuMemcpyAsync(c.d_in, reinterpret_cast<CUdeviceptr>(c.h_in), c.in_elems * sizeof(double), s));
-    void* in = reinterpret_cast<void*>(c.d_in);
-    void* out = reinterpret_cast<void*>(c.d_out);
-    const std::string n = c.name;
-    int rc = MPI_SUCCESS;
-    if (n == "allreduce") {
-      rc = MPI_Allreduce(in, out, kN, MPI_DOUBLE, MPI_SUM, comm);
-    } else if (n == "iallreduce") {
-      MPI_Request req;
-      rc = MPI_Iallreduce(in, out, kN, MPI_DOUBLE, MPI_MAX, comm, &req);
-      if (rc == MPI_SUCCESS) rc = MPI_Wait(&req, MPI_STATUS_IGNORE);
-    } else if (n == "bcast") {
-      // root 1 % size: its input copied into the broadcast buffer first
-      CU_OK(cu.cuMemcpyAsync(c.d_out, c.d_in, kN * sizeof(double), s));
-      rc = MPI_Bcast(out, kN, MPI_DOUBLE, 1 % g_size, comm);
-    } else if (n == "allgather") {
-      rc = MPI_Allgather(in, kN, MPI_DOUBLE, out, kN, MPI_DOUBLE, comm);
-    } else if (n == "reduce_scatter_block") {
-      rc = MPI_Reduce_scatter_block(in, out, kN, MPI_DOUBLE, MPI_SUM, comm);
-    } else {
-      rc = MPI_Reduce(in, out, kN, MPI_DOUBLE, MPI_SUM, 0, comm);
-    }
-    check(rc == MPI_SUCCESS, n + " returned " + std::to_string(rc));
+    // bcast: root 1 % size's input copied into the broadcast buffer first
+    if (std::string(c.name) == "bcast") CU_OK(cu.cuMemcpyAsync(c.d_out, c.d_in, kN * sizeof(double), s));
+    if (classic) CU_OK(cu.cuStreamSynchronize(s));
+    const int rc = collective(c, comm);
+    check(rc == MPI_SUCCESS, std::string(c.name) + " returned " + std::to_string(rc));
     CU_OK(cu.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(c.h_out), c.d_out, c.out_elems * sizeof(double), s));
+    if (classic) CU_OK(cu.cuStreamSynchronize(s));
   }
 }
 
@@ -227,6 +240,97 @@ void aborted(std::vector<Case>& cases, MPI_Comm comm, CUstream s) {
   CUgraph g = nullptr;
   check(cu.cuStreamEndCapture(s, &g) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED && !g,
         "the invalidated capture ends invalidated");
+}
+
+// mode inject: three exact launches, a failing one, then the communicator reports it once
+// and works again.
+void injected(std::vector<Case>& cases, MPI_Comm comm, CUstream s) {
+  using fail_fn = int (*)(const char*, unsigned long long);
+  auto fail_after = reinterpret_cast<fail_fn>(dlsym(RTLD_DEFAULT, "fake_cuda_fail_after"));
+  if (!fail_after) {
+    if (g_rank == 0) std::printf("inject: no fake driver to inject a failure into: skipped\n");
+    return;
+  }
+  CUgraphExec ge = capture_step(cases, comm, s);
+  for (int k = 0; k < 4; ++k) {
+    fill(cases, k);
+    if (k == 3 && g_rank == 1 % g_size) check(fail_after("cuLaunchKernel", 1) == 0, "failure armed");
+    CU_OK(cu.cuGraphLaunch(ge, s));
+    CU_OK(cu.cuStreamSynchronize(s));  // completes on every rank, failed or not
+    if (k < 3) verify(cases, k, "replay before the failure");
+  }
+  CU_OK(cu.cuGraphExecDestroy(ge));
+  // The failure, kept by the rank's replayed calls, is reported by the next call on the
+  // communicator, on every rank (the failing rank's own, the others' from the kernels'
+  // abort), and only once.
+  Case& c = cases[0];
+  void* in = reinterpret_cast<void*>(c.d_in);
+  void* out = reinterpret_cast<void*>(c.d_out);
+  int rc = MPI_Allreduce(in, out, kN, MPI_DOUBLE, MPI_SUM, comm);
+  int cls = MPI_SUCCESS;
+  MPI_Error_class(rc, &cls);
+  check(rc != MPI_SUCCESS && cls != MPI_ERR_COMM && cls != MPI_ERR_ARG,
+        "the call after the failed launch reports it (rc " + std::to_string(rc) + ")");
+  rc = MPI_Allreduce(in, out, kN, MPI_DOUBLE, MPI_SUM, comm);
+  check(rc == MPI_SUCCESS, "the failure is reported once");
+  CU_OK(cu.cuStreamSynchronize(s));
+  run_steps(cases, comm, s, false, 10);
+  run_steps(cases, comm, s, true, 10 + kLaunches);
+}
+
+// mode classic: another thread's global capture survives classic calls on GPU buffers.
+void classic_during_capture(std::vector<Case>& cases) {
+  MPI_Comm plain;
+  MPI_Comm_dup(MPI_COMM_WORLD, &plain);
+  MPI_Comm_set_errhandler(plain, MPI_ERRORS_RETURN);
+  std::atomic<int> phase{0};
+  CUresult end_rc = CUDA_SUCCESS;
+  CUdeviceptr marker = 0;
+  CU_OK(cu.cuMemAlloc(&marker, sizeof(double)));
+  double* h_marker = nullptr;
+  CU_OK(cu.cuMemHostAlloc(reinterpret_cast<void**>(&h_marker), sizeof(double), 0));
+  CUcontext ctx;
+  CU_OK(cu.cuCtxGetCurrent(&ctx));
+  std::thread capturer([&] {
+    CU_OK(cu.cuCtxPushCurrent(ctx));
+    CUstream s2;
+    CU_OK(cu.cuStreamCreate(&s2, std::getenv("CAPTURE_BLOCKING") ? CU_STREAM_DEFAULT : CU_STREAM_NON_BLOCKING));
+    CU_OK(cu.cuStreamBeginCapture(s2, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CU_OK(cu.cuMemcpyAsync(marker, reinterpret_cast<CUdeviceptr>(h_marker), sizeof(double), s2));
+    phase = 1;
+    while (phase.load() != 2) std::this_thread::yield();
+    CUgraph g = nullptr;
+    end_rc = cu.cuStreamEndCapture(s2, &g);
+    if (end_rc == CUDA_SUCCESS) {
+      CUgraphExec ge;
+      *h_marker = 42;
+      CU_OK(cu.cuGraphInstantiate(&ge, g, 0));
+      CU_OK(cu.cuGraphLaunch(ge, s2));
+      CU_OK(cu.cuStreamSynchronize(s2));
+      CU_OK(cu.cuGraphExecDestroy(ge));
+      CU_OK(cu.cuGraphDestroy(g));
+    }
+    CUcontext popped;
+    cu.cuCtxPopCurrent(&popped);
+  });
+  CUstream copies;  // the program's own, for its copies around the calls
+  CU_OK(cu.cuStreamCreate(&copies, CU_STREAM_NON_BLOCKING));
+  while (phase.load() != 1) std::this_thread::yield();
+  for (int k = 0; k < 3; ++k) {
+    fill(cases, k);
+    step(cases, plain, copies, true);
+    verify(cases, k, "classic during another thread's capture");
+  }
+  phase = 2;
+  capturer.join();
+  check(end_rc == CUDA_SUCCESS, "the other thread's capture ends valid (" + std::to_string(end_rc) + ")");
+  *h_marker = 0;
+  CU_OK(cu.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(h_marker), marker, sizeof(double), copies));
+  CU_OK(cu.cuStreamSynchronize(copies));
+  check(end_rc != CUDA_SUCCESS || *h_marker == 42, "its graph ran");
+  cu.cuMemFree(marker);
+  cu.cuMemFreeHost(h_marker);
+  MPI_Comm_free(&plain);
 }
 
 double now_us() { return MPI_Wtime() * 1e6; }
@@ -327,6 +431,10 @@ int main(int argc, char** argv) {
     check(cases[0].h_out[0] == -1, "a call on a freed communicator is skipped");
     CU_OK(cu.cuGraphExecDestroy(ge));
     run_steps(cases, comm, s, true, 0);
+  } else if (mode == "classic") {
+    classic_during_capture(cases);
+  } else if (mode == "inject") {
+    injected(cases, comm, s);
   } else if (mode == "bench") {
     bench(comm, s);
   } else {
@@ -347,6 +455,16 @@ int main(int argc, char** argv) {
     check(counter("races") == 0, "no race (fake driver)");
     check(counter("not_permitted") == 0, "no CUDA call from a host function (fake driver)");
     check(mode == "abort" || counter("capture_invalidated") == 0, "no capture invalidated");
+  }
+  // CAPTURE_EXPECT_FUSED=1: the MPI_Iallreduce calls were fused (a fuse= rule), replayed
+  // and live alike (100 per rank).
+  if (const char* e = std::getenv("CAPTURE_EXPECT_FUSED"); e && std::strcmp(e, "1") == 0) {
+    using counts_fn = void (*)(unsigned long long*, unsigned long long*, unsigned long long*);
+    auto counts = reinterpret_cast<counts_fn>(dlsym(RTLD_DEFAULT, "streamcoll_fusion_counts"));
+    unsigned long long calls = 0, messages = 0;
+    if (counts) counts(&calls, &messages, nullptr);
+    check(calls >= 2 * kLaunches && messages > 0,
+          "MPI_Iallreduce fused: " + std::to_string(calls) + " calls in " + std::to_string(messages) + " messages");
   }
   int fails = 0;
   MPI_Allreduce(&g_fail, &fails, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
