@@ -677,7 +677,7 @@ int run_device_classic(const CollArgs& a, HtComm& hc, AlgoSel algo, int extent, 
     pageable.resize(l.scratch ? l.scratch : 1);
   }
   char* h = host ? static_cast<char*>(host) : pageable.data();
-  CUstream legacy = nullptr;  // the legacy default stream
+  CUstream legacy = cuda::classic_stream();  // the legacy default stream, as a rule
   const auto buf = reinterpret_cast<CUdeviceptr>(h);
   int own = staging::copy_in(l, buf, legacy);
   if (own == MPI_SUCCESS && l.in_bytes) own = cuda::check(d.cuStreamSynchronize(legacy), "ht: D2H copy");
@@ -751,7 +751,7 @@ int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, AlgoS
 
   // The stream the work goes on: the attached stream for a blocking call; the side
   // stream, after the attached (or legacy) stream, for MPI_I*.
-  CUstream app = env.has_stream ? static_cast<CUstream>(env.stream) : nullptr;
+  CUstream app = env.has_stream ? static_cast<CUstream>(env.stream) : cuda::classic_stream();
   CUstream work = app;
   CUevent start = nullptr;
   if (a.nonblocking) {

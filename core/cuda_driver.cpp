@@ -352,8 +352,18 @@ std::string describe(const char* what, CUresult r) {
 
 int failure(const char* what, CUresult r) { return fail(Failure::cuda, describe(what, r)); }
 
+bool legacy_stream_usable() {
+  const Driver& d = driver();
+  CUstreamCaptureStatus status;
+  return !d.cuStreamIsCapturing ||
+         d.cuStreamIsCapturing(CU_STREAM_LEGACY, &status) != CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+}
+
 CUresult wait_for_legacy(CUstream stream, CUevent event) {
   const Driver& d = driver();
+  // The capturing stream's work is recorded, not run: nothing of it to wait for; the
+  // order after the other blocking streams is given up for this call.
+  if (!legacy_stream_usable()) return CUDA_SUCCESS;
   // An event recorded on the legacy stream is an action of that stream: it completes only
   // after the blocking streams' work enqueued before it (CUDA's implicit synchronisation).
   CUresult r = d.cuEventRecord(event, CU_STREAM_LEGACY);
@@ -367,6 +377,17 @@ bool relax_capture_mode() {
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
   if (d.cuThreadExchangeStreamCaptureMode) d.cuThreadExchangeStreamCaptureMode(&mode);
   return true;
+}
+
+RelaxedCapture::RelaxedCapture(bool on) {
+  if (!on) return;
+  const Driver& d = driver();
+  if (d.usable && d.cuThreadExchangeStreamCaptureMode)
+    set_ = d.cuThreadExchangeStreamCaptureMode(&mode_) == CUDA_SUCCESS;
+}
+
+RelaxedCapture::~RelaxedCapture() {
+  if (set_) driver().cuThreadExchangeStreamCaptureMode(&mode_);
 }
 
 ScopedContext::ScopedContext(CUcontext ctx) {

@@ -119,12 +119,25 @@ inline int check(CUresult r, const char* what) {
   return r == CUDA_SUCCESS ? MPI_SUCCESS : failure(what, r);
 }
 
+/// Whether the legacy default stream of the current context may be used now: false while
+/// a blocking stream of the context is being captured (by any thread), when any use of it
+/// would invalidate that capture (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT). One driver call.
+bool legacy_stream_usable();
+
+/// The stream a classic call's own copies go on when it has none of its own: the legacy
+/// default stream (nullptr), or the calling thread's per-thread default stream while the
+/// legacy one is not usable (legacy_stream_usable).
+inline CUstream classic_stream() { return legacy_stream_usable() ? nullptr : CU_STREAM_PER_THREAD; }
+
 /// Orders `stream` after the work already enqueued on the legacy default stream of the
 /// current context, and through it after the earlier work of every blocking stream of that
 /// context (streams made without CU_STREAM_NON_BLOCKING, the per-thread default streams):
 /// where a copy on the legacy stream, as a CUDA-aware MPI makes for a blocking call, would
 /// run. `event` (of the current context) is recorded on the legacy stream and `stream`
 /// waits for it; the event may be recorded again at once. Two driver calls, no host wait.
+/// While the legacy stream is not usable (legacy_stream_usable), nothing: a capturing
+/// stream's work is recorded, not run, and the order after the other blocking streams is
+/// given up for that call rather than the capture invalidated.
 /// Every path that reads or writes an application's GPU buffers for a classic call (no
 /// stream attached) starts with this (docs/design.md, "Ordering and lifetime").
 CUresult wait_for_legacy(CUstream stream, CUevent event);
@@ -136,6 +149,24 @@ CUresult wait_for_legacy(CUstream stream, CUevent event);
 /// own threads (the progress engine, the graph replayer). Returns true once done, or when
 /// it never can be (a driver without the entry point); false while no driver is loaded.
 bool relax_capture_mode();
+
+/// The calling thread's capture interaction mode relaxed for the scope (two
+/// cuThreadExchangeStreamCaptureMode calls, thread-local; nothing when `on` is false or no
+/// driver is loaded). For an application thread's call that may allocate or synchronise
+/// streamcoll's own streams (a classic call on GPU buffers, a call recorded into a graph):
+/// CUDA's rules for global mode would otherwise refuse such calls, and invalidate the
+/// capture, while any thread of the process captures in global mode.
+class RelaxedCapture {
+ public:
+  explicit RelaxedCapture(bool on = true);
+  ~RelaxedCapture();
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+  bool set_ = false;
+};
 
 /// Makes the primary context of a device current for the scope, if it is not already
 /// (the common case for a CUDA runtime application costs one cuCtxGetCurrent).

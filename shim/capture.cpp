@@ -221,24 +221,6 @@ void CUDA_CB on_launch(void* p) {
 
 void CUDA_CB on_destroy(void* p) { delete static_cast<Captured*>(p); }
 
-// The driver calls of a record, with this thread's capture mode relaxed for the scope, so
-// that the flag pool's allocations do not invalidate the capture they serve.
-class Relaxed {
- public:
-  Relaxed() {
-    if (auto* f = cuda::driver().cuThreadExchangeStreamCaptureMode) f(&mode_), set_ = true;
-  }
-  ~Relaxed() {
-    if (set_) cuda::driver().cuThreadExchangeStreamCaptureMode(&mode_);
-  }
-  Relaxed(const Relaxed&) = delete;
-  Relaxed& operator=(const Relaxed&) = delete;
-
- private:
-  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
-  bool set_ = false;
-};
-
 bool gpu_buffers(const CollArgs& a) {
   auto gpu = [](const void* p) {
     if (!p || p == MPI_IN_PLACE) return false;
@@ -350,7 +332,7 @@ bool record(const CollArgs& a, int* rc) {
   const char* what = "";
   CUresult r;
   {
-    Relaxed relaxed;
+    cuda::RelaxedCapture relaxed;  // the flag pool's allocations: not into the capture
     r = add_nodes(s, std::move(c), &what);
   }
   if (r != CUDA_SUCCESS)

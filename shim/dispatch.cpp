@@ -765,6 +765,12 @@ int dispatch_described(const CollArgs& a, Runtime& rt) {
 
   const uint64_t t0 = timed ? now_ns() : 0;
   Decision d = decide(a, rt);
+#if STREAMCOLL_HAVE_CUDA
+  // A call on GPU or pinned memory may allocate (staging, scratch, an NCCL communicator)
+  // or synchronise streamcoll's own streams: in the relaxed capture mode, so that a
+  // capture another thread of the program holds open in global mode survives it.
+  cuda::RelaxedCapture relaxed(d.env.mem != MemKind::host);
+#endif
   int rc;
   const bool fused = d.error == MPI_SUCCESS && d.fuse;
   // Any other call on a communicator with fused calls open closes their group (they
