@@ -24,7 +24,9 @@
 //          route, exact; the capture is not invalidated and its graph runs (its stream
 //          a blocking one with CAPTURE_BLOCKING=1: then the legacy stream may not be used);
 //   bench  host time of a step of K small allreduces, live and replayed (no checks;
-//          scripts/bench-capture.sh).
+//          scripts/bench-capture.sh);
+//   bench-classic  host time of a classic MPI_Allreduce of 8 doubles on GPU buffers (no
+//          stream attached), median of 2000 (the price of the capture-mode guard).
 // Exit status 0 when every check passed.
 #include <cuda.h>
 #include <dlfcn.h>
@@ -384,6 +386,26 @@ void bench(MPI_Comm comm, CUstream s) {
   cu.cuMemFree(buf);
 }
 
+void bench_classic() {
+  MPI_Comm plain;
+  MPI_Comm_dup(MPI_COMM_WORLD, &plain);
+  CUdeviceptr buf;
+  CU_OK(cu.cuMemAlloc(&buf, 8 * sizeof(double)));
+  void* p = reinterpret_cast<void*>(buf);
+  std::vector<double> t;
+  for (int r = 0; r < 2200; ++r) {
+    const double t0 = now_us();
+    MPI_Allreduce(MPI_IN_PLACE, p, 8, MPI_DOUBLE, MPI_SUM, plain);
+    if (r >= 200) t.push_back(now_us() - t0);
+  }
+  std::sort(t.begin(), t.end());
+  if (g_rank == 0)
+    std::printf("classic MPI_Allreduce 64 B on GPU memory: median %.2f us, p90 %.2f us (%zu calls)\n",
+                t[t.size() / 2], t[t.size() * 9 / 10], t.size());
+  cu.cuMemFree(buf);
+  MPI_Comm_free(&plain);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -437,6 +459,8 @@ int main(int argc, char** argv) {
     injected(cases, comm, s);
   } else if (mode == "bench") {
     bench(comm, s);
+  } else if (mode == "bench-classic") {
+    bench_classic();
   } else {
     std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
     return 2;
