@@ -282,6 +282,10 @@ struct CUevent_st {
   // Last recorded in a capture: that capture and the nodes the record stood for.
   std::shared_ptr<Capture> cap;
   std::vector<size_t> cap_nodes;
+  bool timing = true;  // not CU_EVENT_DISABLE_TIMING: cuEventElapsedTime may read it
+  // When the stream ran past the last record (steady-clock ns; 0 until then), for
+  // cuEventElapsedTime; shared with the record's work item, which may outlive the event.
+  std::shared_ptr<std::atomic<uint64_t>> stamp;
 };
 
 namespace {
@@ -1161,7 +1165,12 @@ CUresult record(CUevent_st* e, CUstream_st* s) {
     return CUDA_SUCCESS;
   }
   e->cap.reset();
-  enqueue(s, {}, nullptr, nullptr, {}, "event record");
+  auto stamp = std::make_shared<std::atomic<uint64_t>>(0);
+  e->stamp = stamp;
+  enqueue(s, {}, nullptr, [stamp] {
+    stamp->store(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::steady_clock::now().time_since_epoch()).count()));
+  }, {}, "event record");
   e->recorded = true;
   e->stream = s;
   e->pos = s->enqueued;
@@ -1810,8 +1819,8 @@ FAKE_EXPORT CUresult cuEventCreate(CUevent* pe, unsigned int flags) {
   if (injected_failure("cuEventCreate")) return CUDA_ERROR_OUT_OF_MEMORY;
   if (!pe) return ret("cuEventCreate", CUDA_ERROR_INVALID_VALUE);
   if (!current_ctx()) return ret("cuEventCreate", CUDA_ERROR_INVALID_CONTEXT);
-  (void)flags;
   auto* e = new CUevent_st;
+  e->timing = !(flags & CU_EVENT_DISABLE_TIMING);
   e->device = current_ctx()->device;
   g_events.insert(e);
   count("live_events");
@@ -1847,6 +1856,20 @@ FAKE_EXPORT CUresult cuEventQuery(CUevent e) {
   if (r == CUDA_ERROR_NOT_READY) postpone_failure("cuEventQuery");
   yield_to_async(lock, async);
   return r;
+}
+
+// Milliseconds between the times the streams ran past the two events' records (the host
+// clock of the fake's stream work); CUDA_ERROR_NOT_READY while either has not run.
+FAKE_EXPORT CUresult cuEventElapsedTime_v2(float* ms, CUevent a, CUevent b) {
+  API("cuEventElapsedTime");
+  if (!ms) return ret("cuEventElapsedTime", CUDA_ERROR_INVALID_VALUE);
+  if (!g_events.count(a) || !g_events.count(b) || !a->timing || !b->timing || a->cap || b->cap)
+    return ret("cuEventElapsedTime", CUDA_ERROR_INVALID_HANDLE);
+  if (!a->recorded || !b->recorded) return ret("cuEventElapsedTime", CUDA_ERROR_INVALID_HANDLE);
+  const uint64_t ta = a->stamp ? a->stamp->load() : 0, tb = b->stamp ? b->stamp->load() : 0;
+  if (!ta || !tb) return CUDA_ERROR_NOT_READY;
+  *ms = static_cast<float>((static_cast<double>(tb) - static_cast<double>(ta)) / 1e6);
+  return CUDA_SUCCESS;
 }
 
 FAKE_EXPORT CUresult cuEventSynchronize(CUevent e) {
