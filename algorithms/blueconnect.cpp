@@ -559,6 +559,7 @@ class BcOp {
 class BcTask final : public progress::Task {
  public:
   BcTask(std::unique_ptr<BcOp> op, HostRequest* req) : op_(std::move(op)), req_(req) {}
+  const char* what() const override { return "blueconnect: levels (progress thread)"; }
   bool step() override {
     bool done = false;
     int rc = op_->step(&done);

@@ -297,6 +297,7 @@ class HostTask final : public progress::Task {
  public:
   HostTask(std::unique_ptr<HostPart> part, HostRequest* req)
       : part_(std::move(part)), req_(req) {}
+  const char* what() const override { return "ht: host collective (progress thread)"; }
   bool step() override {
     bool done = false;
     int rc = part_->step(&done);
@@ -483,6 +484,9 @@ class DeviceTask final : public progress::Task {
              DeviceRequest* req, std::atomic<int>* stage_tasks)
       : comm_(std::move(comm)), st_(st), part_(std::move(part)), req_(req), stage_tasks_(stage_tasks) {
     if (stage_tasks_) stage_tasks_->fetch_add(1, std::memory_order_relaxed);
+  }
+  const char* what() const override {
+    return "ht: host collective of a GPU call (progress thread)";
   }
 
   bool step() override {

@@ -106,6 +106,17 @@ void set_ht_wait(const Knob& k, const char* v, Settings* s) {
   else problem(s, k, v, "is not auto|memop|kernel; using auto");
 }
 
+void set_timeline_max(const Knob& k, const char* v, Settings* s) {
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  if (end != v && *end == '\0' && n >= 1 && n <= 100000000ull) s->timeline_max = n;
+  else problem(s, k, v, "is not a number of calls from 1 to 100000000; using 100000");
+}
+
+void set_nvtx(const Knob& k, const char* v, Settings* s) {
+  if (!parse_auto_bool(v, &s->nvtx)) problem(s, k, v, "is not auto|1|0; using auto");
+}
+
 void set_hierarchy(const Knob& k, const char* v, Settings* s) {
   if (auto f = topo::parse_factors(v)) s->hierarchy = *f;
   else problem(s, k, v, "is not a list of factors like 2x2x2; ignored");
@@ -123,6 +134,18 @@ const std::vector<Knob>& knobs() {
       {"STREAMCOLL_STATS", "0", set_bool<&Settings::stats>,
        "`1`: at `MPI_Finalize`, rank 0 prints calls, bytes and time per collective, route "
        "and memory kind, summed over `MPI_COMM_WORLD` (set it on every rank)"},
+      {"STREAMCOLL_TIMELINE", "", set_string<&Settings::timeline>,
+       "a file: at `MPI_Finalize` rank 0 writes there every rank's calls (collective, "
+       "route, bytes, memory, mode, host span, GPU span of stream-ordered calls) as Chrome "
+       "trace JSON (Perfetto, `chrome://tracing`, `scripts/plot_timeline.py`); a rank that "
+       "exits without `MPI_Finalize` writes its own, `FILE.rank<N>`"},
+      {"STREAMCOLL_TIMELINE_MAX", "100000", set_timeline_max,
+       "calls the timeline keeps per rank, the latest (about 100 bytes each); the file "
+       "says how many were dropped"},
+      {"STREAMCOLL_NVTX", "auto", set_nvtx,
+       "NVTX ranges in domain `streamcoll` (Nsight Systems): `auto` when an NVTX tool is "
+       "attached (`NVTX_INJECTION64_PATH` set, as `nsys` does), `1` always, `0` never; "
+       "absent from builds without the CUDA toolkit's NVTX3 headers"},
       {"STREAMCOLL_DRIVER_PROFILE", "0", set_bool<&Settings::driver_profile>,
        "`1`: every CUDA driver call streamcoll makes is timed (two clock reads each), and at"
        " `MPI_Finalize` each rank prints to stderr, per driver entry point, the calls and "

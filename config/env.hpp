@@ -91,6 +91,13 @@ struct Settings {
   HtWait ht_wait = HtWait::auto_detect;  ///< STREAMCOLL_HT_WAIT
   std::vector<int> hierarchy;    ///< STREAMCOLL_HIERARCHY factors, innermost first (empty: none)
   std::string node_groups;       ///< STREAMCOLL_NODE_GROUPS
+  /// STREAMCOLL_TIMELINE: where MPI_Finalize writes the per-call timeline (Chrome trace
+  /// JSON, core/trace.hpp); empty: no timeline.
+  std::string timeline;
+  uint64_t timeline_max = 100000;  ///< STREAMCOLL_TIMELINE_MAX: calls kept per rank (the latest)
+  /// STREAMCOLL_NVTX: NVTX ranges: 1 always, 0 never, -1 (auto) when an NVTX tool is
+  /// attached (NVTX_INJECTION64_PATH set, as Nsight Systems does).
+  int nvtx = -1;
   std::vector<std::string> problems;  ///< values that could not be understood
 };
 Settings read_settings();

@@ -9,6 +9,7 @@
 
 #include "base/log.hpp"
 #include "core/stats.hpp"
+#include "core/trace.hpp"
 
 namespace streamcoll {
 namespace {
@@ -149,6 +150,7 @@ AgreedFacts agree_call(MPI_Comm comm, int size, const LocalFacts& mine) {
   encode(mine, in);
   if (size == 1) return decode(in);
   g_blocking.fetch_add(1, std::memory_order_relaxed);
+  trace::Range range("agreement (blocking)");
   if (PMPI_Allreduce(in, out, k_n, MPI_INT, MPI_BOR, comm) != MPI_SUCCESS) {
     AgreedFacts f;
     f.valid = true;

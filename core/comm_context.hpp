@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "base/types.hpp"
@@ -150,6 +151,10 @@ struct CommContext {
     if (!left) polls.store(false, std::memory_order_relaxed);
   }
   DecisionCache decisions;  ///< the table walk of this communicator's calls
+  /// STREAMCOLL_DEBUG=info: the (collective, route, memory, stream, size class) keys whose
+  /// decision was explained once already (shim/dispatch.cpp); under explained_mu.
+  std::unordered_set<uint64_t> explained;
+  std::mutex explained_mu;
   /// MPI_Iallreduce fusion (algorithms/fusion.hpp): made at a blocking call when the table can
   /// fuse (equal on every rank); null when it cannot. Shared with the progress thread,
   /// which finishes the calls in flight after the context is gone.

@@ -38,7 +38,7 @@
   X(cuIpcCloseMemHandle) X(cuMemHostRegister) X(cuMemHostUnregister)                 \
   X(cuStreamIsCapturing) X(cuStreamGetCaptureInfo) X(cuLaunchHostFunc)                 \
   X(cuUserObjectCreate) X(cuUserObjectRelease) X(cuGraphRetainUserObject)              \
-  X(cuThreadExchangeStreamCaptureMode) X(cuStreamWriteValue32)
+  X(cuThreadExchangeStreamCaptureMode) X(cuStreamWriteValue32) X(cuEventElapsedTime)
 #endif
 
 namespace streamcoll::cuda {

@@ -15,6 +15,7 @@
 
 #include "base/log.hpp"
 #include "core/cuda_driver.hpp"
+#include "core/trace.hpp"
 
 #if STREAMCOLL_HAVE_HWLOC
 #include <hwloc.h>
@@ -239,7 +240,9 @@ class Engine {
       uint64_t until = UINT64_MAX;  // the earliest idle_until_ns() of the kept tasks
       for (size_t i = 0; i < active_.size(); ++i) {
         Task* t = active_[i];
+        if (!t->nvtx_range && trace::nvtx_on() && t->what()) t->nvtx_range = trace::range_start(t->what());
         if (t->step()) {
+          if (t->nvtx_range) trace::range_end(t->nvtx_range);
           delete t;
         } else {
           active_[kept++] = t;

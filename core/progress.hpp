@@ -35,8 +35,13 @@ class Task {
   /// stepped again at once, e.g. to test an MPI request). When every active task has such
   /// a time, the engine sleeps until the earliest, or until a submit() or wake().
   virtual uint64_t idle_until_ns() const { return 0; }
+  /// What the task does, for its NVTX range on the engine's thread from its first step to
+  /// its last (core/trace.hpp); nullptr (the default): no range (long-lived tasks).
+  virtual const char* what() const { return nullptr; }
   /// Order of submission, for diagnostics.
   uint64_t serial = 0;
+  /// The task's NVTX range (the engine's; 0: none).
+  uint64_t nvtx_range = 0;
   /// Intrusive link of the submission queue: the engine's, not the task's.
   Task* next_ = nullptr;
 };

@@ -13,6 +13,7 @@
 #include "core/datatypes.hpp"
 #include "core/host_staging.hpp"
 #include "core/progress.hpp"
+#include "core/trace.hpp"
 #include "streamcoll/streamcoll.h"
 
 namespace streamcoll {
@@ -69,7 +70,7 @@ bool Runtime::start() {
       agreed = out[0] == -out[1] && out[2] == -out[3];
       if (!agreed)
         log_error("the ranks of this job run with different streamcoll settings (STREAMCOLL_"
-                  "DISABLE, _ROUTE, _TUNING_FILE, _CHECK, _STATS, _HIERARCHY, _HT_WAIT, "
+                  "DISABLE, _ROUTE, _TUNING_FILE, _CHECK, _STATS, _TIMELINE, _HIERARCHY, _HT_WAIT, "
                   "_NODE_GROUPS, or a different library); every call passes through");
       job_gpu_ = out[4] != 0;
       // GPU memory may reach an MPI that cannot read it: every call with data exchanges
@@ -109,8 +110,11 @@ bool Runtime::start() {
   comm_contexts_start();
   PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, self_delete_fn, &self_keyval_, nullptr);
   PMPI_Comm_set_attr(MPI_COMM_SELF, self_keyval_, nullptr);
+  trace::configure(settings_);
   state_.store(running, std::memory_order_release);
-  if (!settings_.stats) g_passthrough.store(~full_path & ((1u << kNumColls) - 1));
+  // (Statistics, the timeline and NVTX see every call: none passes straight through.)
+  if (!settings_.stats && !trace::timeline_on() && !trace::nvtx_on())
+    g_passthrough.store(~full_path & ((1u << kNumColls) - 1));
   SC_INFO("started (%zu tuning rules%s%s)", table_.rules().size(),
           settings_.stats ? ", statistics on" : "", settings_.check ? ", checks on" : "");
   return true;
@@ -133,6 +137,7 @@ uint64_t Runtime::fingerprint() const {
   mix_v(settings_.disable);
   mix_v(settings_.check);
   mix_v(settings_.stats);
+  mix_v(!settings_.timeline.empty());  // its gather at MPI_Finalize is collective
   mix_v(static_cast<uint64_t>(settings_.ht_wait));
   mix_v(settings_.nccl_nonblocking);
   mix_v(settings_.nvgroup_nonblocking);
@@ -229,6 +234,7 @@ void Runtime::stop() {
     std::string table = stats_.report(MPI_COMM_WORLD);
     if (!table.empty()) std::fputs(table.c_str(), stderr);
   }
+  trace::finalize();  // the timeline (collective over MPI_COMM_WORLD where it is on)
   if (settings_.driver_profile) {
     // Per rank: the host time of the CUDA driver calls streamcoll made.
     int rank = 0;

@@ -84,6 +84,9 @@
 
 #include <time.h>
 
+#include <mutex>
+#include <unordered_set>
+
 #include "algorithms/fusion.hpp"
 #include "algorithms/route.hpp"
 #include "base/log.hpp"
@@ -99,6 +102,7 @@
 #include "core/repack.hpp"
 #include "core/runtime.hpp"
 #include "core/stats.hpp"
+#include "core/trace.hpp"
 #include "shim/capture.hpp"
 #include "streamext/stream_attr.hpp"
 
@@ -117,6 +121,9 @@ struct Decision {
   CommContext* ctx = nullptr;
   const config::RouteChoice* choice = nullptr;
   std::shared_ptr<const config::TuningTable> forced;  ///< keeps `choice` alive if from it
+  /// STREAMCOLL_DEBUG=info only: the rule that chose, the routes that declined and why,
+  /// or why the call could not be routed (explain_once).
+  std::string why;
   /// The fuse= limit of `choice` when the call is fused (algorithms/fusion.hpp), else 0: found
   /// by the rule walk, once per call.
   uint64_t fuse = 0;
@@ -333,6 +340,18 @@ void walk_rules(Decision& d, const CollArgs& a, const CallEnv& env, const config
     }
     if (rule->choice.route == RouteId::pmpi) break;
     const config::Rule* next = rules.next();
+    if (trace::nvtx_on() || log_enabled(LogLevel::info)) {
+      const std::string declined =
+          "route " + std::string(name(rule->choice.route)) + " (" + rule->origin + ") " +
+          (!route ? "is not available"
+           : (env.unable >> static_cast<int>(rule->choice.route) & 1u) ? "cannot run on some rank"
+                                                                        : "declines this call");
+      if (trace::nvtx_on())
+        trace::mark((call_name(a.coll, a.nonblocking) + ": " + declined + "; " +
+                     (next ? "trying " + next->origin : std::string("using pmpi")))
+                        .c_str());
+      if (log_enabled(LogLevel::info)) d.why += declined + "; ";
+    }
     SC_TRACE("%s: route %s (%s) %s; %s%s", call_name(a.coll, a.nonblocking).c_str(),
              std::string(name(rule->choice.route)).c_str(), rule->origin.c_str(),
              !route ? "is not available"
@@ -343,6 +362,8 @@ void walk_rules(Decision& d, const CollArgs& a, const CallEnv& env, const config
     rule = next;
     if (!rule) d.choice = nullptr;
   }
+  if (log_enabled(LogLevel::info))
+    d.why += rule && d.choice ? "rule " + rule->origin + " chose it" : "no rule left: pmpi";
 }
 
 // Step 3 of decide(), the route: the table and the forced routes matched with the agreed
@@ -354,6 +375,10 @@ void choose_route(Decision& d, const CollArgs& a, const AgreedFacts& agreed, int
   const std::shared_ptr<const config::TuningTable>& forced = d.forced;
   if (!agreed.valid || !agreed.routable) {
     if (check) check_agreement(a.comm, a.coll, a.nonblocking, d.route, MemKind::host, rank);
+    if (trace::nvtx_on() && agreed.valid)
+      trace::mark((call_name(a.coll, a.nonblocking) + " -> pmpi: " + agreed.why).c_str());
+    if (log_enabled(LogLevel::info))
+      d.why = agreed.valid ? agreed.why : "no blocking call has agreed on its facts yet";
     SC_TRACE("%s %llu B on %s memory -> pmpi (%s)", call_name(a.coll, a.nonblocking).c_str(),
              static_cast<unsigned long long>(d.bytes), std::string(name(d.env.mem)).c_str(),
              agreed.valid ? agreed.why : "no blocking call has agreed on its facts yet");
@@ -742,6 +767,45 @@ int run_on_route(const CollArgs& a, const Decision& d) {
   return rc;
 }
 
+// STREAMCOLL_DEBUG=info: once per communicator and (collective, route, memory kind,
+// stream, size class of a power of 4), the route a call took and why.
+void explain_once(const CollArgs& a, const Decision& d) {
+  int size_class = 0;
+  for (uint64_t b = d.bytes; b > 1; b >>= 2) ++size_class;
+  const uint64_t key = static_cast<uint64_t>(a.coll) | uint64_t{a.nonblocking} << 8 |
+                       static_cast<uint64_t>(d.route) << 9 | static_cast<uint64_t>(d.env.mem) << 17 |
+                       uint64_t{d.env.has_stream} << 25 | static_cast<uint64_t>(size_class) << 26;
+  // A call decided without a communicator context (no rule can route its collective
+  // here: straight to the MPI) is explained once per process.
+  static std::mutex no_ctx_mu;
+  static std::unordered_set<uint64_t> no_ctx;
+  {
+    std::lock_guard<std::mutex> lock(d.ctx ? d.ctx->explained_mu : no_ctx_mu);
+    if (!(d.ctx ? d.ctx->explained : no_ctx).insert(key).second) return;
+  }
+  int size = d.ctx ? d.ctx->size : 0;
+  if (!size) PMPI_Comm_size(a.comm, &size);
+  SC_INFO("%s of %llu B on %s memory%s, %d ranks: %s (%s)", call_name(a.coll, a.nonblocking).c_str(),
+          static_cast<unsigned long long>(d.bytes), std::string(name(d.env.mem)).c_str(),
+          d.env.has_stream ? " with a stream" : "", size, std::string(name(d.route)).c_str(),
+          !d.why.empty() ? d.why.c_str()
+          : d.ctx        ? "the first matching rule"
+                         : "no rule of the table can route this collective here");
+}
+
+// What the NVTX range and the timeline say of a routed call.
+void trace_routed(trace::Call& t, const CollArgs& a, const Decision& d) {
+  const bool gpu = d.env.mem == MemKind::device || d.env.mem == MemKind::managed ||
+                   d.env.mem == MemKind::mixed;
+  const trace::Mode mode = !gpu                   ? trace::Mode::host
+                           : capture::replaying() ? trace::Mode::captured
+                           : d.env.has_stream     ? trace::Mode::stream
+                                                  : trace::Mode::classic;
+  int size = d.ctx ? d.ctx->size : 0;
+  if (!size) PMPI_Comm_size(a.comm, &size);
+  t.routed(d.route, d.env.mem, mode, d.bytes, size, d.env.has_stream ? d.env.stream : nullptr);
+}
+
 // An earlier stream-ordered operation on this communicator that failed after its call had
 // returned: reported after this call ran (it decided nothing from it), when this one
 // succeeded.
@@ -764,7 +828,10 @@ int dispatch_described(const CollArgs& a, Runtime& rt) {
   const bool timed = rt.stats_on();
 
   const uint64_t t0 = timed ? now_ns() : 0;
+  trace::Call traced(a.coll, a.nonblocking);  // NVTX range, timeline record (when on)
   Decision d = decide(a, rt);
+  if (d.error == MPI_SUCCESS && traced.on()) trace_routed(traced, a, d);
+  if (d.error == MPI_SUCCESS && log_enabled(LogLevel::info)) explain_once(a, d);
 #if STREAMCOLL_HAVE_CUDA
   // A call on GPU or pinned memory may allocate (staging, scratch, an NCCL communicator)
   // or synchronise streamcoll's own streams: in the relaxed capture mode, so that a

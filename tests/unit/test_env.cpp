@@ -67,6 +67,8 @@ TEST_CASE("every knob sets its own setting") {
       {"STREAMCOLL_STAGING_KERNEL", "off"},   {"STREAMCOLL_PROGRESS_BIND", "none"},
       {"STREAMCOLL_HT_WAIT", "kernel"},       {"STREAMCOLL_HIERARCHY", "2x3"},
       {"STREAMCOLL_NODE_GROUPS", "^(r[0-9]+)"}, {"STREAMCOLL_MPI_CUDA_AWARE", "no"},
+      {"STREAMCOLL_TIMELINE", "/tl.json"},    {"STREAMCOLL_TIMELINE_MAX", "500"},
+      {"STREAMCOLL_NVTX", "0"},
   };
   REQUIRE(values.size() == knobs().size());
   for (const auto& [n, v] : values) setenv(n, v, 1);
@@ -92,14 +94,18 @@ TEST_CASE("every knob sets its own setting") {
   CHECK(s.hierarchy == std::vector<int>{2, 3});
   CHECK(s.node_groups == "^(r[0-9]+)");
   CHECK(s.mpi_cuda_aware == CudaAware::no);
+  CHECK(s.timeline == "/tl.json");
+  CHECK(s.timeline_max == 500);
+  CHECK(s.nvtx == 0);
   // Values a knob does not understand: each reported under its own name, the default kept.
   for (const auto& [n, v] : values) setenv(n, "bogus", 1);
   Settings b = read_settings();
-  CHECK(b.problems.size() == 16);  // every knob but the four that take any string
+  CHECK(b.problems.size() == 18);  // every knob but the five that take any string
   for (const Knob& k : knobs()) {
     CAPTURE(k.name);
     const bool any_string = k.name == "STREAMCOLL_TUNING_FILE" || k.name == "STREAMCOLL_ROUTE" ||
-                            k.name == "STREAMCOLL_NCCL_LIB" || k.name == "STREAMCOLL_NODE_GROUPS";
+                            k.name == "STREAMCOLL_NCCL_LIB" || k.name == "STREAMCOLL_NODE_GROUPS" ||
+                            k.name == "STREAMCOLL_TIMELINE";
     int mentions = 0;
     for (const std::string& p : b.problems) mentions += p.rfind(std::string(k.name) + "='bogus'", 0) == 0;
     CHECK(mentions == (any_string ? 0 : 1));
@@ -108,6 +114,8 @@ TEST_CASE("every knob sets its own setting") {
   CHECK(b.fusion_cycle_us == 1000);
   CHECK(b.ht_wait == HtWait::auto_detect);
   CHECK(b.hierarchy.empty());
+  CHECK(b.timeline_max == 100000);
+  CHECK(b.nvtx == -1);
   for (const auto& [n, v] : values) unsetenv(n);
 }
 
