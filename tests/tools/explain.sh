@@ -3,7 +3,8 @@
 # (STREAMCOLL_ROUTE) and a tuning file (a rule that matches the call and one that does
 # not), the route --explain answers for "allreduce 8 host 2 ranks" is the route the same
 # call takes in a 2-rank run (examples/allreduce.c, one MPI_LONG, streamcoll's
-# statistics). And a call that does not parse exits 2.
+# statistics), and what STREAMCOLL_DEBUG=info's one line for that call says it took. And a
+# call that does not parse exits 2.
 #   explain.sh BUILD_DIR SOURCE_DIR      (STREAMCOLL_LIB: the library)
 set -euo pipefail
 build=$1 src=$2
@@ -27,12 +28,13 @@ while read -r envs want; do
   said=$(env $envs STREAMCOLL_THREAD_MULTIPLE=1 "$build/tools/streamcoll-info" \
            --explain "allreduce 8 host 2 ranks" | sed -n 's/^-> \([a-z]*\).*/\1/p')
   # shellcheck disable=SC2086
-  env $envs STREAMCOLL_THREAD_MULTIPLE=1 STREAMCOLL_STATS=1 LD_PRELOAD="$STREAMCOLL_LIB" \
+  env $envs STREAMCOLL_THREAD_MULTIPLE=1 STREAMCOLL_STATS=1 STREAMCOLL_DEBUG=info LD_PRELOAD="$STREAMCOLL_LIB" \
     timeout 120 "$mpirun" "${mpirun_args[@]}" -np 2 "$tmp/allreduce" </dev/null >"$tmp/run.log" 2>&1 ||
     { cat "$tmp/run.log"; fail "the run with $envs"; }
   took=$(awk '$1 == "allreduce" && $3 ~ /^(host|pinned|device|managed|mixed)$/ {print $2; exit}' "$tmp/run.log")
-  echo "${envs:-(embedded table)}: --explain says $said, the run took $took (expected $want)"
-  [ "$said" = "$want" ] && [ "$took" = "$want" ] || fail "$envs"
+  told=$(sed -n 's/^\[streamcoll 0\] info: allreduce of 8 B on host memory, 2 ranks: \([a-z]*\) (.*/\1/p' "$tmp/run.log" | head -1)
+  echo "${envs:-(embedded table)}: --explain says $said, the run took $took, its info line says $told (expected $want)"
+  [ "$said" = "$want" ] && [ "$took" = "$want" ] && [ "$told" = "$want" ] || fail "$envs"
   checked=$((checked + 1))
 done <<CASES
 - pmpi
