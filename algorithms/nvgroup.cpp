@@ -6,8 +6,14 @@
 //
 // Group: every rank of the communicator, when they all run on one node (ctx.nodes == 1),
 // there are at most kMaxMembers of them, and every rank can reach every other rank's GPU:
-// the same GPU (CUDA IPC between processes on one device), or a GPU this rank's driver
-// sees (cuDeviceGetByPCIBusId) with peer access (cuDeviceCanAccessPeer).
+// the same GPU (CUDA IPC between processes on one device), a GPU this rank's driver sees
+// (cuDeviceGetByPCIBusId) with peer access (cuDeviceCanAccessPeer), or a GPU it cannot
+// see (one GPU per rank, CUDA_VISIBLE_DEVICES) whose memory it opens: the set-up opens
+// every peer's scratch through its IPC handle anyway (step 3), and that open is the probe
+// (the driver enables peer access lazily, and fails where the two GPUs have none; UCX's
+// cuda_ipc decides the same way). The probe's outcome is agreed with the rest (step 4):
+// a pair that fails turns the route off on every rank. NVML is not needed: the bus ids
+// the ranks exchange already tell the same GPU apart from another one.
 //
 // Several groups (a communicator over several nodes, or a hierarchy imposed by the rule's
 // hierarchy= or STREAMCOLL_HIERARCHY with two levels or more): the route is BlueConnect's
@@ -637,15 +643,18 @@ bool open_local(Group& g, int device, uint64_t chunk, Entry* e, std::string* why
   return true;
 }
 
-// Whether this rank reaches the GPU with PCI bus id `bus` (its own, or one it sees with
-// peer access).
-bool reaches(const Group& g, const char* mine, const char* bus) {
-  if (std::strcmp(mine, bus) == 0) return true;
+// How this rank reaches the GPU with PCI bus id `bus`: its own; one it sees, with peer
+// access or not; one it cannot see, left to the IPC probe of step 3.
+enum class Reach { same, peer, none, probe };
+
+Reach reaches(const Group& g, const char* mine, const char* bus) {
+  if (std::strcmp(mine, bus) == 0) return Reach::same;
   const cuda::Driver& d = driver();
   CUdevice other = 0;
   int can = 0;
-  return d.cuDeviceGetByPCIBusId(&other, bus) == CUDA_SUCCESS &&
-         d.cuDeviceCanAccessPeer(&can, g.cudev, other) == CUDA_SUCCESS && can;
+  if (d.cuDeviceGetByPCIBusId(&other, bus) != CUDA_SUCCESS) return Reach::probe;
+  return d.cuDeviceCanAccessPeer(&can, g.cudev, other) == CUDA_SUCCESS && can ? Reach::peer
+                                                                                : Reach::none;
 }
 
 // Step 3, local part: map the flags segment, register it, open the peers' scratch.
@@ -671,7 +680,9 @@ bool open_shared(Group& g, const std::vector<Entry>& all, const char* name, std:
     if ((r = d.cuIpcOpenMemHandle(&g.peer[m], all[m].handle,
                                   CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)) != CUDA_SUCCESS) {
       g.peer[m] = 0;
-      return *why = cuda::describe("cuIpcOpenMemHandle", r), false;
+      const std::string what = std::string("cuIpcOpenMemHandle of the scratch of ") + all[m].bus +
+                               " (no peer access from " + all[g.me].bus + "?)";
+      return *why = cuda::describe(what.c_str(), r), false;
     }
   }
   return true;
@@ -704,13 +715,17 @@ void set_up(NvgroupState& st, const CallEnv& env, const CommContext& ctx,
   }
   g->blocks = std::min(blocks_of(choice), static_cast<uint32_t>(sms));
   g->direct = choice.param("direct").value_or("yes") != "no";
-  // Reachability is each rank's own view; step 4 agrees on it.
-  int ok = 1;
-  for (int r = 0; r < ctx.size && ok; ++r)
-    if (!reaches(*g, mine.bus, all[static_cast<size_t>(r)].bus)) {
+  // Reachability is each rank's own view; step 4 agrees on it. GPUs this rank cannot see
+  // are probed in step 3 (opening their scratch).
+  int ok = 1, probed = 0;
+  for (int r = 0; r < ctx.size && ok; ++r) {
+    const Reach how = reaches(*g, mine.bus, all[static_cast<size_t>(r)].bus);
+    probed += how == Reach::probe;
+    if (how == Reach::none) {
       why = std::string("no peer access from ") + mine.bus + " to " + all[static_cast<size_t>(r)].bus;
       ok = 0;
     }
+  }
   char name[64] = {0};
   if (ctx.rank == 0) {
     std::snprintf(name, sizeof name, "/streamcoll-nvgroup-%d-%u", static_cast<int>(getpid()),
@@ -742,8 +757,9 @@ void set_up(NvgroupState& st, const CallEnv& env, const CommContext& ctx,
     if (agreed == MPI_SUCCESS) PMPI_Barrier(ctx.comm);
     return;
   }
-  SC_INFO("nvgroup: group of %u ranks on device %d, %u blocks, %llu-byte rounds", g->members,
-          g->device, g->blocks, static_cast<unsigned long long>(g->chunk_bytes));
+  SC_INFO("nvgroup: group of %u ranks on device %d, %u blocks, %llu-byte rounds%s", g->members,
+          g->device, g->blocks, static_cast<unsigned long long>(g->chunk_bytes),
+          probed ? "; GPUs not visible here reached through CUDA IPC" : "");
   st.group = std::move(g);
   st.status = NvgroupState::ready;
 }

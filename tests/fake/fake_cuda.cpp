@@ -95,7 +95,17 @@
 //    driver; cuIpcCloseMemHandle unmaps); cuMemHostRegister makes any host memory (e.g. a
 //    shared mapping) pinned, with a device address under CU_MEMHOSTREGISTER_DEVICEMAP.
 //    cuDeviceGetByPCIBusId finds this process's devices by bus id; cuDeviceCanAccessPeer
-//    says yes between two distinct devices unless FAKE_CUDA_NO_PEER=1. A fatbin image
+//    says yes between two distinct devices the node's topology connects (below) unless
+//    FAKE_CUDA_NO_PEER=1. The node's topology, FAKE_CUDA_PEERS, by bus number (the BB of
+//    0000:BB:00.0): unset or "all": every pair of distinct GPUs has peer access (NVLink
+//    or a P2P-capable switch); "none": no pair has; "1,2/3,4": peer access within each
+//    '/'-separated group only (NVLink pairs), the other pairs PCIe-only without P2P. With
+//    one visible device per process (FAKE_CUDA_BUS_ID=per-rank, FAKE_CUDA_DEVICES=1: the
+//    isolation of CUDA_VISIBLE_DEVICES) no process can name another's GPU, but
+//    cuIpcOpenMemHandle opens a peer's allocation wherever the topology gives the two GPUs
+//    peer access, and fails with CUDA_ERROR_PEER_ACCESS_UNSUPPORTED where it does not (what
+//    the real driver's lazy peer enabling does between GPUs without P2P, as we read its
+//    documentation; not verified on such hardware). A fatbin image
 //    (magic 0xba55ed50, built with nvcc --no-compress) that names one of streamcoll's
 //    kernels (kHostKernels: NV-Group's allreduce, route ccube's elementwise reduction,
 //    host staging's batched copies) loads; cuLaunchKernel of such a kernel checks the launch and runs the kernel's logic
@@ -1270,6 +1280,31 @@ int bus_number(int device) {
   return 1 + group * g_devices + device;
 }
 
+// Whether GPUs with bus numbers a and b reach each other's memory: the same GPU, or peer
+// access in the node's topology (FAKE_CUDA_PEERS: "all" (default), "none", or groups of
+// bus numbers "1,2/3,4").
+bool peer_capable(int a, int b) {
+  if (a == b) return true;
+  const char* t = getenv("FAKE_CUDA_PEERS");
+  if (!t || !*t || strcmp(t, "all") == 0) return true;
+  if (strcmp(t, "none") == 0) return false;
+  int group = 0, ga = -1, gb = -1;
+  for (const char* p = t; *p;) {
+    char* end = nullptr;
+    const long v = strtol(p, &end, 10);
+    if (end == p) {
+      fprintf(stderr, "fake_cuda: FAKE_CUDA_PEERS='%s' is not all|none|groups like 1,2/3,4\n", t);
+      abort();
+    }
+    if (v == a) ga = group;
+    if (v == b) gb = group;
+    p = end;
+    if (*p == '/') ++group;
+    if (*p == ',' || *p == '/') ++p;
+  }
+  return ga >= 0 && ga == gb;
+}
+
 std::vector<RangeUse> ranges_of(const fake_cuda_range* r, int n) {
   std::vector<RangeUse> out;
   for (int i = 0; i < n; ++i)
@@ -2035,7 +2070,8 @@ struct IpcHandle {  // what the fake puts in CUipcMemHandle::reserved (64 bytes)
   uint32_t magic;
   int32_t pid;
   uint64_t bytes;
-  char name[48];
+  int32_t bus;  // the exporting GPU's bus number (the node's topology decides who opens it)
+  char name[44];
 };
 static_assert(sizeof(IpcHandle) <= sizeof(CUipcMemHandle), "fits the handle");
 constexpr uint32_t kIpcMagic = 0xfa4ec0deu;
@@ -2096,7 +2132,7 @@ FAKE_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr)
             reinterpret_cast<void*>(dptr));
     return ret("cuIpcGetMemHandle", CUDA_ERROR_INVALID_VALUE);
   }
-  IpcHandle h{kIpcMagic, static_cast<int32_t>(getpid()), it->second.bytes, {0}};
+  IpcHandle h{kIpcMagic, static_cast<int32_t>(getpid()), it->second.bytes, bus_number(it->second.device), {0}};
   snprintf(h.name, sizeof h.name, "%s", it->second.shm_name.c_str());
   memset(handle, 0, sizeof *handle);
   memcpy(handle->reserved, &h, sizeof h);
@@ -2114,6 +2150,8 @@ FAKE_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr* dptr, CUipcMemHandle handle
     return ret("cuIpcOpenMemHandle", CUDA_ERROR_INVALID_VALUE);
   // As the real driver: a process cannot open its own allocations' handles.
   if (h.pid == static_cast<int32_t>(getpid())) return ret("cuIpcOpenMemHandle", CUDA_ERROR_INVALID_CONTEXT);
+  // The GPUs must reach each other (the same GPU, or peer access in the node's topology).
+  if (!peer_capable(h.bus, bus_number(c->device))) return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
   const int fd = shm_open(h.name, O_RDWR, 0600);
   if (fd < 0) return ret("cuIpcOpenMemHandle", CUDA_ERROR_INVALID_HANDLE);
   void* p = mmap(nullptr, h.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -2185,7 +2223,7 @@ FAKE_EXPORT CUresult cuDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer
   if (dev < 0 || dev >= g_devices || peer < 0 || peer >= g_devices)
     return ret("cuDeviceCanAccessPeer", CUDA_ERROR_INVALID_DEVICE);
   const char* no = getenv("FAKE_CUDA_NO_PEER");
-  *can = dev != peer && !(no && strcmp(no, "1") == 0);
+  *can = dev != peer && !(no && strcmp(no, "1") == 0) && peer_capable(bus_number(dev), bus_number(peer));
   return CUDA_SUCCESS;
 }
 
