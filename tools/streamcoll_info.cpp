@@ -7,7 +7,9 @@
 //
 // Reports the build (version, options, the MPI it was compiled against), the MPI it runs
 // with (library version, standard, CUDA-awareness, the thread level it gives), the CUDA
-// driver and its devices (name, memory, PCI bus id, peer access), NCCL (found where, which
+// driver and its devices (name, memory, PCI bus id, peer access), under mpirun the GPUs of
+// the node's ranks and how each rank reaches the others' (the same GPU, peer access, CUDA
+// IPC to a GPU it cannot see: route nvgroup's view; only rank 0 prints), NCCL (found where, which
 // version), the hwloc topology (packages, NUMA nodes, cores, GPUs and network devices and
 // which of them share a NUMA node), the effective tuning table (embedded or file, after
 // STREAMCOLL_ROUTE) and every environment knob with its value. It loads the CUDA driver
@@ -300,6 +302,74 @@ Node cuda_section() {
 #endif
 }
 
+#if STREAMCOLL_HAVE_CUDA
+// The GPUs of this node's ranks (MPI_COMM_TYPE_SHARED) as route nvgroup would reach them,
+// row i the local rank i's view: "=" the same GPU, "P" a GPU it sees with peer access, "I"
+// a GPU it cannot see (one GPU per rank) whose memory it opened through CUDA IPC (the
+// probe nvgroup's set-up makes), "x" neither. Each rank uses its current device, or
+// device 0. Collective over MPI_COMM_WORLD.
+Node node_gpus_section() {
+  Node n = Node::Obj();
+  const streamcoll::cuda::Driver& d = streamcoll::cuda::driver();
+  MPI_Comm node = MPI_COMM_NULL;
+  PMPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int me = 0, size = 1;
+  PMPI_Comm_rank(node, &me);
+  PMPI_Comm_size(node, &size);
+  struct Mine {
+    int ok;
+    char bus[32];
+    CUipcMemHandle handle;
+  } mine{};
+  CUdevice dev = 0;
+  CUcontext ctx = nullptr;
+  CUdeviceptr buf = 0;
+  const bool can = d.usable && d.device_count > 0 && d.cuMemAlloc && d.cuIpcGetMemHandle &&
+                   d.cuIpcOpenMemHandle && d.cuIpcCloseMemHandle && d.cuMemFree;
+  if (can && d.cuDeviceGet(&dev, 0) == CUDA_SUCCESS &&
+      d.cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS && d.cuCtxPushCurrent(ctx) == CUDA_SUCCESS &&
+      d.cuDeviceGetPCIBusId(mine.bus, sizeof mine.bus - 1, dev) == CUDA_SUCCESS &&
+      d.cuMemAlloc(&buf, 4096) == CUDA_SUCCESS && d.cuIpcGetMemHandle(&mine.handle, buf) == CUDA_SUCCESS)
+    mine.ok = 1;
+  std::vector<Mine> all(static_cast<size_t>(size));
+  PMPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, node);
+  std::string row;
+  for (int j = 0; j < size; ++j) {
+    const Mine& o = all[static_cast<size_t>(j)];
+    char c = 'x';
+    CUdevice other = 0;
+    int peer = 0;
+    if (!mine.ok || !o.ok) c = '?';
+    else if (std::strcmp(mine.bus, o.bus) == 0) c = '=';
+    else if (d.cuDeviceGetByPCIBusId(&other, o.bus) == CUDA_SUCCESS)
+      c = d.cuDeviceCanAccessPeer(&peer, dev, other) == CUDA_SUCCESS && peer ? 'P' : 'x';
+    else if (CUdeviceptr p = 0; d.cuIpcOpenMemHandle(&p, o.handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS)
+      c = 'I', d.cuIpcCloseMemHandle(p);
+    row += c;
+  }
+  PMPI_Barrier(node);  // every open closed before any buffer goes
+  std::vector<char> rows(static_cast<size_t>(size) * static_cast<size_t>(size));
+  PMPI_Allgather(row.data(), size, MPI_CHAR, rows.data(), size, MPI_CHAR, node);
+  Node buses = Node::List(), matrix = Node::List();
+  for (int i = 0; i < size; ++i) {
+    buses.push(Node::Str(all[static_cast<size_t>(i)].ok ? all[static_cast<size_t>(i)].bus : "(no GPU)"));
+    matrix.push(Node::Str(std::string(rows.data() + static_cast<size_t>(i) * size, static_cast<size_t>(size))));
+  }
+  n.add("ranks on this node", Node::Num(size));
+  n.add("gpu of each local rank", std::move(buses));
+  n.add("reach (= same GPU, P peer access, I CUDA IPC to a GPU not visible, x none, ? no GPU)",
+        std::move(matrix));
+  if (buf) d.cuMemFree(buf);
+  if (ctx) {
+    CUcontext popped = nullptr;
+    d.cuCtxPopCurrent(&popped);
+    d.cuDevicePrimaryCtxRelease(dev);
+  }
+  PMPI_Comm_free(&node);
+  return n;
+}
+#endif
+
 Node nccl_section(const streamcoll::config::Settings& s) {
   Node n = Node::Obj();
 #if !STREAMCOLL_HAVE_NCCL
@@ -511,6 +581,10 @@ int main(int argc, char** argv) {
   root.add("streamcoll", build_section());
   root.add("mpi", mpi_section(init, s));
   root.add("cuda", cuda_section());
+#if STREAMCOLL_HAVE_CUDA
+  if (int ranks = 1; init && PMPI_Comm_size(MPI_COMM_WORLD, &ranks) == MPI_SUCCESS && ranks > 1)
+    root.add("node gpus", node_gpus_section());
+#endif
   root.add("nccl", nccl_section(s));
   root.add("topology", topology_section());
   root.add("tuning table", table_section(s));
@@ -528,7 +602,10 @@ int main(int argc, char** argv) {
     if (!problems.items.empty()) root.add("environment problems", std::move(problems));
     print_text(root, 0, &out);
   }
-  std::fputs(out.c_str(), stdout);
+  // Under mpirun: rank 0 prints (the node's section holds what its other ranks see).
+  int rank = 0;
+  if (init) PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) std::fputs(out.c_str(), stdout);
   if (init) PMPI_Finalize();
   return 0;
 }

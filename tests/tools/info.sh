@@ -72,6 +72,39 @@ assert c["peer access"] == ["-1", "1-"], c
 PY
 fi
 
+# Under mpirun, 3 ranks with one fake GPU each (CUDA_VISIBLE_DEVICES isolation): rank 0
+# prints the node's reach matrix, the peers' GPUs reached through CUDA IPC where the node's
+# topology gives peer access (all pairs; then bus 1-2 only).
+if [ -e "$build/tests/fake/cuda/libcuda.so.1" ]; then
+  source "$(dirname "$0")/../../scripts/mpi-launcher.sh"
+  mpi_launcher "$(mpi_flavor_of "$build")"
+  for peers in all 1,2/3; do
+    LD_LIBRARY_PATH="$build/tests/fake/cuda" FAKE_CUDA_DEVICES=1 FAKE_CUDA_BUS_ID=per-rank \
+      FAKE_CUDA_PEERS=$peers timeout 120 "$mpirun" "${mpirun_args[@]}" -np 3 "$info" --json \
+      >"$tmp/node" 2>"$tmp/node.err" || { cat "$tmp/node.err"; fail "3 ranks, peers $peers: exit status"; }
+    python3 - "$tmp/node" "$peers" <<'PY' || fail "3 ranks, peers $peers: the node's reach matrix"
+import json, sys
+text, docs, i = open(sys.argv[1]).read(), [], 0
+dec = json.JSONDecoder()
+while i < len(text):
+    if text[i].isspace():
+        i += 1
+        continue
+    doc, i = dec.raw_decode(text, i)
+    docs.append(doc)
+assert len(docs) == 1, len(docs)  # rank 0's
+want = {"all": ["=II", "I=I", "II="], "1,2/3": ["=Ix", "I=x", "xx="]}[sys.argv[2]]
+for d in docs:
+    n = d["node gpus"]
+    assert n["ranks on this node"] == 3, n
+    assert n["gpu of each local rank"] == ["0000:01:00.0", "0000:02:00.0", "0000:03:00.0"], n
+    m = [v for k, v in n.items() if k.startswith("reach")][0]
+    assert m == want, (m, want)
+print("node gpus:", sys.argv[2], want)
+PY
+  done
+fi
+
 set +e
 "$info" --bogus >/dev/null 2>&1
 [ $? -eq 2 ] || fail "a bad argument does not exit 2"
