@@ -9,7 +9,7 @@
 # - the NVTX ranges in domain "streamcoll": one "MPI_<Coll>" and one "<coll> <route> ..."
 #   range per call the statistics count, balanced, the routes named as categories;
 # - a second run at 2 ranks with routes forced (allreduce on nvgroup, which cannot run
-#   there: no peer GPU, no NCCL; the rest on ht): a mark with the reason per allreduce
+#   there: the two GPUs have no peer access, FAKE_CUDA_PEERS=none; the rest on ht): a mark with the reason per allreduce
 #   that falls back, and the progress thread's ranges for ht's host collectives;
 # - ranks that exit without MPI_Finalize (NO_FINALIZE, 2 ranks) each write their own
 #   records to FILE.rank<N>.
@@ -32,7 +32,7 @@ reports=("$out"/nvtx.*.txt)
   fail "the NVTX ranges"
 mkdir -p "$out/forced"
 STREAMCOLL_ROUTE=allreduce:nvgroup,bcast:ht,reduce:ht,allgather:ht,reduce_scatter_block:ht \
-  STREAMCOLL_NCCL_LIB=/nonexistent/libnccl.so.2 NVTX_INJECTION64_PATH=$lib NVTX_INJECT_OUT=$out/forced/nvtx.%p.txt \
+  STREAMCOLL_NCCL_LIB=/nonexistent/libnccl.so.2 FAKE_CUDA_PEERS=none NVTX_INJECTION64_PATH=$lib NVTX_INJECT_OUT=$out/forced/nvtx.%p.txt \
   "$run" preload 2 "$prog" mixed >"$out/forced/run.log" 2>&1 || { cat "$out/forced/run.log"; fail "the forced run"; }
 /usr/bin/python3 "$tests/tools/nvtx_inject_check.py" "$out"/forced/nvtx.*.txt --balanced \
   --stats-log "$out/forced/run.log" --mark-prefix streamcoll "allreduce: route nvgroup (STREAMCOLL_ROUTE)" 200 \
