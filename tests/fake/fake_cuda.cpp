@@ -147,6 +147,7 @@
 // its stream). Async work itself runs on its own thread, without the lock, and calls
 // nothing here; so do host functions (cuLaunchHostFunc), whose CUDA calls are refused.
 #include <cuda.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
@@ -1096,11 +1097,18 @@ std::atomic<unsigned> g_shm_seq{0};
 // it and another process open it: cuMemAlloc's, and fake_cuda_malloc(_device)'s under
 // FAKE_CUDA_MALLOC_SHM=1 (cudaMalloc memory is IPC-capable on a real GPU). nullptr when
 // the system refuses.
+// A name already taken is a segment left by an earlier process with this pid that did not
+// live to unlink it (killed, aborted): removed, and the next name tried.
 void* shm_allocate(size_t bytes, int device) {
   char name[48];
-  snprintf(name, sizeof name, "/fake-cuda-%d-%u", static_cast<int>(getpid()), g_shm_seq.fetch_add(1));
   const size_t len = (bytes + 4095) / 4096 * 4096;
-  const int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+  int fd = -1;
+  for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
+    snprintf(name, sizeof name, "/fake-cuda-%d-%u", static_cast<int>(getpid()), g_shm_seq.fetch_add(1));
+    fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0 && errno == EEXIST) shm_unlink(name);
+    else if (fd < 0) break;
+  }
   if (fd < 0) return nullptr;
   void* p = ftruncate(fd, static_cast<off_t>(len)) == 0
                 ? mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
