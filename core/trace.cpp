@@ -163,8 +163,6 @@ class Timeline {
     std::atexit([] { Timeline::get().write_local_at_exit(); });
   }
 
-  uint64_t next_seq() { return seq_.fetch_add(1, std::memory_order_relaxed); }
-
   void add(const Record& r, void* gpu_begin, void* gpu_end, void* stream);
   void* gpu_begin(void* stream);
   void* gpu_end(void* stream);
@@ -172,7 +170,6 @@ class Timeline {
 
  private:
   void poll(size_t at_most);
-  bool resolve(const Record& r, void* begin, void* end, uint64_t* g0, uint64_t* g1);
   Record* find(uint64_t seq);
   std::string events_json(int rank, int64_t offset_ns) const;
   void write_local_at_exit();
@@ -189,7 +186,7 @@ class Timeline {
   uint64_t capacity_ = 100000;
   std::deque<Record> ring_;
   uint64_t dropped_ = 0;
-  std::atomic<uint64_t> seq_{0};
+  uint64_t seq_ = 0;  // the next record's (in ring order: find() relies on it)
   bool written_ = false;
 };
 
@@ -289,11 +286,12 @@ void Timeline::add(const Record& r, void* begin, void* end, void* stream) {
   std::lock_guard<std::mutex> lock(mu_);
   if (written_) return;
   ring_.push_back(r);
+  ring_.back().seq = seq_++;
   while (ring_.size() > capacity_) ring_.pop_front(), ++dropped_;
 #if STREAMCOLL_HAVE_CUDA
   CUcontext ctx = nullptr;
   if (begin && end && cuda::driver().cuCtxGetCurrent(&ctx) == CUDA_SUCCESS) {
-    pending_.push_back({r.seq, ctx, static_cast<CUevent>(begin), static_cast<CUevent>(end)});
+    pending_.push_back({ring_.back().seq, ctx, static_cast<CUevent>(begin), static_cast<CUevent>(end)});
   } else {
     if (begin) free_events_.push_back(static_cast<CUevent>(begin));
     if (end) free_events_.push_back(static_cast<CUevent>(end));
@@ -471,8 +469,7 @@ Call::~Call() {
   if (!timed_ || !routed_) return;
   Timeline& t = Timeline::get();
   void* gpu_end = gpu_begin_ ? t.gpu_end(stream_) : nullptr;
-  Record r;
-  r.seq = t.next_seq();
+  Record r;  // (its seq given by add())
   r.t0 = t0_, r.t1 = now_ns();
   r.bytes = bytes_, r.comm_size = comm_size_;
   r.coll = coll_, r.nonblocking = nonblocking_, r.route = route_, r.mem = mem_, r.mode = mode_;
