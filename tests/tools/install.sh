@@ -56,7 +56,7 @@ echo "MPI: $flavor ($mpicc, $mpirun)"
 "$mpicc" $(pkg-config --cflags streamcoll) "$prefix/share/streamcoll/examples/allreduce.c" -o "$tmp/allreduce" ||
   fail "$mpicc of the installed example"
 mpi_args=("${mpirun_args[@]}" -np 2)
-STREAMCOLL_STATS=1 STREAMCOLL_TUNING_FILE="$prefix/share/streamcoll/default.table" \
+STREAMCOLL_STATS=1 STREAMCOLL_TUNING_FILE="$prefix/share/streamcoll/default.table" STREAMCOLL_TIMELINE="$tmp/timeline.json" \
   timeout 120 "$mpirun" "${mpi_args[@]}" streamcoll-exec "$tmp/allreduce" >"$tmp/run.log" 2>&1 ||
   { cat "$tmp/run.log"; fail "mpirun streamcoll-exec"; }
 grep -q "allreduce over 2 ranks: 3 (right)" "$tmp/run.log" || { cat "$tmp/run.log"; fail "the example's result"; }
@@ -89,6 +89,10 @@ if pkg-config --exists streamcoll-fortran; then
     { cat "$tmp/avail.log"; fail "the Fortran module's program"; }
   grep -q "available: F" "$tmp/avail.log" || { cat "$tmp/avail.log"; fail "use streamcoll: available without streamcoll"; }
 fi
+# The installed timeline script reads the example's timeline (both ranks' allreduce).
+python3 "$prefix/share/streamcoll/plot_timeline.py" "$tmp/timeline.json" --summary >"$tmp/summary" ||
+  fail "the installed plot_timeline.py --summary"
+grep -qE "^ +all +pmpi +2 " "$tmp/summary" || { cat "$tmp/summary"; fail "the example's timeline: 2 pmpi calls"; }
 # The installed plotting scripts' route names (routes.txt, written from the route table).
 [ "$(python3 "$prefix/share/streamcoll/route_names.py" | tr '\n' ' ')" = \
   "$(streamcoll-info --routes | sed -n 's/^| `\([a-z]*\)` |.*/\1/p' | tr '\n' ' ')" ] ||
