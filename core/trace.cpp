@@ -111,6 +111,16 @@ void push_routed(Coll c, bool nonblocking, RouteId r, MemKind m, Mode mode, uint
   nvtxDomainRangePushEx(domain(), &a);
 }
 
+// An event named by a plain string (ranges of agreements and tasks, marks).
+nvtxEventAttributes_t ascii(const char* text) {
+  nvtxEventAttributes_t a{};
+  a.version = NVTX_VERSION;
+  a.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
+  a.messageType = NVTX_MESSAGE_TYPE_ASCII;
+  a.message.ascii = text;
+  return a;
+}
+
 void pop() { nvtxDomainRangePop(domain()); }
 #else
 void push_call(Coll, bool) {}
@@ -163,7 +173,7 @@ class Timeline {
     std::atexit([] { Timeline::get().write_local_at_exit(); });
   }
 
-  void add(const Record& r, void* gpu_begin, void* gpu_end, void* stream);
+  void add(const Record& r, void* gpu_begin, void* gpu_end);
   void* gpu_begin(void* stream);
   void* gpu_end(void* stream);
   void finalize();
@@ -174,7 +184,7 @@ class Timeline {
   std::string events_json(int rank, int64_t offset_ns) const;
   void write_local_at_exit();
 #if STREAMCOLL_HAVE_CUDA
-  const Reference* reference(CUcontext ctx, CUstream stream);
+  const Reference* reference(CUcontext ctx);
   CUevent take_event();
   bool span_of(const Pending& p, uint64_t* g0, uint64_t* g1);
   std::vector<Reference> refs_;
@@ -203,7 +213,7 @@ CUevent Timeline::take_event() {
 
 // The context's reference: an event on a stream of its own, waited for once, so that its
 // GPU time is known on the host clock (to the wait's resolution, microseconds).
-const Reference* Timeline::reference(CUcontext ctx, CUstream) {
+const Reference* Timeline::reference(CUcontext ctx) {
   for (const Reference& r : refs_)
     if (r.ctx == ctx) return &r;
   const cuda::Driver& d = cuda::driver();
@@ -266,7 +276,7 @@ void* Timeline::gpu_begin(void* stream) {
   const cuda::Driver& d = cuda::driver();
   CUcontext ctx = nullptr;
   if (!d.usable || d.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx) return nullptr;
-  if (!reference(ctx, static_cast<CUstream>(stream))) return nullptr;
+  if (!reference(ctx)) return nullptr;
   CUevent e = take_event();
   if (e && d.cuEventRecord(e, static_cast<CUstream>(stream)) != CUDA_SUCCESS) {
     free_events_.push_back(e);
@@ -281,8 +291,7 @@ void* Timeline::gpu_begin(void* stream) {
 
 void* Timeline::gpu_end(void* stream) { return gpu_begin(stream); }
 
-void Timeline::add(const Record& r, void* begin, void* end, void* stream) {
-  (void)stream;
+void Timeline::add(const Record& r, void* begin, void* end) {
   std::lock_guard<std::mutex> lock(mu_);
   if (written_) return;
   ring_.push_back(r);
@@ -473,17 +482,13 @@ Call::~Call() {
   r.t0 = t0_, r.t1 = now_ns();
   r.bytes = bytes_, r.comm_size = comm_size_;
   r.coll = coll_, r.nonblocking = nonblocking_, r.route = route_, r.mem = mem_, r.mode = mode_;
-  t.add(r, gpu_begin_, gpu_end, stream_);
+  t.add(r, gpu_begin_, gpu_end);
 }
 
 Range::Range(const char* what) {
 #if STREAMCOLL_HAVE_NVTX
   if (!(on_ = nvtx_on())) return;
-  nvtxEventAttributes_t a{};
-  a.version = NVTX_VERSION;
-  a.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
-  a.messageType = NVTX_MESSAGE_TYPE_ASCII;
-  a.message.ascii = what;
+  const nvtxEventAttributes_t a = ascii(what);
   nvtxDomainRangePushEx(domain(), &a);
 #else
   (void)what;
@@ -497,11 +502,7 @@ Range::~Range() {
 uint64_t range_start(const char* what) {
 #if STREAMCOLL_HAVE_NVTX
   if (!nvtx_on()) return 0;
-  nvtxEventAttributes_t a{};
-  a.version = NVTX_VERSION;
-  a.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
-  a.messageType = NVTX_MESSAGE_TYPE_ASCII;
-  a.message.ascii = what;
+  const nvtxEventAttributes_t a = ascii(what);
   return nvtxDomainRangeStartEx(domain(), &a);
 #else
   (void)what;
@@ -520,11 +521,7 @@ void range_end(uint64_t id) {
 void mark(const char* text) {
 #if STREAMCOLL_HAVE_NVTX
   if (!nvtx_on()) return;
-  nvtxEventAttributes_t a{};
-  a.version = NVTX_VERSION;
-  a.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
-  a.messageType = NVTX_MESSAGE_TYPE_ASCII;
-  a.message.ascii = text;
+  const nvtxEventAttributes_t a = ascii(text);
   nvtxDomainMarkEx(domain(), &a);
 #else
   (void)text;
