@@ -1106,13 +1106,13 @@ class BlueConnectRoute final : public Route {
 
     auto& slot = ctx.route_state[static_cast<int>(RouteId::blueconnect)];
     if (!slot) {
-      if (a.nonblocking) return false;  // set-up is collective: at a blocking call only
+      if (!collective_point(a)) return false;  // set-up is collective: at a blocking call or a persistent init
       if (!set_up(ctx)) return false;
     }
     BcComm& bc = *static_cast<BcState&>(*slot).comm;
     if (!choice.param("hierarchy") && Runtime::get().settings().hierarchy.empty() &&
         !bc.discovery_done) {
-      if (a.nonblocking) return false;  // discovery is collective
+      if (!collective_point(a)) return false;  // discovery is collective
       bc.discovered = topo::discover(ctx, env.device, &bc.why_not);
       bc.discovery_done = true;
     }
@@ -1133,7 +1133,7 @@ class BlueConnectRoute final : public Route {
     bool need_subs = false;
     for (Backend b : backends) need_subs = need_subs || b == Backend::mpi;
     if (need_subs && !lay->has_subs()) {
-      if (a.nonblocking) return false;  // creating them is collective
+      if (!collective_point(a)) return false;  // creating them is collective
       std::lock_guard<std::mutex> lock(bc.mu);
       if (!lay->make_subs(bc.p2p, bc.rank)) {
         SC_WARN("blueconnect: MPI_Comm_split failed; the mpi backend is off for %s",

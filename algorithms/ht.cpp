@@ -885,7 +885,7 @@ class HtRoute final : public Route {
 #endif
     // Whether every rank's driver can hold a stream on a flag is able_here's, agreed.
     if (!ctx.route_state[static_cast<int>(RouteId::ht)]) {
-      if (a.nonblocking) return false;  // set-up is collective: at a blocking call only
+      if (!collective_point(a)) return false;  // set-up is collective: at a blocking call or a persistent init
       if (!set_up(ctx)) return false;
     }
     return true;

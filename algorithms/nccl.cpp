@@ -633,7 +633,7 @@ class NcclRoute final : public Route {
     }
     NcclState& st = state_of(ctx);
     if (st.status == NcclState::unset) {
-      if (a.nonblocking) return false;  // set up at the first blocking call
+      if (!collective_point(a)) return false;  // set up at a blocking call or a persistent init
       set_up(st, env, ctx);
     }
     return st.status == NcclState::ready;

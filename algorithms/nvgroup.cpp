@@ -1151,7 +1151,7 @@ class NvgroupRoute final : public Route {
     if (ctx.nodes != 1 || ctx.size > kMaxMembers) return false;
     NvgroupState& st = state_of(ctx);
     if (st.status == NvgroupState::unset) {
-      if (a.nonblocking) return false;  // set-up is collective: at a blocking call only
+      if (!collective_point(a)) return false;  // set-up is collective: at a blocking call or a persistent init
       set_up(st, agreed, ctx, choice);
     }
     return st.status == NvgroupState::ready;

@@ -34,6 +34,10 @@ struct CollArgs {
   int root = 0;
   MPI_Comm comm = MPI_COMM_NULL;
   MPI_Request* request = nullptr;  ///< non-blocking calls only
+  /// The init of a persistent collective (MPI_Allreduce_init, ...: shim/persistent.cpp),
+  /// decided as the non-blocking call its starts will be (`nonblocking` is set), at a
+  /// point where collective set-up is allowed (collective_point()).
+  bool persistent_init = false;
   /// Set for calls made through the Fortran bindings (shim/fortran.cpp): the MPI's own
   /// Fortran binding with the caller's original arguments, which the pmpi route runs
   /// instead of the C call so that Fortran handles, sentinels and ierr stay exact.
@@ -50,6 +54,13 @@ inline bool takes_op(Coll c) {
   return c == Coll::allreduce || c == Coll::reduce || c == Coll::reduce_scatter ||
          c == Coll::reduce_scatter_block;
 }
+
+/// Whether every rank of the communicator reaches this call alike, so that a route may run
+/// collective set-up in Route::accepts: a blocking call, or the init of a persistent
+/// collective (MPI 4.0, "Persistent Collective Operations": the init calls are non-local
+/// and follow the ordering rules of collective operations). Never a non-blocking call's
+/// start, nor a persistent collective's MPI_Start: those stay local.
+inline bool collective_point(const CollArgs& a) { return !a.nonblocking || a.persistent_init; }
 
 /// Arguments that MPI itself must reject (negative counts, null handles, a missing
 /// request). Such calls go to PMPI_ unchanged so that the application sees the real

@@ -32,6 +32,7 @@ thread_local Remembered t_last;
 
 void destroy(CommContext* ctx) {
   g_generation.fetch_add(1, std::memory_order_acq_rel);
+  ctx->alive->store(false, std::memory_order_release);
   ctx->finish_agreements();  // before their communicator goes
   if (ctx->local != MPI_COMM_NULL) PMPI_Comm_free(&ctx->local);
   delete ctx;

@@ -128,6 +128,10 @@ struct CommContext {
   /// operations in flight, which may outlive the context.
   std::shared_ptr<std::atomic<int>> async_error =
       std::make_shared<std::atomic<int>>(MPI_SUCCESS);
+  /// False once the context is gone (its communicator freed, or MPI_Finalize): held by
+  /// what may outlive the context and must not touch it then (a persistent collective's
+  /// plan, shim/persistent.cpp: MPI lets a program free the communicator first).
+  std::shared_ptr<std::atomic<bool>> alive = std::make_shared<std::atomic<bool>>(true);
 
   /// Per route, created by the route at its first call on the communicator.
   std::unique_ptr<RouteState> route_state[kNumRoutes];

@@ -11,6 +11,31 @@
 #pragma once
 
 #include <mpi.h>
+#if defined(OPEN_MPI) && OPEN_MPI
+#include <mpi-ext.h>
+#endif
+
+// The persistent collectives (MPI 4.0), where the MPI has them: MPICH 4's MPI_*_init;
+// Open MPI 4.1's MPIX_*_init (its pcollreq extension, C only). SC_PCOLL(Allreduce_init) is
+// the name this MPI gives it.
+#if defined(OMPI_HAVE_MPI_EXT_PCOLLREQ) && OMPI_HAVE_MPI_EXT_PCOLLREQ
+#define STREAMCOLL_HAVE_PCOLL 1
+#define SC_PCOLL(name) MPIX_##name
+#define STREAMCOLL_NEXT_PCOLL(X)                                                          \
+  X(MPIX_Allreduce_init) X(MPIX_Reduce_init) X(MPIX_Bcast_init) X(MPIX_Allgather_init)    \
+  X(MPIX_Allgatherv_init) X(MPIX_Reduce_scatter_block_init) X(MPIX_Reduce_scatter_init)   \
+  X(MPIX_Alltoall_init) X(MPIX_Barrier_init)
+#elif MPI_VERSION >= 4
+#define STREAMCOLL_HAVE_PCOLL 1
+#define SC_PCOLL(name) MPI_##name
+#define STREAMCOLL_NEXT_PCOLL(X)                                                          \
+  X(MPI_Allreduce_init) X(MPI_Reduce_init) X(MPI_Bcast_init) X(MPI_Allgather_init)        \
+  X(MPI_Allgatherv_init) X(MPI_Reduce_scatter_block_init) X(MPI_Reduce_scatter_init)      \
+  X(MPI_Alltoall_init) X(MPI_Barrier_init)
+#else
+#define STREAMCOLL_HAVE_PCOLL 0
+#define STREAMCOLL_NEXT_PCOLL(X)
+#endif
 
 // Every MPI function streamcoll passes on.
 #define STREAMCOLL_NEXT_FUNCTIONS(X)                                                     \
@@ -21,7 +46,8 @@
   X(MPI_Ireduce_scatter_block) X(MPI_Ireduce_scatter) X(MPI_Ialltoall) X(MPI_Ibarrier)   \
   X(MPI_Wait) X(MPI_Test) X(MPI_Request_get_status) X(MPI_Waitall) X(MPI_Testall)        \
   X(MPI_Waitany) X(MPI_Testany) X(MPI_Waitsome) X(MPI_Testsome) X(MPI_Request_free)    \
-  X(MPI_Error_string) X(MPI_Comm_set_info) X(MPI_Comm_dup_with_info) X(MPI_Comm_split_type)
+  X(MPI_Error_string) X(MPI_Comm_set_info) X(MPI_Comm_dup_with_info) X(MPI_Comm_split_type) \
+  X(MPI_Start) X(MPI_Startall) STREAMCOLL_NEXT_PCOLL(X)
 
 namespace streamcoll::next {
 

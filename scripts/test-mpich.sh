@@ -32,7 +32,10 @@ if [ ${#tests[@]} -eq 0 ]; then
         fake-divergent-skew-bc-np4 fake-divergent-signatures-stream-bc-np4
         fortran-routes-bc-np4 fortran-f08-routes-ht-np4
         fake-capture-nccl-mixed-np3 fake-capture-ht-mixed-np3 fake-capture-nccl-all-np4
-        fake-trace-np3 fake-capture-bc-mixed-np4)
+        fake-trace-np3 fake-capture-bc-mixed-np4
+        fake-persistent-host-np3 fake-persistent-mixed-np3 fake-persistent-stream-mixed-np3
+        fake-persistent-ht-stream-mixed-np3 fake-persistent-nccl-device-np3
+        fake-persistent-ht-stream-np4)
   while read -r name; do
     case $name in
       *-np[3-9]*) if [[ " ${more[*]} " == *" $name "* ]]; then tests+=("$name"); fi ;;

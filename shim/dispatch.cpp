@@ -218,7 +218,7 @@ bool invariant_verdict(Verdict v, Coll c) {
 // (stream-ordered where the agreed facts have one: algorithms/fusion.hpp, STREAMS).
 uint64_t rule_fuse_limit(const CollArgs& a, const CommContext& ctx,
                          const config::RouteChoice& choice, uint64_t bytes) {
-  if (!a.nonblocking || a.coll != Coll::allreduce || !ctx.fusion) return 0;
+  if (!a.nonblocking || a.persistent_init || a.coll != Coll::allreduce || !ctx.fusion) return 0;
   const auto v = choice.param("fuse");
   if (!v) return 0;
   const auto limit = config::parse_size(*v);
@@ -600,6 +600,22 @@ void decide_blocking(Decision& d, const CollArgs& a, Mine& mine, int size, int r
   ctx.agreed_last = agreed;
 }
 
+// Steps 2 and 3 for a persistent collective's init (MPI_Allreduce_init, ...), decided as
+// the non-blocking call its starts are: MPI makes the init non-local and ordered like any
+// collective, so every rank of the communicator reaches it alike, and the facts are
+// agreed there, at once, on the buffers every start will use (the init fixes them).
+// Routes may set up collectively (collective_point()). Fusion is never chosen
+// (rule_fuse_limit): a start runs on its own.
+void decide_persistent_init(Decision& d, const CollArgs& a, Mine& mine, int size, int rank,
+                            bool check, Runtime& rt) {
+  if (!d.ctx) d.ctx = comm_context(a.comm, true);
+  if (!d.ctx) return;  // the MPI failed to set one up (on every rank)
+  mine.ctx = d.ctx;
+  const AgreedFacts agreed = agree_call(a.comm, size, mine.get());
+  d.agreed_host = agreed.valid && agreed.host_only;
+  choose_route(d, a, agreed, size, rank, check, rt);
+}
+
 // How the call is routed, in the order of the map at the top of this file: arguments
 // screened, this rank's memory kind and stream, step 1 (candidate?), then steps 2 and 3
 // (the facts every rank decides from, and the route they choose).
@@ -629,6 +645,10 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   Mine mine(a, d.env, verdict != Verdict::eligible, attached);
   if (!a.nonblocking) {
     decide_blocking(d, a, mine, size, rank, check, rt);
+    return d;
+  }
+  if (a.persistent_init) {
+    decide_persistent_init(d, a, mine, size, rank, check, rt);
     return d;
   }
   // A non-blocking call must start without waiting for the others: it uses the facts of
@@ -872,6 +892,116 @@ int dispatch_described(const CollArgs& a, Runtime& rt) {
 std::string& last_route_text() {
   thread_local std::string text;
   return text;
+}
+
+// A persistent collective: decided at its init, started without a decision.
+struct PersistentPlan {
+  CollArgs a;                        ///< the init's arguments (arrays: the copies below)
+  std::vector<int> counts, displs;
+  Decision d;                        ///< decided at the init; d.choice points at `choice`
+  config::RouteChoice choice;
+  std::shared_ptr<std::atomic<bool>> alive;  ///< the communicator context's (d.ctx)
+  bool mpi_request = false;          ///< the starts are MPI_Start of the MPI's own request
+};
+
+void PersistentPlanDeleter::operator()(PersistentPlan* p) const { delete p; }
+
+bool plan_uses_mpi_request(const PersistentPlan& p) { return p.mpi_request; }
+
+PlanPtr plan_persistent(const CollArgs& init, int* rc) {
+  *rc = MPI_SUCCESS;
+  Runtime& rt = Runtime::get();
+  if (g_in_binding || !rt.active()) return nullptr;
+  PlanPtr p(new PersistentPlan);
+  p->a = init;
+  p->a.nonblocking = true;
+  p->a.persistent_init = true;
+  Decision& d = p->d;
+  d = decide(p->a, rt);
+  if (d.error != MPI_SUCCESS) {
+    raise_error(d.error_comm, d.error);
+    *rc = d.error;
+    return nullptr;
+  }
+  if (log_enabled(LogLevel::info)) explain_once(p->a, d);
+  // The pmpi route on the MPI's own persistent request, unless the job stages GPU buffers
+  // through the host (an MPI that is not CUDA-aware: the MPI's request would be handed the
+  // GPU buffers) and some rank may pass GPU memory: then each start is the MPI's
+  // non-blocking form, staged (core/host_staging). From facts equal on every rank (the
+  // job's staging, the agreed or asserted host memory), so every rank starts alike.
+  if (d.route == RouteId::pmpi) {
+    p->mpi_request = !d.well_formed || !rt.staging_job() || init.coll == Coll::barrier ||
+                     d.agreed_host || d.asserted_host;
+    // Nothing for streamcoll at the starts but the order after this rank's stream.
+    if (p->mpi_request && d.env.mem != MemKind::device && d.env.mem != MemKind::managed)
+      return nullptr;
+  }
+  if (d.well_formed && (init.recvcounts || init.displs)) {
+    int size = d.ctx ? d.ctx->size : 0;
+    if (!size) PMPI_Comm_size(init.comm, &size);
+    if (init.recvcounts) p->counts.assign(init.recvcounts, init.recvcounts + size);
+    if (init.displs) p->displs.assign(init.displs, init.displs + size);
+    p->a.recvcounts = init.recvcounts ? p->counts.data() : nullptr;
+    p->a.displs = init.displs ? p->displs.data() : nullptr;
+  }
+  if (d.choice) {
+    p->choice = *d.choice;  // the table may be replaced before the last start
+    d.choice = &p->choice;
+  }
+  if (d.ctx) p->alive = d.ctx->alive;
+  p->a.persistent_init = false;
+  p->a.request = nullptr;
+  return p;
+}
+
+int start_persistent(PersistentPlan& p, MPI_Request* handle, MPI_Request* inner) {
+  Runtime& rt = Runtime::get();
+  Decision& d = p.d;
+  *inner = MPI_REQUEST_NULL;
+  // The communicator freed before this start (MPI allows it; MPICH keeps its attributes,
+  // and so the context, while a request holds it; Open MPI 4.1 deletes them at
+  // MPI_Comm_free, and its own persistent collectives crash when started then): the
+  // context and the route's state are gone, and so is the MPI's collective module of the
+  // communicator. Every rank freed it at the same point of its collectives on it, so every
+  // rank fails the start alike (MPI_ERR_COMM, raised on MPI_COMM_WORLD), with a message.
+  const bool alive = !p.alive || p.alive->load(std::memory_order_acquire);
+  void* stream = nullptr;
+  const bool gpu = d.env.mem == MemKind::device || d.env.mem == MemKind::managed;
+  const bool has_stream = alive && gpu && call_stream(p.a.comm, &stream);
+  if (p.mpi_request) {
+    const int own = has_stream ? sync_stream(stream) : MPI_SUCCESS;
+    int rc = SC_NEXT(MPI_Start)(handle);
+    if (own != MPI_SUCCESS && rc == MPI_SUCCESS) {
+      raise_error(p.a.comm, own);
+      rc = own;
+    }
+    return rc;
+  }
+  CollArgs a = p.a;
+  a.request = inner;
+  if (!alive) {
+    log_error("%s: a persistent collective request of streamcoll's started after its "
+              "communicator was freed (this MPI deleted the communicator's state at "
+              "MPI_Comm_free); failing it with MPI_ERR_COMM", call_name(a.coll, true).c_str());
+    raise_error(MPI_COMM_WORLD, MPI_ERR_COMM);
+    return MPI_ERR_COMM;
+  }
+  // On a stream being captured: recorded as the MPI_I* call it is (shim/capture.hpp).
+  if (int rc; has_stream && capture::record(a, &rc)) return rc;
+  const bool timed = rt.stats_on();
+  const uint64_t t0 = timed ? now_ns() : 0;
+  trace::Call traced(a.coll, true);
+  d.env.has_stream = has_stream;
+  d.env.stream = has_stream ? stream : nullptr;
+  if (traced.on()) trace_routed(traced, a, d);
+#if STREAMCOLL_HAVE_CUDA
+  cuda::RelaxedCapture relaxed(d.env.mem != MemKind::host);
+#endif
+  if (d.ctx && d.ctx->fusion) fusion::poke(*d.ctx->fusion);
+  int rc = d.route == RouteId::pmpi ? run_on_pmpi(a, d, rt) : run_on_route(a, d);
+  rc = report_async_error(a, d, rc);
+  if (timed) rt.stats().record(a.coll, true, d.route, d.env.mem, d.bytes, now_ns() - t0);
+  return rc;
 }
 
 }  // namespace streamcoll

@@ -3,6 +3,7 @@
 
 #include <mpi.h>
 
+#include <memory>
 #include <string>
 
 #include "core/coll_args.hpp"
@@ -38,6 +39,36 @@ inline int gather_counts(const void* sendbuf, int sendcount, int recvcount) {
 /// Everything else: screens, classifies, routes and runs one call, and records its
 /// statistics; returns what the MPI call returns. shim/dispatch.cpp.
 int dispatch(const CollArgs& a);
+
+/// A persistent collective's routing (MPI_Allreduce_init, ...: shim/persistent.cpp),
+/// decided once, at its init; opaque outside shim/dispatch.cpp.
+struct PersistentPlan;
+struct PersistentPlanDeleter {
+  void operator()(PersistentPlan* p) const;
+};
+using PlanPtr = std::unique_ptr<PersistentPlan, PersistentPlanDeleter>;
+
+/// At a persistent collective's init (`init`: its arguments, `request` the application's):
+/// screens them, agrees on every rank's facts (one allreduce on init.comm: MPI makes the
+/// init non-local and ordered like any collective), chooses the route every start takes
+/// and lets it set up, all as for the non-blocking call a start is. Returns the plan, or
+/// nullptr when the starts are the MPI's own persistent request's with nothing for
+/// streamcoll to do (host memory on the pmpi route; arguments the MPI must judge). *rc: an
+/// error streamcoll raised itself (then no request is to be made), else MPI_SUCCESS.
+/// Thread-safe as a collective call is.
+PlanPtr plan_persistent(const CollArgs& init, int* rc);
+/// Whether the plan's starts are MPI_Start of the MPI's own persistent request (the pmpi
+/// route); otherwise the request handed out is a stand-in and each start runs the route
+/// on a request of its own.
+bool plan_uses_mpi_request(const PersistentPlan& p);
+/// MPI_Start of a planned request (`handle`, inactive): for a plan on the MPI's request,
+/// the order after this rank's attached stream (synchronised) and MPI_Start(handle);
+/// otherwise the route started with no decision and no agreement, its operation's request
+/// in *inner (MPI_REQUEST_NULL when it is already complete). Stream-ordered where the
+/// agreed facts and this rank have a stream; recorded on a captured stream. Returns an MPI
+/// error code, raised through the communicator's error handler. Not concurrently for one
+/// plan (MPI: a request is started by one thread at a time).
+int start_persistent(PersistentPlan& p, MPI_Request* handle, MPI_Request* inner);
 
 /// The route (table syntax, with its parameters: "ht algo=rd") that this thread's last
 /// dispatched call went to; kept while statistics are on, empty before the first call.

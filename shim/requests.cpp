@@ -28,8 +28,10 @@
 #include "core/requests.hpp"
 #include "shim/dispatch.hpp"
 #include "shim/export.hpp"
+#include "shim/persistent.hpp"
 
 namespace req = streamcoll::requests;
+namespace pers = streamcoll::persistent;
 
 namespace {
 
@@ -58,43 +60,42 @@ void test_owned(int n, const MPI_Request* requests) {
   for (const req::Owned& o : req::find(n, requests)) o.op->advance();
 }
 
-}  // namespace
-
-SC_EXPORT int MPI_Wait(MPI_Request* request, MPI_Status* status) {
-  if (streamcoll::g_in_binding || !req::any_owned() || request == nullptr) return SC_NEXT(MPI_Wait)(request, status);
+// The wait/test family on requests the MPI is to see as they are (owned ones polled).
+int owned_wait(MPI_Request* request, MPI_Status* status) {
+  if (!req::any_owned() || request == nullptr) return SC_NEXT(MPI_Wait)(request, status);
   if (streamcoll::OwnedRequest* op = req::peek(*request)) req::complete_one(op);
   return SC_NEXT(MPI_Wait)(request, status);
 }
 
-SC_EXPORT int MPI_Test(MPI_Request* request, int* flag, MPI_Status* status) {
-  if (streamcoll::g_in_binding || !req::any_owned() || request == nullptr) return SC_NEXT(MPI_Test)(request, flag, status);
+int owned_test(MPI_Request* request, int* flag, MPI_Status* status) {
+  if (!req::any_owned() || request == nullptr) return SC_NEXT(MPI_Test)(request, flag, status);
   if (streamcoll::OwnedRequest* op = req::peek(*request)) op->advance();
   return SC_NEXT(MPI_Test)(request, flag, status);
 }
 
-SC_EXPORT int MPI_Request_get_status(MPI_Request request, int* flag, MPI_Status* status) {
-  if (streamcoll::g_in_binding || !req::any_owned()) return SC_NEXT(MPI_Request_get_status)(request, flag, status);
+int owned_request_get_status(MPI_Request request, int* flag, MPI_Status* status) {
+  if (!req::any_owned()) return SC_NEXT(MPI_Request_get_status)(request, flag, status);
   if (streamcoll::OwnedRequest* op = req::peek(request)) op->advance();
   return SC_NEXT(MPI_Request_get_status)(request, flag, status);
 }
 
-SC_EXPORT int MPI_Waitall(int count, MPI_Request requests[], MPI_Status statuses[]) {
-  if (streamcoll::g_in_binding || !req::any_owned() || requests == nullptr || count <= 0)
+int owned_waitall(int count, MPI_Request requests[], MPI_Status statuses[]) {
+  if (!req::any_owned() || requests == nullptr || count <= 0)
     return SC_NEXT(MPI_Waitall)(count, requests, statuses);
   std::vector<req::Owned> owned = req::find(count, requests);
   if (!owned.empty()) req::complete_all(owned);
   return SC_NEXT(MPI_Waitall)(count, requests, statuses);
 }
 
-SC_EXPORT int MPI_Testall(int count, MPI_Request requests[], int* flag, MPI_Status statuses[]) {
-  if (streamcoll::g_in_binding || !req::any_owned() || requests == nullptr || count <= 0)
+int owned_testall(int count, MPI_Request requests[], int* flag, MPI_Status statuses[]) {
+  if (!req::any_owned() || requests == nullptr || count <= 0)
     return SC_NEXT(MPI_Testall)(count, requests, flag, statuses);
   test_owned(count, requests);
   return SC_NEXT(MPI_Testall)(count, requests, flag, statuses);
 }
 
-SC_EXPORT int MPI_Waitany(int count, MPI_Request requests[], int* index, MPI_Status* status) {
-  if (streamcoll::g_in_binding || !req::any_owned() || requests == nullptr || count <= 0 || index == nullptr)
+int owned_waitany(int count, MPI_Request requests[], int* index, MPI_Status* status) {
+  if (!req::any_owned() || requests == nullptr || count <= 0 || index == nullptr)
     return SC_NEXT(MPI_Waitany)(count, requests, index, status);
   std::vector<req::Owned> owned = req::find(count, requests);
   if (owned.empty()) return SC_NEXT(MPI_Waitany)(count, requests, index, status);
@@ -122,17 +123,17 @@ SC_EXPORT int MPI_Waitany(int count, MPI_Request requests[], int* index, MPI_Sta
   }
 }
 
-SC_EXPORT int MPI_Testany(int count, MPI_Request requests[], int* index, int* flag,
+int owned_testany(int count, MPI_Request requests[], int* index, int* flag,
                           MPI_Status* status) {
-  if (streamcoll::g_in_binding || !req::any_owned() || requests == nullptr || count <= 0)
+  if (!req::any_owned() || requests == nullptr || count <= 0)
     return SC_NEXT(MPI_Testany)(count, requests, index, flag, status);
   test_owned(count, requests);
   return SC_NEXT(MPI_Testany)(count, requests, index, flag, status);
 }
 
-SC_EXPORT int MPI_Waitsome(int incount, MPI_Request requests[], int* outcount, int indices[],
+int owned_waitsome(int incount, MPI_Request requests[], int* outcount, int indices[],
                            MPI_Status statuses[]) {
-  if (streamcoll::g_in_binding || !req::any_owned() || requests == nullptr || incount <= 0 || outcount == nullptr)
+  if (!req::any_owned() || requests == nullptr || incount <= 0 || outcount == nullptr)
     return SC_NEXT(MPI_Waitsome)(incount, requests, outcount, indices, statuses);
   std::vector<req::Owned> owned = req::find(incount, requests);
   if (owned.empty()) return SC_NEXT(MPI_Waitsome)(incount, requests, outcount, indices, statuses);
@@ -159,15 +160,121 @@ SC_EXPORT int MPI_Waitsome(int incount, MPI_Request requests[], int* outcount, i
   }
 }
 
-SC_EXPORT int MPI_Testsome(int incount, MPI_Request requests[], int* outcount, int indices[],
+int owned_testsome(int incount, MPI_Request requests[], int* outcount, int indices[],
                            MPI_Status statuses[]) {
-  if (streamcoll::g_in_binding || !req::any_owned() || requests == nullptr || incount <= 0)
+  if (!req::any_owned() || requests == nullptr || incount <= 0)
     return SC_NEXT(MPI_Testsome)(incount, requests, outcount, indices, statuses);
   test_owned(incount, requests);
   return SC_NEXT(MPI_Testsome)(incount, requests, outcount, indices, statuses);
 }
 
+}  // namespace
+
+// Each wrapper: an active persistent request of streamcoll's is replaced by its
+// operation's request (shim/persistent.hpp), also beneath a Fortran call (MPICH's
+// binding comes back to these C wrappers, and the owned request behind a persistent
+// handle was not polled there); otherwise, inside a Fortran binding or with no owned
+// request, the next MPI_ definition at once.
+namespace {
+inline bool plain() { return streamcoll::g_in_binding || !req::any_owned(); }
+}  // namespace
+
+SC_EXPORT int MPI_Wait(MPI_Request* request, MPI_Status* status) {
+  if (pers::any_active() && request != nullptr)
+    if (MPI_Request r = pers::running(*request); r != MPI_REQUEST_NULL) {
+      const int rc = owned_wait(&r, status);
+      if (r == MPI_REQUEST_NULL) pers::finished(*request);
+      return rc;
+    }
+  if (plain() || request == nullptr) return SC_NEXT(MPI_Wait)(request, status);
+  return owned_wait(request, status);
+}
+
+SC_EXPORT int MPI_Test(MPI_Request* request, int* flag, MPI_Status* status) {
+  if (pers::any_active() && request != nullptr)
+    if (MPI_Request r = pers::running(*request); r != MPI_REQUEST_NULL) {
+      const int rc = owned_test(&r, flag, status);
+      if (r == MPI_REQUEST_NULL) pers::finished(*request);
+      return rc;
+    }
+  if (plain() || request == nullptr) return SC_NEXT(MPI_Test)(request, flag, status);
+  return owned_test(request, flag, status);
+}
+
+SC_EXPORT int MPI_Request_get_status(MPI_Request request, int* flag, MPI_Status* status) {
+  if (pers::any_active())
+    if (MPI_Request r = pers::running(request); r != MPI_REQUEST_NULL)
+      return owned_request_get_status(r, flag, status);
+  if (plain()) return SC_NEXT(MPI_Request_get_status)(request, flag, status);
+  return owned_request_get_status(request, flag, status);
+}
+
+SC_EXPORT int MPI_Waitall(int count, MPI_Request requests[], MPI_Status statuses[]) {
+  if (pers::Substituted s(count, requests); s.any()) {
+    const int rc = owned_waitall(count, s.data(), statuses);
+    s.restore(requests);
+    return rc;
+  }
+  if (plain()) return SC_NEXT(MPI_Waitall)(count, requests, statuses);
+  return owned_waitall(count, requests, statuses);
+}
+
+SC_EXPORT int MPI_Testall(int count, MPI_Request requests[], int* flag, MPI_Status statuses[]) {
+  if (pers::Substituted s(count, requests); s.any()) {
+    const int rc = owned_testall(count, s.data(), flag, statuses);
+    s.restore(requests);
+    return rc;
+  }
+  if (plain()) return SC_NEXT(MPI_Testall)(count, requests, flag, statuses);
+  return owned_testall(count, requests, flag, statuses);
+}
+
+SC_EXPORT int MPI_Waitany(int count, MPI_Request requests[], int* index, MPI_Status* status) {
+  if (pers::Substituted s(count, requests); s.any()) {
+    const int rc = owned_waitany(count, s.data(), index, status);
+    s.restore(requests);
+    return rc;
+  }
+  if (plain()) return SC_NEXT(MPI_Waitany)(count, requests, index, status);
+  return owned_waitany(count, requests, index, status);
+}
+
+SC_EXPORT int MPI_Testany(int count, MPI_Request requests[], int* index, int* flag,
+                          MPI_Status* status) {
+  if (pers::Substituted s(count, requests); s.any()) {
+    const int rc = owned_testany(count, s.data(), index, flag, status);
+    s.restore(requests);
+    return rc;
+  }
+  if (plain()) return SC_NEXT(MPI_Testany)(count, requests, index, flag, status);
+  return owned_testany(count, requests, index, flag, status);
+}
+
+SC_EXPORT int MPI_Waitsome(int incount, MPI_Request requests[], int* outcount, int indices[],
+                           MPI_Status statuses[]) {
+  if (pers::Substituted s(incount, requests); s.any()) {
+    const int rc = owned_waitsome(incount, s.data(), outcount, indices, statuses);
+    s.restore(requests);
+    return rc;
+  }
+  if (plain()) return SC_NEXT(MPI_Waitsome)(incount, requests, outcount, indices, statuses);
+  return owned_waitsome(incount, requests, outcount, indices, statuses);
+}
+
+SC_EXPORT int MPI_Testsome(int incount, MPI_Request requests[], int* outcount, int indices[],
+                           MPI_Status statuses[]) {
+  if (pers::Substituted s(incount, requests); s.any()) {
+    const int rc = owned_testsome(incount, s.data(), outcount, indices, statuses);
+    s.restore(requests);
+    return rc;
+  }
+  if (plain()) return SC_NEXT(MPI_Testsome)(incount, requests, outcount, indices, statuses);
+  return owned_testsome(incount, requests, outcount, indices, statuses);
+}
+
 SC_EXPORT int MPI_Request_free(MPI_Request* request) {
+  if (int rc; pers::any_planned() && request != nullptr && pers::free_request(request, &rc))
+    return rc;
   if (streamcoll::g_in_binding || !req::any_owned() || request == nullptr) return SC_NEXT(MPI_Request_free)(request);
   if (streamcoll::OwnedRequest* op = req::peek(*request)) {
     req::complete_one(op);
