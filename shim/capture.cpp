@@ -83,6 +83,7 @@ LifeRef life_of(MPI_Comm comm) {
 struct Captured {
   CollArgs args;
   std::vector<int> recvcounts, displs;
+  std::function<int(MPI_Request*)> start;  ///< a persistent collective's start (record_start)
   CUcontext ctx = nullptr;
   int device = -1;
   uint32_t* flag = nullptr;  // pinned, device-mapped; the graph waits for >= 1
@@ -147,11 +148,12 @@ class Replayer {
   // The call, as the application made it: an MPI_I* call stays one (MPI never matches a
   // blocking collective with a non-blocking one), completed at once (stream-ordered, its
   // MPI_Wait makes the replayer's stream wait, before the flag is written there).
-  static int make_call(CollArgs a) {
+  static int make_call(const Captured& c) {
+    CollArgs a = c.args;
     if (!a.nonblocking) return dispatch(a);
     MPI_Request request = MPI_REQUEST_NULL;
     a.request = &request;
-    int rc = dispatch(a);
+    int rc = c.start ? c.start(&request) : dispatch(a);
     if (rc == MPI_SUCCESS && request != MPI_REQUEST_NULL) rc = MPI_Wait(&request, MPI_STATUS_IGNORE);
     return rc;
   }
@@ -177,7 +179,7 @@ class Replayer {
       } else {
         t_replay_stream = s;
         t_replaying = true;
-        const int rc = make_call(c.args);
+        const int rc = make_call(c);
         t_replaying = false;
         t_replay_stream = nullptr;
         if (rc != MPI_SUCCESS) keep(c.args.comm, rc, what);
@@ -302,7 +304,9 @@ int refuse(const CollArgs& a, const std::string& why) {
 
 }  // namespace
 
-bool record(const CollArgs& a, int* rc) {
+namespace {
+
+bool record_call(const CollArgs& a, std::function<int(MPI_Request*)> start, int* rc) {
   if (t_replaying || a.comm == MPI_COMM_NULL) return false;
   void* stream = nullptr;
   if (!streamext::attached(a.comm, &stream)) return false;
@@ -324,6 +328,7 @@ bool record(const CollArgs& a, int* rc) {
                            "memory operations"), true;
   Replayer::get().start();
   std::unique_ptr<Captured> c = copy_call(a);
+  c->start = std::move(start);
   d.cuCtxGetCurrent(&c->ctx);
   c->device = cuda::device_of(a.recvbuf && a.recvbuf != MPI_IN_PLACE ? a.recvbuf : a.sendbuf);
   if (c->device < 0) d.cuCtxGetDevice(&c->device);
@@ -342,11 +347,20 @@ bool record(const CollArgs& a, int* rc) {
   return true;
 }
 
+}  // namespace
+
+bool record(const CollArgs& a, int* rc) { return record_call(a, nullptr, rc); }
+
+bool record_start(const CollArgs& a, std::function<int(MPI_Request*)> start, int* rc) {
+  return record_call(a, std::move(start), rc);
+}
+
 void stop() { Replayer::get().stop(); }
 
 #else  // no CUDA toolkit at build time: nothing can be captured
 
 bool record(const CollArgs&, int*) { return false; }
+bool record_start(const CollArgs&, std::function<int(MPI_Request*)>, int*) { return false; }
 void stop() {}
 
 #endif

@@ -32,6 +32,8 @@
 // at once: the graph's work after the call waits for the collective.
 #pragma once
 
+#include <functional>
+
 #include "core/coll_args.hpp"
 
 namespace streamcoll::capture {
@@ -43,6 +45,15 @@ namespace streamcoll::capture {
 /// a capture already invalidated). Returns false, touching nothing, otherwise. Cost when
 /// the communicator has a stream: one cuStreamIsCapturing.
 bool record(const CollArgs& a, int* rc);
+
+/// A persistent collective's start (MPI_Start of a request streamcoll planned at its init:
+/// shim/persistent.cpp) made on a stream being captured: recorded as record() records the
+/// MPI_I* call `a` it is, but each launch runs `start`, the route agreed at the init with no
+/// decision (as a live start does, so ranks that replay and ranks that start live take the
+/// same route), which returns an MPI error code and sets the operation's request, waited
+/// for on the replay's stream. `start` holds what it uses (it lives as long as the graph).
+/// *rc and the return value as record()'s; *a.request then holds a completed request.
+bool record_start(const CollArgs& a, std::function<int(MPI_Request*)> start, int* rc);
 
 /// On the replayer thread, during a replayed call: true and the stream it runs on (the
 /// call is stream-ordered on it instead of the communicator's stream).

@@ -38,6 +38,10 @@
 //     which routes it cannot run (Route::able_here: a driver that cannot hold a stream, a
 //     buffer on another GPU than the communicator's NCCL one). Ranks that pass different
 //     memory kinds go to pmpi together.
+//   - a persistent collective's init (MPI_Allreduce_init, ...) is a point every rank
+//     reaches alike (MPI 4.0 makes it non-local and ordered like a collective): the facts
+//     of its buffers, fixed from then on, are agreed there at once, and every start takes
+//     the route chosen then, as the non-blocking call it is (shim/persistent.cpp);
 //   - a non-blocking call cannot agree (starting one must not wait for other ranks): it is
 //     routed from the facts agreed at the last blocking call of the same collective on
 //     the communicator (before one, of any collective; equal everywhere: MPI orders
@@ -68,6 +72,9 @@
 //        step 2   blocking, decide_blocking(): the signature's agreement, at once or
 //                 from earlier calls (context created the first time, collectively)
 //                 non-blocking: the last blocking call's agreement, or pmpi
+//                 a persistent collective's init, decide_persistent_init(): agreed at
+//                 once (MPI makes the init non-local); its starts run that decision
+//                 (plan_persistent, start_persistent; shim/persistent.cpp)
 //                 agreed facts not routable (mixed kinds, a rank's arguments) -> pmpi
 //        step 3   choose_route(), walk_rules(): tuning table with the agreed facts: first
 //                 matching rule                               config/tuning_table
@@ -904,15 +911,13 @@ struct PersistentPlan {
   bool mpi_request = false;          ///< the starts are MPI_Start of the MPI's own request
 };
 
-void PersistentPlanDeleter::operator()(PersistentPlan* p) const { delete p; }
-
 bool plan_uses_mpi_request(const PersistentPlan& p) { return p.mpi_request; }
 
 PlanPtr plan_persistent(const CollArgs& init, int* rc) {
   *rc = MPI_SUCCESS;
   Runtime& rt = Runtime::get();
   if (g_in_binding || !rt.active()) return nullptr;
-  PlanPtr p(new PersistentPlan);
+  PlanPtr p = std::make_shared<PersistentPlan>();
   p->a = init;
   p->a.nonblocking = true;
   p->a.persistent_init = true;
@@ -954,9 +959,9 @@ PlanPtr plan_persistent(const CollArgs& init, int* rc) {
   return p;
 }
 
-int start_persistent(PersistentPlan& p, MPI_Request* handle, MPI_Request* inner) {
+int start_persistent(const PlanPtr& plan, MPI_Request* handle, MPI_Request* inner) {
   Runtime& rt = Runtime::get();
-  Decision& d = p.d;
+  const PersistentPlan& p = *plan;
   *inner = MPI_REQUEST_NULL;
   // The communicator freed before this start (MPI allows it; MPICH keeps its attributes,
   // and so the context, while a request holds it; Open MPI 4.1 deletes them at
@@ -966,15 +971,36 @@ int start_persistent(PersistentPlan& p, MPI_Request* handle, MPI_Request* inner)
   // rank fails the start alike (MPI_ERR_COMM, raised on MPI_COMM_WORLD), with a message.
   const bool alive = !p.alive || p.alive->load(std::memory_order_acquire);
   void* stream = nullptr;
-  const bool gpu = d.env.mem == MemKind::device || d.env.mem == MemKind::managed;
+  const bool gpu = p.d.env.mem == MemKind::device || p.d.env.mem == MemKind::managed;
   const bool has_stream = alive && gpu && call_stream(p.a.comm, &stream);
+  // On a stream being captured: recorded, each launch starting it as here (on the
+  // replayer's stream, where call_stream finds it), with the MPI's own request too.
+  if (has_stream && !capture::replaying()) {
+    const MPI_Request h = handle ? *handle : MPI_REQUEST_NULL;
+    auto replay = [plan, h](MPI_Request* op) {
+      MPI_Request mine = h;
+      const int rc = start_persistent(plan, &mine, op);
+      if (plan->mpi_request && rc == MPI_SUCCESS) *op = mine;  // waited for on the stream
+      return rc;
+    };
+    CollArgs a = p.a;
+    MPI_Request done = MPI_REQUEST_NULL;
+    a.request = p.mpi_request ? &done : inner;
+    if (int rc; capture::record_start(a, replay, &rc)) {
+      if (p.mpi_request && done != MPI_REQUEST_NULL) PMPI_Request_free(&done);
+      return rc;
+    }
+  }
   if (p.mpi_request) {
+    const uint64_t t0 = rt.stats_on() ? now_ns() : 0;
     const int own = has_stream ? sync_stream(stream) : MPI_SUCCESS;
     int rc = SC_NEXT(MPI_Start)(handle);
     if (own != MPI_SUCCESS && rc == MPI_SUCCESS) {
       raise_error(p.a.comm, own);
       rc = own;
     }
+    if (t0)
+      rt.stats().record(p.a.coll, true, RouteId::pmpi, p.d.env.mem, p.d.bytes, now_ns() - t0);
     return rc;
   }
   CollArgs a = p.a;
@@ -986,9 +1012,8 @@ int start_persistent(PersistentPlan& p, MPI_Request* handle, MPI_Request* inner)
     raise_error(MPI_COMM_WORLD, MPI_ERR_COMM);
     return MPI_ERR_COMM;
   }
-  // On a stream being captured: recorded as the MPI_I* call it is (shim/capture.hpp).
-  if (int rc; has_stream && capture::record(a, &rc)) return rc;
   const bool timed = rt.stats_on();
+  Decision d = p.d;  // (a copy: graphs replay the plan from the replayer's thread)
   const uint64_t t0 = timed ? now_ns() : 0;
   trace::Call traced(a.coll, true);
   d.env.has_stream = has_stream;

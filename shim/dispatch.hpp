@@ -43,10 +43,8 @@ int dispatch(const CollArgs& a);
 /// A persistent collective's routing (MPI_Allreduce_init, ...: shim/persistent.cpp),
 /// decided once, at its init; opaque outside shim/dispatch.cpp.
 struct PersistentPlan;
-struct PersistentPlanDeleter {
-  void operator()(PersistentPlan* p) const;
-};
-using PlanPtr = std::unique_ptr<PersistentPlan, PersistentPlanDeleter>;
+/// Shared: a CUDA graph that captured a start holds it too (shim/capture.hpp).
+using PlanPtr = std::shared_ptr<PersistentPlan>;
 
 /// At a persistent collective's init (`init`: its arguments, `request` the application's):
 /// screens them, agrees on every rank's facts (one allreduce on init.comm: MPI makes the
@@ -65,10 +63,11 @@ bool plan_uses_mpi_request(const PersistentPlan& p);
 /// the order after this rank's attached stream (synchronised) and MPI_Start(handle);
 /// otherwise the route started with no decision and no agreement, its operation's request
 /// in *inner (MPI_REQUEST_NULL when it is already complete). Stream-ordered where the
-/// agreed facts and this rank have a stream; recorded on a captured stream. Returns an MPI
-/// error code, raised through the communicator's error handler. Not concurrently for one
-/// plan (MPI: a request is started by one thread at a time).
-int start_persistent(PersistentPlan& p, MPI_Request* handle, MPI_Request* inner);
+/// agreed facts and this rank have a stream; on a stream being captured, recorded (each
+/// launch of the graph then starts it as here; *inner a completed request). Returns an MPI
+/// error code, raised through the communicator's error handler. Thread-safe (the plan is
+/// only read).
+int start_persistent(const PlanPtr& p, MPI_Request* handle, MPI_Request* inner);
 
 /// The route (table syntax, with its parameters: "ht algo=rd") that this thread's last
 /// dispatched call went to; kept while statistics are on, empty before the first call.

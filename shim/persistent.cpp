@@ -59,13 +59,13 @@ int start_planned(MPI_Request* handle, Entry& e, std::unique_lock<std::mutex>& l
     return misuse(e.comm, "MPI_Start of a persistent collective request that is still active "
                           "(complete it with MPI_Wait or MPI_Test first)");
   if (plan_uses_mpi_request(*e.plan)) {  // the MPI keeps its own request's state
-    PersistentPlan& plan = *e.plan;
+    PlanPtr plan = e.plan;
     lock.unlock();
     MPI_Request unused = MPI_REQUEST_NULL;
     return start_persistent(plan, handle, &unused);
   }
   e.active = true;  // claimed: a free or a second start of it now errs
-  PersistentPlan& plan = *e.plan;
+  PlanPtr plan = e.plan;
   lock.unlock();
   MPI_Request inner = MPI_REQUEST_NULL;
   const int rc = start_persistent(plan, handle, &inner);

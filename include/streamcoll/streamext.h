@@ -27,11 +27,14 @@
  *     before freeing the communicator (docs/guide.md, "CUDA graphs").
  *
  * Covered: MPI_Allreduce, MPI_Reduce, MPI_Bcast, MPI_Allgather, MPI_Allgatherv,
- * MPI_Reduce_scatter_block, MPI_Reduce_scatter, MPI_Alltoall, MPI_Barrier and their
- * MPI_I* forms, made from C or through the Fortran bindings (the module streamcoll
- * attaches a stream from Fortran). Not
+ * MPI_Reduce_scatter_block, MPI_Reduce_scatter, MPI_Alltoall, MPI_Barrier, their MPI_I*
+ * forms and their persistent forms (MPI 4.0 MPI_*_init, Open MPI 4.1 MPIX_*_init, with
+ * MPI_Start/MPI_Startall: each start is ordered on the stream as the MPI_I* call is, and
+ * recorded when the stream is being captured), made from C or through the Fortran
+ * bindings (the module streamcoll attaches a stream from Fortran; persistent ones from
+ * Fortran under MPICH only). Not
  * covered, and NOT ordered on the stream: MPI_Gather(v), MPI_Scatter(v), MPI_Alltoallv/w,
- * MPI_Scan, MPI_Exscan, the neighborhood and persistent collectives, and point-to-point:
+ * MPI_Scan, MPI_Exscan, the neighborhood collectives (persistent or not), and point-to-point:
  * streamcoll passes them to the MPI untouched, so synchronise the stream before them, as
  * without streamcoll.
  *

@@ -27,6 +27,8 @@
 //          scripts/bench-capture.sh);
 //   bench-classic  host time of a classic MPI_Allreduce of 8 doubles on GPU buffers (no
 //          stream attached), median of 2000 (the price of the capture-mode guard).
+// CAPTURE_PERSISTENT=1 adds a persistent allreduce to the step (initialised once per
+// communicator before any capture, MPI_Start + MPI_Wait in the step, its handle checked).
 // Exit status 0 when every check passed.
 #include <cuda.h>
 #include <dlfcn.h>
@@ -37,11 +39,19 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "streamcoll/streamext.h"
+
+#if defined(OPEN_MPI) && OPEN_MPI
+#include <mpi-ext.h>
+#define PCOLL(name) MPIX_##name
+#else
+#define PCOLL(name) MPI_##name
+#endif
 
 namespace {
 
@@ -106,6 +116,11 @@ struct Case {
 
 double input(int rank, int launch, int i) { return (rank + 1) * 1000.0 + launch * 7.0 + i % 97; }
 
+// CAPTURE_PERSISTENT=1: the step also starts a persistent allreduce (MPI_Allreduce_init once
+// per communicator, before any capture; MPI_Start and MPI_Wait in the step).
+const bool g_persistent = std::getenv("CAPTURE_PERSISTENT") != nullptr;
+std::map<MPI_Comm, MPI_Request> g_persistent_req;
+
 std::vector<Case> make_cases() {
   std::vector<Case> cases = {{"allreduce", kN, kN},
                              {"iallreduce", kN, kN},
@@ -113,6 +128,7 @@ std::vector<Case> make_cases() {
                              {"allgather", kN, kN * g_size},
                              {"reduce_scatter_block", kN * g_size, kN},
                              {"reduce", kN, kN}};
+  if (g_persistent) cases.push_back({"persistent", kN, kN});
   for (Case& c : cases) {
     CU_OK(cu.cuMemHostAlloc(reinterpret_cast<void**>(&c.h_in), c.in_elems * sizeof(double), 0));
     CU_OK(cu.cuMemHostAlloc(reinterpret_cast<void**>(&c.h_out), c.out_elems * sizeof(double), 0));
@@ -129,11 +145,40 @@ void fill(std::vector<Case>& cases, int launch) {
   }
 }
 
+// The persistent allreduce of `cases` on comm, made once (collective: every rank calls
+// this at the same point, never while capturing).
+void init_persistent(std::vector<Case>& cases, MPI_Comm comm) {
+  for (Case& c : cases) {
+    if (std::string(c.name) != "persistent" || g_persistent_req.count(comm)) continue;
+    MPI_Request& req = g_persistent_req[comm];
+    check(PCOLL(Allreduce_init)(reinterpret_cast<void*>(c.d_in), reinterpret_cast<void*>(c.d_out), kN,
+                                MPI_DOUBLE, MPI_SUM, comm, MPI_INFO_NULL, &req) == MPI_SUCCESS,
+          "MPI_Allreduce_init");
+  }
+}
+
+void free_persistent() {
+  for (auto& [comm, req] : g_persistent_req) {
+    MPI_Request h = req;
+    check(MPI_Request_free(&req) == MPI_SUCCESS && req == MPI_REQUEST_NULL && h != MPI_REQUEST_NULL,
+          "MPI_Request_free of the persistent allreduce");
+  }
+  g_persistent_req.clear();
+}
+
 // Collective c of the step on comm, from c.d_in into c.d_out.
 int collective(Case& c, MPI_Comm comm) {
   void* in = reinterpret_cast<void*>(c.d_in);
   void* out = reinterpret_cast<void*>(c.d_out);
   const std::string n = c.name;
+  if (n == "persistent") {
+    MPI_Request& req = g_persistent_req[comm];
+    const MPI_Request h = req;
+    int rc = MPI_Start(&req);
+    if (rc == MPI_SUCCESS) rc = MPI_Wait(&req, MPI_STATUS_IGNORE);
+    check(req == h && h != MPI_REQUEST_NULL, "the persistent handle is kept");
+    return rc;
+  }
   if (n == "allreduce") return MPI_Allreduce(in, out, kN, MPI_DOUBLE, MPI_SUM, comm);
   if (n == "iallreduce") {
     MPI_Request req;
@@ -169,7 +214,7 @@ void verify(const std::vector<Case>& cases, int launch, const char* how) {
     int bad = 0;
     for (int i = 0; i < c.out_elems; ++i) {
       double want = 0;
-      if (n == "allreduce" || (n == "reduce" && g_rank == 0)) {
+      if (n == "allreduce" || n == "persistent" || (n == "reduce" && g_rank == 0)) {
         for (int r = 0; r < g_size; ++r) want += input(r, launch, i);
       } else if (n == "reduce") {
         continue;  // recvbuf insignificant off the root
@@ -194,6 +239,7 @@ void verify(const std::vector<Case>& cases, int launch, const char* how) {
 CUgraphExec capture_step(std::vector<Case>& cases, MPI_Comm comm, CUstream s) {
   CUgraph g = nullptr;
   CUgraphExec ge = nullptr;
+  init_persistent(cases, comm);
   CU_OK(cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
   step(cases, comm, s);
   CU_OK(cu.cuStreamEndCapture(s, &g));
@@ -204,6 +250,7 @@ CUgraphExec capture_step(std::vector<Case>& cases, MPI_Comm comm, CUstream s) {
 
 // `launches` steps, replayed from a graph or made live; every value checked.
 void run_steps(std::vector<Case>& cases, MPI_Comm comm, CUstream s, bool replay, int first) {
+  init_persistent(cases, comm);
   CUgraphExec ge = replay ? capture_step(cases, comm, s) : nullptr;
   for (int k = first; k < first + kLaunches; ++k) {
     fill(cases, k);
@@ -466,6 +513,7 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  free_persistent();
   MPI_Comm_free(&comm);
   for (Case& c : cases) {
     cu.cuMemFree(c.d_in);
