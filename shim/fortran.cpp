@@ -15,6 +15,12 @@
 // MPI_Request_f2c, and then the real binding with the caller's arguments, which turns
 // statuses (MPI_STATUS_IGNORE, MPI_STATUSES_IGNORE), LOGICAL flags, 1-based indices and
 // ierr into Fortran exactly as without streamcoll.
+// Persistent collectives: MPICH's Fortran MPI_*_INIT and MPI_START reach the C wrappers
+// (shim/persistent.cpp); Open MPI 4.1 has no Fortran binding of its MPIX_*_init, but a
+// persistent request a C library made may be started, waited for and freed from Fortran:
+// MPI_START and MPI_STARTALL are bound (streamcoll's requests started by the C wrappers),
+// and the wait/test family hands the MPI an active persistent request's running operation
+// in its place, as in C (FSubstituted).
 // `use mpi_f08` callers (Open MPI's mpi_*_f08 symbols): the same wrappers. Open MPI's
 // f08 handles are one INTEGER (TYPE(MPI_Comm) and the rest hold MPI_VAL, passed by
 // reference like an INTEGER handle), its TYPE(MPI_Status) has the layout of the mpif.h
@@ -37,6 +43,7 @@
 #include "core/runtime.hpp"
 #include "shim/dispatch.hpp"
 #include "shim/export.hpp"
+#include "shim/persistent.hpp"
 
 using streamcoll::Coll;
 using streamcoll::CollArgs;
@@ -358,6 +365,7 @@ void ibarrier(F* comm, F* req, F* ierr) {
 // ---- completion: the wait/test family, MPI_REQUEST_GET_STATUS, MPI_REQUEST_FREE ----------
 
 namespace req = streamcoll::requests;
+namespace pers = streamcoll::persistent;
 
 std::vector<MPI_Request> c_requests(F n, const F* f) {
   std::vector<MPI_Request> c(static_cast<size_t>(n));
@@ -394,6 +402,59 @@ void f_write_back(const std::vector<F>& ordinary, const std::vector<req::Owned>&
   }
 }
 
+// f[0, n) as the MPI is to see it: each active persistent request of streamcoll's replaced
+// by its running operation's request; restore() gives the caller its persistent handles
+// back, inactive where the operation's request completed (as Substituted in C:
+// shim/persistent.hpp). MPICH's bindings would reach the C wrappers, which substitute; Open
+// MPI's call PMPI_ directly, so the Fortran wrappers substitute first, alike for both.
+class FSubstituted {
+ public:
+  FSubstituted(F n, F* f) : f_(f) {
+    if (!pers::any_active() || f == nullptr || n <= 0) return;
+    for (F i = 0; i < n; ++i) {
+      const MPI_Request r = pers::running(PMPI_Request_f2c(f[i]));
+      if (r == MPI_REQUEST_NULL) continue;
+      if (v_.empty()) v_.assign(f, f + n);
+      v_[static_cast<size_t>(i)] = PMPI_Request_c2f(r);
+      subs_.emplace_back(static_cast<size_t>(i), f[i]);
+    }
+  }
+  bool any() const { return !subs_.empty(); }
+  F* data() { return v_.data(); }
+  void restore() {
+    const F null = PMPI_Request_c2f(MPI_REQUEST_NULL);
+    size_t k = 0;
+    for (size_t i = 0; i < v_.size(); ++i) {
+      if (k < subs_.size() && subs_[k].first == i) {
+        if (v_[i] == null) pers::finished(PMPI_Request_f2c(subs_[k].second));
+        f_[i] = subs_[k++].second;
+      } else {
+        f_[i] = v_[i];
+      }
+    }
+  }
+
+ private:
+  F* f_;
+  std::vector<F> v_;
+  std::vector<std::pair<size_t, F>> subs_;  // (position, persistent handle)
+};
+
+// MPI_START and MPI_STARTALL: streamcoll's persistent requests started by its C wrappers
+// (shim/persistent.cpp), which start any other request with the MPI's MPI_Start.
+void req_start(F* request, F* ierr) {
+  static const auto fn = real<void (*)(F*, F*)>("pmpi_start");
+  if (!pers::any_planned()) return fn(request, ierr);
+  MPI_Request c = PMPI_Request_f2c(*request);
+  *ierr = MPI_Start(&c);
+}
+void req_startall(F* count, F* requests, F* ierr) {
+  static const auto fn = real<void (*)(F*, F*, F*)>("pmpi_startall");
+  if (!pers::any_planned() || requests == nullptr || *count <= 0) return fn(count, requests, ierr);
+  std::vector<MPI_Request> c = c_requests(*count, requests);
+  *ierr = MPI_Startall(*count, c.data());  // (starting changes no handle)
+}
+
 void one_owned(F* request, bool wait) {
   if (!req::any_owned()) return;
   MPI_Request c = PMPI_Request_f2c(*request);
@@ -407,21 +468,32 @@ void one_owned(F* request, bool wait) {
 
 void req_wait(F* request, F* status, F* ierr) {
   static const auto fn = real<void (*)(F*, F*, F*)>("pmpi_wait");
+  if (FSubstituted s(1, request); s.any()) return req_wait(s.data(), status, ierr), s.restore();
   one_owned(request, true);
   fn(request, status, ierr);
 }
 void req_test(F* request, F* flag, F* status, F* ierr) {
   static const auto fn = real<void (*)(F*, F*, F*, F*)>("pmpi_test");
+  if (FSubstituted s(1, request); s.any()) return req_test(s.data(), flag, status, ierr), s.restore();
   one_owned(request, false);
   fn(request, flag, status, ierr);
 }
 void req_get_status(F* request, F* flag, F* status, F* ierr) {
   static const auto fn = real<void (*)(F*, F*, F*, F*)>("pmpi_request_get_status");
+  if (FSubstituted s(1, request); s.any()) return req_get_status(s.data(), flag, status, ierr);
   one_owned(request, false);
   fn(request, flag, status, ierr);
 }
 void req_free(F* request, F* ierr) {
   static const auto fn = real<void (*)(F*, F*)>("pmpi_request_free");
+  if (pers::any_planned()) {  // one of streamcoll's persistent requests: as in C
+    MPI_Request c = PMPI_Request_f2c(*request);
+    if (int rc; pers::free_request(&c, &rc)) {
+      *ierr = rc;
+      if (rc == MPI_SUCCESS) *request = PMPI_Request_c2f(c);
+      return;
+    }
+  }
   if (req::any_owned()) {
     MPI_Request c = PMPI_Request_f2c(*request);
     if (streamcoll::OwnedRequest* op = req::peek(c)) {
@@ -433,12 +505,16 @@ void req_free(F* request, F* ierr) {
 }
 void req_waitall(F* count, F* requests, F* statuses, F* ierr) {
   static const auto fn = real<void (*)(F*, F*, F*, F*)>("pmpi_waitall");
+  if (FSubstituted s(*count, requests); s.any())
+    return req_waitall(count, s.data(), statuses, ierr), s.restore();
   FOwned o;
   if (find_owned(*count, requests, &o)) req::complete_all(o.owned);
   fn(count, requests, statuses, ierr);
 }
 void req_testall(F* count, F* requests, F* flag, F* statuses, F* ierr) {
   static const auto fn = real<void (*)(F*, F*, F*, F*, F*)>("pmpi_testall");
+  if (FSubstituted s(*count, requests); s.any())
+    return req_testall(count, s.data(), flag, statuses, ierr), s.restore();
   FOwned o;
   if (find_owned(*count, requests, &o))
     for (const req::Owned& x : o.owned) x.op->advance();
@@ -446,6 +522,8 @@ void req_testall(F* count, F* requests, F* flag, F* statuses, F* ierr) {
 }
 void req_testany(F* count, F* requests, F* index, F* flag, F* status, F* ierr) {
   static const auto fn = real<void (*)(F*, F*, F*, F*, F*, F*)>("pmpi_testany");
+  if (FSubstituted s(*count, requests); s.any())
+    return req_testany(count, s.data(), index, flag, status, ierr), s.restore();
   FOwned o;
   if (find_owned(*count, requests, &o))
     for (const req::Owned& x : o.owned) x.op->advance();
@@ -453,6 +531,8 @@ void req_testany(F* count, F* requests, F* index, F* flag, F* status, F* ierr) {
 }
 void req_testsome(F* incount, F* requests, F* outcount, F* indices, F* statuses, F* ierr) {
   static const auto fn = real<void (*)(F*, F*, F*, F*, F*, F*)>("pmpi_testsome");
+  if (FSubstituted s(*incount, requests); s.any())
+    return req_testsome(incount, s.data(), outcount, indices, statuses, ierr), s.restore();
   FOwned o;
   if (find_owned(*incount, requests, &o))
     for (const req::Owned& x : o.owned) x.op->advance();
@@ -463,6 +543,8 @@ void req_testsome(F* incount, F* requests, F* outcount, F* indices, F* statuses,
 void req_waitany(F* count, F* requests, F* index, F* status, F* ierr) {
   static const auto wait = real<void (*)(F*, F*, F*, F*, F*)>("pmpi_waitany");
   static const auto test = real<void (*)(F*, F*, F*, F*, F*, F*)>("pmpi_testany");
+  if (FSubstituted s(*count, requests); s.any())
+    return req_waitany(count, s.data(), index, status, ierr), s.restore();
   FOwned o;
   if (!find_owned(*count, requests, &o)) return wait(count, requests, index, status, ierr);
   std::vector<F> ordinary = f_ordinary(*count, requests, o.owned);
@@ -486,6 +568,8 @@ void req_waitany(F* count, F* requests, F* index, F* status, F* ierr) {
 void req_waitsome(F* incount, F* requests, F* outcount, F* indices, F* statuses, F* ierr) {
   static const auto wait = real<void (*)(F*, F*, F*, F*, F*, F*)>("pmpi_waitsome");
   static const auto test = real<void (*)(F*, F*, F*, F*, F*, F*)>("pmpi_testsome");
+  if (FSubstituted s(*incount, requests); s.any())
+    return req_waitsome(incount, s.data(), outcount, indices, statuses, ierr), s.restore();
   FOwned o;
   if (!find_owned(*incount, requests, &o))
     return wait(incount, requests, outcount, indices, statuses, ierr);
@@ -577,6 +661,8 @@ SC_FORTRAN_BOTH(mpi_alltoall, MPI_ALLTOALL, alltoall, PG, AG)
 SC_FORTRAN_BOTH(mpi_ialltoall, MPI_IALLTOALL, ialltoall, PGI, AGI)
 SC_FORTRAN_BOTH(mpi_barrier, MPI_BARRIER, barrier, (F* a, F* b), (a, b))
 SC_FORTRAN_BOTH(mpi_ibarrier, MPI_IBARRIER, ibarrier, (F* a, F* b, F* c), (a, b, c))
+SC_FORTRAN_BOTH(mpi_start, MPI_START, req_start, (F* a, F* b), (a, b))
+SC_FORTRAN_BOTH(mpi_startall, MPI_STARTALL, req_startall, (F* a, F* b, F* c), (a, b, c))
 SC_FORTRAN_BOTH(mpi_wait, MPI_WAIT, req_wait, (F* a, F* b, F* c), (a, b, c))
 SC_FORTRAN_BOTH(mpi_test, MPI_TEST, req_test, (F* a, F* b, F* c, F* d), (a, b, c, d))
 SC_FORTRAN_BOTH(mpi_request_get_status, MPI_REQUEST_GET_STATUS, req_get_status,
