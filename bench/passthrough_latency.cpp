@@ -18,9 +18,20 @@
 // MPI_Comm_dup_with_info and mpi_assert_memory_alloc_kinds=VALUE ("system": the program
 // asserts host memory only; MPI 4.1 sec. 11.4.3), for both paths.
 // --coll: the collective timed (default allreduce: MPI_SUM; reduce: MPI_SUM to rank 0; bcast
-// from rank 0; allgather of BYTES per rank); every result is checked after each size.
+// from rank 0; allgather of BYTES per rank; persistent: a persistent allreduce, MPI_SUM,
+// made per size with MPI_Allreduce_init (Open MPI: MPIX_) through the shim and with the
+// PMPI_ init directly, each call MPI_Start + MPI_Wait on its own request); every result is
+// checked after each size.
 #include <dlfcn.h>
 #include <mpi.h>
+#if defined(OPEN_MPI) && OPEN_MPI
+#include <mpi-ext.h>
+#define PCOLL(name) MPIX_##name
+#define PPCOLL(name) PMPIX_##name
+#else
+#define PCOLL(name) MPI_##name
+#define PPCOLL(name) PMPI_##name
+#endif
 
 #include <algorithm>
 #include <cstdio>
@@ -72,8 +83,9 @@ int main(int argc, char** argv) {
     else if (a == "--assert-kinds") kinds = v;
     else if (a == "--coll") coll = v;
   }
-  if (coll != "allreduce" && coll != "bcast" && coll != "allgather" && coll != "reduce") {
-    if (rank == 0) std::fprintf(stderr, "--coll: allreduce, reduce, bcast or allgather\n");
+  if (coll != "allreduce" && coll != "bcast" && coll != "allgather" && coll != "reduce" &&
+      coll != "persistent") {
+    if (rank == 0) std::fprintf(stderr, "--coll: allreduce, reduce, bcast, allgather or persistent\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   if (cuda) {
@@ -104,8 +116,8 @@ int main(int argc, char** argv) {
     std::printf("# MPI_%s (%sMPI_FLOAT, host buffers), %d ranks, %d iterations x "
                 "%d batches; shim: %s; CUDA driver %s%s%s\n# %10s %14s %14s %10s %14s\n",
                 coll == "allreduce" ? "Allreduce" : coll == "reduce" ? "Reduce"
-                : coll == "bcast"   ? "Bcast"     : "Allgather",
-                coll == "allreduce" ? "MPI_SUM, " : coll == "reduce" ? "MPI_SUM to rank 0, "
+                : coll == "bcast"   ? "Bcast"     : coll == "persistent" ? "Allreduce_init+Start+Wait" : "Allgather",
+                coll == "allreduce" || coll == "persistent" ? "MPI_SUM, " : coll == "reduce" ? "MPI_SUM to rank 0, "
                 : coll == "bcast"   ? "from rank 0, " : "",
                 size, iters, batches, version ? version() : "NOT LOADED",
                 cuda ? "loaded" : "not loaded", kinds.empty() ? "" : "; asserted kinds: ",
@@ -118,10 +130,17 @@ int main(int argc, char** argv) {
       recv(send.size() * static_cast<size_t>(coll == "allgather" ? size : 1));
   // The call timed, through streamcoll (MPI_) or straight to the MPI (PMPI_); the
   // collective chosen once (no string compare per call on either path).
-  enum class Which { allreduce, reduce, bcast, allgather };
+  enum class Which { allreduce, reduce, bcast, allgather, persistent };
   const Which which = coll == "bcast" ? Which::bcast : coll == "allgather" ? Which::allgather
-                      : coll == "reduce" ? Which::reduce : Which::allreduce;
-  auto call = [&](bool via_shim, int count) {
+                      : coll == "reduce" ? Which::reduce : coll == "persistent" ? Which::persistent
+                      : Which::allreduce;
+  MPI_Request shim_req = MPI_REQUEST_NULL, direct_req = MPI_REQUEST_NULL;  // persistent
+  auto call = [&](bool via_shim, int) {
+    MPI_Request* r = via_shim ? &shim_req : &direct_req;
+    (via_shim ? MPI_Start : PMPI_Start)(r);
+    (via_shim ? MPI_Wait : PMPI_Wait)(r, MPI_STATUS_IGNORE);
+  };
+  auto blocking = [&](bool via_shim, int count) {
     if (which == Which::bcast) {
       if (rank == 0) std::fill(recv.begin(), recv.begin() + count, 1.0f);
       (via_shim ? MPI_Bcast : PMPI_Bcast)(recv.data(), count, MPI_FLOAT, 0, comm);
@@ -136,15 +155,25 @@ int main(int argc, char** argv) {
                                                  MPI_SUM, comm);
     }
   };
+  auto timed = [&](bool via_shim, int count) {
+    if (which == Which::persistent) call(via_shim, count);
+    else blocking(via_shim, count);
+  };
   int flip = 0;
   for (uint64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
     const int count = static_cast<int>(bytes / sizeof(float));
+    if (which == Which::persistent) {
+      PCOLL(Allreduce_init)(send.data(), recv.data(), count, MPI_FLOAT, MPI_SUM, comm,
+                            MPI_INFO_NULL, &shim_req);
+      PPCOLL(Allreduce_init)(send.data(), recv.data(), count, MPI_FLOAT, MPI_SUM, comm,
+                             MPI_INFO_NULL, &direct_req);
+    }
     // Fewer iterations for large messages, same number of batches.
     const int n = std::max(10, static_cast<int>(iters *
                                                  (bytes <= 4096 ? 1.0 : 4096.0 / bytes)));
     for (int w = 0; w < n; ++w) {  // warm-up both paths
-      call(true, count);
-      call(false, count);
+      timed(true, count);
+      timed(false, count);
     }
     std::vector<double> shim, direct;
     const unsigned long long own0 = own_collectives();
@@ -152,15 +181,20 @@ int main(int argc, char** argv) {
       const bool via_shim = (b + flip) % 2 == 0;
       PMPI_Barrier(comm);
       double t0 = MPI_Wtime();
-      for (int i = 0; i < n; ++i) call(via_shim, count);
+      for (int i = 0; i < n; ++i) timed(via_shim, count);
       double us = (MPI_Wtime() - t0) * 1e6 / n;
       (via_shim ? shim : direct).push_back(us);
     }
     flip ^= 1;
     // Checked after a shim call whose output was cleared first.
     std::fill(recv.begin(), recv.end(), 0.0f);
-    call(true, count);
-    const float want = coll == "allreduce" || coll == "reduce" ? static_cast<float>(size) : 1.0f;
+    timed(true, count);
+    if (which == Which::persistent) {
+      MPI_Request_free(&shim_req);
+      PMPI_Request_free(&direct_req);
+    }
+    const float want = coll == "allreduce" || coll == "reduce" || coll == "persistent"
+                           ? static_cast<float>(size) : 1.0f;
     const size_t filled = coll == "reduce" && rank != 0
                               ? 0
                               : static_cast<size_t>(count) * (coll == "allgather" ? size : 1);
