@@ -18,6 +18,10 @@
 //    operation must complete; polling keeps MPI progressing meanwhile, so this blocks
 //    but cannot deadlock on a peer that needs this process's progress), then on_free(),
 //    then PMPI_Request_free.
+// streamcoll's persistent requests (shim/persistent.hpp): while one is active, each wrapper
+// hands the MPI (and the polling above) the request of its running operation in its place,
+// and gives the caller the persistent handle back, inactive once that request completed;
+// a free of one releases its plan (an active one: MPI_ERR_REQUEST).
 // The Fortran bindings of the same calls (shim/fortran.cpp) use the same polling.
 #include <mpi.h>
 
