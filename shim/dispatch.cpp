@@ -913,7 +913,7 @@ struct PersistentPlan {
 
 bool plan_uses_mpi_request(const PersistentPlan& p) { return p.mpi_request; }
 
-PlanPtr plan_persistent(const CollArgs& init, int* rc) {
+PlanPtr plan_persistent(const CollArgs& init, bool avoid_mpi_request, int* rc) {
   *rc = MPI_SUCCESS;
   Runtime& rt = Runtime::get();
   if (g_in_binding || !rt.active()) return nullptr;
@@ -935,8 +935,9 @@ PlanPtr plan_persistent(const CollArgs& init, int* rc) {
   // non-blocking form, staged (core/host_staging). From facts equal on every rank (the
   // job's staging, the agreed or asserted host memory), so every rank starts alike.
   if (d.route == RouteId::pmpi) {
-    p->mpi_request = !d.well_formed || !rt.staging_job() || init.coll == Coll::barrier ||
-                     d.agreed_host || d.asserted_host;
+    p->mpi_request = !d.well_formed || (!avoid_mpi_request &&
+                                        (!rt.staging_job() || init.coll == Coll::barrier ||
+                                         d.agreed_host || d.asserted_host));
     // Nothing for streamcoll at the starts but the order after this rank's stream.
     if (p->mpi_request && d.env.mem != MemKind::device && d.env.mem != MemKind::managed)
       return nullptr;
@@ -975,21 +976,23 @@ int start_persistent(const PlanPtr& plan, MPI_Request* handle, MPI_Request* inne
   const bool has_stream = alive && gpu && call_stream(p.a.comm, &stream);
   // On a stream being captured: recorded, each launch starting it as here (on the
   // replayer's stream, where call_stream finds it), with the MPI's own request too.
+  // The application's start gets a request already complete (*inner: also for a plan on
+  // the MPI's own request, which is not started now, and whose wait then must not reach
+  // the MPI: MPICH 4.0 never completes a wait on a persistent request not yet started).
   if (has_stream && !capture::replaying()) {
     const MPI_Request h = handle ? *handle : MPI_REQUEST_NULL;
     auto replay = [plan, h](MPI_Request* op) {
       MPI_Request mine = h;
-      const int rc = start_persistent(plan, &mine, op);
-      if (plan->mpi_request && rc == MPI_SUCCESS) *op = mine;  // waited for on the stream
+      int rc = start_persistent(plan, &mine, op);
+      // The MPI's own request: waited for here, in the MPI (a pmpi call holds the
+      // replayer's thread as a live one holds the caller's), not through the wrappers,
+      // which may hold the application's view of the handle.
+      if (plan->mpi_request && rc == MPI_SUCCESS) rc = SC_NEXT(MPI_Wait)(&mine, MPI_STATUS_IGNORE);
       return rc;
     };
     CollArgs a = p.a;
-    MPI_Request done = MPI_REQUEST_NULL;
-    a.request = p.mpi_request ? &done : inner;
-    if (int rc; capture::record_start(a, replay, &rc)) {
-      if (p.mpi_request && done != MPI_REQUEST_NULL) PMPI_Request_free(&done);
-      return rc;
-    }
+    a.request = inner;
+    if (int rc; capture::record_start(a, replay, &rc)) return rc;
   }
   if (p.mpi_request) {
     const uint64_t t0 = rt.stats_on() ? now_ns() : 0;

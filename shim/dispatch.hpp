@@ -54,15 +54,18 @@ using PlanPtr = std::shared_ptr<PersistentPlan>;
 /// streamcoll to do (host memory on the pmpi route; arguments the MPI must judge). *rc: an
 /// error streamcoll raised itself (then no request is to be made), else MPI_SUCCESS.
 /// Thread-safe as a collective call is.
-PlanPtr plan_persistent(const CollArgs& init, int* rc);
+/// `avoid_mpi_request`: the MPI's own persistent form of this collective is known to be
+/// wrong (a fact of the MPI library, equal on every rank): route pmpi starts the MPI's
+/// non-blocking form instead.
+PlanPtr plan_persistent(const CollArgs& init, bool avoid_mpi_request, int* rc);
 /// Whether the plan's starts are MPI_Start of the MPI's own persistent request (the pmpi
 /// route); otherwise the request handed out is a stand-in and each start runs the route
 /// on a request of its own.
 bool plan_uses_mpi_request(const PersistentPlan& p);
 /// MPI_Start of a planned request (`handle`, inactive): for a plan on the MPI's request,
-/// the order after this rank's attached stream (synchronised) and MPI_Start(handle);
-/// otherwise the route started with no decision and no agreement, its operation's request
-/// in *inner (MPI_REQUEST_NULL when it is already complete). Stream-ordered where the
+/// the order after this rank's attached stream (synchronised) and MPI_Start(handle), *inner
+/// null; otherwise the route started with no decision and no agreement, its operation's
+/// request in *inner (MPI_REQUEST_NULL when it is already complete). Stream-ordered where the
 /// agreed facts and this rank have a stream; on a stream being captured, recorded (each
 /// launch of the graph then starts it as here; *inner a completed request). Returns an MPI
 /// error code, raised through the communicator's error handler. Thread-safe (the plan is

@@ -58,13 +58,10 @@ int start_planned(MPI_Request* handle, Entry& e, std::unique_lock<std::mutex>& l
   if (e.active)
     return misuse(e.comm, "MPI_Start of a persistent collective request that is still active "
                           "(complete it with MPI_Wait or MPI_Test first)");
-  if (plan_uses_mpi_request(*e.plan)) {  // the MPI keeps its own request's state
-    PlanPtr plan = e.plan;
-    lock.unlock();
-    MPI_Request unused = MPI_REQUEST_NULL;
-    return start_persistent(plan, handle, &unused);
-  }
-  e.active = true;  // claimed: a free or a second start of it now errs
+  // Claimed: a free or a second start of it now errs. (A plan on the MPI's own request
+  // stays active only where its start was recorded into a CUDA graph: the MPI's request
+  // keeps its own state otherwise, and *inner stays null.)
+  e.active = true;
   PlanPtr plan = e.plan;
   lock.unlock();
   MPI_Request inner = MPI_REQUEST_NULL;
@@ -92,6 +89,17 @@ int start(MPI_Request* handle) {
 }
 
 #if STREAMCOLL_HAVE_PCOLL
+// MPICH 4.0's own persistent allgather gives wrong results from its second start on at 2
+// and 4 ranks (each rank receives the peers' data of an earlier start; seen with MPICH
+// 4.0 alone, a 30-line program). Its starts run as MPI_Iallgather on every rank instead: a
+// fact of the MPI library, equal on every rank. Later versions are not known here, and
+// keep the MPI's own request.
+#if defined(MPICH_NUMVERSION) && MPICH_NUMVERSION < 40100000
+constexpr bool kMpiAllgatherInitWrong = true;
+#else
+constexpr bool kMpiAllgatherInitWrong = false;
+#endif
+
 // A persistent collective's init: planned (shim/dispatch.cpp), then the request made: the
 // MPI's own (`mpi_init`) where the starts use it or nothing is planned, else the stand-in.
 template <class MpiInit>
@@ -99,7 +107,8 @@ int init(CollArgs a, MPI_Request* request, MpiInit mpi_init) {
   if (request == nullptr) return mpi_init();  // the MPI raises it
   a.request = request;
   int rc = MPI_SUCCESS;
-  PlanPtr plan = plan_persistent(a, &rc);
+  const bool avoid = kMpiAllgatherInitWrong && a.coll == Coll::allgather;
+  PlanPtr plan = plan_persistent(a, avoid, &rc);
   if (rc != MPI_SUCCESS) return rc;
   if (!plan) return mpi_init();
   rc = plan_uses_mpi_request(*plan)
@@ -280,7 +289,8 @@ SC_EXPORT int SC_PCOLL(Allgather_init)(const void* s, int sn, MPI_Datatype st, v
                                        MPI_Datatype rt, MPI_Comm c, MPI_Info info,
                                        MPI_Request* q) {
   auto mpi = [&] { return SC_NEXT(SC_PCOLL(Allgather_init))(s, sn, st, r, rn, rt, c, info, q); };
-  if (pass_through(Coll::allgather, c, s, r, gather_counts(s, sn, rn))) return mpi();
+  if (!pers::kMpiAllgatherInitWrong && pass_through(Coll::allgather, c, s, r, gather_counts(s, sn, rn)))
+    return mpi();
   return pers::init(pers::gather_args(Coll::allgather, s, sn, st, r, rn, rt, c), q, mpi);
 }
 SC_EXPORT int SC_PCOLL(Allgatherv_init)(const void* s, int sn, MPI_Datatype st, void* r,
