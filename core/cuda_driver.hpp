@@ -146,7 +146,7 @@ CUresult wait_for_legacy(CUstream stream, CUevent event);
 /// (cuThreadExchangeStreamCaptureMode), once the driver is loaded: from then on its driver
 /// calls (allocations, synchronisations of streamcoll's own streams) never invalidate a
 /// capture another thread of the application has begun in global mode. For streamcoll's
-/// own threads (the progress engine, the graph replayer). Returns true once done, or when
+/// own threads (the progress engine, the graph replay lanes). Returns true once done, or when
 /// it never can be (a driver without the entry point); false while no driver is loaded.
 bool relax_capture_mode();
 

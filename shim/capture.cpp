@@ -43,41 +43,18 @@ bool replaying() { return t_replaying; }
 #if STREAMCOLL_HAVE_CUDA
 namespace {
 
+class Lane;
+
 // Whether a communicator still exists, for the calls captured on it: an attribute of the
 // communicator (set locally at its first captured call) whose delete callback, at
-// MPI_Comm_free, marks it gone.
+// MPI_Comm_free, marks it gone and ends its replay lane once the lane has made (or
+// skipped) what was handed to it.
 struct CommLife {
   std::atomic<bool> alive{true};
   std::atomic<int> captured{0};  // calls held by graphs
+  std::shared_ptr<Lane> lane;    // set at the first record, before any call can be posted
 };
 using LifeRef = std::shared_ptr<CommLife>;
-
-int g_life_keyval = MPI_KEYVAL_INVALID;
-std::once_flag g_life_once;
-
-int life_gone(MPI_Comm, int, void* value, void*) {
-  auto* ref = static_cast<LifeRef*>(value);
-  (*ref)->alive.store(false);
-  if (const int n = (*ref)->captured.load())
-    SC_WARN("MPI_Comm_free of a communicator whose collectives %d captured call(s) of CUDA "
-            "graphs still hold: launching those graphs now skips the calls (destroy the "
-            "graphs before freeing the communicator)", n);
-  delete ref;
-  return MPI_SUCCESS;
-}
-
-LifeRef life_of(MPI_Comm comm) {
-  std::call_once(g_life_once, [] {
-    PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, life_gone, &g_life_keyval, nullptr);
-  });
-  void* v = nullptr;
-  int found = 0;
-  PMPI_Comm_get_attr(comm, g_life_keyval, &v, &found);
-  if (found) return *static_cast<LifeRef*>(v);
-  auto* ref = new LifeRef(std::make_shared<CommLife>());
-  PMPI_Comm_set_attr(comm, g_life_keyval, ref);
-  return *ref;
-}
 
 // One captured call: its arguments (the count arrays copied), where it runs, its flag.
 struct Captured {
@@ -95,38 +72,80 @@ struct Captured {
   }
 };
 
-// The thread that makes the replayed calls, in the order the GPU hands them over.
-class Replayer {
+// Process-wide counts of the replay lanes (streamcoll_capture_counts).
+std::atomic<uint64_t> g_lanes_started{0}, g_lanes_live{0}, g_replayed{0}, g_skipped{0};
+
+// The replay lane of one communicator: a thread that makes the communicator's replayed
+// calls one after the other, in the order the GPU hands them over (its launches' order),
+// each on a stream of the lane's own.
+//
+// Why one per communicator. A replayed call may hold its thread: the first call of a
+// signature agrees at once, a route sets itself up collectively at its first call, the
+// first refresh duplicates the communicator, a rank that runs ahead waits for the
+// refresh it needs, route pmpi makes the MPI's own blocking call, and an MPI_I*'s wait
+// completes on the host for the MPI's own request. Each of those waits only for the
+// peers' calls on the same communicator, which reach them in the same order (MPI's rule,
+// and the rule for graphs: shim/capture.hpp). A rank may launch its graphs of different
+// communicators in an order of its own (even ranks A then B, odd ranks B then A), as it
+// may make stream-ordered calls on different communicators live; one thread for all of
+// them would hold B's replay behind a blocking step of A's while the peer's A waits behind
+// its own B: a deadlock. Separate streams too: one stream for every replay would order
+// A's GPU work (an NCCL kernel) before B's on one rank and after it on another.
+//
+// Lifetime. Started at the communicator's first recorded call (on the application's
+// thread: a host node must not wait for a thread to start); ended at MPI_Comm_free (once
+// what was handed over is made or skipped) or at MPI_Finalize; its thread joined by the
+// next lane's start or by stop(). Threads: one per communicator with captured calls that
+// is not freed yet (counted: streamcoll_capture_counts, STREAMCOLL_DEBUG=info).
+class Lane {
  public:
-  static Replayer& get() {
-    static Replayer* r = new Replayer;  // never destroyed: host nodes may outlive exit
-    return *r;
+  Lane() = default;
+  Lane(const Lane&) = delete;
+  Lane& operator=(const Lane&) = delete;
+
+  // On the application's thread, before the lane's first call can be posted.
+  void start(bool stopped) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped) {
+      stopped_ = true;
+      finished_.store(true);
+      return;
+    }
+    g_lanes_started.fetch_add(1, std::memory_order_relaxed);
+    g_lanes_live.fetch_add(1, std::memory_order_relaxed);
+    thread_ = std::thread([this] { loop(); });
   }
 
   // From the host node (a driver thread): no CUDA call, no blocking beyond the lock.
   void post(Captured* c) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopped_) {  // a launch after MPI_Finalize: let the stream go on
-      __atomic_store_n(c->flag, 1u, __ATOMIC_RELEASE);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (stopped_ || gone_) {  // after MPI_Finalize, or the communicator freed
+      lock.unlock();
+      if (!c->life->alive.load()) skipped(*c);
+      __atomic_store_n(c->flag, 1u, __ATOMIC_RELEASE);  // let the stream go on
       return;
     }
     queue_.push_back(c);
     cv_.notify_one();
   }
 
-  // At the first record, on the application's thread (a host node must not wait for a
-  // thread to start).
-  void start() {
+  // The communicator is freed (its attribute's delete callback): the lane ends once its
+  // queue is empty; calls posted later are skipped at once.
+  void gone() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!thread_.joinable() && !stopped_) thread_ = std::thread([this] { loop(); });
+    gone_ = true;
+    cv_.notify_one();
   }
 
+  // MPI_Finalize: what was handed over is made first, then the thread ends.
   void stop() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopped_ = true;
-      cv_.notify_one();
-    }
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = true;
+    cv_.notify_one();
+  }
+
+  bool finished() const { return finished_.load(std::memory_order_acquire); }
+  void join() {
     if (thread_.joinable()) thread_.join();
   }
 
@@ -135,19 +154,26 @@ class Replayer {
     cuda::relax_capture_mode();  // (the driver is loaded: a call was recorded)
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-      cv_.wait(lock, [this] { return stopped_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopped, every call handed over made
+      cv_.wait(lock, [this] { return stopped_ || gone_ || !queue_.empty(); });
+      if (queue_.empty()) break;  // ended, every call handed over made
       Captured* c = queue_.front();
       queue_.pop_front();
       lock.unlock();
       run(*c);
       lock.lock();
     }
+    const bool freed = gone_ && !stopped_;
+    lock.unlock();
+    if (freed) close_streams();  // (at MPI_Finalize they stay: the driver may be going)
+    g_lanes_live.fetch_sub(1, std::memory_order_relaxed);
+    finished_.store(true, std::memory_order_release);
   }
 
   // The call, as the application made it: an MPI_I* call stays one (MPI never matches a
   // blocking collective with a non-blocking one), completed at once (stream-ordered, its
-  // MPI_Wait makes the replayer's stream wait, before the flag is written there).
+  // MPI_Wait makes the lane's stream wait, before the flag is written there; on route pmpi
+  // the host waits for the MPI's request, as a live caller's would, holding this
+  // communicator's lane only).
   static int make_call(const Captured& c) {
     CollArgs a = c.args;
     if (!a.nonblocking) return dispatch(a);
@@ -165,18 +191,34 @@ class Replayer {
     return s;
   }
 
+  // A freed communicator's lane gives its streams back (their last flag writes still run).
+  void close_streams() {
+    for (auto& [ctx, s] : streams_) {
+      if (!s) continue;
+      cuda::ScopedContext scope(ctx);
+      cuda::driver().cuStreamDestroy(s);
+    }
+    streams_.clear();
+  }
+
+  static void skipped(const Captured& c) {
+    g_skipped.fetch_add(1, std::memory_order_relaxed);
+    SC_WARN("a CUDA graph launched %s captured on a communicator freed since: the call is "
+            "skipped, its output not written", call_name(c.args.coll, false).c_str());
+  }
+
   void run(Captured& c) {
     const cuda::Driver& d = cuda::driver();
     const std::string what = call_name(c.args.coll, false);
     if (!c.life->alive.load()) {
-      SC_WARN("a CUDA graph launched %s captured on a communicator freed since: the call "
-              "is skipped, its output not written", what.c_str());
+      skipped(c);
     } else {
       cuda::ScopedContext scope(c.ctx);
       CUstream s = stream_for(c.ctx);
       if (!s) {
         keep(c.args.comm, fail(Failure::cuda, "replay of " + what + ": cuStreamCreate failed"), what);
       } else {
+        g_replayed.fetch_add(1, std::memory_order_relaxed);
         t_replay_stream = s;
         t_replaying = true;
         const int rc = make_call(c);
@@ -187,7 +229,7 @@ class Replayer {
         // to the next call at once (it must not wait for peers that may need its next
         // call first). Once the flag may be written, `c` may be gone (the graph done and
         // destroyed): nothing of it is touched after. Without stream memory operations the
-        // replayer waits for the stream itself.
+        // lane waits for the stream itself.
         if (d.cuStreamWriteValue32 &&
             d.cuStreamWriteValue32(s, c.dev_flag, 1, CU_STREAM_WRITE_VALUE_DEFAULT) == CUDA_SUCCESS)
           return;
@@ -211,14 +253,95 @@ class Replayer {
   std::condition_variable cv_;
   std::deque<Captured*> queue_;
   std::thread thread_;
-  bool stopped_ = false;
-  std::map<CUcontext, CUstream> streams_;  // the replayer's only
+  bool stopped_ = false, gone_ = false;
+  std::atomic<bool> finished_{false};
+  std::map<CUcontext, CUstream> streams_;  // the lane's thread's only
 };
+
+// The lanes of the process: started at first records, joined once ended.
+class Lanes {
+ public:
+  static Lanes& get() {
+    static Lanes* l = new Lanes;  // never destroyed: host nodes may outlive exit
+    return *l;
+  }
+
+  // A new lane, started (on the application's thread); the ended ones joined first.
+  std::shared_ptr<Lane> open() {
+    auto lane = std::make_shared<Lane>();
+    std::lock_guard<std::mutex> lock(mu_);
+    reap_locked();
+    lane->start(stopped_);
+    if (!stopped_) lanes_.push_back(lane);
+    return lane;
+  }
+
+  void stop() {
+    std::vector<std::shared_ptr<Lane>> all;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopped_ = true;
+      all.swap(lanes_);
+    }
+    for (auto& l : all) l->stop();
+    for (auto& l : all) l->join();
+  }
+
+ private:
+  void reap_locked() {
+    for (auto it = lanes_.begin(); it != lanes_.end();) {
+      if (!(*it)->finished()) {
+        ++it;
+        continue;
+      }
+      (*it)->join();  // (its thread has left its loop: at most its last instructions)
+      it = lanes_.erase(it);
+    }
+  }
+
+  std::mutex mu_;
+  std::vector<std::shared_ptr<Lane>> lanes_;
+  bool stopped_ = false;
+};
+
+int g_life_keyval = MPI_KEYVAL_INVALID;
+std::once_flag g_life_once;
+std::mutex g_life_mu;  // a communicator's first record: its attribute and lane
+
+int life_gone(MPI_Comm, int, void* value, void*) {
+  auto* ref = static_cast<LifeRef*>(value);
+  (*ref)->alive.store(false);
+  if (const int n = (*ref)->captured.load())
+    SC_WARN("MPI_Comm_free of a communicator whose collectives %d captured call(s) of CUDA "
+            "graphs still hold: launching those graphs now skips the calls (destroy the "
+            "graphs before freeing the communicator)", n);
+  if ((*ref)->lane) (*ref)->lane->gone();
+  delete ref;
+  return MPI_SUCCESS;
+}
+
+// The communicator's life, and its replay lane started, at its first record.
+LifeRef life_of(MPI_Comm comm) {
+  std::call_once(g_life_once, [] {
+    PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, life_gone, &g_life_keyval, nullptr);
+  });
+  std::lock_guard<std::mutex> lock(g_life_mu);
+  void* v = nullptr;
+  int found = 0;
+  PMPI_Comm_get_attr(comm, g_life_keyval, &v, &found);
+  if (found) return *static_cast<LifeRef*>(v);
+  auto* ref = new LifeRef(std::make_shared<CommLife>());
+  (*ref)->lane = Lanes::get().open();
+  SC_INFO("capture: a replay thread started for a communicator (%llu live)",
+          static_cast<unsigned long long>(g_lanes_live.load()));
+  PMPI_Comm_set_attr(comm, g_life_keyval, ref);
+  return *ref;
+}
 
 void CUDA_CB on_launch(void* p) {
   auto* c = static_cast<Captured*>(p);
   __atomic_store_n(c->flag, 0u, __ATOMIC_SEQ_CST);  // re-armed at every launch
-  Replayer::get().post(c);
+  c->life->lane->post(c);
 }
 
 void CUDA_CB on_destroy(void* p) { delete static_cast<Captured*>(p); }
@@ -326,7 +449,6 @@ bool record_call(const CollArgs& a, std::function<int(MPI_Request*)> start, int*
       !d.cuGraphRetainUserObject || !ht_device::DeviceSide::can_hold(Runtime::get().settings().ht_wait))
     return *rc = refuse(a, "this CUDA driver lacks host functions, user objects or stream "
                            "memory operations"), true;
-  Replayer::get().start();
   std::unique_ptr<Captured> c = copy_call(a);
   c->start = std::move(start);
   d.cuCtxGetCurrent(&c->ctx);
@@ -355,13 +477,23 @@ bool record_start(const CollArgs& a, std::function<int(MPI_Request*)> start, int
   return record_call(a, std::move(start), rc);
 }
 
-void stop() { Replayer::get().stop(); }
+void stop() { Lanes::get().stop(); }
+
+Counts counts() {
+  Counts c;
+  c.lanes_started = g_lanes_started.load(std::memory_order_relaxed);
+  c.lanes_live = g_lanes_live.load(std::memory_order_relaxed);
+  c.replayed = g_replayed.load(std::memory_order_relaxed);
+  c.skipped = g_skipped.load(std::memory_order_relaxed);
+  return c;
+}
 
 #else  // no CUDA toolkit at build time: nothing can be captured
 
 bool record(const CollArgs&, int*) { return false; }
 bool record_start(const CollArgs&, std::function<int(MPI_Request*)>, int*) { return false; }
 void stop() {}
+Counts counts() { return Counts{}; }
 
 #endif
 

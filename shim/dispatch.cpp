@@ -143,13 +143,13 @@ struct Decision {
 };
 
 // A failure of the call, raised through the communicator's error handler; a replayed call
-// (shim/capture.hpp) raises nothing: the replayer keeps its failure for the next call.
+// (shim/capture.hpp) raises nothing: its replay lane keeps its failure for the next call.
 void raise_error(MPI_Comm comm, int rc) {
   if (!capture::replaying()) PMPI_Comm_call_errhandler(comm, rc);
 }
 
 // The stream a call on `comm` is ordered on: the communicator's (streamext), or, for a
-// call a CUDA graph replays, the replayer's own.
+// call a CUDA graph replays, its replay lane's own.
 bool call_stream(MPI_Comm comm, void** stream) {
   return capture::replay_stream(stream) || streamext::attached(comm, stream);
 }
@@ -975,7 +975,7 @@ int start_persistent(const PlanPtr& plan, MPI_Request* handle, MPI_Request* inne
   const bool gpu = p.d.env.mem == MemKind::device || p.d.env.mem == MemKind::managed;
   const bool has_stream = alive && gpu && call_stream(p.a.comm, &stream);
   // On a stream being captured: recorded, each launch starting it as here (on the
-  // replayer's stream, where call_stream finds it), with the MPI's own request too.
+  // replay lane's stream, where call_stream finds it), with the MPI's own request too.
   // The application's start gets a request already complete (*inner: also for a plan on
   // the MPI's own request, which is not started now, and whose wait then must not reach
   // the MPI: MPICH 4.0 never completes a wait on a persistent request not yet started).
@@ -985,7 +985,7 @@ int start_persistent(const PlanPtr& plan, MPI_Request* handle, MPI_Request* inne
       MPI_Request mine = h;
       int rc = start_persistent(plan, &mine, op);
       // The MPI's own request: waited for here, in the MPI (a pmpi call holds the
-      // replayer's thread as a live one holds the caller's), not through the wrappers,
+      // replay lane's thread as a live one holds the caller's), not through the wrappers,
       // which may hold the application's view of the handle.
       if (plan->mpi_request && rc == MPI_SUCCESS) rc = SC_NEXT(MPI_Wait)(&mine, MPI_STATUS_IGNORE);
       return rc;
@@ -1016,7 +1016,7 @@ int start_persistent(const PlanPtr& plan, MPI_Request* handle, MPI_Request* inne
     return MPI_ERR_COMM;
   }
   const bool timed = rt.stats_on();
-  Decision d = p.d;  // (a copy: graphs replay the plan from the replayer's thread)
+  Decision d = p.d;  // (a copy: graphs replay the plan from a replay lane's thread)
   const uint64_t t0 = timed ? now_ns() : 0;
   trace::Call traced(a.coll, true);
   d.env.has_stream = has_stream;

@@ -156,6 +156,17 @@ SC_EXPORT void streamcoll_fusion_counts(unsigned long long* calls, unsigned long
   if (agreements) *agreements = c.agreements;
 }
 
+SC_EXPORT void streamcoll_capture_counts(unsigned long long* lanes_started,
+                                         unsigned long long* lanes_live,
+                                         unsigned long long* replayed,
+                                         unsigned long long* skipped) {
+  const streamcoll::capture::Counts c = streamcoll::capture::counts();
+  if (lanes_started) *lanes_started = c.lanes_started;
+  if (lanes_live) *lanes_live = c.lanes_live;
+  if (replayed) *replayed = c.replayed;
+  if (skipped) *skipped = c.skipped;
+}
+
 SC_EXPORT void streamcoll_agreement_counts(unsigned long long* blocking,
                                            unsigned long long* refreshes,
                                            unsigned long long* waited) {

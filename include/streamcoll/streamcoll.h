@@ -88,6 +88,14 @@ unsigned long long streamcoll_fusion_messages_packed_on_gpu(void);
 void streamcoll_agreement_counts(unsigned long long *blocking, unsigned long long *refreshes,
                                  unsigned long long *waited);
 
+/** CUDA graphs (docs/guide.md, "CUDA graphs") in this process so far: the replay lanes started
+ *  (one thread each, for one communicator with captured calls, from its first captured call
+ *  to its MPI_Comm_free or MPI_Finalize), the lanes alive now, the captured calls replayed
+ *  (one per call per graph launch) and those skipped because their communicator had been
+ *  freed. Any pointer may be NULL. Thread-safe; callable at any time. */
+void streamcoll_capture_counts(unsigned long long *lanes_started, unsigned long long *lanes_live,
+                               unsigned long long *replayed, unsigned long long *skipped);
+
 /** The name of route `index` (0, 1, ... in the order of base/routes.hpp), as the tuning
  *  table, STREAMCOLL_ROUTE and streamcoll_get_stats spell it ("pmpi", "nccl", ...), whether
  *  or not this build carries it; NULL for an index past the last (or negative). Benchmarks

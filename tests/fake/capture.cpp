@@ -19,6 +19,15 @@
 //          kernel launch (route nvgroup: its replayed allreduce): no rank hangs, the first
 //          live call after that launch reports an error on every rank, and the steps after
 //          it, live and replayed, are exact (fake driver only: skipped on a GPU);
+//   crossed two communicators A and B, each with its own stream and a graph of the step;
+//          at each launch even ranks launch A's graph then B's, odd ranks B's then A's
+//          (each communicator's launches in one order everywhere, as the rules ask; the
+//          two in different orders on different ranks), both streams synchronised, every
+//          value checked; then the same with live calls in one order; no rank may hang;
+//   threads two threads, each with its own communicator and stream, capturing and launching
+//          its own graph 50 times (MPI_THREAD_MULTIPLE), values checked per thread;
+//   threads-mixed  the same, but thread t replays where rank + t is even and calls live
+//          where it is odd;
 //   classic while a second thread holds a capture open in global mode on a stream of its own,
 //          classic calls (no stream attached) on GPU buffers, at first use of their
 //          route, exact; the capture is not invalidated and its graph runs (its stream
@@ -27,6 +36,10 @@
 //          scripts/bench-capture.sh);
 //   bench-classic  host time of a classic MPI_Allreduce of 8 doubles on GPU buffers (no
 //          stream attached), median of 2000 (the price of the capture-mode guard).
+// Modes crossed and threads*: CAPTURE_ROUNDS=R (default 1) runs the mode R times, on new
+// communicators each round (a hang that comes one run in two comes in 1 - 2^-R); the
+// replay lanes (one thread per communicator with captured calls: streamcoll_capture_counts)
+// are checked: one started per communicator captured on, none left once they are freed.
 // CAPTURE_PERSISTENT=1 adds a persistent allreduce to the step (initialised once per
 // communicator before any capture, MPI_Start + MPI_Wait in the step, its handle checked).
 // Exit status 0 when every check passed.
@@ -36,6 +49,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -55,7 +69,8 @@
 
 namespace {
 
-int g_rank = 0, g_size = 1, g_fail = 0, g_pass = 0;
+int g_rank = 0, g_size = 1;
+std::atomic<int> g_fail{0}, g_pass{0};  // (modes threads*: checks from two threads)
 
 bool check(bool ok, const std::string& what) {
   if (ok) {
@@ -172,7 +187,7 @@ int collective(Case& c, MPI_Comm comm) {
   void* out = reinterpret_cast<void*>(c.d_out);
   const std::string n = c.name;
   if (n == "persistent") {
-    MPI_Request& req = g_persistent_req[comm];
+    MPI_Request& req = g_persistent_req.at(comm);  // (made before any thread starts)
     const MPI_Request h = req;
     int rc = MPI_Start(&req);
     if (rc == MPI_SUCCESS) rc = MPI_Wait(&req, MPI_STATUS_IGNORE);
@@ -382,6 +397,117 @@ void classic_during_capture(std::vector<Case>& cases) {
   MPI_Comm_free(&plain);
 }
 
+// The lanes streamcoll started and has alive (streamcoll_capture_counts), or false when
+// it is not loaded.
+bool lane_counts(unsigned long long* started, unsigned long long* live) {
+  using fn = void (*)(unsigned long long*, unsigned long long*, unsigned long long*,
+                      unsigned long long*);
+  auto counts = reinterpret_cast<fn>(dlsym(RTLD_DEFAULT, "streamcoll_capture_counts"));
+  if (!counts) return false;
+  counts(started, live, nullptr, nullptr);
+  return true;
+}
+
+// After the communicators of a mode are freed: their lanes end (within 10 s).
+void check_lanes_end(unsigned long long want_started) {
+  unsigned long long started = 0, live = 1;
+  if (!lane_counts(&started, &live)) return;
+  for (int i = 0; i < 1000 && live != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    lane_counts(&started, &live);
+  }
+  check(started == want_started, "replay lanes started: " + std::to_string(started) + ", want " +
+                                     std::to_string(want_started));
+  check(live == 0, "replay lanes alive after MPI_Comm_free: " + std::to_string(live));
+}
+
+// mode crossed: communicators A (comm, s) and B, a graph each, launched in a rank-divergent
+// order; B's inputs differ from A's (launch number + 1000), so a call matched across the
+// two communicators shows.
+void crossed(std::vector<Case>& a_cases, MPI_Comm a, CUstream sa) {
+  CUstream sb;
+  CU_OK(cu.cuStreamCreate(&sb, CU_STREAM_NON_BLOCKING));
+  std::vector<Case> b_cases = make_cases();
+  MPI_Comm b = attached_dup(sb);
+  CUgraphExec ga = capture_step(a_cases, a, sa);  // captured in one order (persistent inits)
+  CUgraphExec gb = capture_step(b_cases, b, sb);
+  for (int k = 0; k < kLaunches; ++k) {
+    fill(a_cases, k);
+    fill(b_cases, k + 1000);
+    if (g_rank % 2 == 0) {
+      CU_OK(cu.cuGraphLaunch(ga, sa));
+      CU_OK(cu.cuGraphLaunch(gb, sb));
+    } else {
+      CU_OK(cu.cuGraphLaunch(gb, sb));
+      CU_OK(cu.cuGraphLaunch(ga, sa));
+    }
+    CU_OK(cu.cuStreamSynchronize(g_rank % 2 == 0 ? sb : sa));
+    CU_OK(cu.cuStreamSynchronize(g_rank % 2 == 0 ? sa : sb));
+    verify(a_cases, k, "crossed replay, A");
+    verify(b_cases, k + 1000, "crossed replay, B");
+  }
+  CU_OK(cu.cuGraphExecDestroy(ga));
+  CU_OK(cu.cuGraphExecDestroy(gb));
+  // Live after the graphs, in one order (the replays are done: both streams synchronised).
+  run_steps(a_cases, a, sa, false, kLaunches);
+  run_steps(b_cases, b, sb, false, kLaunches + 1000);
+  for (auto it = g_persistent_req.begin(); it != g_persistent_req.end();)
+    if (it->first == b) {
+      MPI_Request_free(&it->second);
+      it = g_persistent_req.erase(it);
+    } else {
+      ++it;
+    }
+  MPI_Comm_free(&b);
+  for (Case& c : b_cases) {
+    cu.cuMemFree(c.d_in);
+    cu.cuMemFree(c.d_out);
+    cu.cuMemFreeHost(c.h_in);
+    cu.cuMemFreeHost(c.h_out);
+  }
+}
+
+// modes threads, threads-mixed: two threads, each on a communicator and stream of its own,
+// its graph captured and launched by itself (or, threads-mixed, its calls made live where
+// rank + thread is odd). Persistent requests are made before the threads start (in one
+// order on every rank).
+void threads(CUcontext ctx, bool mixed) {
+  struct Side {
+    CUstream s = nullptr;
+    MPI_Comm comm = MPI_COMM_NULL;
+    std::vector<Case> cases;
+  } side[2];
+  for (int t = 0; t < 2; ++t) {
+    CU_OK(cu.cuStreamCreate(&side[t].s, CU_STREAM_NON_BLOCKING));
+    side[t].cases = make_cases();
+    side[t].comm = attached_dup(side[t].s);
+    init_persistent(side[t].cases, side[t].comm);
+  }
+  std::thread worker[2];
+  for (int t = 0; t < 2; ++t)
+    worker[t] = std::thread([&, t] {
+      CU_OK(cu.cuCtxPushCurrent(ctx));
+      const bool replay = !mixed || (g_rank + t) % 2 == 0;
+      run_steps(side[t].cases, side[t].comm, side[t].s, replay, t * 1000);
+      CUcontext popped;
+      cu.cuCtxPopCurrent(&popped);
+    });
+  for (std::thread& w : worker) w.join();
+  for (Side& sd : side) {
+    if (auto it = g_persistent_req.find(sd.comm); it != g_persistent_req.end()) {
+      MPI_Request_free(&it->second);
+      g_persistent_req.erase(it);
+    }
+    MPI_Comm_free(&sd.comm);
+    for (Case& c : sd.cases) {
+      cu.cuMemFree(c.d_in);
+      cu.cuMemFree(c.d_out);
+      cu.cuMemFreeHost(c.h_in);
+      cu.cuMemFreeHost(c.h_out);
+    }
+  }
+}
+
 double now_us() { return MPI_Wtime() * 1e6; }
 
 // bench: a step of K allreduces of 8 doubles on the stream, issued live or replayed from a
@@ -477,6 +603,8 @@ int main(int argc, char** argv) {
   CU_OK(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
   std::vector<Case> cases = make_cases();
   MPI_Comm comm = attached_dup(s);
+  const char* rounds_env = std::getenv("CAPTURE_ROUNDS");
+  const int rounds = rounds_env ? std::max(1, std::atoi(rounds_env)) : 1;
 
   if (mode == "all") {
     run_steps(cases, comm, s, true, 0);
@@ -500,6 +628,10 @@ int main(int argc, char** argv) {
     check(cases[0].h_out[0] == -1, "a call on a freed communicator is skipped");
     CU_OK(cu.cuGraphExecDestroy(ge));
     run_steps(cases, comm, s, true, 0);
+  } else if (mode == "crossed") {
+    for (int r = 0; r < rounds; ++r) crossed(cases, comm, s);
+  } else if (mode == "threads" || mode == "threads-mixed") {
+    for (int r = 0; r < rounds; ++r) threads(ctx, mode == "threads-mixed");
   } else if (mode == "classic") {
     classic_during_capture(cases);
   } else if (mode == "inject") {
@@ -515,6 +647,12 @@ int main(int argc, char** argv) {
 
   free_persistent();
   MPI_Comm_free(&comm);
+  // A lane per communicator captured on (threads-mixed: one of a rank's two threads
+  // replays in each round).
+  // (crossed: A's lane and each round's B's)
+  if (mode == "crossed") check_lanes_end(1 + rounds);
+  if (mode == "threads") check_lanes_end(2 * rounds);
+  if (mode == "threads-mixed") check_lanes_end(rounds);
   for (Case& c : cases) {
     cu.cuMemFree(c.d_in);
     cu.cuMemFree(c.d_out);
@@ -538,8 +676,8 @@ int main(int argc, char** argv) {
     check(calls >= 2 * kLaunches && messages > 0,
           "MPI_Iallreduce fused: " + std::to_string(calls) + " calls in " + std::to_string(messages) + " messages");
   }
-  int fails = 0;
-  MPI_Allreduce(&g_fail, &fails, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  int fails = 0, mine = g_fail.load();
+  MPI_Allreduce(&mine, &fails, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (g_rank == 0) std::printf("capture %s: %d ranks, %s\n", mode.c_str(), g_size, fails ? "FAILED" : "passed");
   MPI_Finalize();
   return fails ? 1 : 0;
