@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <iterator>
 #include <list>
 #include <mutex>
 #include <string>
@@ -42,44 +43,57 @@ void verify(MPI_Comm comm, const std::string& call, int rank, const int in[2], c
 }
 
 // Completes pending checks: all of them when `wait_comm` is MPI_COMM_NULL and `wait` is
-// set, those on `wait_comm` when it is given, otherwise only those already done.
+// set, those on `wait_comm` when it is given, otherwise only those already done. The lock
+// is not held while waiting (a thread waiting for one communicator's check must not keep
+// another thread from starting the check its peers wait for on theirs): the checks to
+// wait for are taken out of the list first.
 void settle(MPI_Comm wait_comm, bool wait) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  for (auto it = g_pending.begin(); it != g_pending.end();) {
-    int done = 0;
-    if (wait && (wait_comm == MPI_COMM_NULL || it->comm == wait_comm)) {
-      PMPI_Wait(&it->req, MPI_STATUS_IGNORE);
-      done = 1;
-    } else {
-      PMPI_Test(&it->req, &done, MPI_STATUS_IGNORE);
+  std::list<Pending> taken, done;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    for (auto it = g_pending.begin(); it != g_pending.end();) {
+      auto next = std::next(it);
+      int flag = 0;
+      if (wait && (wait_comm == MPI_COMM_NULL || it->comm == wait_comm)) {
+        taken.splice(taken.end(), g_pending, it);
+      } else if (PMPI_Test(&it->req, &flag, MPI_STATUS_IGNORE), flag) {
+        done.splice(done.end(), g_pending, it);
+      }
+      it = next;
     }
-    if (!done) {
-      ++it;
-      continue;
-    }
-    verify(it->comm, it->call, it->rank, it->in, it->out);
-    it = g_pending.erase(it);
   }
+  for (Pending& p : taken) PMPI_Wait(&p.req, MPI_STATUS_IGNORE);
+  done.splice(done.end(), taken);
+  for (const Pending& p : done) verify(p.comm, p.call, p.rank, p.in, p.out);
 }
 
 }  // namespace
 
-void check_agreement(MPI_Comm comm, Coll coll, bool nonblocking, RouteId route, MemKind mem,
-                     int rank) {
+void check_agreement(MPI_Comm comm, MPI_Comm private_comm, Coll coll, bool nonblocking,
+                     RouteId route, MemKind mem, int rank) {
   const int v = encode(route, mem);
   const std::string call = call_name(coll, nonblocking);
   if (!nonblocking) {
-    settle(comm, true);  // earlier checks on this communicator first, in call order
+    // Earlier checks of this communicator's calls first, in call order.
+    if (private_comm != MPI_COMM_NULL) settle(private_comm, true);
     int in[2] = {v, -v}, out[2] = {0, 0};
     if (PMPI_Allreduce(in, out, 2, MPI_INT, MPI_MAX, comm) == MPI_SUCCESS)
       verify(comm, call, rank, in, out);
     settle(MPI_COMM_NULL, false);
     return;
   }
+  if (private_comm == MPI_COMM_NULL) {
+    // No checked blocking call on the communicator yet (so no duplicate): such a call has
+    // no agreed facts and goes to pmpi on every rank; nothing of streamcoll's set up.
+    SC_TRACE("STREAMCOLL_CHECK: %s not checked (no blocking call on its communicator yet)",
+             call.c_str());
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(g_mu);
-    Pending& p = g_pending.emplace_back(Pending{comm, call, rank, {v, -v}, {0, 0}, MPI_REQUEST_NULL});
-    if (PMPI_Iallreduce(p.in, p.out, 2, MPI_INT, MPI_MAX, comm, &p.req) != MPI_SUCCESS)
+    Pending& p = g_pending.emplace_back(
+        Pending{private_comm, call, rank, {v, -v}, {0, 0}, MPI_REQUEST_NULL});
+    if (PMPI_Iallreduce(p.in, p.out, 2, MPI_INT, MPI_MAX, private_comm, &p.req) != MPI_SUCCESS)
       g_pending.pop_back();
   }
   settle(MPI_COMM_NULL, false);
@@ -241,8 +255,10 @@ void SignatureAgreements::drain() {
   pending_.clear();
 }
 
-void check_inputs(MPI_Comm comm, Coll coll, uint64_t bytes, int root, bool candidate, int rank) {
-  settle(comm, true);  // earlier checks on this communicator first, in call order
+void check_inputs(MPI_Comm comm, MPI_Comm private_comm, Coll coll, uint64_t bytes, int root,
+                  bool candidate, int rank) {
+  // Earlier checks of this communicator's calls first, in call order.
+  if (private_comm != MPI_COMM_NULL) settle(private_comm, true);
   const int64_t v[4] = {static_cast<int64_t>(coll), static_cast<int64_t>(bytes & INT64_MAX),
                         root, candidate ? 1 : 0};
   int64_t in[8], out[8];
@@ -265,6 +281,6 @@ void check_inputs(MPI_Comm comm, Coll coll, uint64_t bytes, int root, bool candi
   }
 }
 
-void finish_agreement_checks() { settle(MPI_COMM_NULL, true); }
+void finish_agreement_checks(MPI_Comm private_comm) { settle(private_comm, true); }
 
 }  // namespace streamcoll

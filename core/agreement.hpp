@@ -4,10 +4,14 @@
 // choice over the ranks, and aborts the job with a message when they differ.
 //
 // Blocking calls are checked at once with PMPI_Allreduce. Starting a non-blocking
-// collective must stay a local operation, so for those the check is a PMPI_Iallreduce on
-// the same communicator (all ranks insert it at the same point of their call sequence,
-// so it matches), verified later: polled at every checked call, and waited for at the
-// next blocking checked call and at MPI_Finalize. Thread-safe.
+// collective must stay a local operation, so for those the check is a PMPI_Iallreduce,
+// verified later: polled at every checked call, waited for at the next blocking checked
+// call on the communicator, when the communicator is freed and at MPI_Finalize. It runs on
+// the communicator's private duplicate (CommContext::agreement_comm; all ranks insert it at
+// the same point of their call sequence, so it matches), never on the application's
+// communicator: a program may free that right after the call's MPI_Wait, and Open MPI 4.1
+// then went on progressing the check's schedule on the freed communicator (a crash in
+// mca_pml_ob1_isend). Thread-safe.
 #pragma once
 
 #include <mpi.h>
@@ -21,9 +25,12 @@
 namespace streamcoll {
 
 /// Checks (or starts checking) that all ranks of `comm` chose `route` on `mem` for this
-/// call. `rank` is this rank in `comm`. Aborts on disagreement.
-void check_agreement(MPI_Comm comm, Coll coll, bool nonblocking, RouteId route, MemKind mem,
-                     int rank);
+/// call. `rank` is this rank in `comm`. `private_comm`: the communicator's private
+/// duplicate, where a non-blocking call's check runs (MPI_COMM_NULL: none was made, the
+/// call is not checked; a blocking call waits there for the earlier non-blocking checks).
+/// Aborts on disagreement.
+void check_agreement(MPI_Comm comm, MPI_Comm private_comm, Coll coll, bool nonblocking,
+                     RouteId route, MemKind mem, int rank);
 
 /// What one rank knows of a call that other ranks may see differently (MPI lets ranks
 /// pass different memory kinds and describe the same type signature with different
@@ -155,11 +162,15 @@ AgreementCounts agreement_counts();
 
 /// STREAMCOLL_CHECK, before anything collective of streamcoll's own: verifies that every
 /// rank sees the same rank-invariant inputs of a blocking call (collective, bytes, root,
-/// whether it may leave pmpi). Aborts the job with a message on a divergence.
-void check_inputs(MPI_Comm comm, Coll coll, uint64_t bytes, int root, bool candidate, int rank);
+/// whether it may leave pmpi), after the earlier checks on `private_comm` (as
+/// check_agreement). Aborts the job with a message on a divergence.
+void check_inputs(MPI_Comm comm, MPI_Comm private_comm, Coll coll, uint64_t bytes, int root,
+                  bool candidate, int rank);
 
-/// Waits for every pending non-blocking check. Collective over the communicators that have
-/// one pending; called from Runtime::stop() at MPI_Finalize.
-void finish_agreement_checks();
+/// Waits for every pending non-blocking check (`private_comm` MPI_COMM_NULL), or for those
+/// on `private_comm` before it is freed (CommContext::finish_agreements). Collective over
+/// the communicators that have one pending (every rank started the same ones); called
+/// from Runtime::stop() at MPI_Finalize and from a context's end.
+void finish_agreement_checks(MPI_Comm private_comm = MPI_COMM_NULL);
 
 }  // namespace streamcoll

@@ -197,7 +197,9 @@ SignatureAgreements& CommContext::signature(const CallSignature& s) {
 
 void CommContext::finish_agreements() {
   for (auto& [sig, agreements] : signatures_) agreements->finish();
-  if (agree_comm_ != MPI_COMM_NULL) PMPI_Comm_free(&agree_comm_);
+  if (agree_comm_ == MPI_COMM_NULL) return;
+  finish_agreement_checks(agree_comm_);  // STREAMCOLL_CHECK's, of non-blocking calls
+  PMPI_Comm_free(&agree_comm_);
 }
 
 MPI_Comm CommContext::agreement_comm() {

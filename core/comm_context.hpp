@@ -116,8 +116,12 @@ struct CommContext {
   /// later wait: MPICH does). MPI_COMM_NULL if the MPI refused (the refreshes then fail
   /// alike, and the calls agree at once).
   MPI_Comm agreement_comm();
-  /// Every signature's pending refreshes waited for (SignatureAgreements::finish), then
-  /// the duplicate freed; at the context's end.
+  /// The duplicate if agreement_comm() made it, else MPI_COMM_NULL; never collective (for
+  /// STREAMCOLL_CHECK's checks of non-blocking calls, core/agreement.hpp, which run there).
+  MPI_Comm agreement_comm_made() const { return agree_comm_; }
+  /// Every signature's pending refreshes and STREAMCOLL_CHECK's pending checks on the
+  /// duplicate waited for (SignatureAgreements::finish, finish_agreement_checks), then the
+  /// duplicate freed; at the context's end.
   void finish_agreements();
   static constexpr size_t kMaxSignatures = 1024;
 

@@ -311,6 +311,24 @@ bool cacheable(const Decision& d, const CollArgs& a, const AgreedFacts& agreed) 
   return route->adapts(a, *d.ctx, *d.choice, env);
 }
 
+// STREAMCOLL_CHECK: every rank chose `route` on `mem` (core/agreement.hpp). A blocking call
+// and a persistent collective's init (non-local) are checked at once; a non-blocking call
+// later, on the communicator's private duplicate, which the first checked blocking call
+// makes (checked_context): never on the application's communicator, which the program may
+// free right after the call's MPI_Wait.
+void check_choice(const CollArgs& a, const CommContext* ctx, RouteId route, MemKind mem, int rank) {
+  const bool local = a.nonblocking && !a.persistent_init;
+  check_agreement(a.comm, ctx ? ctx->agreement_comm_made() : MPI_COMM_NULL, a.coll, local, route,
+                  mem, rank);
+}
+
+// Under STREAMCOLL_CHECK, at a blocking call or a persistent init (a point every rank of
+// the communicator reaches alike): the private duplicate the checks of its non-blocking
+// calls run on, made once.
+void checked_context(CommContext& ctx, bool check) {
+  if (check && ctx.size > 1) ctx.agreement_comm();
+}
+
 // Step 3's rule walk: the matching rules in order (`walk`: the forced routes' rule, else
 // the table's, the rest of the table on demand) until one's route is in this build, no
 // rank is unable to run it, and it accepts the call (Route::accepts, from the agreed
@@ -327,9 +345,7 @@ void walk_rules(Decision& d, const CollArgs& a, const CallEnv& env, const config
   config::RuleWalk rules(rt.table(), walk.forced, key, walk.table, walk.count, walk.overflow);
   const config::Rule* rule = rules.rule();
   // STREAMCOLL_CHECK: the rule every rank matched, before its route sets anything up.
-  if (check)
-    check_agreement(a.comm, a.coll, a.nonblocking, rule ? rule->choice.route : RouteId::pmpi,
-                    env.mem, rank);
+  if (check) check_choice(a, ctx, rule ? rule->choice.route : RouteId::pmpi, env.mem, rank);
   while (rule) {
     d.choice = &rule->choice;
     // A fuse= rule fuses the calls it matches whatever its route would say to them (route
@@ -381,7 +397,7 @@ void choose_route(Decision& d, const CollArgs& a, const AgreedFacts& agreed, int
   CommContext* ctx = d.ctx;
   const std::shared_ptr<const config::TuningTable>& forced = d.forced;
   if (!agreed.valid || !agreed.routable) {
-    if (check) check_agreement(a.comm, a.coll, a.nonblocking, d.route, MemKind::host, rank);
+    if (check) check_choice(a, ctx, d.route, MemKind::host, rank);
     if (trace::nvtx_on() && agreed.valid)
       trace::mark((call_name(a.coll, a.nonblocking) + " -> pmpi: " + agreed.why).c_str());
     if (log_enabled(LogLevel::info))
@@ -549,9 +565,11 @@ bool candidate(const CollArgs& a, const Decision& d, Verdict verdict,
   const bool is =
       invariant_verdict(verdict, a.coll) &&
       (rt.candidate(a.coll) || (forced && forced->may_leave_pmpi_any(a.coll)));
-  if (check && !a.nonblocking) check_inputs(a.comm, a.coll, d.bytes, a.root, is, rank);
+  if (check && !a.nonblocking)
+    check_inputs(a.comm, d.ctx ? d.ctx->agreement_comm_made() : MPI_COMM_NULL, a.coll, d.bytes,
+                 a.root, is, rank);
   if (!is) {
-    if (check) check_agreement(a.comm, a.coll, a.nonblocking, d.route, MemKind::host, rank);
+    if (check) check_choice(a, d.ctx, d.route, MemKind::host, rank);
     SC_TRACE("%s %llu B on %s memory -> pmpi (%s)", call_name(a.coll, a.nonblocking).c_str(),
              static_cast<unsigned long long>(d.bytes), std::string(name(d.env.mem)).c_str(),
              verdict == Verdict::eligible ? "no rule routes it" : describe(verdict));
@@ -573,6 +591,7 @@ void decide_blocking(Decision& d, const CollArgs& a, Mine& mine, int size, int r
   if (!d.ctx) return;  // the MPI failed to set one up (on every rank)
   CommContext& ctx = *d.ctx;
   mine.ctx = &ctx;
+  checked_context(ctx, check);
   SignatureAgreements& sig = ctx.signature(signature_of(a, d.bytes));
   bool agreed_now = false;
   AgreedFacts agreed = signature_facts(sig, ctx, a.comm, size, mine, &agreed_now);
@@ -618,6 +637,7 @@ void decide_persistent_init(Decision& d, const CollArgs& a, Mine& mine, int size
   if (!d.ctx) d.ctx = comm_context(a.comm, true);
   if (!d.ctx) return;  // the MPI failed to set one up (on every rank)
   mine.ctx = d.ctx;
+  checked_context(*d.ctx, check);
   const AgreedFacts agreed = agree_call(a.comm, size, mine.get());
   d.agreed_host = agreed.valid && agreed.host_only;
   choose_route(d, a, agreed, size, rank, check, rt);

@@ -2,6 +2,7 @@
 # Runs one MPI test program under mpirun.
 #   [VAR=VALUE ...] run.sh MODE NP PROGRAM [PROGRAM ARGS ...]
 # MODE: preload  the program is not linked with streamcoll; LD_PRELOAD=$STREAMCOLL_LIB
+#                (then $STREAMCOLL_TEST_PRELOAD, a test tool that wraps what streamcoll calls)
 #       linked   the program is linked with libstreamcoll
 #       plain    no streamcoll at all (the reference)
 # In preload and linked modes the program is told to prove interception through the
@@ -18,7 +19,8 @@ mpi_launcher "$(mpi_flavor_of "$(dirname "$STREAMCOLL_LIB")")"
 envs=()
 [ "$mpirun_kind" = openmpi ] && envs+=(OMPI_MCA_rmaps_base_oversubscribe=1)
 case $mode in
-  preload) envs+=(LD_PRELOAD="$STREAMCOLL_LIB" STREAMCOLL_STATS=1 STREAMCOLL_EXPECT_INTERCEPT=1) ;;
+  preload) envs+=(LD_PRELOAD="$STREAMCOLL_LIB${STREAMCOLL_TEST_PRELOAD:+:$STREAMCOLL_TEST_PRELOAD}"
+                  STREAMCOLL_STATS=1 STREAMCOLL_EXPECT_INTERCEPT=1) ;;
   linked) envs+=(STREAMCOLL_STATS=1 STREAMCOLL_EXPECT_INTERCEPT=1) ;;
   plain) ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
