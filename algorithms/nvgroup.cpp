@@ -544,11 +544,25 @@ struct Group : std::enable_shared_from_this<Group> {
 std::mutex g_grave_mu;
 std::vector<std::shared_ptr<Group>> g_grave;
 
+// The groups found quiet are destroyed after the lock is let go: ~Group frees GPU memory,
+// which may wait for the device, whose other work (another communicator's kernels) may
+// wait for peers, while another thread's MPI_Comm_free needs the lock.
 void bury(std::shared_ptr<Group> g) {
-  std::lock_guard<std::mutex> lock(g_grave_mu);
-  if (g && !g->quiet()) g_grave.push_back(std::move(g));
-  for (auto it = g_grave.begin(); it != g_grave.end();)
-    it = (*it)->quiet() ? g_grave.erase(it) : it + 1;
+  std::vector<std::shared_ptr<Group>> done;
+  {
+    std::lock_guard<std::mutex> lock(g_grave_mu);
+    if (g && !g->quiet()) g_grave.push_back(std::move(g));
+    for (auto it = g_grave.begin(); it != g_grave.end();) {
+      if (!(*it)->quiet()) {
+        ++it;
+        continue;
+      }
+      done.push_back(std::move(*it));
+      it = g_grave.erase(it);
+    }
+  }
+  done.clear();
+  g.reset();  // (not buried: quiet already)
 }
 
 struct NvgroupState final : RouteState {

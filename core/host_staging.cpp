@@ -800,26 +800,39 @@ class CudaBackend final : public Backend {
     return b.p;
   }
 
+  // The blocks given up are freed after the lock is let go: cuMemFreeHost may wait for the
+  // device, whose other work (another communicator's kernel) may wait for peers, while
+  // other threads (the progress thread's staging among them) need the lock.
   void release(void* host) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = used_.find(host);
-    if (it == used_.end()) return;
-    Block b = it->second;
-    used_.erase(it);
-    if (!b.pinned) return std::free(b.p);
-    if (stopped_) return free_block(b);
-    free_.push_back(b);
-    uint64_t cached = 0;
-    for (const Block& f : free_) cached += f.bytes;
-    while (free_.size() > kMaxCached || cached > kMaxCachedBytes) {
-      // Too many: drop the smallest; too large: drop the largest.
-      auto victim = free_.size() > kMaxCached
-                        ? std::min_element(free_.begin(), free_.end(), by_size)
-                        : std::max_element(free_.begin(), free_.end(), by_size);
-      cached -= victim->bytes;
-      free_block(*victim);
-      free_.erase(victim);
+    std::vector<Block> dropped;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = used_.find(host);
+      if (it == used_.end()) return;
+      Block b = it->second;
+      used_.erase(it);
+      if (!b.pinned) {
+        std::free(b.p);
+        return;
+      }
+      if (stopped_) {
+        dropped.push_back(b);
+      } else {
+        free_.push_back(b);
+        uint64_t cached = 0;
+        for (const Block& f : free_) cached += f.bytes;
+        while (free_.size() > kMaxCached || cached > kMaxCachedBytes) {
+          // Too many: drop the smallest; too large: drop the largest.
+          auto victim = free_.size() > kMaxCached
+                            ? std::min_element(free_.begin(), free_.end(), by_size)
+                            : std::max_element(free_.begin(), free_.end(), by_size);
+          cached -= victim->bytes;
+          dropped.push_back(*victim);
+          free_.erase(victim);
+        }
+      }
     }
+    for (const Block& b : dropped) free_block(b);
   }
 
   // The copies of one GPU's primary context go on its per-thread stream, after the
@@ -997,7 +1010,7 @@ class CudaBackend final : public Backend {
 #endif
   }
 
-  void free_block(const Block& b) {  // mu_ held
+  void free_block(const Block& b) {
     cuda::ScopedContext scope(b.ctx);
     cuda::driver().cuMemFreeHost(b.p);  // fails harmlessly if the context is gone
   }
