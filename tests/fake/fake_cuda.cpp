@@ -35,10 +35,12 @@
 //    waiting on such an event (cuStreamWaitEvent) running its own work. A query that
 //    finds work pending runs it and still answers CUDA_ERROR_NOT_READY once, so callers'
 //    polling loops are exercised. Events record a position in a stream.
-//    FAKE_CUDA_GPU_PROGRESS_MS=<n> (with deferral): a thread of the fake also runs every
-//    stream as far as it can go every n ms, as a GPU runs queued work without being asked
-//    (a rank replaying a CUDA graph needs its live peers' queued NCCL work to run while
-//    their hosts are blocked in the next call).
+//    With deferral a thread of the fake also runs, on its own, the work that has been
+//    queued for FAKE_CUDA_GPU_PROGRESS_MS=<n> ms (default 20; 0: never; without deferral
+//    only where set, for work stuck behind a host wait released meanwhile), as a GPU runs
+//    queued work without being asked (a rank blocked in MPI needs its peers' queued GPU
+//    work to run while their hosts are blocked too); work younger than that waits for the
+//    host, so a missing order still shows. Counted: "gpu_progress_executed".
 //    A host wait's release (the flag written by the host, or by cuStreamWriteValue32 on
 //    another stream) orders the work behind it after what the host had seen, or after
 //    the writer's work; the race check of work enqueued behind a wait whose flag does not
@@ -241,6 +243,7 @@ struct Item {
   uint64_t held_seq = 0;  // the history recorded before it (g_history_seq)
   // A host function's launch: the host sees the stream's work before it complete.
   VC observe;
+  uint64_t enqueued_ns = 0;  // CLOCK_MONOTONIC at enqueue (the GPU progress thread's age)
 };
 
 }  // namespace
@@ -458,27 +461,40 @@ CUresult ret(const char* api, CUresult r) {
   return r;
 }
 
-void run_all_streams();
+void run_aged_streams(uint64_t age_ns);
+uint64_t g_gpu_progress_age_ns = 0;  // 0: no GPU progress thread
+uint64_t mono_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
 
-// FAKE_CUDA_GPU_PROGRESS_MS=N: with deferred stream work, a thread of the fake runs every
-// stream as far as it can go every N ms, as a GPU runs queued work without the host
-// waiting for it. Without it a deferred stream runs only when the host waits for it: a
-// program whose progress needs a peer's GPU work to run while that peer's host is
-// blocked (a rank replaying a CUDA graph against peers that call live, stream-ordered)
-// would hang here and not on a GPU.
+// The GPU running queued work on its own, with deferred stream work: a thread of the fake
+// runs every stream's work that has been queued for at least N ms (FAKE_CUDA_GPU_PROGRESS_MS,
+// default 20; 0: off), looking every N/4 ms, as a GPU runs work without the host waiting
+// for it. Late enough that a missing order still shows (work the program or streamcoll
+// should have waited for is still pending when they look, microseconds after enqueueing
+// it) and soon enough that a program whose progress needs a peer's GPU work to run while
+// that peer's host is blocked in MPI (a rank replaying a CUDA graph against live peers;
+// a stream-ordered NCCL operation queued behind the application's work) does not hang
+// here when it would not on a GPU. Off, a deferred stream runs only when the host waits
+// for it: a test that relies on that says why (FAKE_CUDA_GPU_PROGRESS_MS=0). Counted:
+// "gpu_progress_executed" (work the thread ran), so that a test asserting that a call left
+// its work pending can tell the GPU's own progress from a call that waited.
 // (Joined at exit, before the fake's state is destroyed.)
 std::atomic<bool> g_gpu_progress_stop{false};
 std::thread* g_gpu_progress = nullptr;
 
-void start_gpu_progress(int ms) {
+void start_gpu_progress() {
   sigset_t all, old;  // asynchronous signals stay with the program's threads
   sigfillset(&all);
   for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP}) sigdelset(&all, sig);
   pthread_sigmask(SIG_BLOCK, &all, &old);
-  g_gpu_progress = new std::thread([ms] {
+  const uint64_t tick_us = std::max<uint64_t>(g_gpu_progress_age_ns / 4000, 100);
+  g_gpu_progress = new std::thread([tick_us] {
     while (!g_gpu_progress_stop.load()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-      if (!g_gpu_progress_stop.load()) run_all_streams();
+      std::this_thread::sleep_for(std::chrono::microseconds(tick_us));
+      if (!g_gpu_progress_stop.load()) run_aged_streams(g_gpu_progress_age_ns);
     }
   });
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
@@ -499,7 +515,16 @@ void init_once() {
   if (const char* n = getenv("FAKE_CUDA_DEVICES")) g_devices = atoi(n);
   if (g_devices < 0) g_devices = 0;
   if (const char* b = getenv("FAKE_CUDA_BUS_ID")) g_bus_mode = b;
-  if (const char* g = getenv("FAKE_CUDA_GPU_PROGRESS_MS"); g && atoi(g) > 0) start_gpu_progress(atoi(g));
+  {
+    // (Without deferral work runs when enqueued; the thread then only runs work stuck
+    // behind a host wait that another thread released, and only where asked for.)
+    const char* g = getenv("FAKE_CUDA_GPU_PROGRESS_MS");
+    const double ms = g && *g ? atof(g) : g_defer ? 20.0 : 0.0;
+    if (ms > 0) {
+      g_gpu_progress_age_ns = static_cast<uint64_t>(ms * 1e6);
+      start_gpu_progress();
+    }
+  }
   const char* nm = getenv("FAKE_CUDA_NO_STREAM_MEMOPS");
   g_no_memops = nm && strcmp(nm, "1") == 0;
   if (const char* w = getenv("FAKE_CUDA_WAIT_WARN")) g_wait_warn_s = atof(w);
@@ -812,11 +837,25 @@ void pump() {
   if (!g_defer && !legacy()->pending.empty()) run_until(legacy(), legacy()->enqueued);
 }
 
-void run_all_streams() {
+// The GPU progress thread's round: every stream run as far as its work queued `age_ns` ago
+// or earlier (and what that work depends on) can go.
+void run_aged_streams(uint64_t age_ns) {
   std::unique_lock<std::recursive_mutex> lock(g_mu);
-  for (CUstream_st* s : g_live_streams)
-    if (!s->pending.empty() && !s->running) run_until(s, s->enqueued);
-  if (!legacy()->pending.empty() && !legacy()->running) run_until(legacy(), legacy()->enqueued);
+  const uint64_t now = mono_ns();
+  auto run_aged = [&](CUstream_st* s) {
+    if (s->pending.empty() || s->running) return;
+    uint64_t upto = 0;
+    for (const Item& it : s->pending) {
+      if (now - it.enqueued_ns < age_ns) break;
+      upto = it.idx;
+    }
+    if (!upto) return;
+    const uint64_t before = s->completed;
+    run_until(s, upto);
+    if (s->completed > before) count("gpu_progress_executed", static_cast<long long>(s->completed - before));
+  };
+  for (CUstream_st* s : g_live_streams) run_aged(s);
+  run_aged(legacy());
 }
 
 void prune_history() {
@@ -1046,6 +1085,7 @@ void enqueue(CUstream_st* s, std::vector<Dep> deps, const VC* extra_vc, std::fun
   it.fn = std::move(fn);
   it.ranges = ranges;
   it.what = what;
+  it.enqueued_ns = g_gpu_progress_age_ns ? mono_ns() : 0;
   if (wait) {
     it.is_wait = true;
     it.wait = *wait;
@@ -1098,17 +1138,15 @@ std::atomic<unsigned> g_shm_seq{0};
 // FAKE_CUDA_MALLOC_SHM=1 (cudaMalloc memory is IPC-capable on a real GPU). nullptr when
 // the system refuses.
 // A name already taken is a segment left by an earlier process with this pid that did not
-// live to unlink it (killed, aborted): removed, and the next name tried.
+// live to unlink it (killed, aborted; no live process but this one has the pid, and this
+// one never reuses a name): removed, and the name taken (however many such are left).
 void* shm_allocate(size_t bytes, int device) {
   char name[48];
   const size_t len = (bytes + 4095) / 4096 * 4096;
-  int fd = -1;
-  for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
-    snprintf(name, sizeof name, "/fake-cuda-%d-%u", static_cast<int>(getpid()), g_shm_seq.fetch_add(1));
+  snprintf(name, sizeof name, "/fake-cuda-%d-%u", static_cast<int>(getpid()), g_shm_seq.fetch_add(1));
+  int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0 && errno == EEXIST && shm_unlink(name) == 0)
     fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0 && errno == EEXIST) shm_unlink(name);
-    else if (fd < 0) break;
-  }
   if (fd < 0) return nullptr;
   void* p = ftruncate(fd, static_cast<off_t>(len)) == 0
                 ? mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)

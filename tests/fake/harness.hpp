@@ -160,6 +160,29 @@ class StreamGate {
 inline unsigned long long cu(const char* name) { return api.cuda_counter(name); }
 inline unsigned long long nc(const char* name) { return api.nccl_counter ? api.nccl_counter(name) : 0; }
 
+/// A stream's pending work, to tell later whether a call left work of its own pending there
+/// (stream semantics: enqueued, the host not waiting). With deferred work the fake GPU also
+/// runs, on its own, work queued for FAKE_CUDA_GPU_PROGRESS_MS (fake_cuda.cpp): where it did
+/// between the two looks, the look cannot tell and holds (counter gpu_progress_executed).
+struct PendingLook {
+  CUstream_st* stream;
+  int pending;
+  unsigned long long gpu_ran;
+};
+inline PendingLook look_pending(CUstream_st* stream) {
+  return {stream, api.pending(stream), cu("gpu_progress_executed")};
+}
+/// More work pending on the stream than at `before` (or the GPU ran some on its own since).
+inline bool more_pending(const PendingLook& before) {
+  return api.pending(before.stream) > before.pending ||
+         cu("gpu_progress_executed") != before.gpu_ran;
+}
+/// At least as much pending, and some (or the GPU ran some on its own since).
+inline bool still_pending(const PendingLook& before) {
+  return (api.pending(before.stream) >= before.pending && api.pending(before.stream) > 0) ||
+         cu("gpu_progress_executed") != before.gpu_ran;
+}
+
 /// streamcoll_get_stats' call count (null arguments: any), ~0 on error.
 inline unsigned long long stat_calls(const char* coll, const char* route, const char* mem) {
   streamcoll_stat_t s{};
