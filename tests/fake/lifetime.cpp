@@ -17,7 +17,7 @@
 //          communicators after the reset are right: route nccl, route ht (blocking and
 //          MPI_Iallreduce) and stream-ordered fused calls, whose events, side streams,
 //          pinned buffers and flags (route ht's pools) must be made anew
-//   churn  200 times: MPI_Comm_split (or MPI_Comm_dup), a blocking allreduce on device
+//   churn  100 times: MPI_Comm_split (or MPI_Comm_dup), a blocking allreduce on device
 //          memory, an MPI_Iallreduce or MPI_Ibcast (ranks some tenths of a millisecond
 //          apart) and its MPI_Wait, MPI_Comm_free at once; every value right. For
 //          STREAMCOLL_CHECK=1, whose check of a non-blocking call must not be left pending on
@@ -269,6 +269,7 @@ long pending_at_free() {
 
 void churn() {
   constexpr size_t kN = 64;
+  constexpr int kRounds = 100;
   const bool tool = std::getenv("LIFETIME_PENDING_TOOL") != nullptr;
   if (tool) {  // the tool's own check: a request left on a freed communicator is counted
     auto selftest = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "pending_at_free_selftest"));
@@ -278,7 +279,7 @@ void churn() {
   void* a = api.malloc(kN * sizeof(int));
   void* b = api.malloc(kN * sizeof(int));
   int bad = 0;
-  for (int i = 0; i < 200; ++i) {
+  for (int i = 0; i < kRounds; ++i) {
     MPI_Comm c;
     if (i % 2) MPI_Comm_dup(MPI_COMM_WORLD, &c);
     else MPI_Comm_split(MPI_COMM_WORLD, 0, g_rank, &c);
@@ -303,8 +304,8 @@ void churn() {
     std::memcpy(got.data(), i % 4 < 2 ? b : a, kN * sizeof(int));
     if (rc != MPI_SUCCESS || got != want) ++bad;
   }
-  check(bad == 0, "200 communicators made, used (blocking and non-blocking) and freed at once: " +
-                      std::to_string(bad) + " wrong");
+  check(bad == 0, std::to_string(kRounds) + " communicators made, used (blocking and " +
+                      "non-blocking) and freed at once: " + std::to_string(bad) + " wrong");
   if (tool)
     check(pending_at_free() == pending0,
           "nothing of streamcoll's pending on a communicator the program freed (" +
