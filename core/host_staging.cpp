@@ -577,142 +577,125 @@ bool mpi_reduce_in_place_broken() {
   abort_lost_input(a.comm, call_name(a.coll, a.nonblocking).c_str(), rc);
 }
 
-}  // namespace
-
-int run(const CollArgs& a, Backend& be, Outcomes outcomes, int own, const KnownKinds* known) {
-  const bool outcome = outcomes == Outcomes::exchanged, fatal = outcomes == Outcomes::fatal;
-  auto classify = [&](const void* p) {
-    for (int i = 0; known && i < known->n; ++i)
-      if (known->ptr[i] == p) return known->kind[i];
-    return be.classify(p);
-  };
-  if (int rc; outcome && host_in_band(a, own, known, &rc)) return rc;
-  // What this rank stages: C calls with GPU buffers (Fortran calls go to the MPI's own
-  // binding as they are).
+// One call's staging (run()): what this rank stages, the host block it stages into, the
+// copies back after the call, and the call on the host copies.
+struct Staged {
   int rank = 0, size = 1;
-  TypeSpan S, R;
   StagingExtents x;
-  bool stage_send = false, stage_recv = false;
-  // A blocking call that carries the outcome in band runs as a C call (reduction_in_band,
-  // data_in_band), so a Fortran one is staged there as a C one is; so does one with no
-  // outcome at all (Outcomes::fatal); otherwise the MPI's Fortran binding runs it as it
-  // was made.
-  const bool ranked = PMPI_Comm_rank(a.comm, &rank) == MPI_SUCCESS &&
-                      PMPI_Comm_size(a.comm, &size) == MPI_SUCCESS;
-  const InBand form = outcome && ranked ? in_band_form(a, size) : InBand{};
+  bool send = false, recv = false;  // the send / receive buffer staged
+  void* host = nullptr;             // the block: the send part, then the receive part
+  uint64_t recv_off = 0;            // the receive part's offset in it (64-byte aligned)
+  std::vector<Copy> back;           // host -> GPU after the call
+  CollArgs b;                       // the call as the MPI gets it
+  char* hbase() const { return static_cast<char*>(host); }
+};
+
+// The host block of `s`, its copies in, s.back, and s.b pointed at the copies. A failure to
+// allocate or copy in loses this rank's input: with an outcome exchange it takes part
+// anyway (*own set; the others learn of it); without one, or with a fatal outcome, the
+// call ends here: false, *rc what it returns (or the job aborts).
+bool stage_in(const CollArgs& a, Backend& be, Outcomes outcomes, Staged& s, int* own, int* rc) {
+  const bool outcome = outcomes == Outcomes::exchanged, fatal = outcomes == Outcomes::fatal;
+  const StagingExtents& x = s.x;
+  const uint64_t send_bytes = s.send ? x.send.bytes() : 0;
+  s.recv_off = (send_bytes + 63) & ~uint64_t{63};
+  const uint64_t total = s.recv_off + (s.recv ? x.recv.bytes() : 0);
+  s.host = be.alloc(total, s.send ? a.sendbuf : a.recvbuf);
+  if (s.host == nullptr) {
+    // Not even pageable memory. A blocking call with an outcome exchange still takes
+    // part (the exchange makes every rank skip the call); otherwise there is no way to
+    // take part without handing the MPI GPU pointers it cannot read (docs/design.md, limits).
+    log_error("%s: no host memory to stage %llu bytes of GPU buffers",
+              call_name(a.coll, a.nonblocking).c_str(), static_cast<unsigned long long>(total));
+    if (fatal) abort_lost(a, MPI_ERR_NO_MEM);
+    if (!outcome || a.nonblocking) return *rc = raise(a.comm, MPI_ERR_NO_MEM), false;
+    if (*own == MPI_SUCCESS) *own = MPI_ERR_NO_MEM;
+    return true;
+  }
+  char* hbase = s.hbase();
+  // Host address of recvbuf + off (off inside x.recv).
+  auto hrecv = [&](int64_t off) { return hbase + s.recv_off + (off - x.recv.lo); };
+  std::vector<Copy> copies;
+  if (s.send) copies.push_back({hbase, at(a.sendbuf, x.send.lo), x.send.bytes(), a.sendbuf});
+  if (s.recv)
+    for (const ByteRange& r : x.recv_in)
+      copies.push_back({hrecv(r.lo), at(a.recvbuf, r.lo), r.bytes(), a.recvbuf});
+  if (!copies.empty()) {
+    if (int c = be.copy(copies.data(), copies.size()); c != MPI_SUCCESS) {
+      if (fatal) abort_lost(a, c);
+      if (!outcome) {
+        be.release(s.host);
+        return *rc = raise(a.comm, c), false;
+      }
+      if (*own == MPI_SUCCESS) *own = c;
+    }
+  }
+  if (s.recv)
+    for (const ByteRange& r : x.recv_out)
+      s.back.push_back({at(a.recvbuf, r.lo), hrecv(r.lo), r.bytes(), a.recvbuf});
+  if (s.send) s.b.sendbuf = at(static_cast<const void*>(hbase), -x.send.lo);
+  if (s.recv) s.b.recvbuf = at(static_cast<void*>(hbase + s.recv_off), -x.recv.lo);
+  if (!a.nonblocking) s.b.fortran = nullptr;  // (staged: a C call, on the converted handles)
+  if (log_enabled(LogLevel::trace)) {
+    uint64_t in = 0, out = 0;
+    for (const Copy& c : copies) in += c.bytes;
+    for (const Copy& c : s.back) out += c.bytes;
+    SC_TRACE("%s: GPU buffers staged through host memory (%llu bytes to the host, %llu back)",
+             call_name(a.coll, a.nonblocking).c_str(), static_cast<unsigned long long>(in),
+             static_cast<unsigned long long>(out));
+  }
+  return true;
+}
+
+// A blocking call on the staged copies: every rank's staging outcome first (exchanged out
+// of band, or in band: `form`), the call, the copies back.
+int run_staged_blocking(const CollArgs& a, Backend& be, Staged& s, bool outcome,
+                        const InBand& form, int own) {
   const bool in_band = form.taken();
-  const bool as_c = !a.fortran || in_band || (fatal && !a.nonblocking);
-  if (as_c && ranked && spans_of(a, &S, &R)) {
-    x = staging_extents(a, rank, size, S, R);
-    stage_send = a.sendbuf != MPI_IN_PLACE && a.coll != Coll::bcast && !x.send.empty() &&
-                 on_gpu(classify(at(a.sendbuf, x.send.lo)));
-    stage_recv = !x.recv.empty() && on_gpu(classify(at(a.recvbuf, x.recv.lo)));
+  if (outcome && !in_band) {
+    // If any rank's input is lost, no rank runs the call (all alike), and each reports an
+    // error.
+    int mine = own != MPI_SUCCESS ? 1 : 0, any = 0;
+    if (PMPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, a.comm) != MPI_SUCCESS) any = 1;
+    if (any) {
+      if (s.host) be.release(s.host);
+      if (own != MPI_SUCCESS) return raise(a.comm, own);
+      log_error("%s: another rank could not stage its GPU buffers; the call did not run",
+                call_name(a.coll, false).c_str());
+      return raise(a.comm, error_code(Failure::peer));
+    }
   }
-  if (!stage_send && !stage_recv && !outcome) {
-    const int rc = run_pmpi(a);  // the MPI raises whatever is wrong
-    return own != MPI_SUCCESS ? raise(a.comm, own) : rc;
+  // An in-place MPI_Reduce at a root other than 0 on a staged buffer: its input as a
+  // separate send buffer where the MPI cannot take MPI_IN_PLACE there (a copy, this
+  // rank's own affair).
+  CollArgs& b = s.b;
+  std::vector<char> input;
+  if (b.coll == Coll::reduce && b.sendbuf == MPI_IN_PLACE && s.rank == b.root && b.root != 0 &&
+      s.recv && s.host && !b.fortran && mpi_reduce_in_place_broken()) {
+    input.assign(s.hbase() + s.recv_off, s.hbase() + s.recv_off + s.x.recv.bytes());
+    b.sendbuf = at(static_cast<const void*>(input.data()), -s.x.recv.lo);
   }
+  const bool readable = s.host != nullptr || (!s.send && !s.recv);
+  int rc = in_band ? call_in_band(form, a, b, own, readable, s.rank, s.size) : run_pmpi(b);
+  if (rc == MPI_SUCCESS && !s.back.empty()) {
+    rc = be.copy(s.back.data(), s.back.size());
+    if (rc != MPI_SUCCESS) raise(a.comm, rc);
+  }
+  if (s.host) be.release(s.host);
+  return rc;
+}
 
-  void* host = nullptr;
-  char* hbase = nullptr;
-  uint64_t recv_off = 0;
-  std::vector<Copy> back;
-  CollArgs b = a;
-  if (stage_send || stage_recv) {
-    // One host block: the send part, then (64-byte aligned) the receive part.
-    const uint64_t send_bytes = stage_send ? x.send.bytes() : 0;
-    recv_off = (send_bytes + 63) & ~uint64_t{63};
-    const uint64_t total = recv_off + (stage_recv ? x.recv.bytes() : 0);
-    const void* gpu = stage_send ? a.sendbuf : a.recvbuf;
-    host = be.alloc(total, gpu);
-    if (host == nullptr) {
-      // Not even pageable memory. A blocking call with an outcome exchange still takes
-      // part (the exchange makes every rank skip the call); otherwise there is no way to
-      // take part without handing the MPI GPU pointers it cannot read (docs/design.md, limits).
-      log_error("%s: no host memory to stage %llu bytes of GPU buffers",
-                call_name(a.coll, a.nonblocking).c_str(), static_cast<unsigned long long>(total));
-      if (fatal) abort_lost(a, MPI_ERR_NO_MEM);
-      if (!outcome || a.nonblocking) return raise(a.comm, MPI_ERR_NO_MEM);
-      if (own == MPI_SUCCESS) own = MPI_ERR_NO_MEM;
-    }
-  }
-  if (host) {
-    hbase = static_cast<char*>(host);
-    // Host address of recvbuf + off (off inside x.recv).
-    auto hrecv = [&](int64_t off) { return hbase + recv_off + (off - x.recv.lo); };
-    std::vector<Copy> copies;
-    if (stage_send) copies.push_back({hbase, at(a.sendbuf, x.send.lo), x.send.bytes(), a.sendbuf});
-    if (stage_recv)
-      for (const ByteRange& r : x.recv_in)
-        copies.push_back({hrecv(r.lo), at(a.recvbuf, r.lo), r.bytes(), a.recvbuf});
-    if (!copies.empty()) {
-      if (int rc = be.copy(copies.data(), copies.size()); rc != MPI_SUCCESS) {
-        // This rank's input is lost. With an outcome exchange it takes part anyway (the
-        // others learn of it from the exchange); without one it cannot.
-        if (fatal) abort_lost(a, rc);
-        if (!outcome) {
-          be.release(host);
-          return raise(a.comm, rc);
-        }
-        if (own == MPI_SUCCESS) own = rc;
-      }
-    }
-    if (stage_recv)
-      for (const ByteRange& r : x.recv_out)
-        back.push_back({at(a.recvbuf, r.lo), hrecv(r.lo), r.bytes(), a.recvbuf});
-    if (stage_send) b.sendbuf = at(static_cast<const void*>(hbase), -x.send.lo);
-    if (stage_recv) b.recvbuf = at(static_cast<void*>(hbase + recv_off), -x.recv.lo);
-    if (!a.nonblocking) b.fortran = nullptr;  // (staged: a C call, on the converted handles)
-    if (log_enabled(LogLevel::trace)) {
-      uint64_t in = 0, out = 0;
-      for (const Copy& c : copies) in += c.bytes;
-      for (const Copy& c : back) out += c.bytes;
-      SC_TRACE("%s: GPU buffers staged through host memory (%llu bytes to the host, %llu back)",
-               call_name(a.coll, a.nonblocking).c_str(), static_cast<unsigned long long>(in),
-               static_cast<unsigned long long>(out));
-    }
-  }
-
-  if (fatal && own != MPI_SUCCESS) abort_lost(a, own);  // (its stream's work failed)
-  if (!a.nonblocking) {
-    if (outcome && !in_band) {
-      // Every rank's staging outcome first: if any rank's input is lost, no rank runs the
-      // call (all alike), and each reports an error.
-      int mine = own != MPI_SUCCESS ? 1 : 0, any = 0;
-      if (PMPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, a.comm) != MPI_SUCCESS) any = 1;
-      if (any) {
-        if (host) be.release(host);
-        if (own != MPI_SUCCESS) return raise(a.comm, own);
-        log_error("%s: another rank could not stage its GPU buffers; the call did not run",
-                  call_name(a.coll, false).c_str());
-        return raise(a.comm, error_code(Failure::peer));
-      }
-    }
-    // An in-place MPI_Reduce at a root other than 0 on a staged buffer: its input as a
-    // separate send buffer where the MPI cannot take MPI_IN_PLACE there (a copy, this
-    // rank's own affair).
-    std::vector<char> input;
-    if (b.coll == Coll::reduce && b.sendbuf == MPI_IN_PLACE && rank == b.root && b.root != 0 &&
-        stage_recv && host && !b.fortran && mpi_reduce_in_place_broken()) {
-      input.assign(hbase + recv_off, hbase + recv_off + x.recv.bytes());
-      b.sendbuf = at(static_cast<const void*>(input.data()), -x.recv.lo);
-    }
-    const bool readable = host != nullptr || (!stage_send && !stage_recv);
-    int rc = in_band ? call_in_band(form, a, b, own, readable, rank, size) : run_pmpi(b);
-    if (rc == MPI_SUCCESS && !back.empty()) {
-      rc = be.copy(back.data(), back.size());
-      if (rc != MPI_SUCCESS) raise(a.comm, rc);
-    }
-    if (host) be.release(host);
-    return rc;
-  }
-  auto* req = new StagedRequest(host, std::move(back), be, own);
+// A non-blocking call on the staged copies: a request of streamcoll's that completes with
+// the MPI's (and the outcome exchange's) and then copies back.
+int start_staged(const CollArgs& a, Backend& be, Staged& s, bool outcome, int own) {
+  auto* req = new StagedRequest(s.host, std::move(s.back), be, own);
   if (outcome) {
     if (int rc = req->start_outcome(a.comm); rc != MPI_SUCCESS) {
       delete req;
       return rc;  // the MPI raised it
     }
   }
+  CollArgs& b = s.b;
   if (b.fortran) {
     // The MPI's own Fortran binding sets the Fortran request; its C form is wrapped, and
     // the wrapper's handle goes back to the caller (shim/fortran.cpp converts it).
@@ -732,6 +715,45 @@ int run(const CollArgs& a, Backend& be, Outcomes outcomes, int own, const KnownK
   }
   // start_request deletes the request on failure; its destructor waits for both.
   return start_request(req, a.request);
+}
+
+}  // namespace
+
+int run(const CollArgs& a, Backend& be, Outcomes outcomes, int own, const KnownKinds* known) {
+  const bool outcome = outcomes == Outcomes::exchanged, fatal = outcomes == Outcomes::fatal;
+  auto classify = [&](const void* p) {
+    for (int i = 0; known && i < known->n; ++i)
+      if (known->ptr[i] == p) return known->kind[i];
+    return be.classify(p);
+  };
+  if (int rc; outcome && host_in_band(a, own, known, &rc)) return rc;
+  // What this rank stages: C calls with GPU buffers (Fortran calls go to the MPI's own
+  // binding as they are).
+  Staged s;
+  s.b = a;
+  TypeSpan S, R;
+  // A blocking call that carries the outcome in band runs as a C call (reduction_in_band,
+  // data_in_band), so a Fortran one is staged there as a C one is; so does one with no
+  // outcome at all (Outcomes::fatal); otherwise the MPI's Fortran binding runs it as it
+  // was made.
+  const bool ranked = PMPI_Comm_rank(a.comm, &s.rank) == MPI_SUCCESS &&
+                      PMPI_Comm_size(a.comm, &s.size) == MPI_SUCCESS;
+  const InBand form = outcome && ranked ? in_band_form(a, s.size) : InBand{};
+  const bool as_c = !a.fortran || form.taken() || (fatal && !a.nonblocking);
+  if (as_c && ranked && spans_of(a, &S, &R)) {
+    s.x = staging_extents(a, s.rank, s.size, S, R);
+    s.send = a.sendbuf != MPI_IN_PLACE && a.coll != Coll::bcast && !s.x.send.empty() &&
+             on_gpu(classify(at(a.sendbuf, s.x.send.lo)));
+    s.recv = !s.x.recv.empty() && on_gpu(classify(at(a.recvbuf, s.x.recv.lo)));
+  }
+  if (!s.send && !s.recv && !outcome) {
+    const int rc = run_pmpi(a);  // the MPI raises whatever is wrong
+    return own != MPI_SUCCESS ? raise(a.comm, own) : rc;
+  }
+  if (int rc; (s.send || s.recv) && !stage_in(a, be, outcomes, s, &own, &rc)) return rc;
+  if (fatal && own != MPI_SUCCESS) abort_lost(a, own);  // (its stream's work failed)
+  return a.nonblocking ? start_staged(a, be, s, outcome, own)
+                       : run_staged_blocking(a, be, s, outcome, form, own);
 }
 
 // ---- The CUDA backend and process-wide state ----------------------------------------
