@@ -609,153 +609,130 @@ std::string describe(const char* what, const FitQuality& q, bool level = true) {
          fmt("%.1f", 100 * q.max_rel) + " %";
 }
 
-}  // namespace
-
-FitResult fit_profile(const std::vector<BenchRow>& rows, const MachineProfile* base,
-                      const FitOptions& opt) {
-  FitResult res;
-  std::map<std::string, int> skipped;
-  std::vector<Sample> lvl0, lvl1;
+// The rows fit_profile() uses, sorted: host rows on one node (level 0) and with one rank
+// per node (level 1), host and device times by call for the copy fit; what was skipped.
+struct FitRows {
   // Host times by (spec, ranks, nodes, ppn, bytes), for the copy fit.
   using Key = std::tuple<std::string, int, int, int, uint64_t>;
+  std::vector<Sample> lvl0, lvl1;
   std::map<Key, std::pair<double, int>> host_t;
   std::vector<std::pair<Key, double>> device_t;
   int max_ppn = 1;
+  std::map<std::string, int> skipped;
+};
+
+FitRows sort_rows(const std::vector<BenchRow>& rows) {
+  FitRows f;
   for (const BenchRow& r : rows) {
-    max_ppn = std::max(max_ppn, r.ppn);
-    if (r.coll != "allreduce") { ++skipped["not allreduce"]; continue; }
-    if (!r.valid) { ++skipped["not valid"]; continue; }
-    if (r.burst) { ++skipped["bursts of MPI_Iallreduce"]; continue; }
+    f.max_ppn = std::max(f.max_ppn, r.ppn);
+    if (r.coll != "allreduce") { ++f.skipped["not allreduce"]; continue; }
+    if (!r.valid) { ++f.skipped["not valid"]; continue; }
+    if (r.burst) { ++f.skipped["bursts of MPI_Iallreduce"]; continue; }
     const auto algo = ht_algo(r.spec);
-    if (!algo) { ++skipped["not route ht with algo=ring|rd|rabenseifner"]; continue; }
-    if (r.taken != "ht" && r.taken != "-") { ++skipped["taken by another route"]; continue; }
+    if (!algo) { ++f.skipped["not route ht with algo=ring|rd|rabenseifner"]; continue; }
+    if (r.taken != "ht" && r.taken != "-") { ++f.skipped["taken by another route"]; continue; }
     if (!(r.median_us > 0) || !std::isfinite(r.median_us) || r.ranks < 2 || r.bytes == 0) {
-      ++skipped["no time, one rank or 0 bytes"];
+      ++f.skipped["no time, one rank or 0 bytes"];
       continue;
     }
     const double t = r.median_us * 1e-6;
-    const Key key{r.spec, r.ranks, r.nodes, r.ppn, r.bytes};
+    const FitRows::Key key{r.spec, r.ranks, r.nodes, r.ppn, r.bytes};
     if (r.mem == "device") {
-      device_t.emplace_back(key, t);
+      f.device_t.emplace_back(key, t);
       continue;
     }
-    if (r.mem != "host") { ++skipped["memory neither host nor device"]; continue; }
-    auto& h = host_t[key];
+    if (r.mem != "host") { ++f.skipped["memory neither host nor device"]; continue; }
+    auto& h = f.host_t[key];
     h.first += t;
     h.second += 1;
     if (r.nodes == 1) {
-      lvl0.push_back(Sample{*algo, r.ranks, double(r.bytes), t});
+      f.lvl0.push_back(Sample{*algo, r.ranks, double(r.bytes), t});
     } else if (r.ppn == 1 && r.nodes == r.ranks) {
-      lvl1.push_back(Sample{*algo, r.nodes, double(r.bytes), t});
+      f.lvl1.push_back(Sample{*algo, r.nodes, double(r.bytes), t});
     } else {
-      ++skipped["host rows on several nodes with more than one rank per node"];
+      ++f.skipped["host rows on several nodes with more than one rank per node"];
     }
   }
-  for (const auto& [why, n] : skipped) {
-    res.notes.push_back(std::to_string(n) + " rows skipped: " + why);
+  return f;
+}
+
+// Copies: device time minus the host time of the same call = 2(α_c + n·β_c).
+FitQuality fit_copies(const FitRows& f) {
+  FitQuality q;
+  std::vector<std::vector<double>> x;
+  std::vector<double> y;
+  for (const auto& [key, td] : f.device_t) {
+    auto it = f.host_t.find(key);
+    if (it == f.host_t.end()) continue;
+    const double th = it->second.first / it->second.second;
+    const double n = double(std::get<4>(key));
+    x.push_back({2 / td, 2 * n / td});
+    y.push_back((td - th) / td);
   }
+  if (x.empty()) return q;
+  double ssr = 0;
+  const std::vector<double> c = nonneg_least_squares(x, y, 3u, &ssr);
+  q.fitted = true;
+  q.rows = static_cast<int>(x.size());
+  q.alpha = c[0];
+  q.beta = c[1];
+  std::vector<double> rel;
+  for (size_t i = 0; i < x.size(); ++i) {
+    rel.push_back(std::fabs(x[i][0] * c[0] + x[i][1] * c[1] - y[i]));
+  }
+  q.median_rel = median(rel);
+  q.max_rel = *std::max_element(rel.begin(), rel.end());
+  q.algos = "pairs of device and host rows";
+  return q;
+}
 
-  res.level0 = fit_level(lvl0, -1);
-  const bool gamma_known = res.level0.fitted;
-  res.level1 = fit_level(lvl1, gamma_known ? res.level0.gamma : -1);
-
-  // Copies: device time minus the host time of the same call = 2(α_c + n·β_c).
-  {
-    std::vector<std::vector<double>> x;
-    std::vector<double> y, th_host, t_dev;
-    for (const auto& [key, td] : device_t) {
-      auto it = host_t.find(key);
-      if (it == host_t.end()) continue;
-      const double th = it->second.first / it->second.second;
-      const double n = double(std::get<4>(key));
-      x.push_back({2 / td, 2 * n / td});
-      y.push_back((td - th) / td);
+// Level i of `p` from the fit `q` (made if missing): the host fields where `host_fields`
+// and the level has device figures, else the device ones; notes into `notes`.
+void put_level(MachineProfile& p, size_t i, const FitQuality& q, bool solo, const char* name,
+               bool host_fields, std::vector<std::string>& notes) {
+  while (p.levels.size() <= i) {
+    LevelProfile l;
+    l.name = p.levels.empty() ? "intra-node" : "inter-node";
+    p.levels.push_back(l);
+  }
+  LevelProfile& l = p.levels[i];
+  const bool have_device = l.gbps > 0;
+  l.host_call_alpha = q.call_alpha;  // the host path's in every case
+  if (l.name.empty()) l.name = name;
+  const double bw = q.beta > 0 ? 1e-9 / q.beta : 0.0;
+  if (bw <= 0) {
+    notes.push_back(std::string("level ") + std::to_string(i) +
+                    ": beta came out 0 (the bandwidth term is not identifiable from "
+                    "these rows); bandwidth kept");
+  }
+  if (host_fields && have_device) {
+    l.host_alpha = q.alpha;
+    if (bw > 0) {
+      l.host_gbps = bw;
+      if (solo) l.host_solo_gbps = bw;
     }
-    if (!x.empty()) {
-      double ssr = 0;
-      const std::vector<double> c = nonneg_least_squares(x, y, 3u, &ssr);
-      FitQuality& q = res.copy;
-      q.fitted = true;
-      q.rows = static_cast<int>(x.size());
-      q.alpha = c[0];
-      q.beta = c[1];
-      std::vector<double> rel;
-      for (size_t i = 0; i < x.size(); ++i) {
-        rel.push_back(std::fabs(x[i][0] * c[0] + x[i][1] * c[1] - y[i]));
-      }
-      q.median_rel = median(rel);
-      q.max_rel = *std::max_element(rel.begin(), rel.end());
-      q.algos = "pairs of device and host rows";
-    }
-  }
-
-  if (!res.level0.fitted && !res.level1.fitted) {
-    res.notes.push_back(
-        "nothing to fit: no host-buffer allreduce rows of ht:algo=ring|rd|rabenseifner on one "
-        "node or with one rank per node");
-    return res;
-  }
-  if (res.level0.fitted) res.notes.push_back(describe("level 0 (one node)", res.level0));
-  if (res.level1.fitted) {
-    res.notes.push_back(describe("level 1 (one rank per node)", res.level1));
-    res.notes.push_back(
-        "level 1: measured with one rank per node, so this is the one-rank rate; it is "
-        "written as both the shared and the solo bandwidth (the shared rate, all ranks of a "
-        "node sending, needs rows with several ranks per node)");
-  }
-
-  MachineProfile p;
-  if (base) {
-    p = *base;
   } else {
-    p.name = "fitted";
-    p.gpus_per_node = opt.gpus_per_node > 0 ? opt.gpus_per_node : max_ppn;
-    res.notes.push_back("gpus_per_node " + std::to_string(p.gpus_per_node) +
-                        (opt.gpus_per_node > 0 ? " (given)" : " (the largest ppn in the rows)"));
+    l.alpha = q.alpha;
+    if (bw > 0) {
+      l.gbps = bw;
+      if (solo) l.solo_gbps = bw;
+    }
   }
-  const bool host_fields = base != nullptr;
-  auto gbps_of = [](double beta) { return beta > 0 ? 1e-9 / beta : 0.0; };
-  auto put = [&](size_t i, const FitQuality& q, bool solo, const char* name) {
-    while (p.levels.size() <= i) {
-      LevelProfile l;
-      l.name = p.levels.empty() ? "intra-node" : "inter-node";
-      p.levels.push_back(l);
-    }
-    LevelProfile& l = p.levels[i];
-    const bool have_device = l.gbps > 0;
-    l.host_call_alpha = q.call_alpha;  // the host path's in every case
-    if (l.name.empty()) l.name = name;
-    const double bw = gbps_of(q.beta);
-    if (bw <= 0) {
-      res.notes.push_back(std::string("level ") + std::to_string(i) +
-                          ": beta came out 0 (the bandwidth term is not identifiable from "
-                          "these rows); bandwidth kept");
-    }
-    if (host_fields && have_device) {
-      l.host_alpha = q.alpha;
-      if (bw > 0) {
-        l.host_gbps = bw;
-        if (solo) l.host_solo_gbps = bw;
-      }
-    } else {
-      l.alpha = q.alpha;
-      if (bw > 0) {
-        l.gbps = bw;
-        if (solo) l.solo_gbps = bw;
-      }
-    }
-  };
-  if (res.level0.fitted) put(0, res.level0, false, "intra-node");
+}
+
+// The fitted levels, gamma and copies written into `p` (a copy of `base`, or a new profile).
+void write_fit(FitResult& res, MachineProfile& p, bool host_fields) {
+  if (res.level0.fitted) put_level(p, 0, res.level0, false, "intra-node", host_fields, res.notes);
   if (res.level1.fitted) {
     if (!res.level0.fitted && p.levels.empty()) {
-      put(0, res.level1, false, "intra-node");
+      put_level(p, 0, res.level1, false, "intra-node", host_fields, res.notes);
       res.notes.push_back("no single-node rows: level 0 takes level 1's fitted values");
     }
     if (p.levels.size() > 2) {
       res.notes.push_back("the profile has " + std::to_string(p.levels.size()) +
                           " levels: the one-rank-per-node fit went to level 1 only");
     }
-    put(1, res.level1, true, "inter-node");
+    put_level(p, 1, res.level1, true, "inter-node", host_fields, res.notes);
   }
   const double gamma = res.level0.fitted ? res.level0.gamma : res.level1.gamma;
   if (host_fields) {
@@ -777,7 +754,7 @@ FitResult fit_profile(const std::vector<BenchRow>& rows, const MachineProfile* b
     res.notes.push_back(describe("copies (device minus host rows)", res.copy, false));
     if (res.copy.beta > 0) {
       p.copy_alpha = res.copy.alpha;
-      p.copy_gbps = gbps_of(res.copy.beta);
+      p.copy_gbps = 1e-9 / res.copy.beta;
     } else {
       res.notes.push_back("copy beta came out 0: copy parameters kept");
     }
@@ -785,8 +762,47 @@ FitResult fit_profile(const std::vector<BenchRow>& rows, const MachineProfile* b
     res.notes.push_back("no device-buffer ht rows matching host rows: copy_alpha " +
                         fmt("%.3g", p.copy_alpha) + " s and copy_bandwidth " +
                         fmt("%.4g", p.copy_gbps) + " GB/s kept (" +
-                        (base ? "from the base profile" : "defaults") + ")");
+                        (host_fields ? "from the base profile" : "defaults") + ")");
   }
+}
+
+}  // namespace
+
+FitResult fit_profile(const std::vector<BenchRow>& rows, const MachineProfile* base,
+                      const FitOptions& opt) {
+  FitResult res;
+  const FitRows f = sort_rows(rows);
+  for (const auto& [why, n] : f.skipped) {
+    res.notes.push_back(std::to_string(n) + " rows skipped: " + why);
+  }
+  res.level0 = fit_level(f.lvl0, -1);
+  const bool gamma_known = res.level0.fitted;
+  res.level1 = fit_level(f.lvl1, gamma_known ? res.level0.gamma : -1);
+  res.copy = fit_copies(f);
+  if (!res.level0.fitted && !res.level1.fitted) {
+    res.notes.push_back(
+        "nothing to fit: no host-buffer allreduce rows of ht:algo=ring|rd|rabenseifner on one "
+        "node or with one rank per node");
+    return res;
+  }
+  if (res.level0.fitted) res.notes.push_back(describe("level 0 (one node)", res.level0));
+  if (res.level1.fitted) {
+    res.notes.push_back(describe("level 1 (one rank per node)", res.level1));
+    res.notes.push_back(
+        "level 1: measured with one rank per node, so this is the one-rank rate; it is "
+        "written as both the shared and the solo bandwidth (the shared rate, all ranks of a "
+        "node sending, needs rows with several ranks per node)");
+  }
+  MachineProfile p;
+  if (base) {
+    p = *base;
+  } else {
+    p.name = "fitted";
+    p.gpus_per_node = opt.gpus_per_node > 0 ? opt.gpus_per_node : f.max_ppn;
+    res.notes.push_back("gpus_per_node " + std::to_string(p.gpus_per_node) +
+                        (opt.gpus_per_node > 0 ? " (given)" : " (the largest ppn in the rows)"));
+  }
+  write_fit(res, p, base != nullptr);
   if (std::string why = check_profile(p); !why.empty()) {
     res.notes.push_back("the fitted profile is not usable: " + why);
     return res;
