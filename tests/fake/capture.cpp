@@ -153,6 +153,16 @@ std::vector<Case> make_cases() {
   return cases;
 }
 
+void free_cases(std::vector<Case>& cases) {
+  for (Case& c : cases) {
+    cu.cuMemFree(c.d_in);
+    cu.cuMemFree(c.d_out);
+    cu.cuMemFreeHost(c.h_in);
+    cu.cuMemFreeHost(c.h_out);
+  }
+  cases.clear();
+}
+
 void fill(std::vector<Case>& cases, int launch) {
   for (Case& c : cases) {
     for (int i = 0; i < c.in_elems; ++i) c.h_in[i] = input(g_rank, launch, i);
@@ -459,12 +469,7 @@ void crossed(std::vector<Case>& a_cases, MPI_Comm a, CUstream sa) {
       ++it;
     }
   MPI_Comm_free(&b);
-  for (Case& c : b_cases) {
-    cu.cuMemFree(c.d_in);
-    cu.cuMemFree(c.d_out);
-    cu.cuMemFreeHost(c.h_in);
-    cu.cuMemFreeHost(c.h_out);
-  }
+  free_cases(b_cases);
 }
 
 // modes threads, threads-mixed: two threads, each on a communicator and stream of its own,
@@ -499,12 +504,7 @@ void threads(CUcontext ctx, bool mixed) {
       g_persistent_req.erase(it);
     }
     MPI_Comm_free(&sd.comm);
-    for (Case& c : sd.cases) {
-      cu.cuMemFree(c.d_in);
-      cu.cuMemFree(c.d_out);
-      cu.cuMemFreeHost(c.h_in);
-      cu.cuMemFreeHost(c.h_out);
-    }
+    free_cases(sd.cases);
   }
 }
 
@@ -647,18 +647,12 @@ int main(int argc, char** argv) {
 
   free_persistent();
   MPI_Comm_free(&comm);
-  // A lane per communicator captured on (threads-mixed: one of a rank's two threads
-  // replays in each round).
-  // (crossed: A's lane and each round's B's)
+  // A lane per communicator captured on (crossed: A's and each round's B's; threads-mixed:
+  // one of a rank's two threads replays in each round).
   if (mode == "crossed") check_lanes_end(1 + rounds);
   if (mode == "threads") check_lanes_end(2 * rounds);
   if (mode == "threads-mixed") check_lanes_end(rounds);
-  for (Case& c : cases) {
-    cu.cuMemFree(c.d_in);
-    cu.cuMemFree(c.d_out);
-    cu.cuMemFreeHost(c.h_in);
-    cu.cuMemFreeHost(c.h_out);
-  }
+  free_cases(cases);
   // Against the fake driver: no race and no CUDA call from a host function seen.
   using counter_fn = unsigned long long (*)(const char*);
   if (auto counter = reinterpret_cast<counter_fn>(dlsym(RTLD_DEFAULT, "fake_cuda_counter"))) {
