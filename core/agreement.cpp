@@ -180,21 +180,40 @@ static_assert(SignatureAgreements::kInts == k_n, "the exchanged form of LocalFac
 
 SignatureAgreements::~SignatureAgreements() { drain(); }
 
-bool SignatureAgreements::refresh_point(uint64_t n) {
-  if (n < 2) return false;
-  const uint64_t m = n - 1;
-  if (m <= kRefreshEvery) return (m & (m - 1)) == 0;  // 1, 2, 4, ... after call 1
-  return m % kRefreshEvery == 0;
+namespace {
+// Whether two agreements say the same (the refresh schedule backs off while they do).
+bool same_facts(const AgreedFacts& a, const AgreedFacts& b) {
+  return a.valid == b.valid && a.routable == b.routable && a.mem == b.mem &&
+         a.host_only == b.host_only && a.stream == b.stream && a.unable == b.unable;
+}
+}  // namespace
+
+void SignatureAgreements::schedule() {
+  const uint64_t n = calls_;
+  if (n - 1 < kRefreshEvery) {
+    next_refresh_ = 2 * n - 1;  // 2, 3, 5, 9, ..., 1 + kRefreshEvery
+    return;
+  }
+  gap_ = stable_ ? std::min(2 * gap_, kRefreshMax) : kRefreshEvery;
+  next_refresh_ = n + gap_;
 }
 
 bool SignatureAgreements::begin_call() {
   ++calls_;
+  due_ = calls_ == next_refresh_;
+  if (due_) schedule();
   return calls_ == 1 || !cached_;
+}
+
+void SignatureAgreements::unsettled() {
+  stable_ = false;
+  next_refresh_ = std::min(next_refresh_, calls_ + kRefreshEvery);
 }
 
 const AgreedFacts& SignatureAgreements::agree(MPI_Comm comm, int size, const LocalFacts& mine) {
   drain();
   facts_ = agree_call(comm, size, mine);
+  unsettled();
   return facts_;
 }
 
@@ -220,8 +239,12 @@ const AgreedFacts& SignatureAgreements::adopt() {
       facts_ = AgreedFacts{};
       facts_.valid = true;
       facts_.why = "the agreement failed";
+      unsettled();
     } else {
-      facts_ = decode(p.out);
+      const AgreedFacts found = decode(p.out);
+      if (same_facts(found, facts_)) stable_ = true;
+      else unsettled();
+      facts_ = found;
     }
     pending_.erase(pending_.begin());
   }
@@ -229,7 +252,19 @@ const AgreedFacts& SignatureAgreements::adopt() {
 }
 
 bool SignatureAgreements::refreshes() const {
-  return cached_ && (refresh_point(calls_) || (routed_ && calls_ % kRefreshRouted == 0));
+  return cached_ && (due_ || (routed_ && calls_ % kRefreshRouted == 0));
+}
+
+void SignatureAgreements::decided(bool cacheable, bool routed, bool steady) {
+  cached_ = cacheable;
+  routed_ = routed;
+  steady_until_ = 0;
+  if (!steady || !cacheable) return;
+  // The next call that starts a refresh, or adopts the oldest one pending.
+  uint64_t until = next_refresh_;
+  if (routed) until = std::min(until, (calls_ / kRefreshRouted + 1) * kRefreshRouted);
+  if (!pending_.empty()) until = std::min(until, pending_.front()->at + kRunAhead);
+  steady_until_ = until;
 }
 
 void SignatureAgreements::refresh(MPI_Comm comm, int size, const LocalFacts& mine) {

@@ -85,20 +85,27 @@ struct CallSignature {
 /// differ adapts), call n >= 2 decides from the agreement started at the newest refresh
 /// call j <= n - kRunAhead (waiting for it only while some rank has not started call j:
 /// a rank runs at most kRunAhead calls of the signature ahead of the slowest), or from
-/// the last blocking agreement; refresh calls (2, 3, 5, 9, ..., 2^k + 1 up to
-/// kRefreshEvery + 1, then every kRefreshEvery-th; while the calls leave pmpi, every
-/// kRefreshRouted-th too) start a non-blocking agreement (PMPI_Iallreduce, on
-/// CommContext::agreement_comm) of their own facts. A change of memory kind (or of a
-/// route's ability on a rank) is thus seen at most kRefreshEvery + kRunAhead calls later
-/// (kRefreshRouted + kRunAhead off pmpi). Otherwise (the last call was not cacheable)
-/// every call agrees at once, as call 1; so does a call whose adopted facts would route
-/// it where it is not cacheable. Everything here depends on the call count and on agreed
-/// facts alone, so it is equal on every rank. Not thread-safe: a communicator's blocking
-/// calls are ordered by the program.
+/// the last blocking agreement; refresh calls start a non-blocking agreement
+/// (PMPI_Iallreduce, on CommContext::agreement_comm) of their own facts.
+///
+/// The refresh schedule backs off while the facts stand: calls 2, 3, 5, 9, ..., 65
+/// (1 + 2^k), then a gap that doubles from kRefreshEvery at each refresh whose adopted
+/// facts were the ones in force, up to kRefreshMax (129, 257, 513, 1025, then every
+/// 1024th call), and falls back to kRefreshEvery after a refresh found them changed (or
+/// failed, or a call agreed at once: the next refresh then comes at most kRefreshEvery
+/// calls later); while the calls leave pmpi, every kRefreshRouted-th call refreshes too.
+/// A change of memory kind (or of a route's ability on a rank) is thus seen at most
+/// kRefreshMax + kRunAhead calls later (kRefreshRouted + kRunAhead off pmpi). Seeing it
+/// late costs only speed: cacheable calls go where any rank's buffers are taken. Otherwise
+/// (the last call was not cacheable) every call agrees at once, as call 1; so does a call
+/// whose adopted facts would route it where it is not cacheable. Everything here depends
+/// on the call count and on agreed facts alone, so it is equal on every rank. Not
+/// thread-safe: a communicator's blocking calls are ordered by the program.
 class SignatureAgreements {
  public:
   static constexpr uint64_t kRunAhead = 4;
   static constexpr uint64_t kRefreshEvery = 64;
+  static constexpr uint64_t kRefreshMax = 1024;
   static constexpr uint64_t kRefreshRouted = 8;
   static constexpr int kInts = 9;  ///< LocalFacts as exchanged (agreement.cpp)
 
@@ -118,14 +125,25 @@ class SignatureAgreements {
   bool refreshes() const;
   void refresh(MPI_Comm comm, int size, const LocalFacts& mine);
   /// What the call decided: whether the next may decide from earlier agreements
-  /// (`cacheable`), and whether it left pmpi (refreshes come more often then).
-  void decided(bool cacheable, bool routed) {
-    cached_ = cacheable;
-    routed_ = routed;
-  }
+  /// (`cacheable`), whether it left pmpi (refreshes come more often then), and whether the
+  /// next calls may repeat its decision on the steady path (`steady`: the dispatcher's
+  /// word, shim/steady.hpp) until a refresh is due to start or to be adopted.
+  void decided(bool cacheable, bool routed, bool steady = false);
 
-  /// Pure: whether call n (1, 2, ...) of a signature starts a refresh.
-  static bool refresh_point(uint64_t n);
+  /// The steady path (shim/steady.hpp): counts the next call of the signature as one that
+  /// decides exactly as the last one did, when nothing it would decide from can have
+  /// changed since: the last call said `steady`, and the next call neither starts a
+  /// refresh nor adopts one. False, counting nothing, otherwise: that call takes the full
+  /// decision (begin_call). Equal on every rank: from the call count and agreed facts.
+  bool steady_call() {
+    if (calls_ + 1 >= steady_until_) return false;
+    ++calls_;
+    return true;
+  }
+  /// Whether the last call's decision said `steady` (decided()).
+  bool steady() const { return steady_until_ != 0; }
+  /// The facts the last call decided from (adopted or agreed).
+  const AgreedFacts& facts() const { return facts_; }
 
   /// Waits for the pending refreshes (collective: every rank started the same ones),
   /// before their communicator is freed.
@@ -134,6 +152,7 @@ class SignatureAgreements {
   uint64_t calls() const { return calls_; }
   uint64_t started() const { return started_; }  ///< refreshes started
   uint64_t waited() const { return waited_; }    ///< adopted refreshes not done when needed
+  uint64_t next_refresh() const { return next_refresh_; }  ///< the next scheduled refresh call
 
  private:
   struct Pending {
@@ -143,9 +162,16 @@ class SignatureAgreements {
     bool failed = false;  // the MPI refused to start or complete it
   };
   void drain();  // waits for every pending refresh (all ranks started the same ones)
+  void schedule();  // at a scheduled refresh call: the one after it
+  void unsettled();  // the facts changed (or were agreed at once): refresh again soon
   uint64_t calls_ = 0;
   bool cached_ = false;
   bool routed_ = false;
+  bool due_ = false;     // this call is a scheduled refresh call
+  bool stable_ = false;  // the last adopted refresh found the facts in force
+  uint64_t next_refresh_ = 2;
+  uint64_t gap_ = kRefreshEvery / 2;  // the schedule's gap once past call 1 + kRefreshEvery
+  uint64_t steady_until_ = 0;  // the first call the steady path leaves to the full decision
   AgreedFacts facts_;
   std::vector<std::unique_ptr<Pending>> pending_;  // oldest first
   uint64_t started_ = 0, waited_ = 0;
