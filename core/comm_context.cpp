@@ -16,10 +16,6 @@ int g_keyval = MPI_KEYVAL_INVALID;
 std::mutex g_mu;                              // guards creation and the live set
 std::unordered_set<CommContext*> g_live;      // contexts not yet deleted
 uint64_t g_seq = 0;                           // contexts created so far
-// Bumped whenever a context goes (its communicator freed, or every context at stop), so
-// that no thread's remembered lookup (comm_context) outlives it: an MPI may hand a freed
-// communicator's handle to the next one it makes.
-std::atomic<uint64_t> g_generation{0};
 
 // A thread's last lookup that found a context: the MPI's attribute lookup costs tens of
 // nanoseconds, a large part of a small host call's price (bench/passthrough_latency).
@@ -31,7 +27,7 @@ struct Remembered {
 thread_local Remembered t_last;
 
 void destroy(CommContext* ctx) {
-  g_generation.fetch_add(1, std::memory_order_acq_rel);
+  forget_remembered();
   ctx->alive->store(false, std::memory_order_release);
   ctx->finish_agreements();  // before their communicator goes
   if (ctx->local != MPI_COMM_NULL) PMPI_Comm_free(&ctx->local);
@@ -142,9 +138,16 @@ DecisionCache::Rules DecisionCache::lookup(const config::CallKey& key,
   return r;
 }
 
+// Bumped whenever a context goes (its communicator freed, or every context at stop), so
+// that no thread's remembered lookup (comm_context) outlives it: an MPI may hand a freed
+// communicator's handle to the next one it makes; and by forget_remembered().
+std::atomic<uint64_t> detail::g_remembered{0};
+
+void forget_remembered() { detail::g_remembered.fetch_add(1, std::memory_order_acq_rel); }
+
 CommContext* comm_context(MPI_Comm comm, bool create) {
   if (g_keyval == MPI_KEYVAL_INVALID) return nullptr;
-  const uint64_t generation = g_generation.load(std::memory_order_acquire);
+  const uint64_t generation = remembered_generation();
   if (t_last.comm == comm && t_last.generation == generation && comm != MPI_COMM_NULL)
     return t_last.ctx;
   void* value = nullptr;
@@ -187,7 +190,10 @@ SignatureAgreements& CommContext::signature(const CallSignature& s) {
   if (last_signature_ && s == last_key_) return *last_signature_;  // a run of one signature
   auto it = signatures_.find(s);
   if (it == signatures_.end()) {
-    if (signatures_.size() >= kMaxSignatures) signatures_.clear();  // equal on every rank
+    if (signatures_.size() >= kMaxSignatures) {  // equal on every rank
+      forget_remembered();  // (the steady path's entries point at the agreements)
+      signatures_.clear();
+    }
     it = signatures_.emplace(s, std::make_unique<SignatureAgreements>()).first;
   }
   last_key_ = s;

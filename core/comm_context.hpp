@@ -24,6 +24,21 @@ namespace fusion {
 struct Queue;
 }
 
+namespace detail {
+extern std::atomic<uint64_t> g_remembered;  // remembered_generation()'s counter
+}
+/// Changes whenever something that a lookup or decision remembered across calls rests on
+/// may have changed: a context went (its communicator freed, or every context at stop:
+/// the MPI may give the next communicator the freed one's handle), a context dropped its
+/// signatures' agreements, a communicator's forced routes or asserted memory kinds were
+/// set, the tuning table was loaded. What remembers (comm_context itself, the steady path
+/// of shim/steady.hpp) compares it before use. One acquire load. Thread-safe.
+inline uint64_t remembered_generation() {
+  return detail::g_remembered.load(std::memory_order_acquire);
+}
+/// Makes every remembered lookup and decision stale (remembered_generation changes).
+void forget_remembered();
+
 /// What a route keeps for one communicator (e.g. its NCCL communicator). Destroyed with
 /// the context: at MPI_Comm_free, or before MPI_Finalize, in context creation order.
 struct RouteState {
@@ -145,6 +160,10 @@ struct CommContext {
   /// async_error, also where the communicator's calls have gone to another route since.
   /// One relaxed load per call otherwise.
   std::atomic<bool> polls{false};
+  /// The signature whose agreed facts agreed[its collective] and agreed_last hold because
+  /// the steady path (shim/steady.hpp) wrote them there last: it need not write them again
+  /// while no blocking call on the full path has written others (which sets this null).
+  const SignatureAgreements* agreed_by = nullptr;
   void poll_routes() {
     bool left = false;
     for (auto& s : route_state) {
@@ -186,6 +205,12 @@ struct CommContext {
     const bool some = t != nullptr;
     std::atomic_store(&forced_, std::move(t));
     has_forced_.store(some, std::memory_order_release);
+    forget_remembered();
+  }
+  /// Sets asserted_kinds (the collective info calls, shim/comm_info.cpp).
+  void set_asserted_kinds(uint32_t kinds) {
+    asserted_kinds.store(kinds, std::memory_order_relaxed);
+    forget_remembered();
   }
 
  private:

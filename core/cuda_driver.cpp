@@ -268,10 +268,24 @@ MemKind classify(const void* p, int* device) {
 #endif
 }
 
+std::atomic<uintptr_t> detail::g_heap_start{0};
+
 namespace {
 
+// glibc's program break, what sbrk(0) returns, read without the call (__curbrk, weak:
+// absent from other C libraries, which get sbrk(0)).
+uintptr_t current_break() {
+  return &__curbrk ? reinterpret_cast<uintptr_t>(__curbrk) : reinterpret_cast<uintptr_t>(sbrk(0));
+}
+
+// The program break when this library was loaded: the heap's start cannot be above it.
+const uintptr_t g_break_at_load = reinterpret_cast<uintptr_t>(sbrk(0));
+
 // The start of the program break (/proc/self/stat, field 47, start_brk), read once; 0
-// when it cannot be read (then no address counts as heap).
+// when it cannot be read (then no address counts as heap). Where that is not this
+// program's break (above it: under valgrind, which emulates the break elsewhere), the
+// break when the library was loaded, which is at or above the heap's start (never below:
+// no address outside the heap counts as heap).
 uintptr_t heap_start() {
   static const uintptr_t start = [] {
     uintptr_t v = 0;
@@ -289,6 +303,8 @@ uintptr_t heap_start() {
           break;
         }
     }
+    v = v && v > current_break() ? g_break_at_load : v;
+    detail::g_heap_start.store(v, std::memory_order_relaxed);
     return v;
   }();
   return start;
@@ -298,14 +314,15 @@ struct StackBounds {
   uintptr_t lo = 0, hi = 0;
   bool known = false;
 };
-thread_local StackBounds t_stack;
+// (Initial-exec: read on every call that classifies a buffer, the steady path too.)
+thread_local StackBounds t_stack __attribute__((tls_model("initial-exec")));
 
 }  // namespace
 
 bool in_heap_or_stack(const void* p) {
   const auto a = reinterpret_cast<uintptr_t>(p);
   const uintptr_t start = heap_start();
-  if (start && a >= start && a < reinterpret_cast<uintptr_t>(sbrk(0))) return true;
+  if (start && a >= start && a < current_break()) return true;
   if (!t_stack.known) {
     t_stack.known = true;
     pthread_attr_t attr;

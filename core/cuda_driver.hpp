@@ -6,6 +6,8 @@
 
 #include <mpi.h>
 
+#include <atomic>
+#include <cstdint>
 #include <string>
 
 #include "base/types.hpp"
@@ -83,6 +85,26 @@ MemKind classify(const void* p, int* device = nullptr);
 /// treat pinned and host memory alike, and only stage less). No driver call: a few loads,
 /// the thread's stack bounds found once per thread. Thread-safe.
 bool in_heap_or_stack(const void* p);
+
+namespace detail {
+/// The heap's start, once in_heap_or_stack has found it (0 before, or when it has none).
+extern std::atomic<uintptr_t> g_heap_start;
+}  // namespace detail
+}  // namespace streamcoll::cuda
+/// glibc's program break (what sbrk(0) returns); weak: absent from other C libraries.
+extern "C" {
+extern void* __curbrk __attribute__((weak));
+}
+namespace streamcoll::cuda {
+
+/// in_heap_or_stack's heap half, inline, for the steady path (shim/steady.hpp): a few
+/// loads, no call. False (ask in_heap_or_stack) before the heap's start is known and
+/// without glibc's break.
+inline bool in_heap(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t lo = detail::g_heap_start.load(std::memory_order_relaxed);
+  return lo && &__curbrk && a >= lo && a < reinterpret_cast<uintptr_t>(__curbrk);
+}
 
 /// classify() for a buffer of a call, without asking the driver where in_heap_or_stack.
 MemKind classify_buffer(const void* p, int* device);

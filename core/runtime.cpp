@@ -198,6 +198,7 @@ config::TuningTable effective_table(const config::Settings& s, bool log) {
 void Runtime::load_table() {
   table_ = effective_table(settings_, true);
   ++table_generation_;
+  forget_remembered();
 }
 
 bool Runtime::wants_thread_multiple() {
@@ -229,6 +230,7 @@ void Runtime::stop() {
   // No new call is routed from here on; calls pass straight through.
   g_passthrough.store(0);
   state_.store(stopped, std::memory_order_release);
+  forget_remembered();  // (the steady path: shim/steady.hpp)
   if (settings_.check) finish_agreement_checks();
   if (settings_.stats) {
     std::string table = stats_.report(MPI_COMM_WORLD);

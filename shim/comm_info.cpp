@@ -63,7 +63,7 @@ void record(MPI_Comm comm, MPI_Info info) {
   const uint32_t kinds = same ? static_cast<uint32_t>(v[0]) : 0;
   if (!same && mine) SC_INFO("%s differs between ranks: not used", alloc_kinds::kAssertKey);
   CommContext* ctx = comm_context(comm, kinds != 0);  // collective the first time
-  if (ctx) ctx->asserted_kinds.store(kinds, std::memory_order_relaxed);
+  if (ctx) ctx->set_asserted_kinds(kinds);
 }
 
 }  // namespace
