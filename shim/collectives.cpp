@@ -1,18 +1,22 @@
 // The collective wrappers: take the pass-through fast path when it holds (one atomic load
 // and a few compares, then a tail call to the next MPI_ definition: another PMPI tool's,
-// or the MPI's; core/next_mpi.hpp), otherwise translate the arguments for the dispatcher.
-// Routing is in shim/dispatch.cpp.
+// or the MPI's; core/next_mpi.hpp), then, for the common blocking calls, the steady path
+// (a decision remembered for the same arguments: shim/steady.hpp; its key built here,
+// with the collective known at compile time), otherwise translate the arguments for the
+// dispatcher. Routing is in shim/dispatch.cpp.
 #include <mpi.h>
 
 #include "core/next_mpi.hpp"
 #include "shim/dispatch.hpp"
 #include "shim/export.hpp"
+#include "shim/steady.hpp"
 
 using streamcoll::Coll;
 using streamcoll::CollArgs;
 using streamcoll::dispatch;
 using streamcoll::gather_counts;
 using streamcoll::pass_through;
+namespace steady = streamcoll::steady;
 
 namespace {
 
@@ -89,6 +93,88 @@ int barrier(MPI_Comm c, MPI_Request* q, bool nb) {
   return dispatch(a);
 }
 
+// The blocking calls past the pass-through fast path: the steady path (shim/steady.hpp),
+// else the dispatcher. steady::hit() first, inline, whose success makes no call but the
+// MPI's (a tail call: no registers saved); else the *_slow function, out of line:
+// steady::enter() (stack buffers, facts to write, a fusion group to close), then the
+// dispatcher. Kept out of the wrappers, so that the pass-through stays a tail jump.
+[[gnu::noinline]] int allreduce_slow(const void* s, void* r, int n, MPI_Datatype t, MPI_Op op,
+                                     MPI_Comm c) {
+  if (steady::enter(steady::reduction_key(Coll::allreduce, c, n, t, op, 0, s), s, r))
+    return SC_NEXT(MPI_Allreduce)(s, r, n, t, op, c);
+  return allreduce(s, r, n, t, op, c, nullptr, false);
+}
+int allreduce_blocking(const void* s, void* r, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c) {
+  if (steady::hit(steady::reduction_key(Coll::allreduce, c, n, t, op, 0, s), s, r))
+    return SC_NEXT(MPI_Allreduce)(s, r, n, t, op, c);
+  return allreduce_slow(s, r, n, t, op, c);
+}
+[[gnu::noinline]] int reduce_slow(const void* s, void* r, int n, MPI_Datatype t, MPI_Op op,
+                                  int root, MPI_Comm c) {
+  if (steady::enter(steady::reduction_key(Coll::reduce, c, n, t, op, root, s), s, r))
+    return SC_NEXT(MPI_Reduce)(s, r, n, t, op, root, c);
+  return reduce(s, r, n, t, op, root, c, nullptr, false);
+}
+int reduce_blocking(const void* s, void* r, int n, MPI_Datatype t, MPI_Op op, int root,
+                    MPI_Comm c) {
+  if (steady::hit(steady::reduction_key(Coll::reduce, c, n, t, op, root, s), s, r))
+    return SC_NEXT(MPI_Reduce)(s, r, n, t, op, root, c);
+  return reduce_slow(s, r, n, t, op, root, c);
+}
+[[gnu::noinline]] int bcast_slow(void* buf, int n, MPI_Datatype t, int root, MPI_Comm c) {
+  if (steady::enter(steady::reduction_key(Coll::bcast, c, n, t, MPI_OP_NULL, root, nullptr),
+                    nullptr, buf))
+    return SC_NEXT(MPI_Bcast)(buf, n, t, root, c);
+  return bcast(buf, n, t, root, c, nullptr, false);
+}
+int bcast_blocking(void* buf, int n, MPI_Datatype t, int root, MPI_Comm c) {
+  if (steady::hit(steady::reduction_key(Coll::bcast, c, n, t, MPI_OP_NULL, root, nullptr),
+                  nullptr, buf))
+    return SC_NEXT(MPI_Bcast)(buf, n, t, root, c);
+  return bcast_slow(buf, n, t, root, c);
+}
+[[gnu::noinline]] int reduce_scatter_block_slow(const void* s, void* r, int n, MPI_Datatype t,
+                                                MPI_Op op, MPI_Comm c) {
+  if (steady::enter(steady::reduction_key(Coll::reduce_scatter_block, c, n, t, op, 0, s), s, r))
+    return SC_NEXT(MPI_Reduce_scatter_block)(s, r, n, t, op, c);
+  return reduce_scatter_block(s, r, n, t, op, c, nullptr, false);
+}
+int reduce_scatter_block_blocking(const void* s, void* r, int n, MPI_Datatype t, MPI_Op op,
+                                  MPI_Comm c) {
+  if (steady::hit(steady::reduction_key(Coll::reduce_scatter_block, c, n, t, op, 0, s), s, r))
+    return SC_NEXT(MPI_Reduce_scatter_block)(s, r, n, t, op, c);
+  return reduce_scatter_block_slow(s, r, n, t, op, c);
+}
+// allgather and alltoall (one shape of arguments): the MPI's call, and the slow path.
+template <Coll C>
+int gather_mpi(const void* s, int sn, MPI_Datatype st, void* r, int rn, MPI_Datatype rt,
+               MPI_Comm c) {
+  return C == Coll::allgather ? SC_NEXT(MPI_Allgather)(s, sn, st, r, rn, rt, c)
+                              : SC_NEXT(MPI_Alltoall)(s, sn, st, r, rn, rt, c);
+}
+template <Coll C>
+[[gnu::noinline]] int gather_slow(const void* s, int sn, MPI_Datatype st, void* r, int rn,
+                                  MPI_Datatype rt, MPI_Comm c) {
+  if (steady::enter(steady::gather_key(C, c, s, sn, st, rn, rt), s, r))
+    return gather_mpi<C>(s, sn, st, r, rn, rt, c);
+  return dispatch(gather_like(C, s, sn, st, r, rn, rt, c, nullptr, false));
+}
+template <Coll C>
+int gather_blocking(const void* s, int sn, MPI_Datatype st, void* r, int rn, MPI_Datatype rt,
+                    MPI_Comm c) {
+  if (steady::hit(steady::gather_key(C, c, s, sn, st, rn, rt), s, r))
+    return gather_mpi<C>(s, sn, st, r, rn, rt, c);
+  return gather_slow<C>(s, sn, st, r, rn, rt, c);
+}
+[[gnu::noinline]] int allgather_blocking(const void* s, int sn, MPI_Datatype st, void* r,
+                                         int rn, MPI_Datatype rt, MPI_Comm c) {
+  return gather_blocking<Coll::allgather>(s, sn, st, r, rn, rt, c);
+}
+[[gnu::noinline]] int alltoall_blocking(const void* s, int sn, MPI_Datatype st, void* r, int rn,
+                                        MPI_Datatype rt, MPI_Comm c) {
+  return gather_blocking<Coll::alltoall>(s, sn, st, r, rn, rt, c);
+}
+
 }  // namespace
 
 // Blocking.
@@ -96,26 +182,25 @@ SC_EXPORT int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count,
                             MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
   if (pass_through(Coll::allreduce, comm, sendbuf, recvbuf, count))
     return SC_NEXT(MPI_Allreduce)(sendbuf, recvbuf, count, datatype, op, comm);
-  return allreduce(sendbuf, recvbuf, count, datatype, op, comm, nullptr, false);
+  return allreduce_blocking(sendbuf, recvbuf, count, datatype, op, comm);
 }
 SC_EXPORT int MPI_Reduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype,
                          MPI_Op op, int root, MPI_Comm comm) {
   if (pass_through(Coll::reduce, comm, sendbuf, recvbuf, count))
     return SC_NEXT(MPI_Reduce)(sendbuf, recvbuf, count, datatype, op, root, comm);
-  return reduce(sendbuf, recvbuf, count, datatype, op, root, comm, nullptr, false);
+  return reduce_blocking(sendbuf, recvbuf, count, datatype, op, root, comm);
 }
 SC_EXPORT int MPI_Bcast(void* buffer, int count, MPI_Datatype datatype, int root, MPI_Comm comm) {
   if (pass_through(Coll::bcast, comm, buffer, buffer, count))
     return SC_NEXT(MPI_Bcast)(buffer, count, datatype, root, comm);
-  return bcast(buffer, count, datatype, root, comm, nullptr, false);
+  return bcast_blocking(buffer, count, datatype, root, comm);
 }
 SC_EXPORT int MPI_Allgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype,
                             void* recvbuf, int recvcount, MPI_Datatype recvtype, MPI_Comm comm) {
   if (pass_through(Coll::allgather, comm, sendbuf, recvbuf,
                    gather_counts(sendbuf, sendcount, recvcount)))
     return SC_NEXT(MPI_Allgather)(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
-  return dispatch(gather_like(Coll::allgather, sendbuf, sendcount, sendtype, recvbuf, recvcount,
-                              recvtype, comm, nullptr, false));
+  return allgather_blocking(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
 }
 SC_EXPORT int MPI_Allgatherv(const void* sendbuf, int sendcount, MPI_Datatype sendtype,
                              void* recvbuf, const int recvcounts[], const int displs[],
@@ -127,7 +212,7 @@ SC_EXPORT int MPI_Reduce_scatter_block(const void* sendbuf, void* recvbuf, int r
                                        MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
   if (pass_through(Coll::reduce_scatter_block, comm, sendbuf, recvbuf, recvcount))
     return SC_NEXT(MPI_Reduce_scatter_block)(sendbuf, recvbuf, recvcount, datatype, op, comm);
-  return reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm, nullptr, false);
+  return reduce_scatter_block_blocking(sendbuf, recvbuf, recvcount, datatype, op, comm);
 }
 SC_EXPORT int MPI_Reduce_scatter(const void* sendbuf, void* recvbuf, const int recvcounts[],
                                  MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
@@ -138,8 +223,7 @@ SC_EXPORT int MPI_Alltoall(const void* sendbuf, int sendcount, MPI_Datatype send
   if (pass_through(Coll::alltoall, comm, sendbuf, recvbuf,
                    gather_counts(sendbuf, sendcount, recvcount)))
     return SC_NEXT(MPI_Alltoall)(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
-  return dispatch(gather_like(Coll::alltoall, sendbuf, sendcount, sendtype, recvbuf, recvcount,
-                              recvtype, comm, nullptr, false));
+  return alltoall_blocking(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
 }
 SC_EXPORT int MPI_Barrier(MPI_Comm comm) {
   if (pass_through(Coll::barrier, comm, &comm, &comm, 0)) return SC_NEXT(MPI_Barrier)(comm);

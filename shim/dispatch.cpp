@@ -59,7 +59,11 @@
 //
 //   MPI_Allreduce(...)                       shim/collectives.cpp
 //      pass_through(): nothing can route it here -> PMPI_ call
+//      steady::enter(): a blocking call that repeats a decision remembered for its
+//        arguments (pmpi, host memory), nothing it rests on changed -> PMPI_ call
+//                                                                   shim/steady.hpp
 //   -> dispatch(CollArgs)
+//      steady::call(): the same for the other calls (Fortran, statistics on)
 //      decide():
 //        screen_arguments()  MPI_COMM_NULL                       -> MPI_ERR_COMM
 //                 non-blocking call without a request         -> MPI_ERR_REQUEST
@@ -111,6 +115,7 @@
 #include "core/stats.hpp"
 #include "core/trace.hpp"
 #include "shim/capture.hpp"
+#include "shim/steady.hpp"
 #include "streamext/stream_attr.hpp"
 
 namespace streamcoll {
@@ -140,6 +145,8 @@ struct Decision {
   /// The facts the call was decided from say every rank passed host memory
   /// (AgreedFacts::host_only): equal on every rank.
   bool agreed_host = false;
+  /// A blocking call decided from its signature's agreements: those (on ctx).
+  SignatureAgreements* sig = nullptr;
 };
 
 // A failure of the call, raised through the communicator's error handler; a replayed call
@@ -621,9 +628,38 @@ void decide_blocking(Decision& d, const CollArgs& a, Mine& mine, int size, int r
   } else if (!agreed_now) {
     d.env.adopted = true;
   }
-  sig.decided(cacheable(d, a, agreed), d.route != RouteId::pmpi);
+  // The steady path (shim/steady.hpp) may repeat a decision for the MPI's own call that
+  // needs nothing of streamcoll's around it: no fused group, and no staging outcomes to
+  // exchange (an MPI that is not CUDA-aware exchanges them unless every rank passed host
+  // memory: run_on_pmpi).
+  const bool steady = d.route == RouteId::pmpi && !d.fuse &&
+                      (!rt.staging_job() || d.agreed_host || a.coll == Coll::barrier);
+  sig.decided(cacheable(d, a, agreed), d.route != RouteId::pmpi, steady);
+  d.sig = &sig;
   ctx.agreed[static_cast<int>(a.coll)] = agreed;
   ctx.agreed_last = agreed;
+  ctx.agreed_by = nullptr;
+}
+
+// After a blocking call's decision: what the steady path may repeat (shim/steady.hpp),
+// remembered with the buffers this rank's calls with these arguments read or write, or
+// forgotten where the decision says it may not.
+void remember_steady(const CollArgs& a, const Decision& d, int rank, int size, int sts,
+                     int rts) {
+  if (!steady::allowed()) return;
+  steady::Decided learned;
+  if (d.sig && d.sig->steady() && d.error == MPI_SUCCESS) {
+    learned.ctx = d.ctx;
+    learned.sig = d.sig;
+    learned.bytes = d.bytes;
+    learned.choice = d.choice;
+    BufferUse bufs[2];
+    for (int i = 0, n = significant_buffers(a, rank, size, sts, rts, bufs); i < n; ++i) {
+      if (bufs[i].ptr == a.sendbuf) learned.buffers |= steady::kSend;
+      if (bufs[i].ptr == a.recvbuf) learned.buffers |= steady::kRecv;
+    }
+  }
+  steady::remember(a, learned);
 }
 
 // Steps 2 and 3 for a persistent collective's init (MPI_Allreduce_init, ...), decided as
@@ -672,6 +708,7 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   Mine mine(a, d.env, verdict != Verdict::eligible, attached);
   if (!a.nonblocking) {
     decide_blocking(d, a, mine, size, rank, check, rt);
+    remember_steady(a, d, rank, size, sts, rts);
     return d;
   }
   if (a.persistent_init) {
@@ -725,6 +762,8 @@ int dispatch_described(const CollArgs& a, Runtime& rt);
 
 int dispatch(const CollArgs& a) {
   if (g_in_binding) return run_pmpi(a);  // beneath a Fortran call streamcoll has routed
+  // A blocking call that repeats an earlier one's decision (shim/steady.hpp).
+  if (int rc; steady::call(a, &rc)) return rc;
   Runtime& rt = Runtime::get();
   if (!rt.active()) return run_pmpi(a);
   // A stream-ordered call on a stream being captured becomes nodes of the CUDA graph.
@@ -856,11 +895,11 @@ void trace_routed(trace::Call& t, const CollArgs& a, const Decision& d) {
 // An earlier stream-ordered operation on this communicator that failed after its call had
 // returned: reported after this call ran (it decided nothing from it), when this one
 // succeeded.
-int report_async_error(const CollArgs& a, const Decision& d, int rc) {
-  if (!d.ctx) return rc;
-  if (d.ctx->polls.load(std::memory_order_relaxed)) d.ctx->poll_routes();
-  if (d.ctx->async_error->load(std::memory_order_relaxed) == MPI_SUCCESS) return rc;
-  const int late = d.ctx->async_error->exchange(MPI_SUCCESS);
+int report_async_error(const CollArgs& a, CommContext* ctx, int rc) {
+  if (!ctx) return rc;
+  if (ctx->polls.load(std::memory_order_relaxed)) ctx->poll_routes();
+  if (ctx->async_error->load(std::memory_order_relaxed) == MPI_SUCCESS) return rc;
+  const int late = ctx->async_error->exchange(MPI_SUCCESS);
   if (late != MPI_SUCCESS && rc == MPI_SUCCESS) {
     SC_WARN("%s: reporting the failure of an earlier stream-ordered operation on this "
             "communicator", call_name(a.coll, a.nonblocking).c_str());
@@ -901,20 +940,25 @@ int dispatch_described(const CollArgs& a, Runtime& rt) {
   } else {
     rc = run_on_route(a, d);
   }
-  rc = report_async_error(a, d, rc);
-  if (timed) {
-    rt.stats().record(a.coll, a.nonblocking, d.route, d.env.mem, d.bytes, now_ns() - t0);
-    // The route with its parameters, for streamcoll_last_route (statistics only: the
-    // string costs a little per call).
-    std::string& last = last_route_text();
-    last = name(d.route);
-    if (d.choice && d.choice->route == d.route)  // (pmpi's only parameter: fuse=)
-      for (const auto& [k, v] : d.choice->params) last += " " + k + "=" + v;
-  }
+  rc = report_async_error(a, d.ctx, rc);
+  if (timed) record_call(a.coll, a.nonblocking, d.route, d.env.mem, d.bytes, t0, d.choice);
   return rc;
 }
 
 }  // namespace
+
+uint64_t stats_clock() { return now_ns(); }
+
+void record_call(Coll c, bool nonblocking, RouteId route, MemKind mem, uint64_t bytes,
+                 uint64_t t0, const config::RouteChoice* choice) {
+  Runtime::get().stats().record(c, nonblocking, route, mem, bytes, now_ns() - t0);
+  // The route with its parameters, for streamcoll_last_route (statistics only: the
+  // string costs a little per call).
+  std::string& last = last_route_text();
+  last = name(route);
+  if (choice && choice->route == route)  // (pmpi's only parameter: fuse=)
+    for (const auto& [k, v] : choice->params) last += " " + k + "=" + v;
+}
 
 std::string& last_route_text() {
   thread_local std::string text;
@@ -1047,7 +1091,7 @@ int start_persistent(const PlanPtr& plan, MPI_Request* handle, MPI_Request* inne
 #endif
   if (d.ctx && d.ctx->fusion) fusion::poke(*d.ctx->fusion);
   int rc = d.route == RouteId::pmpi ? run_on_pmpi(a, d, rt) : run_on_route(a, d);
-  rc = report_async_error(a, d, rc);
+  rc = report_async_error(a, d.ctx, rc);
   if (timed) rt.stats().record(a.coll, true, d.route, d.env.mem, d.bytes, now_ns() - t0);
   return rc;
 }

@@ -72,6 +72,14 @@ bool plan_uses_mpi_request(const PersistentPlan& p);
 /// only read).
 int start_persistent(const PlanPtr& p, MPI_Request* handle, MPI_Request* inner);
 
+/// Statistics (STREAMCOLL_STATS): the clock calls are timed with (ns, monotonic).
+uint64_t stats_clock();
+/// Statistics: records a call of `c` that ran on `route` over `mem` (`bytes`, CallKey
+/// convention) since `t0` (stats_clock), and what streamcoll_last_route then says (the
+/// route with `choice`'s parameters where `choice` chose it). Thread-safe.
+void record_call(Coll c, bool nonblocking, RouteId route, MemKind mem, uint64_t bytes,
+                 uint64_t t0, const config::RouteChoice* choice);
+
 /// The route (table syntax, with its parameters: "ht algo=rd") that this thread's last
 /// dispatched call went to; kept while statistics are on, empty before the first call.
 std::string& last_route_text();

@@ -21,6 +21,7 @@
 #include "core/runtime.hpp"
 #include "shim/capture.hpp"
 #include "shim/dispatch.hpp"
+#include "shim/steady.hpp"
 #include "shim/export.hpp"
 #include "streamcoll/streamcoll.h"
 #include "streamext/stream_attr.hpp"
@@ -155,6 +156,8 @@ SC_EXPORT void streamcoll_fusion_counts(unsigned long long* calls, unsigned long
   if (messages) *messages = c.messages;
   if (agreements) *agreements = c.agreements;
 }
+
+SC_EXPORT unsigned long long streamcoll_steady_calls(void) { return streamcoll::steady::calls(); }
 
 SC_EXPORT void streamcoll_capture_counts(unsigned long long* lanes_started,
                                          unsigned long long* lanes_live,

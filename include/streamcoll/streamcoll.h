@@ -96,6 +96,12 @@ void streamcoll_agreement_counts(unsigned long long *blocking, unsigned long lon
 void streamcoll_capture_counts(unsigned long long *lanes_started, unsigned long long *lanes_live,
                                unsigned long long *replayed, unsigned long long *skipped);
 
+/** Blocking calls that repeated an earlier call's decision on the steady path (the same
+ *  arguments, host memory, the MPI's own collective; docs/design.md, "The steady path"),
+ *  made by the calling thread and by threads that have exited. Thread-safe; callable at
+ *  any time. */
+unsigned long long streamcoll_steady_calls(void);
+
 /** The name of route `index` (0, 1, ... in the order of base/routes.hpp), as the tuning
  *  table, STREAMCOLL_ROUTE and streamcoll_get_stats spell it ("pmpi", "nccl", ...), whether
  *  or not this build carries it; NULL for an index past the last (or negative). Benchmarks
