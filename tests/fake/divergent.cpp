@@ -50,6 +50,15 @@
 //            allgather where the last rank describes its data with derived datatypes now
 //            and then, and once fails to read it (derived_adopted); with route nvgroup,
 //            or blueconnect, a rank's staging copy fails once (staged_failure).
+//   steady   the steady path (shim/steady.hpp): 300 calls of each collective with one set
+//            of arguments, each rank passing device memory now and then on its own (and in
+//            place every third call); host calls on the steady path between device calls
+//            of another signature, each followed by an MPI_Iallreduce routed from them;
+//            communicators freed and made again (split: another size); every rank moving
+//            to device memory after 1100 host calls (DIVERGENT_ALLREDUCE_ROUTE: the route
+//            the device calls must reach, with statistics on). Most calls must take the
+//            steady path (streamcoll_steady_calls); with statistics off (tests/mpi/run.sh
+//            quiet), the wrappers' inline form of it.
 //   skew     stream-ordered MPI_Allreduce calls on route nccl (or ht), and on nccl MPI_Bcast,
 //            MPI_Allgather and MPI_Alltoall too, with the last rank 300 ms late: rank 0's
 //            host is back in well under 100 ms (skew_program).
@@ -736,6 +745,10 @@ void signature_program(MPI_Comm world, unsigned seed) {
   for (int i = 0; i < 16; ++i) in[i] = rank + i;
   MPI_Allreduce(in.data(), out.data(), 16, MPI_INT, MPI_MAX, comm);  // the signature's first
   if (counts) counts(&b0, &r0, nullptr);
+  using SteadyFn = unsigned long long (*)();
+  auto steady = reinterpret_cast<SteadyFn>(dlsym(RTLD_DEFAULT, "streamcoll_steady_calls"));
+  check(steady != nullptr, "streamcoll_steady_calls found");
+  const unsigned long long steady0 = steady ? steady() : 0;
   const unsigned long long pmpi0 = stat_calls("allreduce", "pmpi", "host");
   bool exact = true;
   for (int k = 0; k < 300; ++k) {
@@ -743,8 +756,19 @@ void signature_program(MPI_Comm world, unsigned seed) {
     for (int i = 0; i < 16; ++i) exact = exact && out[i] == size - 1 + i;
   }
   if (counts) counts(&b1, &r1, nullptr);
+  const unsigned long long steady1 = steady ? steady() : 0;
   const unsigned long long pmpi1 = stat_calls("allreduce", "pmpi", "host");
   check(exact, "steady host phase: every result exact");
+  // Those calls repeat the first one's decision on the steady path (shim/steady.hpp), but
+  // for the refreshes' calls and their adoptions (about 20), unless STREAMCOLL_CHECK is
+  // on (it sees every call) or they leave pmpi; counted in the statistics all the same.
+  const bool check_on = std::getenv("STREAMCOLL_CHECK") && std::string(std::getenv("STREAMCOLL_CHECK")) == "1";
+  if (pmpi1 - pmpi0 == 300 && !check_on)
+    check(steady1 - steady0 >= 270, "steady host phase: " + std::to_string(steady1 - steady0) +
+                                        " of 300 calls on the steady path");
+  else
+    check(steady1 == steady0, "steady host phase: no call on the steady path (" +
+                                  std::to_string(steady1 - steady0) + ")");
   // DIVERGENT_SET_ROUTE=SPEC: the routes forced on the communicator change
   // (streamcoll_comm_set_route) while the signature decides from earlier agreements: its
   // next calls go where the new rules and this call's facts say, on every rank alike
@@ -779,6 +803,82 @@ void signature_program(MPI_Comm world, unsigned seed) {
   if (const char* mode = std::getenv("DIVERGENT_FAIL_STAGING"))
     staging_failures(comm, seed, std::string(mode) == "fatal");
   MPI_Comm_free(&comm);
+}
+
+// ---- steady ------------------------------------------------------------------------------
+
+// The steady path (shim/steady.hpp): blocking calls that repeat an earlier call's decision
+// without deciding again, on some ranks while others decide in full.
+unsigned long long steady_calls() {
+  using Fn = unsigned long long (*)();
+  static const auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "streamcoll_steady_calls"));
+  return fn ? fn() : 0;
+}
+
+void steady_program(MPI_Comm world) {
+  const int rank = comm_rank(world), size = comm_size(world);
+  unsigned salt = 7000;
+  const unsigned long long s0 = steady_calls();
+  // 1. Each collective the steady path takes, 300 calls with the same arguments, where
+  //    each rank passes device memory now and then on its own (a full decision there,
+  //    from the same facts), in place every third call, every value checked.
+  for (Kind k : kKinds)
+    for (int i = 0; i < 300; ++i) {
+      const Mem m = (i * 7 + rank * 3) % 11 == 0 ? Mem::device : Mem::host;
+      const bool ip = k != Kind::alltoall && i % 3 == 0;
+      Call c = make(k, 8, size - 1, ip, ++salt % 50, world);
+      run_blocking(c, m, m);
+    }
+  const unsigned long long s1 = steady_calls();
+  check(s1 - s0 >= 6 * 200, "steady: " + std::to_string(s1 - s0) +
+                               " of 1800 calls on the steady path");
+  // 2. Another signature of the same collective on device memory everywhere (routed
+  //    away from the MPI by default), then the host one on the steady path, then an
+  //    MPI_Iallreduce on host memory: routed from the facts of the last blocking
+  //    allreduce, which must be the host call's on every rank, also where a rank decided
+  //    it in full (its device buffer) and the others on the steady path.
+  for (int i = 0; i < 60; ++i) {
+    Call big = make(Kind::allreduce, 4096, 0, false, ++salt % 50, world);
+    run_blocking(big, Mem::device, Mem::device);
+    const Mem m = (i + rank) % 5 == 0 ? Mem::device : Mem::host;
+    Call small = make(Kind::allreduce, 8, 0, false, ++salt % 50, world);
+    run_blocking(small, m, m);
+    Call nb = make(Kind::allreduce, 8, 0, false, ++salt % 50, world);
+    nb.prepare(Mem::host, Mem::host);
+    MPI_Request req = MPI_REQUEST_NULL;
+    check(nb.start(&req) == MPI_SUCCESS, "steady: MPI_Iallreduce after the steady call starts");
+    check(MPI_Wait(&req, MPI_STATUS_IGNORE) == MPI_SUCCESS, "steady: its wait succeeds");
+    nb.verify("steady: MPI_Iallreduce after the steady call");
+  }
+  // 3. Communicators freed and made again (the MPI may give the new one the freed one's
+  //    handle, with another size): nothing remembered of the old one is used.
+  for (int round = 0; round < 12; ++round) {
+    MPI_Comm c;
+    if (round % 2) MPI_Comm_split(world, rank % 2, rank, &c);
+    else MPI_Comm_dup(world, &c);
+    for (int i = 0; i < 40; ++i) {
+      Call a = make(Kind::allreduce, 8, 0, false, ++salt % 50, c);
+      run_blocking(a, Mem::host, Mem::host);
+      Call b = make(Kind::bcast, 8, 0, false, ++salt % 50, c);
+      run_blocking(b, Mem::host, Mem::host);
+    }
+    MPI_Comm_free(&c);
+  }
+  // 4. Every rank moves from host to device memory after a long host phase (its refreshes
+  //    1024 calls apart by then): the calls leave the MPI for the table's device route
+  //    within kRefreshMax + kRunAhead calls, on every rank alike, every value exact.
+  MPI_Comm c;
+  MPI_Comm_dup(world, &c);
+  for (int i = 0; i < 2100; ++i) {
+    const Mem m = i < 1100 ? Mem::host : Mem::device;
+    Call a = make(Kind::allreduce, 8, 0, false, ++salt % 50, c);
+    run_blocking(a, m, m);
+  }
+  const char* route = std::getenv("DIVERGENT_ALLREDUCE_ROUTE");
+  if (size > 1 && route && stat_calls("allreduce", route, "device") != ~0ull)  // (statistics on)
+    check(stat_calls("allreduce", route, "device") > 0,
+          std::string("steady: the device phase reached route ") + route);
+  MPI_Comm_free(&c);
 }
 
 // Stream-ordered MPI_Allreduce calls on `route` (nvgroup, blueconnect) decided from their
@@ -1035,7 +1135,11 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   const bool need_nccl = std::getenv("STREAMCOLL_NCCL_LIB") != nullptr &&
                          access(std::getenv("STREAMCOLL_NCCL_LIB"), R_OK) == 0;
-  int ok = (mode == "cases" || mode == "random" || mode == "signatures" || mode == "skew") && load_api(need_nccl) ? 1 : 0,
+  int ok = (mode == "cases" || mode == "random" || mode == "signatures" || mode == "skew" ||
+            mode == "steady") &&
+                   load_api(need_nccl)
+               ? 1
+               : 0,
       all_ok = 0;
   MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (!all_ok) {
@@ -1078,6 +1182,8 @@ int main(int argc, char** argv) {
     }
   } else if (mode == "skew") {
     skew_program(comm);
+  } else if (mode == "steady") {
+    steady_program(comm);
   } else if (mode == "signatures") {
     const int seeds = argc > 2 ? std::atoi(argv[2]) : 1;
     const unsigned base = std::getenv("DIVERGENT_SEED_BASE")

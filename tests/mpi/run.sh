@@ -4,6 +4,8 @@
 # MODE: preload  the program is not linked with streamcoll; LD_PRELOAD=$STREAMCOLL_LIB
 #                (then $STREAMCOLL_TEST_PRELOAD, a test tool that wraps what streamcoll calls)
 #       linked   the program is linked with libstreamcoll
+#       quiet    as preload, without statistics (the paths a production job takes, such as
+#                the steady path's inline form: shim/steady.hpp)
 #       plain    no streamcoll at all (the reference)
 # In preload and linked modes the program is told to prove interception through the
 # statistics (STREAMCOLL_STATS=1, STREAMCOLL_EXPECT_INTERCEPT=1). The launcher is the one
@@ -22,6 +24,8 @@ case $mode in
   preload) envs+=(LD_PRELOAD="$STREAMCOLL_LIB${STREAMCOLL_TEST_PRELOAD:+:$STREAMCOLL_TEST_PRELOAD}"
                   STREAMCOLL_STATS=1 STREAMCOLL_EXPECT_INTERCEPT=1) ;;
   linked) envs+=(STREAMCOLL_STATS=1 STREAMCOLL_EXPECT_INTERCEPT=1) ;;
+  quiet) envs+=(LD_PRELOAD="$STREAMCOLL_LIB${STREAMCOLL_TEST_PRELOAD:+:$STREAMCOLL_TEST_PRELOAD}"
+                STREAMCOLL_STATS=0) ;;
   plain) ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac
