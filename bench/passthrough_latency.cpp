@@ -1,14 +1,20 @@
 // Pass-through overhead of the shim on host-buffer MPI_Allreduce, measured in one run:
 // the same process alternates batches through MPI_Allreduce (the shim, when it is
 // loaded or linked) and PMPI_Allreduce (the MPI library directly), so both see the same
-// machine state. Reports, per size, the median over batches of the mean latency per call.
+// machine state. Reports, per size, the median over batches of the mean latency per call,
+// their ratio, and what the shim adds per call in nanoseconds (shim - direct).
 //
 //   passthrough_latency [--min 8] [--max 1M] [--iters 2000] [--batches 21] [--csv FILE]
 //                       [--cuda] [--assert-kinds VALUE] [--coll allreduce|bcast|allgather|reduce]
+//                       [--loop batches|tight] [--via both|shim|direct]
 //
-// Sizes are bytes of MPI_FLOAT data, powers of two from --min to --max. Each batch is
-// preceded by a barrier; batches alternate shim/direct and start with a different one
-// at each size. Rank 0's timings are reported.
+// Sizes are bytes of MPI_FLOAT data, powers of two from --min to --max. With --loop
+// batches (the default) each batch is preceded by a barrier; with --loop tight only the
+// first batch of a size is (the calls run back to back, as in an application's loop).
+// Batches alternate shim/direct and start with a different one at each size. --via shim
+// or direct: every call goes that way (no alternation; the other column reads 0): for
+// counting instructions per call (scripts/decision-cost.sh) and for runs compared across
+// processes. Rank 0's timings are reported.
 // --cuda: the program loads the CUDA driver first (dlopen libcuda.so.1, cuInit), as every
 // CUDA program does: streamcoll then classifies buffers and agrees on what ranks see
 // (docs/design.md, "Safety rules"); its own collectives per shim call (streamcoll_agreement_counts:
@@ -66,7 +72,7 @@ int main(int argc, char** argv) {
   int iters = 2000, batches = 21;
   std::string csv;
   bool cuda = false;
-  std::string kinds, coll = "allreduce";
+  std::string kinds, coll = "allreduce", loop = "batches", via = "both";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--cuda") {
@@ -82,6 +88,12 @@ int main(int argc, char** argv) {
     else if (a == "--csv") csv = v;
     else if (a == "--assert-kinds") kinds = v;
     else if (a == "--coll") coll = v;
+    else if (a == "--loop") loop = v;
+    else if (a == "--via") via = v;
+  }
+  if ((loop != "batches" && loop != "tight") || (via != "both" && via != "shim" && via != "direct")) {
+    if (rank == 0) std::fprintf(stderr, "--loop: batches or tight; --via: both, shim or direct\n");
+    MPI_Abort(MPI_COMM_WORLD, 2);
   }
   if (coll != "allreduce" && coll != "bcast" && coll != "allgather" && coll != "reduce" &&
       coll != "persistent") {
@@ -114,17 +126,18 @@ int main(int argc, char** argv) {
   auto version = reinterpret_cast<const char* (*)()>(dlsym(RTLD_DEFAULT, "streamcoll_version"));
   if (rank == 0)
     std::printf("# MPI_%s (%sMPI_FLOAT, host buffers), %d ranks, %d iterations x "
-                "%d batches; shim: %s; CUDA driver %s%s%s\n# %10s %14s %14s %10s %14s\n",
+                "%d batches (%s loop, via %s); shim: %s; CUDA driver %s%s%s\n"
+                "# %10s %14s %14s %10s %10s %14s\n",
                 coll == "allreduce" ? "Allreduce" : coll == "reduce" ? "Reduce"
                 : coll == "bcast"   ? "Bcast"     : coll == "persistent" ? "Allreduce_init+Start+Wait" : "Allgather",
                 coll == "allreduce" || coll == "persistent" ? "MPI_SUM, " : coll == "reduce" ? "MPI_SUM to rank 0, "
                 : coll == "bcast"   ? "from rank 0, " : "",
-                size, iters, batches, version ? version() : "NOT LOADED",
+                size, iters, batches, loop.c_str(), via.c_str(), version ? version() : "NOT LOADED",
                 cuda ? "loaded" : "not loaded", kinds.empty() ? "" : "; asserted kinds: ",
-                kinds.c_str(), "bytes", "shim us", "direct us", "ratio",
+                kinds.c_str(), "bytes", "shim us", "direct us", "ratio", "added ns",
                 "own coll/call");
   FILE* out = csv.empty() || rank != 0 ? nullptr : std::fopen(csv.c_str(), "w");
-  if (out) std::fprintf(out, "bytes,shim_us,direct_us,ratio,own_per_call\n");
+  if (out) std::fprintf(out, "bytes,shim_us,direct_us,ratio,added_ns,own_per_call\n");
 
   std::vector<float> send(max_bytes / sizeof(float) + 1, 1.0f),
       recv(send.size() * static_cast<size_t>(coll == "allgather" ? size : 1));
@@ -155,7 +168,9 @@ int main(int argc, char** argv) {
                                                  MPI_SUM, comm);
     }
   };
+  unsigned long long shim_calls = 0;  // (scripts/decision-cost.sh divides by it)
   auto timed = [&](bool via_shim, int count) {
+    shim_calls += via_shim;
     if (which == Which::persistent) call(via_shim, count);
     else blocking(via_shim, count);
   };
@@ -172,14 +187,14 @@ int main(int argc, char** argv) {
     const int n = std::max(10, static_cast<int>(iters *
                                                  (bytes <= 4096 ? 1.0 : 4096.0 / bytes)));
     for (int w = 0; w < n; ++w) {  // warm-up both paths
-      timed(true, count);
-      timed(false, count);
+      if (via != "direct") timed(true, count);
+      if (via != "shim") timed(false, count);
     }
     std::vector<double> shim, direct;
     const unsigned long long own0 = own_collectives();
     for (int b = 0; b < 2 * batches; ++b) {
-      const bool via_shim = (b + flip) % 2 == 0;
-      PMPI_Barrier(comm);
+      const bool via_shim = via == "both" ? (b + flip) % 2 == 0 : via == "shim";
+      if (loop == "batches" || b == 0) PMPI_Barrier(comm);
       double t0 = MPI_Wtime();
       for (int i = 0; i < n; ++i) timed(via_shim, count);
       double us = (MPI_Wtime() - t0) * 1e6 / n;
@@ -188,7 +203,7 @@ int main(int argc, char** argv) {
     flip ^= 1;
     // Checked after a shim call whose output was cleared first.
     std::fill(recv.begin(), recv.end(), 0.0f);
-    timed(true, count);
+    timed(via != "direct", count);
     if (which == Which::persistent) {
       MPI_Request_free(&shim_req);
       PMPI_Request_free(&direct_req);
@@ -205,17 +220,21 @@ int main(int argc, char** argv) {
         MPI_Abort(MPI_COMM_WORLD, 1);
       }
     // streamcoll's own collectives per timed shim call (the barriers are the MPI's own)
-    const double own = static_cast<double>(own_collectives() - own0) / (static_cast<double>(n) * batches);
+    const double own = shim.empty() ? 0.0
+                       : static_cast<double>(own_collectives() - own0) /
+                             (static_cast<double>(n) * static_cast<double>(shim.size()));
     if (rank == 0) {
-      double s = median(shim), d = median(direct);
-      std::printf("  %10llu %14.3f %14.3f %10.4f %14.4f\n", static_cast<unsigned long long>(bytes), s,
-                  d, s / d, own);
+      const double s = shim.empty() ? 0.0 : median(shim), d = direct.empty() ? 0.0 : median(direct);
+      const double ratio = s > 0 && d > 0 ? s / d : 0.0, added = s > 0 && d > 0 ? (s - d) * 1e3 : 0.0;
+      std::printf("  %10llu %14.3f %14.3f %10.4f %10.1f %14.4f\n",
+                  static_cast<unsigned long long>(bytes), s, d, ratio, added, own);
       if (out)
-        std::fprintf(out, "%llu,%.4f,%.4f,%.5f,%.5f\n", static_cast<unsigned long long>(bytes), s, d,
-                     s / d, own);
+        std::fprintf(out, "%llu,%.4f,%.4f,%.5f,%.2f,%.5f\n", static_cast<unsigned long long>(bytes),
+                     s, d, ratio, added, own);
     }
   }
   if (out) std::fclose(out);
+  if (rank == 0) std::printf("# calls through the shim: %llu\n", shim_calls);
   if (comm != MPI_COMM_WORLD) MPI_Comm_free(&comm);
   MPI_Finalize();
   return 0;
