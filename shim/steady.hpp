@@ -23,10 +23,11 @@
 // not either, by steady_call), and leaves the same agreed facts for the communicator's
 // non-blocking calls; a rank whose call does not qualify (a GPU buffer, a null buffer)
 // takes the full path, which decides the same from the same facts. Remembered only in a
-// process whose statistics, checks, NVTX, timeline and info log are off (they see every
-// call), and only where the MPI's call needs nothing of streamcoll's: on an MPI that is
-// not CUDA-aware, only where the agreed facts say host memory on every rank (otherwise
-// the call exchanges staging outcomes: core/host_staging.hpp).
+// process whose checks, NVTX, timeline and info log are off (they see every call; with
+// statistics on, the calls are recorded as on the full path), and only where the MPI's
+// call needs nothing of streamcoll's: on an MPI that is not CUDA-aware, only where the
+// agreed facts say host memory on every rank (otherwise the call exchanges staging
+// outcomes: core/host_staging.hpp).
 #pragma once
 
 #include <mpi.h>
