@@ -150,14 +150,23 @@ inline Entry& slot(Table& t, const Key& k) {
 /// rank's significant buffers in host memory, and nothing on the communicator for the
 /// call to report afterwards (an earlier stream-ordered failure, route work to finish:
 /// the full path reports those after its call). Null otherwise. Changes nothing.
-inline Entry* find(const Key& k, const void* sendbuf, const void* recvbuf) {
-  Table* t = t_table;
+/// The entry remembered for `k` in the thread's table (*table) whose decision stands, or
+/// null: nothing it rests on changed since (the communicator is the one it was made on;
+/// THE RULE's facts: the table, the forced routes, the asserted kinds, the signature's
+/// agreements still held).
+inline Entry* remembered(const Key& k, Table** table) {
+  Table* t = *table = t_table;
   if (!t) return nullptr;
   Entry& e = slot(*t, k);
-  // The decision stands: remembered for these arguments, and nothing it rests on changed
-  // since (the communicator is the one it was made on; THE RULE's facts: the table, the
-  // forced routes, the asserted kinds, the signature's agreements still held).
   if (!e.sig || !(e.key == k) || e.generation != remembered_generation()) return nullptr;
+  return &e;
+}
+
+inline Entry* find(const Key& k, const void* sendbuf, const void* recvbuf) {
+  Table* t;
+  Entry* found = remembered(k, &t);
+  if (!found) return nullptr;
+  Entry& e = *found;
   // This rank's buffers: the full path takes anything but host memory.
   if ((e.buffers & kSend) && !detail::host(sendbuf)) return nullptr;
   if ((e.buffers & kRecv) && !detail::host(recvbuf)) return nullptr;
@@ -207,10 +216,10 @@ inline bool enter(const Key& k, const void* sendbuf, const void* recvbuf) {
 /// otherwise, having changed nothing: the caller tries enter() (out of line), then the
 /// full path.
 inline bool hit(const Key& k, const void* sendbuf, const void* recvbuf) {
-  Table* t = t_table;
-  if (!t) return false;
-  Entry& e = slot(*t, k);
-  if (!e.sig || !(e.key == k) || e.generation != remembered_generation()) return false;
+  Table* t;
+  Entry* found = remembered(k, &t);
+  if (!found) return false;
+  Entry& e = *found;
   if ((e.buffers & kSend) && !cuda::in_heap(sendbuf)) return false;
   if ((e.buffers & kRecv) && !cuda::in_heap(recvbuf)) return false;
   if (e.fused || e.stats || e.ctx->agreed_by != e.sig ||
