@@ -81,7 +81,10 @@ typedef int (*fake_cuda_deferred_fn)(void);
  * "graph_launches", "graph_node_run" (nodes run, counted as each completes),
  * "graph_races" (unordered nodes of a captured graph that conflict; also in "races"),
  * "host_funcs_run" (cuLaunchHostFunc calls run, live or in a graph), "not_permitted"
- * (CUDA calls from a host function). Unknown names give 0. */
+ * (CUDA calls from a host function); device memory (fake_cuda.cpp, "Memory"):
+ * "device_bytes_used" (gauge: allocations at their mapped length and reservations, over
+ * all devices), "device_bytes_peak" (its highest so far), "out_of_memory" (allocations
+ * and reservations refused). Unknown names give 0. */
 typedef unsigned long long (*fake_cuda_counter_fn)(const char *name);
 /* cuStreamSynchronize calls made through the CUDA API (the program's own are not). */
 typedef unsigned long long (*fake_cuda_sync_count_fn)(void);
@@ -152,6 +155,12 @@ typedef int (*fake_cuda_stream_wait_fn)(struct CUstream_st *stream, struct CUeve
                                         int check_ctx);
 typedef int (*fake_cuda_event_sync_fn)(struct CUevent_st *event);
 typedef void (*fake_cuda_event_delete_fn)(struct CUevent_st *event);
+/* Device memory a library takes for itself, with no mapping (the fake NCCL's
+ * communicators): counted against the device's total as allocations are. reserve returns
+ * 0 (CUDA_SUCCESS), CUDA_ERROR_OUT_OF_MEMORY when it does not fit (nothing taken) or
+ * CUDA_ERROR_INVALID_DEVICE; unreserve gives bytes of earlier reservations back. */
+typedef int (*fake_cuda_device_reserve_fn)(int device, unsigned long long bytes);
+typedef void (*fake_cuda_device_unreserve_fn)(int device, unsigned long long bytes);
 /* 1 if [ptr, ptr + bytes) lies in one live fake device allocation. */
 typedef int (*fake_cuda_is_device_fn)(const void *ptr, size_t bytes);
 /* The device of the calling thread's current context, or -1 if none is current. */
@@ -161,12 +170,16 @@ typedef int (*fake_cuda_current_device_fn)(void);
 
 /* Operations issued (collectives, and each send/recv group once). */
 typedef unsigned long long (*fake_nccl_calls_fn)(void);
-/* Counters, by name: an entry point ("ncclCommInitRank", "ncclCommAbort",
+/* Counters, by name: an entry point ("ncclCommInitRank", "ncclCommSplit", "ncclCommAbort",
  * "ncclCommDestroy", "ncclAllReduce", ...: calls made), or "executed" (operations run),
- * "init_failures", "mismatches" (ranks ran different operations), "errors",
+ * "init_failures" (FAKE_NCCL_FAIL_INIT, and device memory refused at init or split),
+ * "mismatches" (ranks ran different operations), "errors",
  * "injected_failures", "captured" (operations made graph nodes on a capturing stream:
  * not issued, not in fake_nccl_calls), "replayed" (operations issued by graph launches,
- * which fake_nccl_calls counts too). */
+ * which fake_nccl_calls counts too); gauges of this process (fake_nccl.cpp, "Resources"):
+ * "own_resource_comms" and "shared_comms" (live communicators with device memory of
+ * their own, and splits sharing their parent's), "resource_bytes" (device memory the
+ * communicators hold from the fake CUDA now). */
 typedef unsigned long long (*fake_nccl_counter_fn)(const char *name);
 /* Failure injection at run time, as FAKE_NCCL_FAIL (fake_nccl.cpp): the n-th call of
  * `api` from now (n >= 1) fails with ncclUnhandledCudaError and issues nothing; 0

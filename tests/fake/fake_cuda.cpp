@@ -18,6 +18,20 @@
 //    cuMemAllocAsync; "pinned memory" from fake_cuda_malloc_pinned or cuMemHostAlloc; each
 //    allocation on pages of its own (mmap), never in the heap or on a stack, as the real
 //    driver's.
+//    Each device has FAKE_CUDA_MEM_TOTAL=<bytes>[K|M|G|T] (powers of 1024; default 80
+//    GiB) of memory, on local rank FAKE_CUDA_MEM_TOTAL_RANK only when that is set (the
+//    other ranks keep the default); cuDeviceTotalMem says it. Used of it: device memory
+//    (fake_cuda_malloc, _device, cuMemAlloc, cuMemAllocAsync, captured ones included) at
+//    its mapped, page-rounded length, from the allocation until whatever frees it
+//    (cuMemFree, cuMemFreeAsync when it runs, fake_cuda_free, the last graph or exec
+//    holding a graph allocation, a device reset), and what a library reserves for itself
+//    (fake_cuda_device_reserve/unreserve: the fake NCCL's communicators, which a device
+//    reset leaves alone). Pinned and managed memory (host memory, or migrated on demand)
+//    and IPC or registered mappings (another's memory) are not counted. An allocation or
+//    reservation that does not fit fails (CUDA_ERROR_OUT_OF_MEMORY; nullptr from
+//    fake_cuda_malloc*) and takes nothing; counted under "out_of_memory". cuMemGetInfo
+//    gives the free and total bytes of the current context's device. Gauges:
+//    "device_bytes_used" (over all devices) and "device_bytes_peak" (its highest so far).
 //    cuPointerGetAttributes reports CU_MEMORYTYPE_DEVICE (HOST for pinned memory), the
 //    device and IS_MANAGED for it, and, like the real driver, succeeds with zeroed values
 //    for any other pointer; cuPointerGetAttribute fails with CUDA_ERROR_INVALID_VALUE for
@@ -148,6 +162,7 @@
 // synchronising call lets go of it between polls while a host wait or async work holds
 // its stream). Async work itself runs on its own thread, without the lock, and calls
 // nothing here; so do host functions (cuLaunchHostFunc), whose CUDA calls are refused.
+#include <ctype.h>
 #include <cuda.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -318,6 +333,9 @@ struct Alloc {
   // (cuIpcOpenMemHandle), or host memory registered with cuMemHostRegister (not owned).
   enum Kind : uint8_t { plain, shm, ipc, registered } kind = plain;
   std::string shm_name;  // shm: its name
+  // Bytes counted against the device's memory (the mapped length of device memory; 0 for
+  // pinned, managed, IPC and registered memory): given back by release(), whatever frees it.
+  size_t charged = 0;
 };
 
 
@@ -354,6 +372,12 @@ std::set<CUstream_st*> g_live_streams;
 std::set<CUevent_st*> g_events;
 std::map<uintptr_t, Alloc> g_allocs;
 unsigned long long g_alloc_ids = 0;
+// Graph allocations: cuMemAllocAsync in a capture (base -> the capture's id); see
+// capture_alloc. Here because release() forgets a base that is freed by other means.
+std::map<uintptr_t, unsigned long long> g_graph_allocs;
+// Device memory, per device (the model's "Memory" item): the total, the bytes in use
+// (allocations and reservations), and the part of them that reservations hold.
+std::vector<unsigned long long> g_mem_total, g_mem_used, g_mem_reserved;
 std::vector<Access> g_history;  // accesses of work the host has not seen complete
 uint64_t g_history_seq = 0;
 std::vector<HeldPair> g_held_pairs;
@@ -430,7 +454,7 @@ const char* const kInjectable[] = {
     "cuEventRecord", "cuEventQuery", "cuEventSynchronize", "cuStreamCreate", "cuStreamWaitEvent",
     "cuStreamQuery", "cuStreamSynchronize", "cuStreamWaitValue32", "cuStreamWriteValue32", "cuLaunchKernel",
     "cuModuleLoadData", "cuMemHostGetDevicePointer", "cuDevicePrimaryCtxRetain", "cuMemAlloc",
-    "cuIpcGetMemHandle", "cuIpcOpenMemHandle", "cuMemHostRegister"};
+    "cuIpcGetMemHandle", "cuIpcOpenMemHandle", "cuMemHostRegister", "cuMemGetInfo"};
 bool injectable(const std::string& api) {
   for (const char* a : kInjectable)
     if (api == a) return true;
@@ -504,6 +528,40 @@ void start_gpu_progress() {
   });
 }
 
+// A byte count: digits, then optionally K, M, G or T (powers of 1024, either case).
+bool parse_bytes(const char* v, unsigned long long* out) {
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long n = strtoull(v, &end, 10);
+  if (end == v || errno != 0 || *v == '-') return false;
+  const char* const units = "KMGT";
+  int shift = 0;
+  if (*end) {
+    const char* u = strchr(units, toupper(static_cast<unsigned char>(*end)));
+    if (!u || end[1] != '\0') return false;
+    shift = 10 * static_cast<int>(u - units + 1);
+  }
+  if (shift && n > (~0ull >> shift)) return false;
+  *out = n << shift;
+  return true;
+}
+
+// Each device's memory: FAKE_CUDA_MEM_TOTAL (default 80 GiB, an H100's), on local rank
+// FAKE_CUDA_MEM_TOTAL_RANK only when that is set (the others keep the default).
+unsigned long long device_memory_total() {
+  const unsigned long long def = 80ull << 30;
+  const char* v = getenv("FAKE_CUDA_MEM_TOTAL");
+  if (!v || !*v) return def;
+  const char* rk = getenv("FAKE_CUDA_MEM_TOTAL_RANK");
+  if (rk && *rk && atoi(rk) != g_local_rank) return def;
+  unsigned long long n = 0;
+  if (!parse_bytes(v, &n)) {
+    fprintf(stderr, "fake_cuda: FAKE_CUDA_MEM_TOTAL: '%s' is not <bytes>[K|M|G|T]\n", v);
+    abort();
+  }
+  return n;
+}
+
 void init_once() {
   static bool done = false;
   if (done) return;
@@ -554,6 +612,9 @@ void init_once() {
   }
   g_ctx.assign(static_cast<size_t>(g_devices), CUctx_st{});
   for (int i = 0; i < g_devices; ++i) g_ctx[i].device = i;
+  g_mem_total.assign(static_cast<size_t>(g_devices), device_memory_total());
+  g_mem_used.assign(static_cast<size_t>(g_devices), 0);
+  g_mem_reserved.assign(static_cast<size_t>(g_devices), 0);
   auto* legacy = new CUstream_st;
   legacy->id = 0;
   legacy->legacy = true;
@@ -1120,13 +1181,41 @@ bool is_kernel_reachable(uint64_t p, uint64_t n) {
 // on a stack for host memory without asking the driver).
 size_t mapped_length(size_t bytes) { return (bytes + 4095) / 4096 * 4096; }
 
+// ---- device memory: each device's total and what is used of it ---------------------------
+// Used: device allocations at their mapped length, and what a library reserved for itself
+// (fake_cuda_device_reserve: the fake NCCL's communicators). Checked before anything is
+// mapped, so that a refused allocation leaves nothing behind, as on a full GPU.
+
+// Whether `bytes` more fit on `device`; a refusal is counted under "out_of_memory".
+bool device_memory_fits(int device, unsigned long long bytes) {
+  if (bytes == 0) return true;
+  const unsigned long long total = g_mem_total[device], used = g_mem_used[device];
+  if (bytes <= total && used <= total - bytes) return true;
+  count("out_of_memory");
+  if (g_verbose)
+    fprintf(stderr, "fake_cuda: device %d: %llu bytes do not fit (%llu of %llu used)\n", device,
+            bytes, used, total);
+  return false;
+}
+
+// Counts `delta` bytes more (or, negative, fewer) as used on `device`; the gauges follow.
+void charge_device_memory(int device, long long delta) {
+  g_mem_used[device] += static_cast<unsigned long long>(delta);
+  count("device_bytes_used", delta);
+  unsigned long long& peak = g_counters["device_bytes_peak"];
+  peak = std::max(peak, g_counters["device_bytes_used"]);
+}
+
 void* allocate(size_t bytes, int device, bool managed, bool async, bool pinned = false) {
   if (bytes == 0) return nullptr;
+  const size_t charged = managed || pinned ? 0 : mapped_length(bytes);  // device memory only
+  if (!device_memory_fits(device, charged)) return nullptr;
   void* p = mmap(nullptr, mapped_length(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                  -1, 0);
   if (p == MAP_FAILED) return nullptr;
   g_allocs[reinterpret_cast<uintptr_t>(p)] =
-      Alloc{bytes, device, managed, pinned, async, false, ++g_alloc_ids, 0u, Alloc::plain, {}};
+      Alloc{bytes, device, managed, pinned, async, false, ++g_alloc_ids, 0u, Alloc::plain, {}, charged};
+  charge_device_memory(device, static_cast<long long>(charged));
   count(async ? "live_async_allocs" : pinned ? "live_host_allocs" : "live_allocs");
   return p;
 }
@@ -1143,6 +1232,7 @@ std::atomic<unsigned> g_shm_seq{0};
 void* shm_allocate(size_t bytes, int device) {
   char name[48];
   const size_t len = (bytes + 4095) / 4096 * 4096;
+  if (!device_memory_fits(device, len)) return nullptr;
   snprintf(name, sizeof name, "/fake-cuda-%d-%u", static_cast<int>(getpid()), g_shm_seq.fetch_add(1));
   int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0 && errno == EEXIST && shm_unlink(name) == 0)
@@ -1159,7 +1249,9 @@ void* shm_allocate(size_t bytes, int device) {
   Alloc a{len, device, false, false, false, false, ++g_alloc_ids, 0u, Alloc::shm, {}};
   a.kind = Alloc::shm;
   a.shm_name = name;
+  a.charged = len;
   g_allocs[reinterpret_cast<uintptr_t>(p)] = a;
+  charge_device_memory(device, static_cast<long long>(len));
   count("live_allocs");
   return p;
 }
@@ -1180,7 +1272,11 @@ void release(uintptr_t base) {
   const std::string shm_name = it->second.shm_name;
   if (it->second.kind == Alloc::plain || it->second.kind == Alloc::shm)  // ipc, registered: their own gauges
     count(it->second.async ? "live_async_allocs" : it->second.pinned ? "live_host_allocs" : "live_allocs", -1);
+  if (it->second.charged) charge_device_memory(it->second.device, -static_cast<long long>(it->second.charged));
   g_allocs.erase(it);
+  // A graph allocation freed otherwise (a device reset, a live cuMemFreeAsync): its node's
+  // release must not free whatever is mapped at the address later.
+  g_graph_allocs.erase(base);
   // The memory is gone: what was done to it matters no more (the address may be reused).
   g_history.erase(std::remove_if(g_history.begin(), g_history.end(),
                                  [&](const Access& a) { return overlap(a.lo, a.hi, base, hi); }),
@@ -1745,7 +1841,19 @@ FAKE_EXPORT CUresult cuDeviceTotalMem(size_t* bytes, CUdevice dev) {
   API("cuDeviceTotalMem");
   if (dev < 0 || dev >= g_devices) return ret("cuDeviceTotalMem", CUDA_ERROR_INVALID_DEVICE);
   if (!bytes) return ret("cuDeviceTotalMem", CUDA_ERROR_INVALID_VALUE);
-  *bytes = size_t{80} << 30;
+  *bytes = g_mem_total[dev];
+  return CUDA_SUCCESS;
+}
+
+// The current context's device: what is free of its memory and its total.
+FAKE_EXPORT CUresult cuMemGetInfo(size_t* free_bytes, size_t* total) {
+  API("cuMemGetInfo");
+  CUcontext c = current_ctx();
+  if (!c) return ret("cuMemGetInfo", CUDA_ERROR_INVALID_CONTEXT);
+  if (!free_bytes || !total) return ret("cuMemGetInfo", CUDA_ERROR_INVALID_VALUE);
+  if (injected_failure("cuMemGetInfo")) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  *total = g_mem_total[c->device];
+  *free_bytes = g_mem_total[c->device] - g_mem_used[c->device];
   return CUDA_SUCCESS;
 }
 
@@ -1990,12 +2098,10 @@ FAKE_EXPORT CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t 
 }
 
 namespace {
-// Graph allocations: cuMemAllocAsync in a capture (base -> the capture's id). The address is
-// fixed when the node is made and stays the graph's until the last graph or exec holding
-// the node is destroyed (a simplification: the driver frees it at the graph's free node
-// and may reuse it between launches).
-std::map<uintptr_t, unsigned long long> g_graph_allocs;
-
+// Graph allocations (g_graph_allocs): the address is fixed when the node is made and
+// stays the graph's until the last graph or exec holding the node is destroyed (a
+// simplification: the driver frees it at the graph's free node and may reuse it between
+// launches). Its device memory stays counted as used as long.
 CUresult capture_alloc(CUstream_st* s, uintptr_t a, size_t bytes) {
   g_graph_allocs[a] = s->cap->id;
   auto n = std::make_shared<Node>();
@@ -3085,7 +3191,9 @@ FAKE_EXPORT void fake_cuda_runtime_fini(void) {
 }
 
 // cudaDeviceReset: every stream, event and allocation of the device's context is gone at
-// once (handles to them become invalid; memory is freed). As the real call requires,
+// once (handles to them become invalid; memory is freed, and no longer counted as used;
+// reservations stay until their library gives them back: a reset under a live NCCL
+// communicator is undefined with the real driver). As the real call requires,
 // nothing may still run on the device: work still queued is a misuse, reported and
 // counted under "errors". Contexts stay retained and usable (their state is new).
 FAKE_EXPORT int fake_cuda_device_reset(int device) {
@@ -3211,6 +3319,32 @@ int one_shot_in_capture(CUstream_st* s, const char* api) {
   return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 }
 }  // namespace
+
+// Device memory a library takes for itself (the fake NCCL's communicators), with no
+// mapping: counted as used like an allocation, and refused like one when it does not fit.
+FAKE_EXPORT int fake_cuda_device_reserve(int device, unsigned long long bytes) {
+  LOCK();
+  if (device < 0 || device >= g_devices) return CUDA_ERROR_INVALID_DEVICE;
+  if (!device_memory_fits(device, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+  g_mem_reserved[device] += bytes;
+  charge_device_memory(device, static_cast<long long>(bytes));
+  return CUDA_SUCCESS;
+}
+
+// Gives reserved memory back; more than the device has reserved is the caller's bug
+// (said, counted under "errors", and only what was reserved given back).
+FAKE_EXPORT void fake_cuda_device_unreserve(int device, unsigned long long bytes) {
+  LOCK();
+  if (device < 0 || device >= g_devices || bytes > g_mem_reserved[device]) {
+    fprintf(stderr, "fake_cuda: fake_cuda_device_unreserve(%d, %llu): more than was reserved\n",
+            device, bytes);
+    count("errors");
+    if (device < 0 || device >= g_devices) return;
+    bytes = g_mem_reserved[device];
+  }
+  g_mem_reserved[device] -= bytes;
+  charge_device_memory(device, -static_cast<long long>(bytes));
+}
 
 FAKE_EXPORT int fake_cuda_capture_node(CUstream h, int check_ctx, int* captured,
                                        void (*issue)(void*, CUstream), void (*release)(void*),

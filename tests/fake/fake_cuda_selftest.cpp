@@ -2,7 +2,7 @@
 // streamcoll and without MPI: the semantics the host-transfer route relies on, so that a
 // failure of tests/fake/ht_route.cpp points at the route, not at the fake.
 //
-//   fake_cuda_selftest [memops|no-memops|graphs]     (linked with the fake libcuda.so.1)
+//   fake_cuda_selftest [memops|no-memops|graphs|memory TOTAL]   (linked with the fake libcuda.so.1)
 //
 // memops (FAKE_CUDA_NO_STREAM_MEMOPS unset), run with FAKE_CUDA_DEFER=1 and =0:
 //  - cuMemHostGetDevicePointer: identity for CU_MEMHOSTALLOC_DEVICEMAP memory, an error
@@ -37,7 +37,21 @@
 //    live 50 times, sums right; a launch after ncclCommDestroy aborts (a forked child).
 // no-memops (FAKE_CUDA_NO_STREAM_MEMOPS=1): cuStreamWaitValue32 is CUDA_ERROR_NOT_SUPPORTED
 // and the attribute says 0; the kernel still works.
-// Both modes, when the fake NCCL is found (libfakenccl.so beside this program, or
+// memory TOTAL (TOTAL: the device's memory FAKE_CUDA_MEM_TOTAL(_RANK) should give): device
+// memory accounting, exact to the byte, the fake NCCL left out:
+//  - cuMemGetInfo and cuDeviceTotalMem say TOTAL, all of it free; null pointers, no
+//    current context, an injected failure;
+//  - free drops by the page-rounded size at cuMemAllocAsync, cuMemAlloc and
+//    fake_cuda_malloc and comes back at the free (cuMemFreeAsync: once it ran); pinned and
+//    managed memory leave it alone; a captured allocation is used until its exec is gone;
+//  - reservations (fake_cuda_device_reserve/unreserve) move it by their exact size, one
+//    larger than what is free is refused;
+//  - the device full (a reservation leaving 64 MiB, so that TOTAL=64M reserves nothing):
+//    48 MiB fit, 32 MiB more fail with CUDA_ERROR_OUT_OF_MEMORY (nullptr from
+//    fake_cuda_malloc) and allocate nothing, and fit once the 48 are freed;
+//    "device_bytes_peak" is TOTAL - 16 MiB;
+//  - a device reset frees allocations, not reservations.
+// The modes but memory, when the fake NCCL is found (libfakenccl.so beside this program, or
 // $FAKE_NCCL_LIB; otherwise said and skipped): its operations run beside the host, as
 // GPU kernels (fake_cuda_enqueue_async). Two threads are the two ranks of one NCCL
 // communicator. Rank 0 issues an allreduce and polls its event for a while: every query
@@ -74,6 +88,11 @@ void fake_cuda_runtime_fini(void);
 int fake_cuda_host_access(const void* p, size_t bytes, int write);
 int fake_cuda_deferred(void);
 unsigned long long fake_cuda_counter(const char* name);
+void* fake_cuda_malloc_managed(size_t bytes);
+int fake_cuda_fail_after(const char* api, unsigned long long n);
+int fake_cuda_device_reset(int device);
+int fake_cuda_device_reserve(int device, unsigned long long bytes);
+void fake_cuda_device_unreserve(int device, unsigned long long bytes);
 }
 
 namespace {
@@ -736,6 +755,155 @@ void graph_memory() {
   fake_cuda_free(src);
 }
 
+// ---- device memory: cuMemGetInfo, the total, reservations --------------------------------
+
+constexpr unsigned long long kMiB = 1ull << 20;
+
+// The current device's free bytes (cuMemGetInfo), or ~0 when the call fails.
+unsigned long long free_bytes() {
+  size_t f = 0, t = 0;
+  return cuMemGetInfo(&f, &t) == CUDA_SUCCESS ? f : ~0ull;
+}
+
+// cuMemGetInfo and cuDeviceTotalMem say the total; the call's own errors; nothing is used
+// at the start (the checks before freed all they took).
+void memory_info(unsigned long long total) {
+  const std::string label = "memory info";
+  size_t f = 0, t = 0, dt = 0;
+  const bool info = cuMemGetInfo(&f, &t) == CUDA_SUCCESS;
+  check(info && t == total && f == total, label + ": cuMemGetInfo: total " + std::to_string(t) + ", free " +
+                                              std::to_string(f) + " (expected " + std::to_string(total) + " for both)");
+  check(cuDeviceTotalMem(&dt, 0) == CUDA_SUCCESS && dt == total, label + ": cuDeviceTotalMem says the same");
+  check(cnt("device_bytes_used") == 0, label + ": nothing used");
+  check(cuMemGetInfo(nullptr, &t) == CUDA_ERROR_INVALID_VALUE && cuMemGetInfo(&f, nullptr) == CUDA_ERROR_INVALID_VALUE,
+        label + ": null pointers: CUDA_ERROR_INVALID_VALUE");
+  CUresult no_ctx = CUDA_SUCCESS;
+  std::thread([&] { no_ctx = cuMemGetInfo(&f, &t); }).join();
+  check(no_ctx == CUDA_ERROR_INVALID_CONTEXT, label + ": no current context: CUDA_ERROR_INVALID_CONTEXT");
+  check(fake_cuda_fail_after("cuMemGetInfo", 1) == 0 && cuMemGetInfo(&f, &t) == CUDA_ERROR_ILLEGAL_ADDRESS &&
+            cuMemGetInfo(&f, &t) == CUDA_SUCCESS,
+        label + ": fake_cuda_fail_after can make it fail once");
+}
+
+// Each kind of memory moves free by its page-rounded size (device memory) or not at all
+// (pinned, managed), and gives it back when freed.
+void memory_kinds(unsigned long long total) {
+  const std::string label = "memory kinds";
+  CUstream s = nullptr;
+  cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+  CUdeviceptr d = 0;
+  check(cuMemAllocAsync(&d, 1000, s) == CUDA_SUCCESS && free_bytes() == total - 4096,
+        label + ": cuMemAllocAsync of 1000 bytes takes a page");
+  check(cuMemFreeAsync(d, s) == CUDA_SUCCESS &&
+            free_bytes() == (fake_cuda_deferred() ? total - 4096 : total),
+        label + ": cuMemFreeAsync gives it back when it runs (not yet with deferral)");
+  check(cuStreamSynchronize(s) == CUDA_SUCCESS && free_bytes() == total, label + ": ... back once it ran");
+  check(cuMemAlloc(&d, 5000) == CUDA_SUCCESS && free_bytes() == total - 8192,
+        label + ": cuMemAlloc of 5000 bytes takes two pages");
+  check(cuMemFree(d) == CUDA_SUCCESS && free_bytes() == total, label + ": cuMemFree gives them back");
+  void* m = fake_cuda_malloc(4097);
+  check(m && free_bytes() == total - 8192, label + ": fake_cuda_malloc of 4097 bytes takes two pages");
+  fake_cuda_free(m);
+  check(free_bytes() == total, label + ": fake_cuda_free gives them back");
+  void* pinned = nullptr;
+  void* managed = fake_cuda_malloc_managed(kMiB);
+  check(cuMemHostAlloc(&pinned, kMiB, 0) == CUDA_SUCCESS && managed && free_bytes() == total,
+        label + ": pinned and managed memory are not counted");
+  cuMemFreeHost(pinned);
+  fake_cuda_free(managed);
+  cuStreamDestroy(s);
+}
+
+// A captured cuMemAllocAsync stays used until the last graph or exec holding it is gone.
+void memory_graph(unsigned long long total) {
+  const std::string label = "memory of a graph";
+  CUstream s = nullptr;
+  cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+  CUgraph g = nullptr;
+  CUgraphExec x = nullptr;
+  CUdeviceptr d = 0;
+  cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  cuMemAllocAsync(&d, 3 * 4096, s);
+  cuMemFreeAsync(d, s);
+  cuStreamEndCapture(s, &g);
+  cuGraphInstantiate(&x, g, 0);
+  check(free_bytes() == total - 3 * 4096, label + ": counted from the capture on");
+  cuGraphLaunch(x, s);
+  cuStreamSynchronize(s);
+  check(cuGraphDestroy(g) == CUDA_SUCCESS && free_bytes() == total - 3 * 4096,
+        label + ": launched, the graph destroyed: the exec still holds it");
+  check(cuGraphExecDestroy(x) == CUDA_SUCCESS && free_bytes() == total, label + ": back with the exec");
+  cuStreamDestroy(s);
+}
+
+// Reservations (the fake NCCL's) move free by their exact size; refused when too large.
+void memory_reserve(unsigned long long total) {
+  const std::string label = "reservations";
+  const unsigned long long oom0 = cnt("out_of_memory");
+  check(fake_cuda_device_reserve(0, 12345) == CUDA_SUCCESS && free_bytes() == total - 12345 &&
+            cnt("device_bytes_used") == 12345,
+        label + ": 12345 bytes reserved, free and device_bytes_used follow");
+  check(fake_cuda_device_reserve(0, total) == CUDA_ERROR_OUT_OF_MEMORY && free_bytes() == total - 12345 &&
+            cnt("out_of_memory") == oom0 + 1,
+        label + ": the whole total on top: CUDA_ERROR_OUT_OF_MEMORY, nothing taken, counted");
+  check(fake_cuda_device_reserve(7, 1) == CUDA_ERROR_INVALID_DEVICE, label + ": another device: CUDA_ERROR_INVALID_DEVICE");
+  fake_cuda_device_unreserve(0, 12345);
+  check(free_bytes() == total && cnt("device_bytes_used") == 0, label + ": unreserved: all back");
+}
+
+// The device full: a reservation leaves 64 MiB; 48 MiB fit, 32 MiB more do not (from any
+// allocating call, nothing allocated), then do once the 48 are freed. The peak gauge.
+void memory_full(unsigned long long total) {
+  const std::string label = "a full device";
+  const unsigned long long rest = total - 64 * kMiB;
+  const unsigned long long allocs0 = cnt("live_allocs") + cnt("live_async_allocs"), oom0 = cnt("out_of_memory");
+  check(fake_cuda_device_reserve(0, rest) == CUDA_SUCCESS && free_bytes() == 64 * kMiB,
+        label + ": 64 MiB left");
+  CUstream s = nullptr;
+  cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+  CUdeviceptr a = 0, b = 0;
+  check(cuMemAllocAsync(&a, 48 * kMiB, s) == CUDA_SUCCESS && free_bytes() == 16 * kMiB,
+        label + ": 48 MiB allocated, 16 MiB left");
+  check(cuMemAlloc(&b, 32 * kMiB) == CUDA_ERROR_OUT_OF_MEMORY && cuMemAllocAsync(&b, 32 * kMiB, s) == CUDA_ERROR_OUT_OF_MEMORY &&
+            fake_cuda_malloc(32 * kMiB) == nullptr,
+        label + ": 32 MiB more: CUDA_ERROR_OUT_OF_MEMORY from cuMemAlloc and cuMemAllocAsync, nullptr from fake_cuda_malloc");
+  check(cnt("out_of_memory") == oom0 + 3 && cnt("live_allocs") + cnt("live_async_allocs") == allocs0 + 1 &&
+            free_bytes() == 16 * kMiB,
+        label + ": ... nothing allocated, three refusals counted");
+  cuMemFreeAsync(a, s);
+  cuStreamSynchronize(s);
+  check(cuMemAlloc(&b, 32 * kMiB) == CUDA_SUCCESS && free_bytes() == 32 * kMiB,
+        label + ": the 48 MiB freed: 32 MiB fit");
+  check(cnt("device_bytes_peak") == total - 16 * kMiB,
+        label + ": device_bytes_peak = total - 16 MiB (" + std::to_string(cnt("device_bytes_peak")) + ")");
+  cuMemFree(b);
+  fake_cuda_device_unreserve(0, rest);
+  check(free_bytes() == total && cnt("device_bytes_peak") == total - 16 * kMiB,
+        label + ": all back; the peak stays");
+  cuStreamDestroy(s);
+}
+
+// A device reset frees the device's allocations (no longer used) but not reservations.
+void memory_reset(unsigned long long total) {
+  const std::string label = "memory at a device reset";
+  void* m = fake_cuda_malloc(10 * 4096);
+  fake_cuda_device_reserve(0, kMiB);
+  check(m && free_bytes() == total - kMiB - 10 * 4096, label + ": an allocation and a reservation");
+  check(fake_cuda_device_reset(0) == CUDA_SUCCESS && free_bytes() == total - kMiB,
+        label + ": the reset freed the allocation, the reservation stays");
+  fake_cuda_device_unreserve(0, kMiB);
+  check(free_bytes() == total, label + ": unreserved: all back");
+}
+
+void memory(unsigned long long total) {
+  memory_info(total);
+  memory_kinds(total);
+  memory_graph(total);
+  memory_reserve(total);
+  memory_full(total);
+  memory_reset(total);
+}
+
 // ---- the fake NCCL's operations: async work ------------------------------------------
 
 struct Nccl {
@@ -983,7 +1151,9 @@ int main(int argc, char** argv) {
   Waiter memop, kernel;
   CUmodule mod = nullptr;
   load_kernel(&kernel, &mod);
-  if (mode == "graphs") {
+  if (mode == "memory") {
+    memory(argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 80ull << 30);
+  } else if (mode == "graphs") {
     capture_and_replay();
     capture_rules();
     capture_modes();
@@ -1017,13 +1187,13 @@ int main(int argc, char** argv) {
     destroy_while_held(kernel);
   }
   Nccl nccl;
-  if (load_nccl(&nccl)) mode == "graphs" ? nccl_capture(nccl) : nccl_async(nccl);
+  if (mode != "memory" && load_nccl(&nccl)) mode == "graphs" ? nccl_capture(nccl) : nccl_async(nccl);
   check(cuModuleUnload(mod) == CUDA_SUCCESS, "cuModuleUnload");
   check(cuModuleUnload(mod) == CUDA_ERROR_INVALID_HANDLE, "cuModuleUnload twice: invalid handle");
   fake_cuda_runtime_fini();
   for (const char* gauge : {"live_modules", "pending_waits", "async_pending", "live_streams", "live_events",
                             "live_allocs", "live_host_allocs", "ctx_refs", "live_graphs", "live_graph_execs",
-                            "live_async_allocs"})
+                            "live_async_allocs", "device_bytes_used"})
     check(cnt(gauge) == 0, std::string("nothing left: ") + gauge + " = " + std::to_string(cnt(gauge)));
   std::printf("fake_cuda_selftest (%s, %s): %d passed, %d failed\n", mode.c_str(),
               defer ? "deferred" : "immediate", g_pass, g_fail);

@@ -5,12 +5,47 @@
 //
 // The ranks of one communicator are processes on one host. ncclGetUniqueId makes a random
 // name; ncclCommInitRank opens the POSIX shared memory segment /fakenccl-<name>: a control
-// block (a sense-reversing barrier on std::atomic, spinning with sched_yield) and one slot
-// per rank (FAKE_NCCL_SLOT_BYTES of data each, default 64 MiB, sparse; pages of large
-// operations are given back after them). Init is collective (every rank maps the segment,
-// then a barrier); rank 0 then unlinks the name, so nothing is left in /dev/shm even if a
-// process dies later. The segment is a file in FAKE_NCCL_SEGMENT_DIR instead when that is
-// set, or in $TMPDIR or /tmp when there is no /dev/shm.
+// block (a sense-reversing barrier on std::atomic, spinning with sched_yield, for the
+// worker below; another for the host threads, with an exchange area, for ncclCommSplit)
+// and one slot per rank (FAKE_NCCL_SLOT_BYTES of data each, default 64 MiB, sparse; pages
+// of large operations are given back after them). Init is collective (every rank maps the
+// segment, then a barrier); rank 0 then unlinks the name, so nothing is left in /dev/shm
+// even if a process dies later. The segment is a file in FAKE_NCCL_SEGMENT_DIR instead
+// when that is set, or in $TMPDIR or /tmp when there is no /dev/shm.
+//
+// ncclCommSplit is collective over every rank of the parent, on the host threads, which
+// may call it while the parent's worker runs operations: each rank writes its color and
+// key into the parent's exchange area, a host barrier, each reads its group (the ranks of
+// its color, ordered by key, then by rank in the parent), a second host barrier (the area
+// is free for the next split). Color NCCL_SPLIT_NOCOLOR gives *newcomm = NULL; another
+// negative color, a config not made with NCCL_CONFIG_INITIALIZER (magic 0xcafebeef), an
+// aborted parent or no current CUDA context fail on that rank before the collective part
+// (the others then wait for it, as with NCCL, until FAKE_NCCL_TIMEOUT_S). Each group's
+// child is made as ncclCommInitRank makes a communicator, on the parent's device, with a
+// segment named after the parent's, the split's number on the parent and the color. Of
+// the config only splitShare is read: 1 shares the parent's resources (below), 0 or
+// unset does not; a null config takes the parent's (ncclCommInitRank's: not shared).
+// ncclCommCount and ncclCommUserRank answer for any communicator.
+//
+// Resources, modelled on NCCL 2.28's: a communicator with resources of its own
+// (ncclCommInitRank, a split without splitShare) takes device memory from the fake CUDA
+// (fake_cuda_device_reserve on its device, counted against the device's total as
+// allocations are; cuMemGetInfo shows it), after the init handshake, as NCCL allocates
+// its buffers late in init; a split with splitShare=1 takes none and holds its parent's.
+// The memory is given back (fake_cuda_device_unreserve) once the last communicator holding
+// it is destroyed or aborted. Size: FAKE_NCCL_COMM_BYTES=<bytes>[K|M|G|T] (powers of
+// 1024) if set, else a base of 512 MiB (the 536870912 bytes of the one-rank
+// communicator's "Failed to CUDA calloc 536870912 bytes" in NVIDIA/nccl issue #2363, NCCL
+// 2.28) plus, per channel (FAKE_NCCL_CHANNELS, default 16) and per ring peer
+// (min(nranks - 1, 2)), one connection's buffers with NCCL's defaults: SIMPLE's
+// NCCL_BUFFSIZE of 4 MiB, LL128's 120 elements x 640 threads x 8 steps x 8 bytes
+// (4,915,200) and LL's 8 lines x 512 threads x 8 steps x 16 bytes (524,288): 9,633,792
+// bytes. So 536,870,912 bytes at 1 rank, 691,011,584 at 2, 845,152,256 from 3 on. A rank
+// whose device cannot take it fails that init or split with ncclUnhandledCudaError,
+// ncclGetLastError saying "Failed to CUDA calloc <n> bytes" (counted under
+// "init_failures"), its segment and all else of it released; the other ranks succeed.
+// Gauges: "own_resource_comms" and "shared_comms" (live communicators of each kind in this
+// process), "resource_bytes" (reserved now).
 //
 // Execution, as on a GPU, where a kernel once launched runs by itself: each communicator
 // has a worker thread (its "GPU", started at its first operation's launch, joined by
@@ -57,7 +92,9 @@
 // a communicator once N operations have been issued on it. FAKE_NCCL_FAIL_INIT=K (K >= 1):
 // ncclCommInitRank fails on rank K-1 after the handshake (the others succeed; the segment
 // is gone for the failed rank only, as when a rank fails late in init);
-// FAKE_NCCL_FAIL_INIT=all: it fails on every rank, before the handshake.
+// FAKE_NCCL_FAIL_INIT=all: it fails on every rank, before the handshake (ncclCommSplit is
+// left alone: a failing split comes from device memory, FAKE_CUDA_MEM_TOTAL).
+// FAKE_NCCL_COMM_BYTES, FAKE_NCCL_CHANNELS: a communicator's device memory (Resources).
 // FAKE_NCCL_TIMEOUT_S (default 120): a worker waiting longer in a barrier (the other
 // ranks never launched the matching operation) aborts the process, with a message.
 //
@@ -97,7 +134,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -123,12 +163,23 @@ constexpr size_t kHeaderBytes = 64 * 1024;
 constexpr uint64_t kRing = 24;  // messages in flight from one rank to one peer
 const char kIdMagic[] = "fakenccl:";
 
+// ncclCommSplit's exchange: a rank's color and key.
+struct SplitEntry {
+  std::atomic<int32_t> color;
+  std::atomic<int32_t> key;
+};
+
 struct Control {
   std::atomic<uint32_t> nranks;
   std::atomic<uint32_t> joined;
-  std::atomic<uint32_t> arrived;
+  std::atomic<uint32_t> arrived;  // the worker's barrier (operations)
   std::atomic<uint32_t> sense;
   std::atomic<uint32_t> unused;  // (was: a job-wide abort flag; aborts are per rank)
+  // The host's barrier (ncclCommSplit, on the host thread while the worker may be in its
+  // own barrier), and what it exchanges.
+  std::atomic<uint32_t> host_arrived;
+  std::atomic<uint32_t> host_sense;
+  SplitEntry split[kMaxRanks];
 };
 static_assert(sizeof(Control) <= kControlBytes, "control block");
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "process-shared atomics");
@@ -177,6 +228,8 @@ struct Cuda {
   fake_cuda_is_device_fn is_device = nullptr;
   fake_cuda_current_device_fn current_device = nullptr;
   fake_cuda_capture_node_fn capture_node = nullptr;
+  fake_cuda_device_reserve_fn device_reserve = nullptr;
+  fake_cuda_device_unreserve_fn device_unreserve = nullptr;
 };
 
 const Cuda& cuda() {
@@ -198,6 +251,8 @@ const Cuda& cuda() {
     get(c.is_device, "fake_cuda_is_device");
     get(c.current_device, "fake_cuda_current_device");
     get(c.capture_node, "fake_cuda_capture_node");
+    get(c.device_reserve, "fake_cuda_device_reserve");
+    get(c.device_unreserve, "fake_cuda_device_unreserve");
     c.ok = all;
     return c;
   }();
@@ -215,6 +270,12 @@ thread_local std::string t_last_error;
 void tally(const char* name) {
   std::lock_guard<std::mutex> lock(g_mu);
   ++g_counters[name];
+}
+
+// A gauge, counted up and down (live communicators, reserved bytes).
+void gauge(const char* name, long long delta) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_counters[name] += static_cast<unsigned long long>(delta);
 }
 
 // FAKE_NCCL_FAIL / fake_nccl_fail_after: entry point -> the number of its call that fails.
@@ -340,21 +401,35 @@ struct Shared {
   }
   char* data(int r) const { return reinterpret_cast<char*>(header(r)) + kHeaderBytes; }
 
-  // false if the communicator was aborted meanwhile.
+  // The worker's barrier (and init's, before there is a worker). false if the
+  // communicator was aborted meanwhile.
   bool barrier() {
-    Control* c = control();
-    local_sense ^= 1u;
-    if (c->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(nranks)) {
-      c->arrived.store(0, std::memory_order_relaxed);
-      c->sense.store(local_sense, std::memory_order_release);
+    return sense_barrier(control()->arrived, control()->sense, local_sense,
+                         "in a barrier; the other ranks never ran the matching operation");
+  }
+  // The host thread's (ncclCommSplit), apart from the worker's, which may be running.
+  bool host_barrier() {
+    return sense_barrier(control()->host_arrived, control()->host_sense, host_local_sense,
+                         "in ncclCommSplit; the other ranks never called it");
+  }
+
+ private:
+  uint32_t host_local_sense = 0;
+
+  // A sense-reversing barrier of the nranks ranks on (arrived, sense).
+  bool sense_barrier(std::atomic<uint32_t>& arrived, std::atomic<uint32_t>& sense, uint32_t& local,
+                     const char* stuck) {
+    local ^= 1u;
+    if (arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(nranks)) {
+      arrived.store(0, std::memory_order_relaxed);
+      sense.store(local, std::memory_order_release);
       return true;
     }
     const double start = now_s();
-    for (unsigned i = 1; c->sense.load(std::memory_order_acquire) != local_sense; ++i) {
+    for (unsigned i = 1; sense.load(std::memory_order_acquire) != local; ++i) {
       if (aborted.load(std::memory_order_acquire)) return false;
       wait_pass(i, start, [&] {
-        return "rank " + std::to_string(rank) + " of " + std::to_string(nranks) +
-               " in a barrier; the other ranks never ran the matching operation";
+        return "rank " + std::to_string(rank) + " of " + std::to_string(nranks) + " " + stuck;
       });
     }
     return true;
@@ -363,11 +438,29 @@ struct Shared {
 
 }  // namespace
 
+namespace {
+// Device memory a communicator took from the fake CUDA (fake_cuda_device_reserve): its
+// own, or, under splitShare, its parent's; given back once the last communicator holding
+// it is destroyed or aborted.
+struct Resources {
+  int device = 0;
+  unsigned long long bytes = 0;
+  Resources(int d, unsigned long long b) : device(d), bytes(b) {}
+  Resources(const Resources&) = delete;
+  Resources& operator=(const Resources&) = delete;
+  ~Resources();
+};
+}  // namespace
+
 struct ncclComm {
   std::shared_ptr<Shared> sh;
   CUevent_st* last = nullptr;  // recorded after the latest operation (cudaEvent_t)
   std::atomic<uint64_t> issued{0};  // read by ncclCommGetAsyncError from any thread
   int device = -1;
+  std::string name;             // its segment's, unique: the children's derive from it
+  uint64_t splits = 0;          // ncclCommSplit calls on it (the children's names)
+  bool split_share = false;     // made sharing its parent's resources (the children inherit it)
+  std::shared_ptr<Resources> res;
 };
 
 namespace {
@@ -853,6 +946,189 @@ const char* error_string(ncclResult_t r) {
   }
 }
 
+// ---- communicators: their segment, their resources -----------------------------------------
+
+// A byte count: digits, then optionally K, M, G or T (powers of 1024, either case).
+bool parse_bytes(const char* v, unsigned long long* out) {
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long n = strtoull(v, &end, 10);
+  if (end == v || errno != 0 || *v == '-') return false;
+  const char* const units = "KMGT";
+  int shift = 0;
+  if (*end) {
+    const char* u = strchr(units, toupper(static_cast<unsigned char>(*end)));
+    if (!u || end[1] != '\0') return false;
+    shift = 10 * static_cast<int>(u - units + 1);
+  }
+  if (shift && n > (~0ull >> shift)) return false;
+  *out = n << shift;
+  return true;
+}
+
+// NCCL 2.28's device memory for one communicator of nranks (file comment, "Resources"):
+// FAKE_NCCL_COMM_BYTES, or the base plus one ring connection's buffers per channel and
+// ring peer.
+unsigned long long comm_bytes(int nranks) {
+  if (const char* v = getenv("FAKE_NCCL_COMM_BYTES"); v && *v) {
+    unsigned long long n = 0;
+    if (!parse_bytes(v, &n)) {
+      fprintf(stderr, "fake NCCL: FAKE_NCCL_COMM_BYTES: '%s' is not <bytes>[K|M|G|T]\n", v);
+      abort();
+    }
+    return n;
+  }
+  constexpr unsigned long long kBase = 512ull << 20;              // issue #2363's calloc
+  constexpr unsigned long long kSimple = 4ull << 20;              // NCCL_BUFFSIZE
+  constexpr unsigned long long kLl128 = 120ull * 640 * 8 * 8;     // 4,915,200
+  constexpr unsigned long long kLl = 8ull * 512 * 8 * 16;         // 524,288
+  static_assert(kSimple + kLl128 + kLl == 9633792, "one connection's buffers");
+  const unsigned long long channels = env_size("FAKE_NCCL_CHANNELS", 16);
+  const unsigned long long peers = static_cast<unsigned long long>(std::min(nranks - 1, 2));
+  return kBase + channels * peers * (kSimple + kLl128 + kLl);
+}
+
+Resources::~Resources() {
+  cuda().device_unreserve(device, bytes);
+  gauge("resource_bytes", -static_cast<long long>(bytes));
+}
+
+// What a new communicator is made of: ncclCommInitRank's arguments, or a split's.
+struct InitArgs {
+  std::string name;  // unique: the segment is /fakenccl-<name>
+  int nranks = 1, rank = 0, device = 0;
+  const char* fail_init = nullptr;       // FAKE_NCCL_FAIL_INIT=K (ncclCommInitRank only)
+  bool split_share = false;              // splitShare: it takes the parent's resources,
+  std::shared_ptr<Resources> shared;     // these (null: its own)
+};
+
+// Opens (every rank creates it if need be) and maps the communicator's segment; *path and
+// *in_shm say what rank 0 unlinks.
+ncclResult_t map_segment(Shared& sh, const std::string& unique, std::string* path, bool* in_shm) {
+  // POSIX shared memory; a file in FAKE_NCCL_SEGMENT_DIR if set, or where there is no
+  // /dev/shm, in $TMPDIR or /tmp.
+  std::string name = "/fakenccl-" + unique;
+  const char* dir = getenv("FAKE_NCCL_SEGMENT_DIR");
+  *in_shm = !(dir && *dir);
+  int fd = *in_shm ? shm_open(name.c_str(), O_CREAT | O_RDWR, 0600) : -1;
+  if (fd < 0) {
+    if (!dir || !*dir) dir = getenv("TMPDIR");
+    name = std::string(dir && *dir ? dir : "/tmp") + name;
+    *in_shm = false;
+    fd = open(name.c_str(), O_CREAT | O_RDWR, 0600);
+  }
+  if (fd < 0) return fail(ncclSystemError, "shm_open/open " + name + ": " + strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0 ||
+      (static_cast<size_t>(st.st_size) < sh.map_bytes &&
+       ftruncate(fd, static_cast<off_t>(sh.map_bytes)) != 0)) {
+    close(fd);
+    return fail(ncclSystemError, "ftruncate " + name + ": " + strerror(errno));
+  }
+  void* base = mmap(nullptr, sh.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) return fail(ncclSystemError, "mmap " + name + ": " + strerror(errno));
+  sh.base = static_cast<char*>(base);
+  *path = name;
+  return ncclSuccess;
+}
+
+// The handshake: every rank has the segment mapped; then rank 0 unlinks its name.
+ncclResult_t join_segment(Shared& sh, const std::string& path, bool in_shm) {
+  Control* c = sh.control();
+  uint32_t expect = 0;
+  if (!c->nranks.compare_exchange_strong(expect, static_cast<uint32_t>(sh.nranks)) &&
+      expect != static_cast<uint32_t>(sh.nranks))
+    return fail(ncclInvalidUsage, "ranks disagree on nranks");
+  c->joined.fetch_add(1);
+  sh.barrier();
+  if (sh.rank == 0) in_shm ? shm_unlink(path.c_str()) : unlink(path.c_str());
+  return ncclSuccess;
+}
+
+// The communicator's device memory, taken after the handshake, as NCCL allocates its
+// buffers late in init: a rank that cannot have it fails alone ("Failed to CUDA calloc",
+// NCCL's words), the others succeed.
+ncclResult_t take_resources(const InitArgs& a, std::shared_ptr<Resources>* out) {
+  if (a.shared) {
+    *out = a.shared;
+    return ncclSuccess;
+  }
+  const unsigned long long bytes = comm_bytes(a.nranks);
+  if (cuda().device_reserve(a.device, bytes) != 0) {
+    tally("init_failures");
+    return fail(ncclUnhandledCudaError, "Failed to CUDA calloc " + std::to_string(bytes) + " bytes");
+  }
+  gauge("resource_bytes", static_cast<long long>(bytes));
+  *out = std::make_shared<Resources>(a.device, bytes);
+  return ncclSuccess;
+}
+
+// The collective part of ncclCommInitRank and ncclCommSplit: maps the segment, the
+// handshake, then this rank's resources. On failure nothing of it is left on this rank.
+ncclResult_t init_comm(ncclComm_t* out, const InitArgs& a) {
+  auto sh = std::make_shared<Shared>();
+  sh->rank = a.rank;
+  sh->nranks = a.nranks;
+  sh->slot_bytes = (env_size("FAKE_NCCL_SLOT_BYTES", size_t{64} << 20) + 4095) / 4096 * 4096;
+  sh->map_bytes = kControlBytes + static_cast<size_t>(a.nranks) * (kHeaderBytes + sh->slot_bytes);
+  std::string path;
+  bool in_shm = true;
+  if (ncclResult_t r = map_segment(*sh, a.name, &path, &in_shm); r != ncclSuccess) return r;
+  if (ncclResult_t r = join_segment(*sh, path, in_shm); r != ncclSuccess) return r;
+  if (a.fail_init && atoi(a.fail_init) == a.rank + 1) {
+    tally("init_failures");
+    return fail(ncclSystemError, "FAKE_NCCL_FAIL_INIT=" + std::string(a.fail_init));
+  }
+  std::shared_ptr<Resources> res;
+  if (ncclResult_t r = take_resources(a, &res); r != ncclSuccess) return r;
+  auto* comm = new ncclComm;
+  comm->sh = std::move(sh);
+  comm->device = a.device;
+  comm->name = a.name;
+  comm->split_share = a.split_share;
+  comm->res = std::move(res);
+  gauge(a.split_share ? "shared_comms" : "own_resource_comms", 1);
+  *out = comm;
+  return ncclSuccess;
+}
+
+// The end of a communicator's handle (ncclCommDestroy, ncclCommAbort): its gauges, and its
+// resources once no other communicator shares them.
+void forget_comm(ncclComm_t comm) {
+  gauge(comm->split_share ? "shared_comms" : "own_resource_comms", -1);
+  delete comm;
+}
+
+// ---- ncclCommSplit ---------------------------------------------------------------------------
+
+// The split's arguments checked on this rank (before the collective part, as NCCL's).
+ncclResult_t check_split(ncclComm_t comm, int color, ncclComm_t* newcomm, const ncclConfig_t* config) {
+  if (!newcomm) return fail(ncclInvalidArgument, "null newcomm");
+  *newcomm = nullptr;
+  if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
+  if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
+    return fail(ncclInvalidArgument, "color " + std::to_string(color) +
+                                         " is neither non-negative nor NCCL_SPLIT_NOCOLOR");
+  if (config && config->magic != 0xcafebeef)
+    return fail(ncclInvalidArgument, "config not initialized with NCCL_CONFIG_INITIALIZER");
+  if (cuda().current_device() < 0) return fail(ncclUnhandledCudaError, "no current CUDA context");
+  return ncclSuccess;
+}
+
+// This rank's place in its color's group: ranks of the parent with its color, ordered by
+// key, then by rank in the parent. Read from the exchange area after the host barrier.
+void split_place(const Shared& sh, int color, int key, int* nranks, int* rank) {
+  std::vector<std::pair<int, int>> group;  // (key, parent rank)
+  const Control* c = sh.control();
+  for (int r = 0; r < sh.nranks; ++r)
+    if (c->split[r].color.load(std::memory_order_relaxed) == color)
+      group.push_back({c->split[r].key.load(std::memory_order_relaxed), r});
+  std::sort(group.begin(), group.end());
+  *nranks = static_cast<int>(group.size());
+  *rank = static_cast<int>(std::find(group.begin(), group.end(), std::make_pair(key, sh.rank)) - group.begin());
+}
+
 }  // namespace
 
 // ---- nccl.h ------------------------------------------------------------------------------
@@ -901,52 +1177,53 @@ FAKE_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqu
     tally("init_failures");
     return fail(ncclSystemError, "FAKE_NCCL_FAIL_INIT=all");
   }
+  InitArgs a;
+  a.name = id.internal + strlen(kIdMagic);
+  a.nranks = nranks;
+  a.rank = rank;
+  a.device = device;
+  a.fail_init = fail_init;
+  return init_comm(out, a);
+}
 
-  auto sh = std::make_shared<Shared>();
-  sh->rank = rank;
-  sh->nranks = nranks;
-  sh->slot_bytes = (env_size("FAKE_NCCL_SLOT_BYTES", size_t{64} << 20) + 4095) / 4096 * 4096;
-  sh->map_bytes = kControlBytes + static_cast<size_t>(nranks) * (kHeaderBytes + sh->slot_bytes);
-  // POSIX shared memory; a file in FAKE_NCCL_SEGMENT_DIR if set, or where there is no
-  // /dev/shm, in $TMPDIR or /tmp.
-  std::string name = std::string("/fakenccl-") + (id.internal + strlen(kIdMagic));
-  const char* dir = getenv("FAKE_NCCL_SEGMENT_DIR");
-  bool in_shm = !(dir && *dir);
-  int fd = in_shm ? shm_open(name.c_str(), O_CREAT | O_RDWR, 0600) : -1;
-  if (fd < 0) {
-    if (!dir || !*dir) dir = getenv("TMPDIR");
-    name = std::string(dir && *dir ? dir : "/tmp") + name;
-    in_shm = false;
-    fd = open(name.c_str(), O_CREAT | O_RDWR, 0600);
-  }
-  if (fd < 0) return fail(ncclSystemError, "shm_open/open " + name + ": " + strerror(errno));
-  struct stat st;
-  if (fstat(fd, &st) != 0 ||
-      (static_cast<size_t>(st.st_size) < sh->map_bytes &&
-       ftruncate(fd, static_cast<off_t>(sh->map_bytes)) != 0)) {
-    close(fd);
-    return fail(ncclSystemError, "ftruncate " + name + ": " + strerror(errno));
-  }
-  void* base = mmap(nullptr, sh->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (base == MAP_FAILED) return fail(ncclSystemError, "mmap " + name + ": " + strerror(errno));
-  sh->base = static_cast<char*>(base);
+// Collective over every rank of comm, on the host thread (the parent's worker may be
+// running its operations meanwhile: the host's own barrier and exchange area). The
+// children are communicators as ncclCommInitRank's, each with a segment of its own named
+// after the parent's, the split's number on the parent and the color.
+FAKE_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                                       ncclConfig_t* config) {
+  tally("ncclCommSplit");
+  if (ncclResult_t r = check_split(comm, color, newcomm, config); r != ncclSuccess) return r;
+  std::shared_ptr<Shared> sh = comm->sh;  // (the handle may be aborted from another thread)
   Control* c = sh->control();
-  uint32_t expect = 0;
-  if (!c->nranks.compare_exchange_strong(expect, static_cast<uint32_t>(nranks)) &&
-      expect != static_cast<uint32_t>(nranks))
-    return fail(ncclInvalidUsage, "ranks disagree on nranks");
-  c->joined.fetch_add(1);
-  sh->barrier();  // every rank has the segment mapped
-  if (rank == 0) in_shm ? shm_unlink(name.c_str()) : unlink(name.c_str());
-  if (fail_init && atoi(fail_init) == rank + 1) {
-    tally("init_failures");
-    return fail(ncclSystemError, "FAKE_NCCL_FAIL_INIT=" + std::string(fail_init));
-  }
-  auto* comm = new ncclComm;
-  comm->sh = std::move(sh);
-  comm->device = device;
-  *out = comm;
+  c->split[sh->rank].color.store(color, std::memory_order_relaxed);
+  c->split[sh->rank].key.store(key, std::memory_order_relaxed);
+  if (!sh->host_barrier()) return fail(ncclInvalidUsage, "communicator was aborted during ncclCommSplit");
+  InitArgs a;
+  split_place(*sh, color, key, &a.nranks, &a.rank);
+  // Every rank has read the exchange area before the next split on comm may write it.
+  if (!sh->host_barrier()) return fail(ncclInvalidUsage, "communicator was aborted during ncclCommSplit");
+  const uint64_t seq = ++comm->splits;
+  if (color == NCCL_SPLIT_NOCOLOR) return ncclSuccess;  // *newcomm stays NULL
+  a.name = comm->name + "-s" + std::to_string(seq) + "-c" + std::to_string(color);
+  a.device = comm->device;
+  // No config: the parent's; splitShare 1 shares its resources, 0 or unset does not.
+  a.split_share = config ? config->splitShare == 1 : comm->split_share;
+  if (a.split_share) a.shared = comm->res;
+  return init_comm(newcomm, a);
+}
+
+FAKE_EXPORT ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
+  tally("ncclCommCount");
+  if (!comm || !count) return fail(ncclInvalidArgument, "null argument");
+  *count = comm->sh->nranks;
+  return ncclSuccess;
+}
+
+FAKE_EXPORT ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
+  tally("ncclCommUserRank");
+  if (!comm || !rank) return fail(ncclInvalidArgument, "null argument");
+  *rank = comm->sh->rank;
   return ncclSuccess;
 }
 
@@ -961,7 +1238,7 @@ FAKE_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   }
   stop_worker(*comm->sh);  // idle by now
   comm->sh->destroyed.store(true);
-  delete comm;
+  forget_comm(comm);
   return ncclSuccess;
 }
 
@@ -975,7 +1252,7 @@ FAKE_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
   stop_worker(*comm->sh);
   if (comm->last) cuda().event_delete(comm->last);
   comm->sh->destroyed.store(true);
-  delete comm;
+  forget_comm(comm);
   return ncclSuccess;
 }
 
