@@ -55,6 +55,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -305,13 +306,23 @@ bool gather_gpus(NcclComm& c, const nccl::Library& lib, const CallEnv& env, cons
 }
 
 // Set-up step 2, collective: an idle NCCL communicator over the same ranks, in the same
-// order, on the same GPUs (Pool, `key`), reused if every rank has it (st ready). Returns
-// 1 when reused, 0 when a new one is to be made, -1 when MPI failed (NCCL off).
-int reuse_idle(NcclState& st, const CommContext& ctx, uint64_t key) {
+// order, on the same GPUs (Pool, `key`), reused if every rank has it (st ready); in the
+// same exchange, whether every rank has room in its budget for a new one (Pool::room:
+// a rank's count and memory are its own, so they are agreed before any rank calls
+// ncclCommInitRank, which would wait forever for a rank that did not). Returns 1 when
+// reused, 0 when a new one is to be made, -1 when MPI failed or a rank has no room (NCCL
+// off for the communicator, on every rank alike).
+int reuse_idle(NcclState& st, const CommContext& ctx, uint64_t key, CUcontext cuctx) {
   std::shared_ptr<NcclComm> idle = Pool::get().take(key);
   const int64_t cand = idle ? static_cast<int64_t>(idle->id & INT64_MAX) : 0;
-  int64_t in[2] = {cand, -cand}, out[2] = {0, 0};
-  if (PMPI_Allreduce(in, out, 2, MPI_INT64_T, MPI_MAX, ctx.comm) != MPI_SUCCESS) {
+  std::string why;
+  int64_t room = 1;
+  {
+    ScopedContext scope(cuctx);
+    room = Pool::get().room(true, &why) ? 1 : 0;
+  }
+  int64_t in[3] = {cand, -cand, -room}, out[3] = {0, 0, 0};
+  if (PMPI_Allreduce(in, out, 3, MPI_INT64_T, MPI_MAX, ctx.comm) != MPI_SUCCESS) {
     Pool::get().give_back(std::move(idle));
     return -1;
   }
@@ -325,7 +336,15 @@ int reuse_idle(NcclState& st, const CommContext& ctx, uint64_t key) {
     return 1;
   }
   Pool::get().give_back(std::move(idle));
-  return 0;
+  if (out[2] < 0) return 0;  // every rank has room
+  nccl::usage().refused.fetch_add(1);
+  if (!room)
+    SC_INFO("nccl: the budget turns away a new NCCL communicator of %d ranks: %s; its calls "
+            "take the table's next rule", ctx.size, why.c_str());
+  else
+    SC_INFO("nccl: another rank's budget turns away a new NCCL communicator of %d ranks; its "
+            "calls take the table's next rule", ctx.size);
+  return -1;
 }
 
 // Set-up step 3, collective: a new NCCL communicator in `c` (rank 0's ncclUniqueId, the
@@ -343,21 +362,19 @@ bool create_comm(NcclComm& c, const nccl::Library& lib, const CommContext& ctx, 
   }
   if (PMPI_Bcast(&root, sizeof(root), MPI_BYTE, 0, ctx.comm) != MPI_SUCCESS || !root.ok)
     return false;
-  // The failure notices' communicator first (collective: every rank gets here); no more
-  // than Pool::kMaxLive NCCL communicators in a process.
+  // The failure notices' communicator first (collective: every rank gets here).
   int ok = c.open_faults(ctx.comm) ? 1 : 0;
-  if (ok && !Pool::get().room()) {
-    SC_INFO("nccl: %d NCCL communicators exist in this process already; this one's calls take "
-            "the next rule", Pool::kMaxLive);
-    ok = 0;
-  }
   if (ok) {
     ScopedContext scope(c.cuctx);
+    uint64_t free0 = 0, free1 = 0, total = 0;
+    const bool measured = nccl::memory_info(&free0, &total);
     ncclResult_t r = lib.ncclCommInitRank(&c.comm, ctx.size, root.id, ctx.rank);
     ok = r == ncclSuccess;
     if (!ok) {
       log_error("%s", lib.describe("ncclCommInitRank", r).c_str());
       c.comm = nullptr;
+    } else if (measured && nccl::memory_info(&free1, &total)) {
+      c.bytes = free0 > free1 ? free0 - free1 : 0;
     }
   }
   int all_ok = 0;
@@ -368,11 +385,15 @@ bool create_comm(NcclComm& c, const nccl::Library& lib, const CommContext& ctx, 
       c.comm = nullptr;
     }
     c.close_faults();
+    c.bytes = 0;
     SC_WARN("nccl: could not create an NCCL communicator of %d ranks; its calls go to pmpi",
             ctx.size);
     return false;
   }
   *id = hash_bytes(root.id.internal, sizeof root.id.internal, 1469598103934665603ull);
+  nccl::usage().made_own.fetch_add(1);
+  nccl::usage().take(c.bytes);
+  nccl::usage().last_own_bytes.store(c.bytes);
   return true;
 }
 
@@ -390,7 +411,7 @@ void set_up(NcclState& st, const CallEnv& env, const CommContext& ctx) {
   uint64_t key = nccl::hash(lib.path.c_str());
   for (const GpuEntry& e : all)
     for (uint64_t v : {e.host, e.bus, e.world}) key = hash_bytes(&v, sizeof v, key);
-  if (reuse_idle(st, ctx, key) != 0) return;  // reused (`c`, never initialised, goes), or off
+  if (reuse_idle(st, ctx, key, c->cuctx) != 0) return;  // reused (`c`, never initialised, goes), or off
   uint64_t id = 0;
   if (!create_comm(*c, lib, ctx, &id)) return;
   SC_INFO("nccl: NCCL %d communicator of %d ranks on device %d", lib.version, ctx.size,
@@ -594,6 +615,105 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
   return start_request(new NcclRequest(c, done, false, nullptr, std::move(back)), a.request);
 }
 
+// ---- Communicators made from one with an NCCL communicator --------------------------------
+//
+// MPI's communicator constructors (MPI_Comm_dup, _split, _split_type, _create,
+// MPI_Cart_create, _sub, ...: shim/comm_ctor.cpp) are collective over the parent, so every
+// rank of it is there: where the parent has an NCCL communicator, the child's is split
+// from it at once (ncclCommSplit, splitShare = 1: it shares the parent's buffers and
+// channels instead of taking its own, NVIDIA/nccl#986), color the child's rank 0's rank in
+// the parent (equal on the child's ranks, distinct between children), key the rank in the
+// child (NCCL ranks = MPI ranks), NCCL_SPLIT_NOCOLOR where the rank gets MPI_COMM_NULL. A
+// parent without one costs nothing here: the child sets up lazily, at its first call, as
+// any communicator. Three steps, each agreed over the parent (a rank that cannot take part
+// would leave the others inside ncclCommSplit): every rank can split (its parent not
+// aborted, NCCL has ncclCommSplit, room in its budget); the split, the child's context
+// and failure notices; every rank has its child. Any failure: the child gets nothing (its
+// first call sets up as usual), and what was made is freed.
+
+// Step 1 on this rank: may it split `p`? (*why: why not.)
+bool may_split(const NcclComm& p, std::string* why) {
+  if (!p.lib->ncclCommSplit) return *why = p.lib->path + " has no ncclCommSplit", false;
+  if (p.aborted()) return *why = "the parent's NCCL communicator is aborted", false;
+  return Pool::get().room(false, why);
+}
+
+// Step 2 on a rank of `child`: the split and the CUDA objects around it, in `c` (device,
+// context and streams on the parent's GPU). False with *why on a failure.
+bool split_into(NcclComm& c, NcclComm& p, MPI_Comm parent, MPI_Comm child, std::string* why) {
+  const cuda::Driver& d = driver();
+  int color = NCCL_SPLIT_NOCOLOR, key = 0, size = 0;
+  if (child != MPI_COMM_NULL) PMPI_Comm_size(child, &size);
+  if (size > 1) {  // (a child of one rank takes route self: no NCCL communicator)
+    MPI_Group pg, cg;
+    const int zero = 0;
+    PMPI_Comm_rank(child, &key);
+    PMPI_Comm_group(parent, &pg);
+    PMPI_Comm_group(child, &cg);
+    PMPI_Group_translate_ranks(cg, 1, &zero, pg, &color);
+    PMPI_Group_free(&pg);
+    PMPI_Group_free(&cg);
+  }
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.splitShare = 1;
+  ncclResult_t r;
+  {
+    auto use = p.use();  // holds off an abort of the parent while NCCL uses it
+    ScopedContext scope(p.cuctx);
+    r = p.aborted() ? ncclInvalidUsage : p.lib->ncclCommSplit(p.comm, color, key, &c.comm, &config);
+  }
+  if (r != ncclSuccess) {
+    c.comm = nullptr;
+    return *why = p.lib->describe("ncclCommSplit", r, p.comm), false;
+  }
+  if (size < 2) return true;
+  c.device = p.device;
+  c.cudev = p.cudev;
+  CUresult cr = d.cuDevicePrimaryCtxRetain(&c.cuctx, c.cudev);
+  if (cr != CUDA_SUCCESS) {
+    c.cuctx = nullptr;
+    return *why = cuda::describe("cuDevicePrimaryCtxRetain", cr), false;
+  }
+  ScopedContext scope(c.cuctx);
+  if ((cr = d.cuStreamCreate(&c.classic, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS ||
+      (cr = d.cuStreamCreate(&c.side, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS)
+    return *why = cuda::describe("cuStreamCreate", cr), false;
+  return true;
+}
+
+// The split's last step on every rank of the parent: whether every rank has its part
+// (`ok`), and on the child's ranks the NCCL state it hands to the child's context.
+void adopt_split(std::shared_ptr<NcclComm> c, bool ok, const std::string& why, MPI_Comm parent,
+                 MPI_Comm child, const CommContext* cctx) {
+  int mine = ok ? 1 : 0, all = 0;
+  if (PMPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, parent) != MPI_SUCCESS) all = 0;
+  if (!all) {
+    if (c->comm) {
+      c->lib->ncclCommAbort(c->comm);  // (NCCL makes the communicator's device current)
+      c->comm = nullptr;
+    }
+    c->close_faults();
+    if (!ok) SC_WARN("nccl: could not split an NCCL communicator for a new communicator: %s; "
+                     "it sets up at its first call", why.c_str());
+    return;
+  }
+  if (child == MPI_COMM_NULL || !cctx) {  // NCCL_SPLIT_NOCOLOR: nothing was made here
+    c->comm = nullptr;
+    return;
+  }
+  g_live_nccl.fetch_add(1);
+  nccl::usage().made_shared.fetch_add(1);
+  c->shared = true;
+  SC_INFO("nccl: a communicator of %d ranks shares its parent's NCCL resources (ncclCommSplit)",
+          cctx->size);
+  auto& slot = const_cast<CommContext*>(cctx)->route_state[static_cast<int>(RouteId::nccl)];
+  auto st = std::make_unique<NcclState>();
+  st->status = NcclState::ready;
+  st->comm = std::move(c);
+  Watchdog::get().watch(st->comm);
+  slot = std::move(st);
+}
+
 // Routes nccl and ccube: one class, one NCCL communicator per communicator (route nccl's
 // state, set up by whichever of them is first asked), so they share its set-up,
 // failure handling and stream semantics. ccube takes allreduce only, as C-Cube's tree
@@ -619,11 +739,11 @@ class NcclRoute final : public Route {
   bool accepts(const CollArgs& a, CommContext& ctx, const config::RouteChoice&,
                const CallEnv& env) override {
     if (id_ == RouteId::ccube && !ccube_takes(a)) return false;
-    if (ctx.inter) return false;
     // MPI_I*: only where the program promises one start order on all communicators
     // (file comment; a job-wide setting, equal on every rank); fused messages where the
     // site allows them on NCCL (STREAMCOLL_FUSION_NCCL, algorithms/fusion.hpp).
     const config::Settings& set = Runtime::get().settings();
+    if (ctx.inter || (ctx.size == 1 && set.one_rank_self)) return false;  // one rank: self
     if (a.nonblocking && !(env.fused ? set.fusion_nccl : set.nccl_nonblocking)) return false;
     const OpInfo* op = takes_op(a.coll) ? find_op(a.op) : nullptr;
     if (nccl::Support s = nccl::supports(a.coll, env.mem, call_type(a), op);
@@ -777,6 +897,41 @@ class NcclRoute final : public Route {
 
 }  // namespace
 
+void nccl_derive(CommContext& parent, MPI_Comm child) {
+  auto& slot = parent.route_state[static_cast<int>(RouteId::nccl)];
+  if (!slot) return;
+  auto& pst = static_cast<NcclState&>(*slot);
+  // Ready on every rank of the parent or on none (set up collectively, never reset).
+  if (pst.status != NcclState::ready || !pst.comm) return;
+  std::shared_ptr<NcclComm> p = pst.comm;
+  std::string why;
+  int can = may_split(*p, &why) ? 1 : 0, all = 0;
+  if (PMPI_Allreduce(&can, &all, 1, MPI_INT, MPI_MIN, parent.comm) != MPI_SUCCESS || !all) {
+    if (!can) SC_INFO("nccl: no NCCL split for a new communicator: %s", why.c_str());
+    return;
+  }
+  auto c = std::make_shared<NcclComm>();
+  c->lib = p->lib;
+  bool ok = split_into(*c, *p, parent.comm, child, &why);
+  CommContext* cctx = nullptr;
+  int size = 0;
+  if (child != MPI_COMM_NULL) PMPI_Comm_size(child, &size);
+  if (size > 1) {
+    // Collective over the child (all its ranks are here, whatever `ok` is on each).
+    cctx = comm_context(child, true);
+    if (cctx) {
+      c->size = cctx->size;
+      c->async_error = cctx->async_error;
+    }
+    const bool faults = c->open_faults(child);
+    if (ok && (!cctx || !faults)) {
+      why = "the MPI failed to set up the new communicator's state";
+      ok = false;
+    }
+  }
+  adopt_split(std::move(c), ok, why, parent.comm, child, cctx);
+}
+
 Route* nccl_route() {
   static NcclRoute r(RouteId::nccl);
   return &r;
@@ -866,6 +1021,16 @@ std::shared_ptr<void> device_buffer(CommContext& ctx, uint64_t bytes, int* devic
 }  // namespace nccl_stage
 
 void nccl_shutdown() { Watchdog::get().stop(); }
+
+void nccl_resources(ResourceCounts* c) {
+  const nccl::Usage& u = nccl::usage();
+  c->nccl_own = u.made_own.load();
+  c->nccl_shared = u.made_shared.load();
+  c->nccl_live = static_cast<uint64_t>(std::max(0, g_live_nccl.load()));
+  c->nccl_refused = u.refused.load();
+  c->nccl_bytes = u.bytes.load();
+  c->nccl_peak_bytes = u.peak_bytes.load();
+}
 
 void nccl_release() {
   Pool::get().stop();

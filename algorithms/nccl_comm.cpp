@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "base/log.hpp"
+#include "config/env.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/errors.hpp"
 #include "core/runtime.hpp"
@@ -15,6 +16,27 @@ using cuda::driver;
 using cuda::ScopedContext;
 
 std::atomic<int> g_live_nccl{0};
+
+Usage& usage() {
+  static Usage* u = new Usage;  // never destroyed: communicators may go at exit
+  return *u;
+}
+
+void Usage::take(uint64_t b) {
+  const uint64_t now = bytes.fetch_add(b) + b;
+  uint64_t peak = peak_bytes.load();
+  while (now > peak && !peak_bytes.compare_exchange_weak(peak, now)) {
+  }
+}
+
+bool memory_info(uint64_t* free, uint64_t* total) {
+  const cuda::Driver& d = driver();
+  size_t f = 0, t = 0;
+  if (!d.cuMemGetInfo || d.cuMemGetInfo(&f, &t) != CUDA_SUCCESS) return false;
+  *free = f;
+  *total = t;
+  return true;
+}
 
 // ---- Remains ----------------------------------------------------------------
 
@@ -89,6 +111,7 @@ void Reaper::drain() {
 
 NcclComm::~NcclComm() {
   if (comm) g_live_nccl.fetch_sub(1);
+  usage().give(bytes);
   if (!cuctx) return;
   Remains r;
   r.lib = lib;
@@ -366,7 +389,7 @@ std::shared_ptr<NcclComm> Pool::take(uint64_t key) {
 
 void Pool::give_back(std::shared_ptr<NcclComm> c) {
   if (!c) return;
-  if (c->failed()) return discard(std::move(c));
+  if (c->failed() || c->shared) return discard(std::move(c));
   std::shared_ptr<NcclComm> oldest;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -382,16 +405,44 @@ void Pool::give_back(std::shared_ptr<NcclComm> c) {
   if (oldest) discard(std::move(oldest));
 }
 
-bool Pool::room() {
-  while (g_live_nccl.load() >= kMaxLive) {
+bool Pool::room(bool own, std::string* why) {
+  const config::Settings& set = Runtime::get().settings();
+  // The memory budget, for one with resources of its own: what the last such set-up took
+  // (nothing known before the first) must fit under the limit and in what is free.
+  uint64_t free = 0, total = 0;
+  const bool measured = own && memory_info(&free, &total);
+  const uint64_t limit = set.nccl_memory_bytes ? set.nccl_memory_bytes
+                                               : static_cast<uint64_t>(set.nccl_memory_share *
+                                                                       static_cast<double>(total));
+  const uint64_t expect = usage().last_own_bytes.load();
+  for (;;) {
+    const bool count_ok = g_live_nccl.load() < set.nccl_max_comms;
+    const bool memory_ok = !measured || usage().bytes.load() + expect <= limit;
+    if (count_ok && memory_ok) break;
     std::shared_ptr<NcclComm> oldest;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (idle_.empty()) return false;
-      oldest = std::move(idle_.front());
-      idle_.erase(idle_.begin());
+      if (!idle_.empty()) {
+        oldest = std::move(idle_.front());
+        idle_.erase(idle_.begin());
+      }
     }
-    discard(std::move(oldest));
+    if (!oldest) {
+      *why = !count_ok ? std::to_string(g_live_nccl.load()) +
+                             " NCCL communicators exist in this process (STREAMCOLL_NCCL_MAX_COMMS=" +
+                             std::to_string(set.nccl_max_comms) + ")"
+                       : std::to_string(usage().bytes.load() >> 20) + " MiB of GPU memory are " +
+                             "held by NCCL communicators and one more takes about " +
+                             std::to_string(expect >> 20) + " MiB, over the budget of " +
+                             std::to_string(limit >> 20) + " MiB (STREAMCOLL_NCCL_MEMORY)";
+      return false;
+    }
+    discard(std::move(oldest));  // (freed at once unless an operation on it still runs)
+  }
+  if (measured && (memory_info(&free, &total), free < expect)) {
+    *why = "the GPU has " + std::to_string(free >> 20) + " MiB free, and one more NCCL "
+           "communicator takes about " + std::to_string(expect >> 20) + " MiB";
+    return false;
   }
   return true;
 }

@@ -64,6 +64,26 @@ class Reaper {
 /// NCCL communicators alive in this process (in use, idle in the pool, or being freed).
 extern std::atomic<int> g_live_nccl;
 
+/// What streamcoll's NCCL communicators took in this process (streamcoll_nccl_counts,
+/// STREAMCOLL_STATS). Bytes are GPU memory measured with cuMemGetInfo around each set-up
+/// (free before minus free after; other threads' allocations meanwhile count too, so it
+/// is an estimate), given back when the communicator is freed.
+struct Usage {
+  std::atomic<uint64_t> made_own{0};      ///< ncclCommInitRank, each with its own resources
+  std::atomic<uint64_t> made_shared{0};   ///< ncclCommSplit with splitShare from a parent's
+  std::atomic<uint64_t> refused{0};       ///< set-ups the budget turned away on this rank
+  std::atomic<uint64_t> bytes{0};         ///< GPU memory held now by live communicators
+  std::atomic<uint64_t> peak_bytes{0};    ///< the most `bytes` has been
+  std::atomic<uint64_t> last_own_bytes{0};  ///< what the latest own-resource set-up took
+  void take(uint64_t b);
+  void give(uint64_t b) { bytes.fetch_sub(b); }
+};
+Usage& usage();
+
+/// The current context's free and total GPU memory (cuMemGetInfo), or false when the
+/// driver has no cuMemGetInfo or it fails.
+bool memory_info(uint64_t* free, uint64_t* total);
+
 // One NCCL communicator and the CUDA objects around it. Shared by the communicator's
 // route state and the requests in flight, so MPI_Comm_free may come before MPI_Wait.
 class NcclComm {
@@ -89,6 +109,8 @@ class NcclComm {
   CUstream copy = nullptr;     ///< non-blocking stream for staged results (made at first use)
   std::once_flag copy_once;
   int size = 1;
+  bool shared = false;  ///< split from a parent's with splitShare: no resources of its own
+  uint64_t bytes = 0;   ///< GPU memory its set-up took (Usage), given back when it goes
   uint64_t key = 0;  ///< the rank group and GPUs it serves (Pool)
   uint64_t id = 0;   ///< equal on every rank of it: from its ncclUniqueId
 
@@ -217,20 +239,22 @@ class Watchdog {
 };
 
 // Programs that make many communicators (MPI_Comm_dup or _split in a loop) do not get
-// an NCCL communicator each: when an MPI communicator goes (MPI_Comm_free, MPI_Finalize),
+// an NCCL communicator with resources of its own each. A communicator made from one that
+// has an NCCL communicator gets a split of it, sharing its resources (algorithms/nccl.cpp,
+// derive). Otherwise, when an MPI communicator goes (MPI_Comm_free, MPI_Finalize),
 // its NCCL communicator, if healthy, waits here, idle, for a new MPI communicator over the
 // same ranks in the same order on the same GPUs, which then reuses it (the ranks agree on
-// that at its set-up). At most kMaxIdle wait (the oldest goes first), and at most
-// kMaxLive exist at once: beyond that a new communicator's calls take the table's next
-// rule. Why not share one NCCL communicator between live MPI communicators: NCCL matches
-// the operations of one communicator by issue order, and MPI lets ranks interleave the
-// calls of different communicators differently (threads, non-blocking calls). Why not
-// ncclCommSplit: every rank of the parent must call it, while streamcoll sets up a
-// communicator lazily, at its first call, where only its own ranks are.
+// that at its set-up; splits are not kept: a new split costs no memory). At most
+// kMaxIdle wait (the oldest goes first). The budget (room()): at most
+// STREAMCOLL_NCCL_MAX_COMMS exist at once, and those with resources of their own take at
+// most STREAMCOLL_NCCL_MEMORY of the GPU; idle ones are freed first, and beyond it a new
+// communicator's calls take the table's next rule (the ranks agree on it at the set-up).
+// Why not share one NCCL communicator between live MPI communicators: NCCL matches the
+// operations of one communicator by issue order, and MPI lets ranks interleave the calls
+// of different communicators differently (threads, non-blocking calls).
 class Pool {
  public:
   static constexpr size_t kMaxIdle = 8;
-  static constexpr int kMaxLive = 32;
   static Pool& get();
   /// An idle communicator for `key`, taken out of the pool, or nullptr. One that cannot
   /// be used any more (aborted, or its context reset under it) is dropped instead. From a
@@ -238,9 +262,11 @@ class Pool {
   std::shared_ptr<NcclComm> take(uint64_t key);
   /// A communicator whose MPI communicator is gone. From a thread that may call MPI.
   void give_back(std::shared_ptr<NcclComm> c);
-  /// Whether this process may make one more: under kMaxLive, if need be by freeing the
-  /// oldest idle one. From a thread that may call MPI.
-  bool room();
+  /// Whether this process may make one more NCCL communicator (`own`: with resources of
+  /// its own, in the current context, which also needs room in the memory budget), if
+  /// need be by freeing the oldest idle ones; *why says why not. From a thread that may
+  /// call MPI.
+  bool room(bool own, std::string* why);
   /// At runtime stop: every idle one goes.
   void stop();
 

@@ -24,6 +24,10 @@ Library load(const std::string& requested) {
 #define STREAMCOLL_NCCL_LOAD(fn) sym(l.fn, #fn);
   STREAMCOLL_NCCL_ENTRY_POINTS(STREAMCOLL_NCCL_LOAD)
 #undef STREAMCOLL_NCCL_LOAD
+#define STREAMCOLL_NCCL_LOAD_OPTIONAL(fn) \
+  l.fn = reinterpret_cast<decltype(l.fn)>(dlsym(lib, #fn));
+  STREAMCOLL_NCCL_OPTIONAL_ENTRY_POINTS(STREAMCOLL_NCCL_LOAD_OPTIONAL)
+#undef STREAMCOLL_NCCL_LOAD_OPTIONAL
   if (!missing.empty()) {
     l.reason = l.path + " lacks " + missing;
     return l;

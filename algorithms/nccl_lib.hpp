@@ -15,6 +15,11 @@
   X(ncclAllReduce) X(ncclReduce) X(ncclBroadcast) X(ncclAllGather) X(ncclReduceScatter)    \
   X(ncclSend) X(ncclRecv) X(ncclGroupStart) X(ncclGroupEnd)
 
+// Looked up too, but not needed: without them (NCCL before 2.18) an MPI communicator made
+// from one with an NCCL communicator gets its own at its first call (ncclCommInitRank)
+// instead of a split sharing the parent's resources.
+#define STREAMCOLL_NCCL_OPTIONAL_ENTRY_POINTS(X) X(ncclCommSplit) X(ncclCommCount)
+
 namespace streamcoll::nccl {
 
 struct Library {
@@ -24,6 +29,7 @@ struct Library {
   std::string reason;   ///< why not usable
 #define STREAMCOLL_NCCL_MEMBER(fn) decltype(&::fn) fn = nullptr;
   STREAMCOLL_NCCL_ENTRY_POINTS(STREAMCOLL_NCCL_MEMBER)
+  STREAMCOLL_NCCL_OPTIONAL_ENTRY_POINTS(STREAMCOLL_NCCL_MEMBER)
 #undef STREAMCOLL_NCCL_MEMBER
 
   /// "ncclAllReduce: unhandled cuda error (run with NCCL_DEBUG=INFO for details) [last

@@ -116,6 +116,22 @@ bool route_built(RouteId id);
 /// Stops what routes run in the background (threads); from Runtime::stop(), before the
 /// communicator contexts go.
 void routes_shutdown();
+/// Inside an MPI communicator constructor, after the MPI's own call succeeded: every rank
+/// of `parent` (a communicator with a context) calls it, with its new communicator `child`
+/// (MPI_COMM_NULL on a rank that got none). A route whose state on the parent lets it
+/// make the child's cheaply does so here, collectively over the parent (route nccl: an
+/// ncclCommSplit sharing the parent's resources); the others do nothing. From the thread
+/// that makes the call.
+void routes_derive(CommContext& parent, MPI_Comm child);
+/// What routes took in this process (streamcoll_nccl_counts, STREAMCOLL_STATS): NCCL
+/// communicators made with resources of their own and split sharing a parent's, alive
+/// now, set-ups the budget turned away on this rank, and the GPU memory (bytes) they hold
+/// now and held at most. Zero in a build without NCCL. Thread-safe.
+struct ResourceCounts {
+  uint64_t nccl_own = 0, nccl_shared = 0, nccl_live = 0, nccl_refused = 0;
+  uint64_t nccl_bytes = 0, nccl_peak_bytes = 0;
+};
+ResourceCounts routes_resources();
 /// Frees what routes keep beyond their communicators (idle NCCL communicators, the
 /// remains of gone ones), after every communicator context is gone; from Runtime::stop().
 void routes_release();

@@ -32,6 +32,11 @@ const std::vector<RouteInfo>& route_table() {
       {RouteId::ccube, "ccube",
        "overlapped pipelined trees on NCCL point-to-point (C-Cube: Jo, Son, Kim et al., KAIST, sec. III)",
        {{"chunk", {}, "size"}}},
+      {RouteId::self, "self",
+       "a communicator of one rank: the collective is a copy from the send to the receive "
+       "buffer on the GPU (nothing in place), classic or on the attached stream; no NCCL, "
+       "no agreement, nothing set up",
+       {}},
   };
   return *table;
 }

@@ -26,8 +26,9 @@ enum class RouteId : uint8_t {
   blueconnect,  ///< hierarchical reduce-scatter/all-gather (BlueConnect section 3)
   nvgroup,      ///< NVLink-group cooperative kernels (NV-Group section 4)
   ccube,        ///< pipelined tree (C-Cube section III)
+  self,         ///< a communicator of one rank: a local copy, on the GPU
 };
-inline constexpr int kNumRoutes = 6;
+inline constexpr int kNumRoutes = 7;
 
 /// One parameter a route takes in the tuning table (`key=value`), besides `fuse=` that
 /// every route takes (algorithms/fusion.hpp).

@@ -3,6 +3,8 @@
 #include <cctype>
 #include <cstdlib>
 
+#include "config/tuning_table.hpp"
+
 namespace streamcoll::config {
 
 namespace {
@@ -113,6 +115,33 @@ void set_timeline_max(const Knob& k, const char* v, Settings* s) {
   else problem(s, k, v, "is not a number of calls from 1 to 100000000; using 100000");
 }
 
+void set_nccl_max_comms(const Knob& k, const char* v, Settings* s) {
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  if (end != v && *end == '\0' && n >= 1 && n <= 4096) s->nccl_max_comms = static_cast<int>(n);
+  else problem(s, k, v, "is not a number of communicators from 1 to 4096; using 32");
+}
+
+void set_nccl_memory(const Knob& k, const char* v, Settings* s) {
+  const std::string_view text(v);
+  if (!text.empty() && text.back() == '%') {
+    char* end = nullptr;
+    const double pct = std::strtod(v, &end);
+    if (end != v && end == v + text.size() - 1 && pct >= 0 && pct <= 100) {
+      s->nccl_memory_share = pct / 100;
+      s->nccl_memory_bytes = 0;
+      return;
+    }
+  } else if (auto b = parse_size(text)) {
+    s->nccl_memory_bytes = *b;
+    s->nccl_memory_share = *b ? 0 : s->nccl_memory_share;
+    if (*b) return;
+  }
+  problem(s, k, v, "is not a share like 25% or a size like 8G; using 25%");
+  s->nccl_memory_share = 0.25;
+  s->nccl_memory_bytes = 0;
+}
+
 void set_nvtx(const Knob& k, const char* v, Settings* s) {
   if (!parse_auto_bool(v, &s->nvtx)) problem(s, k, v, "is not auto|1|0; using auto");
 }
@@ -170,6 +199,19 @@ const std::vector<Knob>& knobs() {
        "rank: NCCL kernels of different NCCL communicators can deadlock otherwise (see "
        "Safety rules); `0`: they take the table's next matching rule (`pmpi` in the default "
        "table)"},
+      {"STREAMCOLL_ONE_RANK_SELF", "1", set_bool<&Settings::one_rank_self>,
+       "`1`: a communicator of one rank takes route `self` for calls on GPU memory (a copy on "
+       "the GPU; no NCCL communicator, no agreement, nothing set up), and no other route but "
+       "`pmpi`; `0`: it is routed as any communicator (to test a route on one rank)"},
+      {"STREAMCOLL_NCCL_MAX_COMMS", "32", set_nccl_max_comms,
+       "NCCL communicators streamcoll keeps alive at once in a process, those with resources "
+       "of their own and those split from a parent with `splitShare` together (idle ones are "
+       "freed first); beyond it a new communicator's calls take the table's next rule"},
+      {"STREAMCOLL_NCCL_MEMORY", "25%", set_nccl_memory,
+       "GPU memory that streamcoll's NCCL communicators with resources of their own may take "
+       "on one GPU: a share of its total (`25%`) or a size (`8G`), measured with "
+       "`cuMemGetInfo` around each set-up (idle ones are freed first); beyond it a new "
+       "communicator's calls take the table's next rule, on every rank alike"},
       {"STREAMCOLL_NVGROUP_NONBLOCKING", "0", set_bool<&Settings::nvgroup_nonblocking>,
        "`1`: `MPI_I*` allreduce, reduce-scatter-block and all-gather on GPU memory may take "
        "route `nvgroup` too (one group per communicator). Only for a program that starts its"

@@ -69,6 +69,17 @@ struct Settings {
   std::string nccl_lib;          ///< STREAMCOLL_NCCL_LIB (empty: libnccl.so.2)
   bool nccl_nonblocking = false; ///< STREAMCOLL_NCCL_NONBLOCKING: MPI_I* may take route nccl
   bool nvgroup_nonblocking = false;  ///< STREAMCOLL_NVGROUP_NONBLOCKING: MPI_I* may take route nvgroup
+  /// STREAMCOLL_ONE_RANK_SELF: a communicator of one rank takes route self (false: it is
+  /// routed as any other, the table's routes included; for testing a route on one rank).
+  bool one_rank_self = true;
+  /// STREAMCOLL_NCCL_MAX_COMMS: NCCL communicators alive at once in a process (own and
+  /// shared), beyond which a new communicator's calls take the table's next rule.
+  int nccl_max_comms = 32;
+  /// STREAMCOLL_NCCL_MEMORY: GPU memory the NCCL communicators with resources of their
+  /// own may take on one GPU, as a share of its total (nccl_memory_share, 0..1) or in bytes
+  /// (nccl_memory_bytes, when not 0).
+  double nccl_memory_share = 0.25;
+  uint64_t nccl_memory_bytes = 0;
   /// STREAMCOLL_DRIVER_PROFILE: time the CUDA driver calls (core/cuda_driver.hpp,
   /// set_profile) and print them per rank at MPI_Finalize.
   bool driver_profile = false;

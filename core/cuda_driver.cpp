@@ -407,6 +407,26 @@ RelaxedCapture::~RelaxedCapture() {
   if (set_) driver().cuThreadExchangeStreamCaptureMode(&mode_);
 }
 
+CUcontext primary_context(int device, CUresult* r) {
+  static std::mutex mu;
+  static std::vector<CUcontext>* retained = new std::vector<CUcontext>;  // never released
+  const Driver& d = driver();
+  *r = CUDA_SUCCESS;
+  if (device < 0 || device >= d.device_count) return *r = CUDA_ERROR_INVALID_DEVICE, nullptr;
+  std::lock_guard<std::mutex> lock(mu);
+  if (retained->size() < static_cast<size_t>(d.device_count))
+    retained->resize(static_cast<size_t>(d.device_count), nullptr);
+  CUcontext& slot = (*retained)[static_cast<size_t>(device)];
+  if (!slot) {
+    CUdevice dev = 0;
+    CUcontext c = nullptr;
+    if ((*r = d.cuDeviceGet(&dev, device)) == CUDA_SUCCESS &&
+        (*r = d.cuDevicePrimaryCtxRetain(&c, dev)) == CUDA_SUCCESS)
+      slot = c;
+  }
+  return slot;
+}
+
 ScopedContext::ScopedContext(CUcontext ctx) {
   const Driver& d = driver();
   CUcontext current = nullptr;

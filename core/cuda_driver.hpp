@@ -40,7 +40,8 @@
   X(cuIpcCloseMemHandle) X(cuMemHostRegister) X(cuMemHostUnregister)                 \
   X(cuStreamIsCapturing) X(cuStreamGetCaptureInfo) X(cuLaunchHostFunc)                 \
   X(cuUserObjectCreate) X(cuUserObjectRelease) X(cuGraphRetainUserObject)              \
-  X(cuThreadExchangeStreamCaptureMode) X(cuStreamWriteValue32) X(cuEventElapsedTime)
+  X(cuThreadExchangeStreamCaptureMode) X(cuStreamWriteValue32) X(cuEventElapsedTime)    \
+  X(cuMemGetInfo)
 #endif
 
 namespace streamcoll::cuda {
@@ -189,6 +190,10 @@ class RelaxedCapture {
   CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
   bool set_ = false;
 };
+
+/// The primary context of `device` (an ordinal), retained once per device for the life of
+/// the process, or nullptr with *r set. Thread-safe.
+CUcontext primary_context(int device, CUresult* r);
 
 /// Makes the primary context of a device current for the scope, if it is not already
 /// (the common case for a CUDA runtime application costs one cuCtxGetCurrent).

@@ -47,7 +47,9 @@
   X(MPI_Wait) X(MPI_Test) X(MPI_Request_get_status) X(MPI_Waitall) X(MPI_Testall)        \
   X(MPI_Waitany) X(MPI_Testany) X(MPI_Waitsome) X(MPI_Testsome) X(MPI_Request_free)    \
   X(MPI_Error_string) X(MPI_Comm_set_info) X(MPI_Comm_dup_with_info) X(MPI_Comm_split_type) \
-  X(MPI_Start) X(MPI_Startall) STREAMCOLL_NEXT_PCOLL(X)
+  X(MPI_Start) X(MPI_Startall) X(MPI_Comm_dup) X(MPI_Comm_split) X(MPI_Comm_create)      \
+  X(MPI_Cart_create) X(MPI_Cart_sub) X(MPI_Graph_create) X(MPI_Dist_graph_create)        \
+  X(MPI_Dist_graph_create_adjacent) STREAMCOLL_NEXT_PCOLL(X)
 
 namespace streamcoll::next {
 

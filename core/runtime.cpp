@@ -234,6 +234,7 @@ void Runtime::stop() {
   if (settings_.check) finish_agreement_checks();
   if (settings_.stats) {
     std::string table = stats_.report(MPI_COMM_WORLD);
+    if (hooks_.resources) table += hooks_.resources(MPI_COMM_WORLD);
     if (!table.empty()) std::fputs(table.c_str(), stderr);
   }
   trace::finalize();  // the timeline (collective over MPI_COMM_WORLD where it is on)

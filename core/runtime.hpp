@@ -65,6 +65,8 @@ class Runtime {
     void (*threads)() = nullptr;
     void (*routes)() = nullptr;
     void (*streams)() = nullptr;
+    /// STREAMCOLL_STATS: what the routes took, as rank 0's text (collective over `comm`).
+    std::string (*resources)(MPI_Comm comm) = nullptr;
   };
   void set_stop_hooks(const StopHooks& h) {
     std::lock_guard<std::mutex> lock(mu_);

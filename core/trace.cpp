@@ -64,7 +64,7 @@ nvtxStringHandle_t registered(std::atomic<nvtxStringHandle_t>& slot, const std::
 
 // Per-route colours (ARGB), in RouteId order.
 constexpr uint32_t kColours[] = {0xFF9E9E9E, 0xFF76B900, 0xFF1F77B4, 0xFFFF7F0E,
-                                 0xFFD62728, 0xFF9467BD};
+                                 0xFFD62728, 0xFF9467BD, 0xFF8C564B};
 static_assert(sizeof(kColours) / sizeof(kColours[0]) == kNumRoutes, "a colour per route");
 
 std::string call_text(Coll c, bool nonblocking) {

@@ -16,7 +16,9 @@
 #include "base/log.hpp"
 #include "core/comm_context.hpp"
 #include "core/cuda_driver.hpp"
+#include "core/datatypes.hpp"
 #include "core/errors.hpp"
+#include "core/requests.hpp"
 #include "core/runtime.hpp"
 #include "shim/dispatch.hpp"
 #include "streamext/stream_attr.hpp"
@@ -402,20 +404,17 @@ CUresult add_nodes(CUstream s, std::unique_ptr<Captured> c, const char** what) {
   return CUDA_SUCCESS;
 }
 
-// The request an MPI_I* call recorded into a graph returns: already complete.
-int done_request(MPI_Request* request) {
-  auto query = [](void*, MPI_Status* st) {
-    PMPI_Status_set_elements(st, MPI_BYTE, 0);
-    PMPI_Status_set_cancelled(st, 0);
-    st->MPI_SOURCE = MPI_UNDEFINED;
-    st->MPI_TAG = MPI_UNDEFINED;
-    return MPI_SUCCESS;
-  };
-  auto noop_free = [](void*) { return MPI_SUCCESS; };
-  auto noop_cancel = [](void*, int) { return MPI_SUCCESS; };
-  int rc = PMPI_Grequest_start(query, noop_free, noop_cancel, nullptr, request);
-  if (rc == MPI_SUCCESS) rc = PMPI_Grequest_complete(*request);
-  return rc;
+// A call that route self takes as it is (algorithms/self.cpp): one rank, predefined types
+// (the route checks the rest, and a call it declines on a capturing stream fails there).
+bool one_rank(const CollArgs& a) {
+  int inter = 1, size = 0;
+  if (!Runtime::get().settings().one_rank_self) return false;
+  if (PMPI_Comm_test_inter(a.comm, &inter) != MPI_SUCCESS || inter ||
+      PMPI_Comm_size(a.comm, &size) != MPI_SUCCESS || size != 1)
+    return false;
+  if (a.coll == Coll::bcast) return find_type(a.datatype) != nullptr;
+  if (takes_op(a.coll)) return find_type(a.datatype) && find_op(a.op);
+  return find_type(a.recvtype) && (a.sendbuf == MPI_IN_PLACE || find_type(a.sendtype));
 }
 
 int refuse(const CollArgs& a, const std::string& why) {
@@ -442,6 +441,9 @@ bool record_call(const CollArgs& a, std::function<int(MPI_Request*)> start, int*
     return false;
   if (status != CU_STREAM_CAPTURE_STATUS_ACTIVE)
     return *rc = refuse(a, "the capture was invalidated before this call"), true;
+  // A communicator of one rank: route self's copy goes on the capturing stream itself (a
+  // memcpy node of the graph), with no replay lane, no thread and no MPI call at launch.
+  if (one_rank(a)) return false;
   if (!Runtime::get().thread_multiple())
     return *rc = refuse(a, "capture needs MPI_THREAD_MULTIPLE (streamcoll makes the call "
                            "from a thread of its own at each launch)"), true;
@@ -465,7 +467,7 @@ bool record_call(const CollArgs& a, std::function<int(MPI_Request*)> start, int*
   if (r != CUDA_SUCCESS)
     return *rc = refuse(a, cuda::describe(what, r)), true;
   SC_TRACE("%s recorded into a CUDA graph", call_name(a.coll, a.nonblocking).c_str());
-  *rc = a.nonblocking ? done_request(a.request) : MPI_SUCCESS;
+  *rc = a.nonblocking ? start_completed_request(a.request) : MPI_SUCCESS;
   return true;
 }
 

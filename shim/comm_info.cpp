@@ -78,6 +78,7 @@ SC_EXPORT int MPI_Comm_set_info(MPI_Comm comm, MPI_Info info) {
 SC_EXPORT int MPI_Comm_dup_with_info(MPI_Comm comm, MPI_Info info, MPI_Comm* newcomm) {
   const int rc = SC_NEXT(MPI_Comm_dup_with_info)(comm, info, newcomm);
   if (rc == MPI_SUCCESS) streamcoll::record(*newcomm, info);
+  streamcoll::derive_child(comm, rc, *newcomm);  // shim/comm_ctor.cpp
   return rc;
 }
 
@@ -85,5 +86,6 @@ SC_EXPORT int MPI_Comm_split_type(MPI_Comm comm, int split_type, int key, MPI_In
                                   MPI_Comm* newcomm) {
   const int rc = SC_NEXT(MPI_Comm_split_type)(comm, split_type, key, info, newcomm);
   if (rc == MPI_SUCCESS) streamcoll::record(*newcomm, info);
+  streamcoll::derive_child(comm, rc, *newcomm);  // shim/comm_ctor.cpp
   return rc;
 }

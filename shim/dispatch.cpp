@@ -363,7 +363,12 @@ void walk_rules(Decision& d, const CollArgs& a, const CallEnv& env, const config
       break;
     }
     Route* route = find_route(rule->choice.route);
-    if (route && !(env.unable >> static_cast<int>(rule->choice.route) & 1u) &&
+    // On one rank only pmpi and self: nothing there is worth an NCCL communicator, a
+    // progress thread or pinned memory (one_rank()).
+    const bool one_rank_route = ctx->size > 1 || !rt.settings().one_rank_self ||
+                                rule->choice.route == RouteId::pmpi ||
+                                rule->choice.route == RouteId::self;
+    if (route && one_rank_route && !(env.unable >> static_cast<int>(rule->choice.route) & 1u) &&
         route->accepts(asked, *ctx, rule->choice, env)) {
       d.route = rule->choice.route;
       break;
@@ -679,6 +684,32 @@ void decide_persistent_init(Decision& d, const CollArgs& a, Mine& mine, int size
   choose_route(d, a, agreed, size, rank, check, rt);
 }
 
+// A communicator of one rank whose call has a buffer in GPU memory: route self
+// (algorithms/self.cpp), a local copy on the GPU, with nothing to agree (the only rank's
+// facts are the agreed ones) and nothing set up; blocking, MPI_I* and persistent alike,
+// whatever the table or forced routes say. The context is made here if need be (with one
+// rank, a local step). False: the call is decided as any other (host memory only, a
+// datatype or op the route does not take: then walk_rules keeps it off every route but
+// pmpi and self).
+bool one_rank(const CollArgs& a, Decision& d, int size, Verdict verdict, Runtime& rt) {
+  if (size != 1 || !rt.settings().one_rank_self ||
+      (verdict != Verdict::eligible && verdict != Verdict::mixed_memory))
+    return false;
+  if (d.env.mem == MemKind::host || d.env.mem == MemKind::pinned) return false;
+  Route* self = find_route(RouteId::self);
+  if (!self) return false;
+  if (!d.ctx) d.ctx = comm_context(a.comm, true);
+  static const config::RouteChoice kNoParams;
+  if (!d.ctx || !self->accepts(a, *d.ctx, kNoParams, d.env)) return false;
+  d.route = RouteId::self;
+  d.env.agreed_mem = d.env.mem;
+  d.agreed_stream = d.env.agreed_stream = d.env.has_stream;
+  if (log_enabled(LogLevel::info)) d.why = "a communicator of one rank: a local copy";
+  SC_TRACE("%s %llu B on %s memory on one rank -> self", call_name(a.coll, a.nonblocking).c_str(),
+           static_cast<unsigned long long>(d.bytes), std::string(name(d.env.mem)).c_str());
+  return true;
+}
+
 // How the call is routed, in the order of the map at the top of this file: arguments
 // screened, this rank's memory kind and stream, step 1 (candidate?), then steps 2 and 3
 // (the facts every rank decides from, and the route they choose).
@@ -699,6 +730,7 @@ Decision decide(const CollArgs& a, Runtime& rt) {
   }
   const Verdict verdict = eligibility(f);
   d.ctx = ctx;
+  if (one_rank(a, d, size, verdict, rt)) return d;
   d.forced = ctx ? ctx->forced_routes() : nullptr;
   if (!candidate(a, d, verdict, d.forced.get(), rank, check, rt)) {
     d.ctx = nullptr;  // to pmpi, as one that touches no context

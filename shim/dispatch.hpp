@@ -36,6 +36,11 @@ inline int gather_counts(const void* sendbuf, int sendcount, int recvcount) {
   return (sendbuf == MPI_IN_PLACE ? 0 : sendcount) | recvcount;
 }
 
+/// Inside an MPI communicator constructor on `parent`, after the MPI's own call returned
+/// `rc` and `child`: the child's route state derived from the parent's, collectively over
+/// it (shim/comm_ctor.cpp).
+void derive_child(MPI_Comm parent, int rc, MPI_Comm child);
+
 /// Everything else: screens, classifies, routes and runs one call, and records its
 /// statistics; returns what the MPI call returns. shim/dispatch.cpp.
 int dispatch(const CollArgs& a);

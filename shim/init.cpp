@@ -7,6 +7,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "algorithms/fusion.hpp"
@@ -38,9 +39,30 @@ namespace {
 
 // What the runtime (core) stops at MPI_Finalize from the layers above it: the routes'
 // threads and state, the stream attribute's. Set when the library loads.
+// STREAMCOLL_STATS: the NCCL communicators made (summed over ranks) and the GPU memory
+// they held (the most on one process), on rank 0.
+std::string resources_report(MPI_Comm comm) {
+  const streamcoll::ResourceCounts c = streamcoll::routes_resources();
+  uint64_t sums[3] = {c.nccl_own, c.nccl_shared, c.nccl_refused}, sum[3] = {0, 0, 0};
+  uint64_t peaks[1] = {c.nccl_peak_bytes}, peak[1] = {0};
+  int rank = 0;
+  PMPI_Comm_rank(comm, &rank);
+  PMPI_Reduce(sums, sum, 3, MPI_UINT64_T, MPI_SUM, 0, comm);
+  PMPI_Reduce(peaks, peak, 1, MPI_UINT64_T, MPI_MAX, 0, comm);
+  if (rank != 0) return "";
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "streamcoll resources: NCCL communicators made %llu with resources of their "
+                "own, %llu split sharing a parent's, %llu turned away by the budget (summed over "
+                "ranks); GPU memory they took: at most %.1f MiB on one process\n",
+                static_cast<unsigned long long>(sum[0]), static_cast<unsigned long long>(sum[1]),
+                static_cast<unsigned long long>(sum[2]), static_cast<double>(peak[0]) / 1048576.0);
+  return line;
+}
+
 [[maybe_unused]] const bool g_stop_hooks = [] {
   Runtime::get().set_stop_hooks({streamcoll::routes_shutdown, streamcoll::routes_release,
-                                 streamcoll::streamext::stop});
+                                 streamcoll::streamext::stop, resources_report});
   return true;
 }();
 }  // namespace
@@ -158,6 +180,19 @@ SC_EXPORT void streamcoll_fusion_counts(unsigned long long* calls, unsigned long
 }
 
 SC_EXPORT unsigned long long streamcoll_steady_calls(void) { return streamcoll::steady::calls(); }
+
+SC_EXPORT void streamcoll_nccl_counts(unsigned long long* own, unsigned long long* shared,
+                                      unsigned long long* live, unsigned long long* refused,
+                                      unsigned long long* gpu_bytes,
+                                      unsigned long long* peak_gpu_bytes) {
+  const streamcoll::ResourceCounts c = streamcoll::routes_resources();
+  if (own) *own = c.nccl_own;
+  if (shared) *shared = c.nccl_shared;
+  if (live) *live = c.nccl_live;
+  if (refused) *refused = c.nccl_refused;
+  if (gpu_bytes) *gpu_bytes = c.nccl_bytes;
+  if (peak_gpu_bytes) *peak_gpu_bytes = c.nccl_peak_bytes;
+}
 
 SC_EXPORT void streamcoll_capture_counts(unsigned long long* lanes_started,
                                          unsigned long long* lanes_live,

@@ -102,6 +102,18 @@ void streamcoll_capture_counts(unsigned long long *lanes_started, unsigned long 
  *  any time. */
 unsigned long long streamcoll_steady_calls(void);
 
+/** What streamcoll's NCCL communicators took in this process: those made with resources
+ *  of their own (ncclCommInitRank), those split from a parent's sharing its resources
+ *  (ncclCommSplit with splitShare, at MPI_Comm_dup, _split, ...), how many are alive now
+ *  (both kinds, in use or idle), the set-ups this rank's budget turned away
+ *  (STREAMCOLL_NCCL_MAX_COMMS, STREAMCOLL_NCCL_MEMORY), and the GPU memory in bytes they
+ *  hold now and held at most (cuMemGetInfo's free memory before minus after each set-up:
+ *  an estimate, as other threads may allocate meanwhile). A one-rank communicator never
+ *  gets one (route self). Any pointer may be NULL. Thread-safe; callable at any time. */
+void streamcoll_nccl_counts(unsigned long long *own, unsigned long long *shared,
+                            unsigned long long *live, unsigned long long *refused,
+                            unsigned long long *gpu_bytes, unsigned long long *peak_gpu_bytes);
+
 /** The name of route `index` (0, 1, ... in the order of base/routes.hpp), as the tuning
  *  table, STREAMCOLL_ROUTE and streamcoll_get_stats spell it ("pmpi", "nccl", ...), whether
  *  or not this build carries it; NULL for an index past the last (or negative). Benchmarks
