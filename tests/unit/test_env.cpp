@@ -55,6 +55,25 @@ TEST_CASE("settings from the environment, bad values reported") {
   CHECK(d.problems.empty());
 }
 
+TEST_CASE("STREAMCOLL_NCCL_MEMORY: a share or a size") {
+  setenv("STREAMCOLL_NCCL_MEMORY", "40%", 1);
+  Settings s = read_settings();
+  CHECK(s.nccl_memory_share == doctest::Approx(0.4));
+  CHECK(s.nccl_memory_bytes == 0);
+  setenv("STREAMCOLL_NCCL_MEMORY", "512M", 1);
+  s = read_settings();
+  CHECK(s.nccl_memory_bytes == 512ull << 20);
+  for (const char* bad : {"150%", "lots", "0", "%"}) {
+    setenv("STREAMCOLL_NCCL_MEMORY", bad, 1);
+    s = read_settings();
+    CAPTURE(bad);
+    CHECK(s.problems.size() == 1);
+    CHECK(s.nccl_memory_share == doctest::Approx(0.25));
+    CHECK(s.nccl_memory_bytes == 0);
+  }
+  unsetenv("STREAMCOLL_NCCL_MEMORY");
+}
+
 TEST_CASE("every knob sets its own setting") {
   const std::vector<std::pair<const char*, const char*>> values = {
       {"STREAMCOLL_DISABLE", "yes"},          {"STREAMCOLL_DEBUG", "info"},
@@ -68,7 +87,8 @@ TEST_CASE("every knob sets its own setting") {
       {"STREAMCOLL_HT_WAIT", "kernel"},       {"STREAMCOLL_HIERARCHY", "2x3"},
       {"STREAMCOLL_NODE_GROUPS", "^(r[0-9]+)"}, {"STREAMCOLL_MPI_CUDA_AWARE", "no"},
       {"STREAMCOLL_TIMELINE", "/tl.json"},    {"STREAMCOLL_TIMELINE_MAX", "500"},
-      {"STREAMCOLL_NVTX", "0"},
+      {"STREAMCOLL_NVTX", "0"},               {"STREAMCOLL_ONE_RANK_SELF", "0"},
+      {"STREAMCOLL_NCCL_MAX_COMMS", "7"},     {"STREAMCOLL_NCCL_MEMORY", "3G"},
   };
   REQUIRE(values.size() == knobs().size());
   for (const auto& [n, v] : values) setenv(n, v, 1);
@@ -97,10 +117,13 @@ TEST_CASE("every knob sets its own setting") {
   CHECK(s.timeline == "/tl.json");
   CHECK(s.timeline_max == 500);
   CHECK(s.nvtx == 0);
+  CHECK_FALSE(s.one_rank_self);
+  CHECK(s.nccl_max_comms == 7);
+  CHECK(s.nccl_memory_bytes == 3ull << 30);
   // Values a knob does not understand: each reported under its own name, the default kept.
   for (const auto& [n, v] : values) setenv(n, "bogus", 1);
   Settings b = read_settings();
-  CHECK(b.problems.size() == 18);  // every knob but the five that take any string
+  CHECK(b.problems.size() == 21);  // every knob but the five that take any string
   for (const Knob& k : knobs()) {
     CAPTURE(k.name);
     const bool any_string = k.name == "STREAMCOLL_TUNING_FILE" || k.name == "STREAMCOLL_ROUTE" ||
