@@ -12,7 +12,7 @@
 //     calling thread's per-thread stream while a capture makes the legacy one unusable:
 //     cuda::classic_stream), so it runs after the application's work there and on its
 //     blocking streams, as the copy a CUDA-aware MPI makes; the host waits for that
-//     stream. MPI_I* does the same and returns a complete request: nothing waits for
+//     stream, with nothing to copy too (the buffer must be final at the return). MPI_I* does the same and returns a complete request: nothing waits for
 //     another rank, and the host waits only for its own GPU's earlier work.
 //   stream-ordered (the communicator's stream, streamext): the copy is enqueued on that
 //     stream and the call returns; MPI_I* returns a complete request (the stream is
@@ -133,10 +133,11 @@ class SelfRoute final : public Route {
     return cuda::check(enqueue(c, s), "self: cuMemcpyAsync (on the communicator's stream)");
   }
 
-  // On the legacy stream of the buffer's context, the host waiting for it. A thread with
-  // no current context uses the buffer's device's primary one.
+  // On the legacy stream of the buffer's context, the host waiting for it; also with
+  // nothing to copy (in place, a bcast): the buffer is final when a classic call returns,
+  // so the work the application enqueued before it there (writing the input) must be
+  // done. A thread with no current context uses the buffer's device's primary one.
   static int classic(const LocalCopy& c, int device) {
-    if (c.bytes == 0 || c.src == c.dst) return MPI_SUCCESS;
     const cuda::Driver& d = driver();
     CUcontext current = nullptr;
     CUresult r = CUDA_SUCCESS;

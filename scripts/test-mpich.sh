@@ -36,7 +36,7 @@ if [ ${#tests[@]} -eq 0 ]; then
         fake-persistent-host-np3 fake-persistent-mixed-np3 fake-persistent-stream-mixed-np3
         fake-persistent-ht-stream-mixed-np3 fake-persistent-nccl-device-np3
         fake-persistent-ht-stream-np4 fortran-persistent-ht-np3
-        fake-capture-crossed-ht-np3 fake-capture-threads-ht-np3
+        fake-capture-crossed-ht-np3 fake-capture-threads-ht-np3 fake-comm-churn-np3
         fake-capture-threads-mixed-pmpi-np3 fake-lifetime-churn-check-np3
         fake-divergent-steady-np3 fake-divergent-steady-quiet-np3)
   while read -r name; do

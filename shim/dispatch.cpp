@@ -363,9 +363,12 @@ void walk_rules(Decision& d, const CollArgs& a, const CallEnv& env, const config
       break;
     }
     Route* route = find_route(rule->choice.route);
-    // On one rank only pmpi and self: nothing there is worth an NCCL communicator, a
-    // progress thread or pinned memory (one_rank()).
-    const bool one_rank_route = ctx->size > 1 || !rt.settings().one_rank_self ||
+    // GPU memory on one rank: only pmpi and self (one_rank()); nothing there is worth an
+    // NCCL communicator, GPU scratch or pinned staging. (Host memory keeps the table's
+    // routes: what they take is host memory, on a route the table or the program chose.)
+    const bool gpu = env.mem == MemKind::device || env.mem == MemKind::managed ||
+                     env.mem == MemKind::mixed;
+    const bool one_rank_route = ctx->size > 1 || !gpu || !rt.settings().one_rank_self ||
                                 rule->choice.route == RouteId::pmpi ||
                                 rule->choice.route == RouteId::self;
     if (route && one_rank_route && !(env.unable >> static_cast<int>(rule->choice.route) & 1u) &&

@@ -10,7 +10,8 @@
 // driver and its devices (name, memory, PCI bus id, peer access), under mpirun the GPUs of
 // the node's ranks and how each rank reaches the others' (the same GPU, peer access, CUDA
 // IPC to a GPU it cannot see: route nvgroup's view; only rank 0 prints), NCCL (found where, which
-// version), the hwloc topology (packages, NUMA nodes, cores, GPUs and network devices and
+// version, whether children can share their parent's resources, the budget a job's NCCL
+// communicators get), the hwloc topology (packages, NUMA nodes, cores, GPUs and network devices and
 // which of them share a NUMA node), the effective tuning table (embedded or file, after
 // STREAMCOLL_ROUTE) and every environment knob with its value. It loads the CUDA driver
 // and NCCL the way libstreamcoll does (dlopen) and says so where they are missing: it runs
@@ -385,6 +386,21 @@ Node nccl_section(const streamcoll::config::Settings& s) {
                                    "." + std::to_string(lib.version % 100)));
   else
     n.add("why not", Node::Str(lib.reason));
+  // What a job's NCCL communicators may take here (algorithms/nccl_comm.hpp, Pool): the
+  // budget per process, and whether children can share their parent's resources.
+  n.add("children share the parent's resources (ncclCommSplit, splitShare)",
+        Node::Bool(lib.usable && lib.ncclCommSplit != nullptr));
+  Node budget = Node::Obj();
+  budget.add("communicators at most (STREAMCOLL_NCCL_MAX_COMMS)", Node::Num(s.nccl_max_comms));
+  if (s.nccl_memory_bytes)
+    budget.add("GPU memory at most, bytes (STREAMCOLL_NCCL_MEMORY)",
+               Node::Num(static_cast<double>(s.nccl_memory_bytes)));
+  else
+    budget.add("GPU memory at most, share of each GPU (STREAMCOLL_NCCL_MEMORY)",
+               Node::Num(s.nccl_memory_share));
+  budget.add("one-rank communicators (STREAMCOLL_ONE_RANK_SELF)",
+             Node::Str(s.one_rank_self ? "route self: no NCCL communicator" : "routed as any"));
+  n.add("budget", std::move(budget));
 #endif
   return n;
 }
