@@ -667,6 +667,15 @@ bool split_into(NcclComm& c, NcclComm& p, MPI_Comm parent, MPI_Comm child, std::
     return *why = p.lib->describe("ncclCommSplit", r, p.comm), false;
   }
   if (size < 2) return true;
+  // The child NCCL made must be the MPI one: its ranks, in its order.
+  int n = size, me = key;
+  if ((p.lib->ncclCommCount && p.lib->ncclCommCount(c.comm, &n) != ncclSuccess) ||
+      (p.lib->ncclCommUserRank && p.lib->ncclCommUserRank(c.comm, &me) != ncclSuccess) ||
+      n != size || me != key)
+    return *why = "ncclCommSplit made a communicator of " + std::to_string(n) +
+                  " ranks where this one is rank " + std::to_string(me) + "; the MPI's has " +
+                  std::to_string(size) + " and this one is rank " + std::to_string(key),
+           false;
   c.device = p.device;
   c.cudev = p.cudev;
   CUresult cr = d.cuDevicePrimaryCtxRetain(&c.cuctx, c.cudev);

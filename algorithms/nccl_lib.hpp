@@ -18,7 +18,8 @@
 // Looked up too, but not needed: without them (NCCL before 2.18) an MPI communicator made
 // from one with an NCCL communicator gets its own at its first call (ncclCommInitRank)
 // instead of a split sharing the parent's resources.
-#define STREAMCOLL_NCCL_OPTIONAL_ENTRY_POINTS(X) X(ncclCommSplit) X(ncclCommCount)
+#define STREAMCOLL_NCCL_OPTIONAL_ENTRY_POINTS(X) \
+  X(ncclCommSplit) X(ncclCommCount) X(ncclCommUserRank)
 
 namespace streamcoll::nccl {
 

@@ -19,6 +19,9 @@
 //           a second one with resources of its own (MPI_Comm_idup, not derived) is turned
 //           away by rank 1's budget, and every rank takes pmpi, values exact; rank 1 then
 //           allocates 32 MiB of the GPU.
+//   misordered (2+ ranks; FAKE_NCCL_SPLIT_IGNORE_KEY=1): the fake NCCL's split ignores the
+//           keys, so a child with reversed ranks is not the MPI one: streamcoll's check
+//           refuses it, the child sets up its own NCCL communicator, values exact.
 //   nearfull (2+ ranks; FAKE_CUDA_MEM_TOTAL small on local rank 1): ncclCommInitRank
 //           fails for lack of memory on rank 1 only: every rank falls back, values exact,
 //           rank 1's GPU allocation after it succeeds.
@@ -295,12 +298,17 @@ void children() {
   int dims[1] = {g_size}, periods[1] = {1};
   MPI_Cart_create(MPI_COMM_WORLD, 1, dims, periods, 0, &cart);
   check(allreduce_right(cart, 40, 500), "Cartesian");
+  MPI_Comm reversed;  // the child's ranks in the reverse order of world's
+  MPI_Comm_split(MPI_COMM_WORLD, 0, g_size - g_rank, &reversed);
+  check(allreduce_right(reversed, 40, 600), "split with reversed keys");
+  MPI_Comm_free(&reversed);
   const Nccl n2 = nccl_counts();
-  // 31 live duplicates, 40 cycles, dup_with_info, the Cartesian one, and the split where
+  // 31 live duplicates, 40 cycles, dup_with_info, the Cartesian one, the reversed split,
+  // and the split where
   // this rank is in a child of 2+ ranks (a child of one rank takes route self).
   int some_size = 0;
   if (some != MPI_COMM_NULL) MPI_Comm_size(some, &some_size);
-  const unsigned long long expect_shared = 31 + 40 + 1 + 1 + (some_size > 1 ? 1 : 0);
+  const unsigned long long expect_shared = 31 + 40 + 1 + 1 + 1 + (some_size > 1 ? 1 : 0);
   check(n2.shared == expect_shared, "every child of 2+ ranks shared world's resources (" +
                                         std::to_string(n2.shared) + " of " +
                                         std::to_string(expect_shared) + ")");
@@ -315,6 +323,33 @@ int local_rank() {
   for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_RANK"})
     if (const char* s = getenv(v)) return atoi(s);
   return 0;
+}
+
+// FAKE_NCCL_SPLIT_IGNORE_KEY=1: NCCL's child is not the MPI child (ranks in another
+// order); streamcoll's check sees it, no split is kept, and the child sets up at its first
+// call (its own NCCL communicator); values exact.
+void misordered() {
+  check(allreduce_right(MPI_COMM_WORLD, 64, 1), "world: right");
+  MPI_Comm reversed;
+  MPI_Comm_split(MPI_COMM_WORLD, 0, g_size - g_rank, &reversed);
+  check(allreduce_right(reversed, 64, 2), "reversed split: right");
+  // An allgather, whose result depends on the ranks' order: the block of child rank r at r.
+  int rank = 0, size = 1;
+  MPI_Comm_rank(reversed, &rank);
+  MPI_Comm_size(reversed, &size);
+  int* mine = device_ints(4, 100 * rank);
+  int* all = device_ints(4 * size, -1);
+  MPI_Allgather(mine, 4, MPI_INT, all, 4, MPI_INT, reversed);
+  bool ordered = true;
+  for (int r = 0; r < size; ++r) ordered = ordered && equal_to(all + 4 * r, 4, 100 * r);
+  check(ordered, "reversed split: allgather in the child's rank order");
+  api.free(mine);
+  api.free(all);
+  const Nccl n = nccl_counts();
+  check(n.shared == 0, "the misordered split was not kept (" + std::to_string(n.shared) + ")");
+  check(n.own == 2, "the child set up its own at its first call (" + std::to_string(n.own) + ")");
+  check(nc("shared_comms") == 0, "the fake NCCL holds no split");
+  MPI_Comm_free(&reversed);
 }
 
 void budget() {
@@ -365,6 +400,8 @@ int main(int argc, char** argv) {
   if (mode == "churn") {
     singletons(s);
     if (g_size >= 2) children();
+  } else if (mode == "misordered" && g_size >= 2) {
+    misordered();
   } else if (mode == "budget" && g_size >= 2) {
     budget();
   } else if (mode == "nearfull" && g_size >= 2) {

@@ -95,6 +95,8 @@
 // FAKE_NCCL_FAIL_INIT=all: it fails on every rank, before the handshake (ncclCommSplit is
 // left alone: a failing split comes from device memory, FAKE_CUDA_MEM_TOTAL).
 // FAKE_NCCL_COMM_BYTES, FAKE_NCCL_CHANNELS: a communicator's device memory (Resources).
+// FAKE_NCCL_SPLIT_IGNORE_KEY=1: ncclCommSplit ranks a group in the parent's order,
+// ignoring the keys (a faulty split, for testing the caller's check of the child).
 // FAKE_NCCL_TIMEOUT_S (default 120): a worker waiting longer in a barrier (the other
 // ranks never launched the matching operation) aborts the process, with a message.
 //
@@ -1118,12 +1120,19 @@ ncclResult_t check_split(ncclComm_t comm, int color, ncclComm_t* newcomm, const 
 
 // This rank's place in its color's group: ranks of the parent with its color, ordered by
 // key, then by rank in the parent. Read from the exchange area after the host barrier.
+// FAKE_NCCL_SPLIT_IGNORE_KEY=1: the keys are ignored (ranks in the parent's order), as a
+// faulty NCCL might do, for testing the caller's check of the child's ranks.
 void split_place(const Shared& sh, int color, int key, int* nranks, int* rank) {
+  static const bool ignore_key = [] {
+    const char* v = getenv("FAKE_NCCL_SPLIT_IGNORE_KEY");
+    return v && strcmp(v, "1") == 0;
+  }();
   std::vector<std::pair<int, int>> group;  // (key, parent rank)
   const Control* c = sh.control();
+  if (ignore_key) key = 0;
   for (int r = 0; r < sh.nranks; ++r)
     if (c->split[r].color.load(std::memory_order_relaxed) == color)
-      group.push_back({c->split[r].key.load(std::memory_order_relaxed), r});
+      group.push_back({ignore_key ? 0 : c->split[r].key.load(std::memory_order_relaxed), r});
   std::sort(group.begin(), group.end());
   *nranks = static_cast<int>(group.size());
   *rank = static_cast<int>(std::find(group.begin(), group.end(), std::make_pair(key, sh.rank)) - group.begin());
