@@ -183,8 +183,6 @@ void one_rank_persistent_and_captured(MPI_Comm comm, CUstream_st* s) {
   auto* st = reinterpret_cast<CUstream>(s);
   CUgraph g = nullptr;
   CUgraphExec ge = nullptr;
-  
-
   bool ok = drv.cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS;
   ok = ok && MPI_Allreduce(a, b, kN, MPI_INT, MPI_SUM, comm) == MPI_SUCCESS;
   ok = ok && drv.cuStreamEndCapture(st, &g) == CUDA_SUCCESS;
