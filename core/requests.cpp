@@ -96,21 +96,6 @@ void complete_one(OwnedRequest* op) {
   }
 }
 
-int start_completed_request(MPI_Request* out) {
-  auto query = [](void*, MPI_Status* st) {
-    PMPI_Status_set_elements(st, MPI_BYTE, 0);
-    PMPI_Status_set_cancelled(st, 0);
-    st->MPI_SOURCE = MPI_UNDEFINED;
-    st->MPI_TAG = MPI_UNDEFINED;
-    return MPI_SUCCESS;
-  };
-  auto noop_free = [](void*) { return MPI_SUCCESS; };
-  auto noop_cancel = [](void*, int) { return MPI_SUCCESS; };
-  int rc = PMPI_Grequest_start(query, noop_free, noop_cancel, nullptr, out);
-  if (rc == MPI_SUCCESS) rc = PMPI_Grequest_complete(*out);
-  return rc;
-}
-
 }  // namespace streamcoll::requests
 
 namespace streamcoll {

@@ -192,6 +192,7 @@
 
 #include "algorithms/nvgroup_kernel.hpp"
 #include "fake_api.h"
+#include "fake_env.hpp"
 
 #define FAKE_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -528,23 +529,7 @@ void start_gpu_progress() {
   });
 }
 
-// A byte count: digits, then optionally K, M, G or T (powers of 1024, either case).
-bool parse_bytes(const char* v, unsigned long long* out) {
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long n = strtoull(v, &end, 10);
-  if (end == v || errno != 0 || *v == '-') return false;
-  const char* const units = "KMGT";
-  int shift = 0;
-  if (*end) {
-    const char* u = strchr(units, toupper(static_cast<unsigned char>(*end)));
-    if (!u || end[1] != '\0') return false;
-    shift = 10 * static_cast<int>(u - units + 1);
-  }
-  if (shift && n > (~0ull >> shift)) return false;
-  *out = n << shift;
-  return true;
-}
+using fake_env::parse_bytes;
 
 // Each device's memory: FAKE_CUDA_MEM_TOTAL (default 80 GiB, an H100's), on local rank
 // FAKE_CUDA_MEM_TOTAL_RANK only when that is set (the others keep the default).

@@ -154,6 +154,7 @@
 #include <vector>
 
 #include "fake_api.h"
+#include "fake_env.hpp"
 
 #define FAKE_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -950,23 +951,7 @@ const char* error_string(ncclResult_t r) {
 
 // ---- communicators: their segment, their resources -----------------------------------------
 
-// A byte count: digits, then optionally K, M, G or T (powers of 1024, either case).
-bool parse_bytes(const char* v, unsigned long long* out) {
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long n = strtoull(v, &end, 10);
-  if (end == v || errno != 0 || *v == '-') return false;
-  const char* const units = "KMGT";
-  int shift = 0;
-  if (*end) {
-    const char* u = strchr(units, toupper(static_cast<unsigned char>(*end)));
-    if (!u || end[1] != '\0') return false;
-    shift = 10 * static_cast<int>(u - units + 1);
-  }
-  if (shift && n > (~0ull >> shift)) return false;
-  *out = n << shift;
-  return true;
-}
+using fake_env::parse_bytes;
 
 // NCCL 2.28's device memory for one communicator of nranks (file comment, "Resources"):
 // FAKE_NCCL_COMM_BYTES, or the base plus one ring connection's buffers per channel and
