@@ -94,13 +94,6 @@ class ManagedRequest : public OwnedRequest {
 
  private:
   friend int start_request(ManagedRequest* op, MPI_Request* out);
-
-/// A request that is complete when it is returned (a generalized request started and
-/// completed at once, owned by no one: MPI frees it at the application's wait), for a
-/// non-blocking call whose operation is already done or ordered on a stream (a call
-/// recorded into a CUDA graph, a one-rank communicator's copy). Its status is empty.
-/// Returns an MPI error code.
-int start_completed_request(MPI_Request* out);
   MPI_Request handle_ = MPI_REQUEST_NULL;
   std::atomic<bool> completed_{false};
   std::atomic<bool> settled_{false};
