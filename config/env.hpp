@@ -15,16 +15,33 @@ namespace streamcoll::config {
 
 struct Settings;
 
-/// An environment variable, declared once: its name, its default (as the reference
-/// shows it; empty: none), how it sets Settings (a value it does not understand adds
-/// a line to Settings::problems and keeps the default), and its documentation
-/// (Markdown), from which docs/reference.md's table (knobs_markdown) and
-/// streamcoll-info's environment section come.
+/// Whether the ranks of a job must agree on a knob, and how (Runtime::fingerprint, at
+/// MPI_Init over MPI_COMM_WORLD: a job whose ranks differ in one passes every call through).
+enum class Agreed : uint8_t {
+  local,     ///< steers nothing collective, or is agreed where it matters (at run time)
+  value,     ///< its value steers routing: equal on every rank
+  presence,  ///< whether it is set steers something collective: equal on every rank
+  table,     ///< steers routing through the tuning table, whose rules are agreed instead
+};
+
+/// An environment variable, declared once, in one row of knobs(): its name; its default,
+/// as text that `set` parses (read_settings applies it before the environment; empty:
+/// none, the Settings field's empty value); `set`, which parses a value into Settings
+/// (false, *s unchanged, for a value it does not understand: read_settings then adds a
+/// line "NAME='v' is not EXPECT; using DEFAULT" to Settings::problems and applies
+/// `on_bad`, or the default); `show`, the value in effect, as `set` reads it; how the
+/// ranks agree on it; and its documentation (Markdown). docs/reference.md's table
+/// (knobs_markdown), streamcoll-info's environment section and Runtime::fingerprint all
+/// come from these rows.
 struct Knob {
   std::string_view name;
   std::string_view default_value;
-  void (*set)(const Knob& k, const char* value, Settings* s);
+  std::string_view expect;  ///< what `set` accepts, as a message says it ("a boolean")
+  bool (*set)(std::string_view value, Settings* s);
+  std::string (*show)(const Settings& s);
+  Agreed agreed;
   std::string_view doc;
+  std::string_view on_bad = {};  ///< applied for a value not understood (empty: the default)
 };
 
 /// All knobs, in the order docs/reference.md lists them.
@@ -32,6 +49,12 @@ const std::vector<Knob>& knobs();
 /// docs/reference.md's environment table, generated from knobs() (a unit test keeps the
 /// file equal to it; `streamcoll-info --knobs` prints it).
 std::string knobs_markdown();
+/// What the ranks of a job must agree on in `s` (the knobs of Agreed::value and
+/// Agreed::presence, one `NAME=VALUE` line each), for Runtime::fingerprint to hash.
+std::string agreed_text(const Settings& s);
+/// The names of the knobs the ranks must agree on (Agreed::value, ::presence, ::table),
+/// comma-separated, for the message that says they do not.
+std::string agreed_names();
 
 /// STREAMCOLL_MPI_CUDA_AWARE: whether the MPI library accepts GPU buffers.
 enum class CudaAware : uint8_t {
@@ -58,57 +81,59 @@ enum class HtWait : uint8_t {
 /// 11 rules 214 instructions, 28 rules 384; a lookup 179; bench/results/decision_cost_*).
 inline constexpr size_t kDecisionCacheRules = 16;
 
-/// The settings the environment asks for, read once when the runtime starts.
+/// The settings the environment asks for, read once when the runtime starts. A field's
+/// default is its knob's (knobs(), applied by read_settings); the initializers here are
+/// only the empty values a Settings not made by read_settings has.
 struct Settings {
   bool disable = false;          ///< STREAMCOLL_DISABLE: pass every call straight through
-  LogLevel debug = LogLevel::none;
+  LogLevel debug = LogLevel::none;  ///< STREAMCOLL_DEBUG
   bool stats = false;            ///< STREAMCOLL_STATS: table at MPI_Finalize
   bool check = false;            ///< STREAMCOLL_CHECK: verify route agreement per call
   std::string tuning_file;       ///< STREAMCOLL_TUNING_FILE
   std::string route;             ///< STREAMCOLL_ROUTE
-  std::string nccl_lib;          ///< STREAMCOLL_NCCL_LIB (empty: libnccl.so.2)
+  std::string nccl_lib;          ///< STREAMCOLL_NCCL_LIB
   bool nccl_nonblocking = false; ///< STREAMCOLL_NCCL_NONBLOCKING: MPI_I* may take route nccl
   bool nvgroup_nonblocking = false;  ///< STREAMCOLL_NVGROUP_NONBLOCKING: MPI_I* may take route nvgroup
   /// STREAMCOLL_ONE_RANK_SELF: a communicator of one rank takes route self (false: it is
   /// routed as any other, the table's routes included; for testing a route on one rank).
-  bool one_rank_self = true;
+  bool one_rank_self = false;
   /// STREAMCOLL_NCCL_MAX_COMMS: NCCL communicators alive at once in a process (own and
   /// shared), beyond which a new communicator's calls take the table's next rule.
-  int nccl_max_comms = 32;
+  int nccl_max_comms = 0;
   /// STREAMCOLL_NCCL_MEMORY: GPU memory the NCCL communicators with resources of their
   /// own may take on one GPU, as a share of its total (nccl_memory_share, 0..1) or in bytes
   /// (nccl_memory_bytes, when not 0).
-  double nccl_memory_share = 0.25;
+  double nccl_memory_share = 0;
   uint64_t nccl_memory_bytes = 0;
   /// STREAMCOLL_DRIVER_PROFILE: time the CUDA driver calls (core/cuda_driver.hpp,
   /// set_profile) and print them per rank at MPI_Finalize.
   bool driver_profile = false;
   /// STREAMCOLL_STAGING_KERNEL: host staging moves four or more small copies of one GPU
-  /// (a fused group's) with one kernel launch instead of a copy each (true, the default).
-  bool staging_kernel = true;
+  /// (a fused group's) with one kernel launch instead of a copy each.
+  bool staging_kernel = false;
   /// STREAMCOLL_DECISION_CACHE: cache the table walk per communicator: 1 always, 0 never,
   /// -1 (auto) when the tuning table has kDecisionCacheRules rules or more.
-  int decision_cache = -1;
+  int decision_cache = 0;
   /// STREAMCOLL_FUSION_CYCLE: microseconds a fused group of MPI_Iallreduce calls may stay
   /// open waiting for more members when nothing on this rank asks for them (Horovod's
   /// cycle time); algorithms/fusion.hpp.
-  uint64_t fusion_cycle_us = 1000;
+  uint64_t fusion_cycle_us = 0;
   /// STREAMCOLL_FUSION_NCCL: fused messages on GPU memory may run on route nccl
   /// (algorithms/fusion.hpp, ROUTE).
   bool fusion_nccl = false;
   CudaAware mpi_cuda_aware = CudaAware::auto_detect;  ///< STREAMCOLL_MPI_CUDA_AWARE
   Threads thread_multiple = Threads::auto_detect;  ///< STREAMCOLL_THREAD_MULTIPLE
-  bool progress_bind = true;     ///< STREAMCOLL_PROGRESS_BIND=auto (false: none)
+  bool progress_bind = false;    ///< STREAMCOLL_PROGRESS_BIND: auto (true) or none
   HtWait ht_wait = HtWait::auto_detect;  ///< STREAMCOLL_HT_WAIT
   std::vector<int> hierarchy;    ///< STREAMCOLL_HIERARCHY factors, innermost first (empty: none)
   std::string node_groups;       ///< STREAMCOLL_NODE_GROUPS
   /// STREAMCOLL_TIMELINE: where MPI_Finalize writes the per-call timeline (Chrome trace
   /// JSON, core/trace.hpp); empty: no timeline.
   std::string timeline;
-  uint64_t timeline_max = 100000;  ///< STREAMCOLL_TIMELINE_MAX: calls kept per rank (the latest)
+  uint64_t timeline_max = 0;     ///< STREAMCOLL_TIMELINE_MAX: calls kept per rank (the latest)
   /// STREAMCOLL_NVTX: NVTX ranges: 1 always, 0 never, -1 (auto) when an NVTX tool is
   /// attached (NVTX_INJECTION64_PATH set, as Nsight Systems does).
-  int nvtx = -1;
+  int nvtx = 0;
   std::vector<std::string> problems;  ///< values that could not be understood
 };
 Settings read_settings();

@@ -69,9 +69,9 @@ bool Runtime::start() {
     if (PMPI_Allreduce(in, out, 7, MPI_INT, MPI_MAX, MPI_COMM_WORLD) == MPI_SUCCESS) {
       agreed = out[0] == -out[1] && out[2] == -out[3];
       if (!agreed)
-        log_error("the ranks of this job run with different streamcoll settings (STREAMCOLL_"
-                  "DISABLE, _ROUTE, _TUNING_FILE, _CHECK, _STATS, _TIMELINE, _HIERARCHY, _HT_WAIT, "
-                  "_NODE_GROUPS, or a different library); every call passes through");
+        log_error("the ranks of this job run with different streamcoll settings (%s, or a "
+                  "different library); every call passes through",
+                  config::agreed_names().c_str());
       job_gpu_ = out[4] != 0;
       // GPU memory may reach an MPI that cannot read it: every call with data exchanges
       // the ranks' staging outcomes (core/host_staging.hpp), on every rank alike.
@@ -134,16 +134,7 @@ uint64_t Runtime::fingerprint() const {
   mix_s(STREAMCOLL_VERSION);
   mix_v(STREAMCOLL_HAVE_CUDA);  // builds with and without GPU routes decide differently
   mix_v(STREAMCOLL_HAVE_NCCL);
-  mix_v(settings_.disable);
-  mix_v(settings_.check);
-  mix_v(settings_.stats);
-  mix_v(!settings_.timeline.empty());  // its gather at MPI_Finalize is collective
-  mix_v(static_cast<uint64_t>(settings_.ht_wait));
-  mix_v(settings_.nccl_nonblocking);
-  mix_v(settings_.nvgroup_nonblocking);
-  mix_v(settings_.fusion_nccl);
-  for (int f : settings_.hierarchy) mix_v(static_cast<uint64_t>(f));
-  mix_s(settings_.node_groups);
+  mix_s(config::agreed_text(settings_));  // the knobs that steer routing (config/env.cpp's rows)
   for (const config::Rule& r : table_.rules()) {
     for (uint64_t v : {uint64_t{r.colls}, r.bytes.lo, r.bytes.hi, r.ranks.lo, r.ranks.hi,
                        r.nodes.lo, r.nodes.hi, r.ppn.lo, r.ppn.hi, uint64_t{r.mems},

@@ -509,7 +509,8 @@ Node table_section(const streamcoll::config::Settings& s) {
   return t;
 }
 
-Node environment_section() {
+Node environment_section(const streamcoll::config::Settings& s) {
+  using streamcoll::config::Agreed;
   Node e = Node::List();
   for (const streamcoll::config::Knob& k : streamcoll::config::knobs()) {
     Node x = Node::Obj();
@@ -518,6 +519,11 @@ Node environment_section() {
     const char* v = std::getenv(name.c_str());
     x.add("value", v ? Node::Str(v) : Node());
     x.add("default", Node::Str(std::string(k.default_value)));
+    x.add("in effect", Node::Str(k.show(s)));
+    x.add("agreed", Node::Str(k.agreed == Agreed::value      ? "value"
+                              : k.agreed == Agreed::presence ? "presence"
+                              : k.agreed == Agreed::table    ? "table"
+                                                             : "local"));
     e.push(std::move(x));
   }
   return e;
@@ -528,10 +534,11 @@ Node environment_text(const Node& list) {
   Node t = Node::Obj();
   for (const auto& [unused, k] : list.items) {
     const Node& value = k.items[1].second;
-    const std::string def = k.items[2].second.s;
-    t.add(k.items[0].second.s, Node::Str(value.kind == Node::null
-                                             ? "(unset; default " + (def.empty() ? std::string("none") : def) + ")"
-                                             : value.s));
+    const std::string def = k.items[2].second.s, effect = k.items[3].second.s;
+    t.add(k.items[0].second.s,
+          Node::Str(value.kind == Node::null
+                        ? "(unset; default " + (def.empty() ? std::string("none") : def) + ")"
+                        : value.s + (effect == value.s ? "" : " (in effect: " + effect + ")")));
   }
   return t;
 }
@@ -604,7 +611,7 @@ int main(int argc, char** argv) {
   root.add("nccl", nccl_section(s));
   root.add("topology", topology_section());
   root.add("tuning table", table_section(s));
-  Node env = environment_section();
+  Node env = environment_section(s);
   Node problems = Node::List();
   for (const std::string& p : s.problems) problems.push(Node::Str(p));
   std::string out;

@@ -43,6 +43,10 @@ assert ("ccube" in routes) == (b["nccl header"] and b["nvgroup kernels"]), route
 assert r["mpi"]["initialised"] is False, "--no-mpi"
 env = {e["name"]: e["value"] for e in r["environment"]}
 assert env["STREAMCOLL_STATS"] == "1" and env["STREAMCOLL_DEBUG"] is None, env
+effect = {e["name"]: (e["in effect"], e["agreed"]) for e in r["environment"]}
+assert effect["STREAMCOLL_STATS"] == ("1", "value"), effect
+assert effect["STREAMCOLL_DEBUG"] == ("none", "local"), effect
+assert effect["STREAMCOLL_ROUTE"] == ("allreduce:ht:algo=rd", "table"), effect
 t = r["tuning table"]
 assert "bad.table:2:" in t["source"] and "embedded default" in t["source"], t["source"]
 assert t["rules"][0] == "allreduce * * * * * * ht algo=rd", t["rules"]

@@ -74,8 +74,9 @@ TEST_CASE("STREAMCOLL_NCCL_MEMORY: a share or a size") {
   unsetenv("STREAMCOLL_NCCL_MEMORY");
 }
 
-TEST_CASE("every knob sets its own setting") {
-  const std::vector<std::pair<const char*, const char*>> values = {
+namespace {
+// A value other than the default for every knob.
+const std::vector<std::pair<const char*, const char*>> values = {
       {"STREAMCOLL_DISABLE", "yes"},          {"STREAMCOLL_DEBUG", "info"},
       {"STREAMCOLL_STATS", "on"},             {"STREAMCOLL_DRIVER_PROFILE", "1"},
       {"STREAMCOLL_CHECK", "true"},           {"STREAMCOLL_TUNING_FILE", "/t.table"},
@@ -89,7 +90,10 @@ TEST_CASE("every knob sets its own setting") {
       {"STREAMCOLL_TIMELINE", "/tl.json"},    {"STREAMCOLL_TIMELINE_MAX", "500"},
       {"STREAMCOLL_NVTX", "0"},               {"STREAMCOLL_ONE_RANK_SELF", "0"},
       {"STREAMCOLL_NCCL_MAX_COMMS", "7"},     {"STREAMCOLL_NCCL_MEMORY", "3G"},
-  };
+};
+}  // namespace
+
+TEST_CASE("every knob sets its own setting") {
   REQUIRE(values.size() == knobs().size());
   for (const auto& [n, v] : values) setenv(n, v, 1);
   Settings s = read_settings();
@@ -140,6 +144,50 @@ TEST_CASE("every knob sets its own setting") {
   CHECK(b.timeline_max == 100000);
   CHECK(b.nvtx == -1);
   for (const auto& [n, v] : values) unsetenv(n);
+}
+
+TEST_CASE("a knob's default is its row's, and a value not understood says what the row accepts") {
+  for (const auto& [n, v] : values) unsetenv(n);
+  const Settings s = read_settings();
+  CHECK(s.problems.empty());
+  for (const Knob& k : knobs()) {
+    CAPTURE(k.name);
+    // The default parses, and is the value in effect when the variable is unset.
+    Settings t;
+    if (!k.default_value.empty()) CHECK(k.set(k.default_value, &t));
+    CHECK(k.show(s) == k.default_value);
+  }
+  CHECK(s.one_rank_self);  // a few read as the fields they set
+  CHECK(s.nccl_max_comms == 32);
+  CHECK(s.nccl_memory_share == doctest::Approx(0.25));
+  CHECK(s.fusion_cycle_us == 1000);
+  CHECK(s.nccl_lib == "libnccl.so.2");
+  setenv("STREAMCOLL_FUSION_CYCLE", "-5", 1);
+  setenv("STREAMCOLL_HIERARCHY", "2by2", 1);
+  const Settings b = read_settings();
+  REQUIRE(b.problems.size() == 2);
+  CHECK(b.problems[0] == "STREAMCOLL_FUSION_CYCLE='-5' is not a number of microseconds up to "
+                         "10000000; using 1000");
+  CHECK(b.problems[1] == "STREAMCOLL_HIERARCHY='2by2' is not a list of factors like 2x2x2; ignored");
+  unsetenv("STREAMCOLL_FUSION_CYCLE");
+  unsetenv("STREAMCOLL_HIERARCHY");
+}
+
+TEST_CASE("the ranks agree on exactly the knobs whose rows say so") {
+  for (const auto& [n, v] : values) unsetenv(n);
+  const std::string base = agreed_text(read_settings());
+  for (const Knob& k : knobs()) {
+    CAPTURE(k.name);
+    const char* v = nullptr;
+    for (const auto& [n, value] : values)
+      if (k.name == n) v = value;
+    REQUIRE(v);
+    setenv(std::string(k.name).c_str(), v, 1);
+    const bool changed = agreed_text(read_settings()) != base;
+    unsetenv(std::string(k.name).c_str());
+    CHECK(changed == (k.agreed == Agreed::value || k.agreed == Agreed::presence));
+    CHECK((agreed_names().find(k.name) != std::string::npos) == (k.agreed != Agreed::local));
+  }
 }
 
 TEST_CASE("docs/reference.md's environment table is the one the knobs generate") {
