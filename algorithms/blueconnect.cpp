@@ -91,6 +91,7 @@
 #include "core/progress.hpp"
 #include "core/requests.hpp"
 #include "core/runtime.hpp"
+#include "core/service.hpp"
 #include "core/topology.hpp"
 #if STREAMCOLL_HAVE_NVGROUP
 #include "algorithms/nvgroup.hpp"
@@ -223,7 +224,7 @@ struct BcComm : PrivateComm {
   // call), completed at a later call of this communicator (take_outcomes, RouteState::
   // poll) or at MPI_Finalize (blueconnect_release). Every rank starts them in call order.
   struct Outcome {
-    int mine = 0, any = 0;
+    service::Flag flag;
     MPI_Request req = MPI_REQUEST_NULL;
   };
   std::mutex outcomes_mu;
@@ -233,8 +234,7 @@ struct BcComm : PrivateComm {
   int exchange_outcome(int mine) {
     std::lock_guard<std::mutex> lock(outcomes_mu);
     Outcome& o = outcomes.emplace_back();
-    o.mine = mine;
-    if (PMPI_Iallreduce(&o.mine, &o.any, 1, MPI_INT, MPI_MAX, p2p, &o.req) != MPI_SUCCESS) {
+    if (service::start_any(mine != 0, p2p, &o.flag, &o.req) != MPI_SUCCESS) {
       outcomes.pop_back();
       return fail(Failure::peer, "blueconnect: the outcome exchange could not start");
     }
@@ -253,7 +253,7 @@ struct BcComm : PrivateComm {
         ++it;
         continue;
       }
-      if ((trc != MPI_SUCCESS || (it->any && !it->mine)) && rc == MPI_SUCCESS)
+      if ((trc != MPI_SUCCESS || (it->flag.agreed && !it->flag.mine)) && rc == MPI_SUCCESS)
         rc = fail(Failure::peer, "blueconnect: another rank's part of an earlier stream-ordered "
                                  "call on this communicator failed; its result is not valid");
       it = outcomes.erase(it);
@@ -627,10 +627,7 @@ config::RouteChoice stage_choice(Backend b, const config::RouteChoice& choice) {
 // (its datatype and op), a local answer from agreed state. True when every level can run.
 bool gpu_levels(Layout& lay, BcComm& bc, const CollArgs& a, const CallEnv& env,
                 const std::vector<Backend>& backends, const config::RouteChoice& choice) {
-  auto agree = [&](int mine) {
-    int all = 0;
-    return PMPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, bc.p2p) == MPI_SUCCESS && all;
-  };
+  auto agree = [&](bool mine) { return service::all(mine, bc.p2p); };
   if (lay.gpu == Layout::unset) {
     lay.gpu = Layout::off;
     const cuda::Driver& d = cuda::driver();
@@ -980,13 +977,14 @@ class GpuCall {
     // host does not wait), and a peer's failure is a later call's to report, also on a
     // rank of such a call that has no stream (classic here: waiting for the exchange
     // could wait for a peer's next MPI call, which may itself wait for this rank).
-    int mine = rc_ != MPI_SUCCESS ? 1 : 0, any = 0;
+    const int mine = rc_ != MPI_SUCCESS ? 1 : 0;
+    bool any = false;
     if (env_.agreed_stream) {
       if (int earlier = bc_.take_outcomes(); earlier != MPI_SUCCESS && rc_ == MPI_SUCCESS)
         rc_ = earlier;
       any = bc_.exchange_outcome(mine) != MPI_SUCCESS;
-    } else if (PMPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, bc_.p2p) != MPI_SUCCESS) {
-      any = 1;
+    } else {
+      any = service::any(mine != 0, bc_.p2p);
     }
     if (rc_ == MPI_SUCCESS && any) {
       log_error("blueconnect: another rank's part of this collective failed; this rank's "

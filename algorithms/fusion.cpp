@@ -23,6 +23,7 @@
 #include "core/progress.hpp"
 #include "core/requests.hpp"
 #include "core/runtime.hpp"
+#include "core/service.hpp"
 
 namespace streamcoll::fusion {
 namespace {
@@ -805,8 +806,7 @@ std::shared_ptr<Queue> open(const CommContext& ctx,
   CommContext* dup = nullptr;
   if (want_ht || want_nccl) {
     dup = comm_context(q->comm, true);
-    int have = dup ? 1 : 0, all = 0;
-    if (PMPI_Allreduce(&have, &all, 1, MPI_INT, MPI_MIN, q->comm) != MPI_SUCCESS || all != 1) {
+    if (!service::all(dup != nullptr, q->comm)) {
       SC_INFO("fusion: no context for the queue's duplicate on some rank: fused messages "
               "run on route pmpi");
       dup = nullptr;
@@ -814,10 +814,8 @@ std::shared_ptr<Queue> open(const CommContext& ctx,
   }
   // Route ht: kept only where its set-up worked on every rank.
   if (want_ht && dup) {
-    int ok = ht->accepts(set_up_call(q->comm), *dup, config::RouteChoice{}, CallEnv{}) ? 1 : 0;
-    int all = 0;
-    if (PMPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, q->comm) == MPI_SUCCESS && all == 1)
-      q->ht_ctx = dup;
+    const bool ok = ht->accepts(set_up_call(q->comm), *dup, config::RouteChoice{}, CallEnv{});
+    if (service::all(ok, q->comm)) q->ht_ctx = dup;
     SC_INFO("fusion: route ht for fused messages %s",
             q->ht_ctx ? "set up" : "not available (some rank could not set it up)");
   }

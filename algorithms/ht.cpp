@@ -67,6 +67,7 @@
 #include "core/progress.hpp"
 #include "core/requests.hpp"
 #include "core/runtime.hpp"
+#include "core/service.hpp"
 #include "core/staging.hpp"
 
 namespace streamcoll {
@@ -211,12 +212,8 @@ int run_blocking(const HostCall& h, HtComm& hc, MPI_Comm comm) {
   if (h.algo == Algo::mpi) {
     if (h.tainted && !h.status) abort_lost_input(comm, "ht", error_code(Failure::cuda));
     const int rc = call_mpi(h, comm);
-    int any = 0;
-    if (h.status) {
-      int mine = h.tainted ? 1 : 0;
-      if (PMPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm) != MPI_SUCCESS) any = 1;
-    }
-    return outcome(MPI_SUCCESS, rc, any != 0);
+    const bool any = h.status && service::any(h.tainted, comm);
+    return outcome(MPI_SUCCESS, rc, any);
   }
   const sched::Params p = schedule_params(h, hc);
   sched::ScheduleRun run(hc.schedule(p), h.send, h.recv, h.type, h.extent, h.op, hc.p2p,
@@ -254,7 +251,7 @@ class HostPart {
     if (run_) run_->taint();
   }
   /// After *done: whether the result is spoiled (this rank's or a peer's taint).
-  bool tainted() const { return run_ ? run_->tainted() : (h_.tainted || any_ != 0); }
+  bool tainted() const { return run_ ? run_->tainted() : (h_.tainted || flags_.agreed != 0); }
 
   /// Non-blocking; *done when finished. Returns an MPI error code.
   int step(bool* done) {
@@ -265,11 +262,7 @@ class HostPart {
       if (h_.tainted && !h_.status)
         abort_lost_input(comm_->p2p, "ht", error_code(Failure::cuda));
       int rc = start_mpi(h_, comm_->p2p, &reqs_[0]);
-      if (h_.status) {
-        mine_ = h_.tainted ? 1 : 0;
-        const int src = PMPI_Iallreduce(&mine_, &any_, 1, MPI_INT, MPI_MAX, comm_->p2p, &reqs_[1]);
-        if (src != MPI_SUCCESS) any_ = 1;
-      }
+      if (h_.status) service::start_any(h_.tainted, comm_->p2p, &flags_, &reqs_[1]);
       started_ = true;
       comm_->turn.fetch_add(1, std::memory_order_release);
       if (rc != MPI_SUCCESS) {
@@ -290,7 +283,7 @@ class HostPart {
   uint64_t ticket_ = 0;
   bool started_ = false;
   MPI_Request reqs_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // the collective, the flags
-  int mine_ = 0, any_ = 0;
+  service::Flag flags_;  // the failure flags' exchange
 };
 
 class HostTask final : public progress::Task {

@@ -87,6 +87,7 @@
 #include "core/host_staging.hpp"
 #include "core/requests.hpp"
 #include "core/runtime.hpp"
+#include "core/service.hpp"
 
 namespace streamcoll {
 namespace {
@@ -377,8 +378,7 @@ bool create_comm(NcclComm& c, const nccl::Library& lib, const CommContext& ctx, 
       c.bytes = free0 > free1 ? free0 - free1 : 0;
     }
   }
-  int all_ok = 0;
-  if (PMPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, ctx.comm) != MPI_SUCCESS || !all_ok) {
+  if (!service::all(ok, ctx.comm)) {
     if (c.comm) {
       ScopedContext scope(c.cuctx);
       lib.ncclCommAbort(c.comm);
@@ -694,9 +694,7 @@ bool split_into(NcclComm& c, NcclComm& p, MPI_Comm parent, MPI_Comm child, std::
 // (`ok`), and on the child's ranks the NCCL state it hands to the child's context.
 void adopt_split(std::shared_ptr<NcclComm> c, bool ok, const std::string& why, MPI_Comm parent,
                  MPI_Comm child, const CommContext* cctx) {
-  int mine = ok ? 1 : 0, all = 0;
-  if (PMPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, parent) != MPI_SUCCESS) all = 0;
-  if (!all) {
+  if (!service::all(ok, parent)) {
     if (c->comm) {
       c->lib->ncclCommAbort(c->comm);  // (NCCL makes the communicator's device current)
       c->comm = nullptr;
@@ -914,8 +912,8 @@ void nccl_derive(CommContext& parent, MPI_Comm child) {
   if (pst.status != NcclState::ready || !pst.comm) return;
   std::shared_ptr<NcclComm> p = pst.comm;
   std::string why;
-  int can = may_split(*p, &why) ? 1 : 0, all = 0;
-  if (PMPI_Allreduce(&can, &all, 1, MPI_INT, MPI_MIN, parent.comm) != MPI_SUCCESS || !all) {
+  const bool can = may_split(*p, &why);
+  if (!service::all(can, parent.comm)) {
     if (!can) SC_INFO("nccl: no NCCL split for a new communicator: %s", why.c_str());
     return;
   }

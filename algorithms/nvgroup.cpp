@@ -107,6 +107,7 @@
 #include "core/host_staging.hpp"
 #include "core/requests.hpp"
 #include "core/runtime.hpp"
+#include "core/service.hpp"
 #include "core/stats.hpp"
 #include "core/topology.hpp"
 
@@ -759,10 +760,10 @@ void set_up(NvgroupState& st, const CallEnv& env, const CommContext& ctx,
   } else if (ok) {
     ok = open_shared(*g, all, name, &why) ? 1 : 0;
   }
-  int all_ok = 0;
-  const int agreed = PMPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, ctx.comm);
+  int agreed = MPI_SUCCESS;
+  const bool all_ok = service::all(ok, ctx.comm, &agreed);
   if (ctx.rank == 0 && name[0]) shm_unlink(name);  // every rank has opened it, or failed to
-  if (agreed != MPI_SUCCESS || !all_ok) {
+  if (!all_ok) {
     if (!ok) SC_INFO("nvgroup: off for this communicator: %s", why.c_str());
     else SC_INFO("nvgroup: off for this communicator: another rank cannot take part");
     // Some ranks may have mapped this rank's scratch: every mapping goes before any

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "base/log.hpp"
+#include "core/service.hpp"
 #include "core/stats.hpp"
 #include "core/trace.hpp"
 
@@ -296,22 +297,18 @@ void check_inputs(MPI_Comm comm, MPI_Comm private_comm, Coll coll, uint64_t byte
   if (private_comm != MPI_COMM_NULL) settle(private_comm, true);
   const int64_t v[4] = {static_cast<int64_t>(coll), static_cast<int64_t>(bytes & INT64_MAX),
                         root, candidate ? 1 : 0};
-  int64_t in[8], out[8];
-  for (int i = 0; i < 4; ++i) {
-    in[i] = v[i];
-    in[4 + i] = -v[i];
-  }
-  if (PMPI_Allreduce(in, out, 8, MPI_INT64_T, MPI_MAX, comm) != MPI_SUCCESS) return;
+  int64_t lo[4], hi[4];
+  if (service::ranges(v, 4, comm, lo, hi) != MPI_SUCCESS) return;
   static const char* const what[4] = {"the collective", "the size in bytes", "the root",
                                       "whether streamcoll may route it"};
   for (int i = 0; i < 4; ++i) {
-    if (out[i] == -out[4 + i]) continue;
+    if (lo[i] == hi[i]) continue;
     log_error(
         "STREAMCOLL_CHECK: ranks disagree on %s of %s: rank %d has %lld; the ranks' values "
         "range from %lld to %lld. Every rank must make the same collective call (and call "
         "streamcoll_comm_set_route alike). Aborting.",
         what[i], call_name(coll, false).c_str(), rank, static_cast<long long>(v[i]),
-        static_cast<long long>(-out[4 + i]), static_cast<long long>(out[i]));
+        static_cast<long long>(lo[i]), static_cast<long long>(hi[i]));
     PMPI_Abort(comm, MPI_ERR_OTHER);
   }
 }

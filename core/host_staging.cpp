@@ -20,6 +20,7 @@
 #include "core/pmpi_call.hpp"
 #include "core/requests.hpp"
 #include "core/runtime.hpp"
+#include "core/service.hpp"
 #include "core/stats.hpp"
 
 namespace streamcoll::host_staging {
@@ -212,9 +213,7 @@ bool spans_of(const CollArgs& a, TypeSpan* send, TypeSpan* recv) {
 class StagedRequest final : public ManagedRequest {
  public:
   StagedRequest(void* host, std::vector<Copy> back, Backend& be, int own)
-      : host_(host), back_(std::move(back)), be_(be), own_(own) {
-    mine_ = own != MPI_SUCCESS ? 1 : 0;
-  }
+      : host_(host), back_(std::move(back)), be_(be), own_(own) {}
   ~StagedRequest() override {
     // Only when start_request failed: the MPI's operations must end before their buffers go.
     if (!done_)
@@ -225,7 +224,7 @@ class StagedRequest final : public ManagedRequest {
 
   /// The outcome allreduce, started before the call itself (every rank in that order).
   int start_outcome(MPI_Comm comm) {
-    return PMPI_Iallreduce(&mine_, &any_, 1, MPI_INT, MPI_MAX, comm, &inner_[0]);
+    return service::start_any(own_ != MPI_SUCCESS, comm, &outcome_, &inner_[0]);
   }
   MPI_Request* call_request() { return &inner_[1]; }
 
@@ -248,7 +247,7 @@ class StagedRequest final : public ManagedRequest {
   void finish(int rc) {  // mu_ held
     if (own_ != MPI_SUCCESS) {
       rc = own_;
-    } else if (rc == MPI_SUCCESS && any_) {
+    } else if (rc == MPI_SUCCESS && outcome_.agreed) {
       log_error("%s", kPeerFailed);
       rc = error_code(Failure::peer);
     }
@@ -268,7 +267,7 @@ class StagedRequest final : public ManagedRequest {
   std::vector<Copy> back_;
   Backend& be_;
   const int own_;
-  int mine_ = 0, any_ = 0;
+  service::Flag outcome_;  // every rank's staging outcome
   std::mutex mu_;
   bool done_ = false;
   int error_ = MPI_SUCCESS;
@@ -655,9 +654,7 @@ int run_staged_blocking(const CollArgs& a, Backend& be, Staged& s, bool outcome,
   if (outcome && !in_band) {
     // If any rank's input is lost, no rank runs the call (all alike), and each reports an
     // error.
-    int mine = own != MPI_SUCCESS ? 1 : 0, any = 0;
-    if (PMPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, a.comm) != MPI_SUCCESS) any = 1;
-    if (any) {
+    if (service::any(own != MPI_SUCCESS, a.comm)) {
       if (s.host) be.release(s.host);
       if (own != MPI_SUCCESS) return raise(a.comm, own);
       log_error("%s: another rank could not stage its GPU buffers; the call did not run",

@@ -22,6 +22,7 @@
 #include "core/comm_context.hpp"
 #include "core/next_mpi.hpp"
 #include "core/runtime.hpp"
+#include "core/service.hpp"
 #include "shim/dispatch.hpp"
 #include "shim/export.hpp"
 
@@ -55,12 +56,10 @@ void record(MPI_Comm comm, MPI_Info info) {
   int inter = 0;
   if (PMPI_Comm_test_inter(comm, &inter) != MPI_SUCCESS || inter) return;
   const uint32_t mine = asserted_in(info);
-  // Equal on every rank: the largest and smallest value ({v, -v} under MPI_MAX, as the
-  // project's other checks of equality), so whether all were the same.
-  int64_t v[2] = {mine, -static_cast<int64_t>(mine)};
-  if (PMPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT64_T, MPI_MAX, comm) != MPI_SUCCESS) return;
-  const bool same = v[0] == -v[1];
-  const uint32_t kinds = same ? static_cast<uint32_t>(v[0]) : 0;
+  int64_t agreed = -1;
+  const bool same = service::all_equal(mine, comm, &agreed);
+  if (agreed < 0) return;  // the exchange failed
+  const uint32_t kinds = same ? static_cast<uint32_t>(agreed) : 0;
   if (!same && mine) SC_INFO("%s differs between ranks: not used", alloc_kinds::kAssertKey);
   CommContext* ctx = comm_context(comm, kinds != 0);  // collective the first time
   if (ctx) ctx->set_asserted_kinds(kinds);
