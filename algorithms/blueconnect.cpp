@@ -1036,34 +1036,14 @@ int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_pt
 int run_gpu_staged(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay,
                    const CallEnv& env, const std::vector<Backend>& backends, bool ring_only,
                    const config::RouteChoice& choice) {
-  const cuda::Driver& d = cuda::driver();
   cuda::ScopedContext scope(lay->cuctx);
-  staging::Layout l;
-  int rc = staging::layout(a, bc.rank, bc.size, &l)
-               ? MPI_SUCCESS
-               : fail(Failure::cuda, call_name(a.coll, false) + " (blueconnect): no staged form");
-  if (rc == MPI_SUCCESS)
-    rc = staging::order_after(l.in, a.recvbuf, lay->classic,
-                                     env.has_stream ? static_cast<CUstream>(env.stream) : nullptr);
-  CUdeviceptr buf = 0;
-  if (rc == MPI_SUCCESS && l.scratch)
-    rc = cuda::check(d.cuMemAllocAsync(&buf, l.scratch, lay->classic), "blueconnect: cuMemAllocAsync (staging)");
-  if (rc == MPI_SUCCESS && buf) rc = staging::copy_in(l, buf, lay->classic);
-  CallEnv e = env;
-  e.mem = MemKind::device;
-  e.device = lay->device;
-  e.has_stream = false;
-  e.stream = nullptr;
-  if (rc != MPI_SUCCESS) e.input_failure = rc;
-  CollArgs staged = a;
-  staged.sendbuf = MPI_IN_PLACE;
-  staged.recvbuf = reinterpret_cast<void*>(buf);
-  rc = run_gpu(staged, bc, lay, e, backends, ring_only, choice);  // the host waited for it
-  if (rc == MPI_SUCCESS) rc = staging::copy_out(l, buf, a.recvbuf, lay->classic);
-  if (buf) d.cuMemFreeAsync(buf, lay->classic);
-  if (CUresult r = d.cuStreamSynchronize(lay->classic); r != CUDA_SUCCESS && rc == MPI_SUCCESS)
-    rc = cuda::failure("blueconnect: cuStreamSynchronize (staging out)", r);
-  return rc;
+  staging::GpuStage stage;
+  const int in = stage.in(a, bc.rank, bc.size, lay->cuctx, lay->classic,
+                          env.has_stream ? static_cast<CUstream>(env.stream) : nullptr, "blueconnect");
+  int rc = run_gpu(stage.args(a), bc, lay, staged_env(env, lay->device, in), backends, ring_only,
+                   choice);  // the host waited for it
+  const int out = stage.finish(lay->classic, rc == MPI_SUCCESS);
+  return rc == MPI_SUCCESS ? out : rc;
 }
 
 #endif  // STREAMCOLL_HAVE_CUDA && STREAMCOLL_HAVE_NCCL

@@ -529,9 +529,6 @@ ncclResult_t enqueue(const CollArgs& a, const CommContext& ctx, const NcclComm& 
 // the bytes MPI says the call writes on this rank are written.
 int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<NcclComm>& c,
                const Ccube* cc, const CallEnv& env) {
-  staging::Layout l;
-  if (!staging::layout(a, ctx.rank, ctx.size, &l))
-    return fail(Failure::nccl, call_name(a.coll, a.nonblocking) + ": no staged form");
   const cuda::Driver& d = driver();
   ScopedContext scope(c->cuctx);
   // Any failure before the collective is enqueued leaves this rank out: its peers are told.
@@ -547,32 +544,26 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
                                                    made ? made : CUDA_ERROR_INVALID_HANDLE));
   CUstream s = c->classic;
   // After the work on the buffers' GPUs and on the attached stream, which itself goes on.
-  if (const int rc = staging::order_after(
-          l.in, a.recvbuf, s, env.has_stream ? static_cast<CUstream>(env.stream) : nullptr))
-    return lost(rc);
-  CUdeviceptr buf = 0;
-  if (const int rc = cuda::check(d.cuMemAllocAsync(&buf, l.scratch, s), "cuMemAllocAsync (staging)"))
-    return lost(rc);
-  if (const int rc = staging::copy_in(l, buf, s)) {
-    d.cuMemFreeAsync(buf, s);
+  auto stage = std::make_shared<staging::GpuStage>();
+  if (const int rc = stage->in(a, ctx.rank, ctx.size, c->cuctx, s,
+                               env.has_stream ? static_cast<CUstream>(env.stream) : nullptr, "nccl")) {
+    stage->drop(s);
     return lost(rc);
   }
-  CollArgs staged = a;
-  staged.sendbuf = MPI_IN_PLACE;
-  staged.recvbuf = reinterpret_cast<void*>(buf);
+  const CollArgs staged = stage->args(a);
   CUresult cu = CUDA_SUCCESS;
   ncclResult_t nr;
   {
     auto use = c->use();
     if (c->aborted()) {
-      d.cuMemFreeAsync(buf, s);
+      stage->drop(s);
       return c->poll();
     }
     nr = enqueue(staged, ctx, *c, s, &cu, cc);
   }
   int rc = MPI_SUCCESS;
   if (nr != ncclSuccess || cu != CUDA_SUCCESS) {
-    d.cuMemFreeAsync(buf, s);
+    stage->drop(s);
     return lost(nr != ncclSuccess
                     ? fail(Failure::nccl, c->lib->describe(call_name(a.coll, true).c_str(), nr, c->comm))
                     : cuda::failure(call_name(a.coll, true), cu));
@@ -580,18 +571,10 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
   c->note(s);
   // Runs once the collective is done (or the request is dropped unstarted): results back
   // on the copy stream, which nothing else uses, so waiting for it waits for no other rank.
-  auto back = [c, buf, user = a.recvbuf, l = std::move(l)]() -> int {
-    const cuda::Driver& d = driver();
-    ScopedContext scope(c->cuctx);
-    int rc = staging::copy_out(l, buf, user, c->copy);
-    d.cuMemFreeAsync(buf, c->copy);
-    if (CUresult e = d.cuStreamSynchronize(c->copy); e != CUDA_SUCCESS && rc == MPI_SUCCESS)
-      rc = cuda::failure("cuStreamSynchronize (staging out)", e);
-    return rc;
-  };
+  auto back = [c, stage]() -> int { return stage->finish(c->copy); };
   if (!a.nonblocking) {
     if (rc = c->wait(nullptr, s); rc != MPI_SUCCESS) {
-      d.cuMemFreeAsync(buf, s);  // after whatever of the operation is still on s
+      stage->drop(s);  // after whatever of the operation is still on s
       return rc;
     }
     return back();
@@ -602,14 +585,14 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
   if (!done) {
     *a.request = MPI_REQUEST_NULL;
     rc = lost(rc);
-    d.cuMemFreeAsync(buf, s);
+    stage->drop(s);
     return rc;
   }
   if (CUresult r = d.cuEventRecord(done, s); r != CUDA_SUCCESS) {
     c->give_event(done);
     *a.request = MPI_REQUEST_NULL;
     rc = lost(cuda::failure("cuEventRecord", r));
-    d.cuMemFreeAsync(buf, s);
+    stage->drop(s);
     return rc;
   }
   return start_request(new NcclRequest(c, done, false, nullptr, std::move(back)), a.request);

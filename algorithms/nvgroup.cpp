@@ -828,24 +828,10 @@ uint64_t reserve(Group& g, uint64_t rounds) {
 // another rank. The scratch goes with the Staged, by which time no kernel reads it (done,
 // or never launched).
 struct Staged {
-  std::shared_ptr<Group> g;
-  staging::Layout l;
-  void* recvbuf = nullptr;
-  CUdeviceptr buf = 0;
+  std::shared_ptr<Group> g;  // its context outlives the scratch
+  staging::GpuStage stage;
 
-  ~Staged() {
-    if (!buf) return;
-    ScopedContext scope(g->cuctx);
-    driver().cuMemFreeAsync(buf, g->copy ? g->copy : g->classic);
-  }
-  int back() {
-    const cuda::Driver& d = driver();
-    ScopedContext scope(g->cuctx);
-    int rc = staging::copy_out(l, buf, recvbuf, g->copy);
-    if (CUresult e = d.cuStreamSynchronize(g->copy); e != CUDA_SUCCESS && rc == MPI_SUCCESS)
-      rc = cuda::failure("nvgroup: cuStreamSynchronize (staging out)", e);
-    return rc;
-  }
+  int back() { return stage.finish(g->copy); }
 };
 
 // A classic MPI_I* call: complete once the event behind its kernel is (never blocking in
@@ -1097,38 +1083,21 @@ int launch(const CollArgs& a, const CallEnv& env, std::shared_ptr<Group> g,
 int run_staged(const CollArgs& a, CommContext& ctx, const CallEnv& env, std::shared_ptr<Group> g) {
   auto st = std::make_shared<Staged>();
   st->g = g;
-  st->recvbuf = a.recvbuf;
-  CallEnv e = env;
-  e.mem = MemKind::device;
-  e.device = g->device;
-  e.has_stream = false;
-  e.stream = nullptr;
-  CollArgs staged = a;
-  int rc = staging::layout(a, ctx.rank, ctx.size, &st->l)
-               ? MPI_SUCCESS
-               : fail(Failure::cuda, call_name(a.coll, a.nonblocking) + " (nvgroup): no staged form");
+  int rc = MPI_SUCCESS;
   {
     const cuda::Driver& d = driver();
     ScopedContext scope(g->cuctx);
     CUresult made = CUDA_SUCCESS;
     std::call_once(g->copy_once, [&] { made = d.cuStreamCreate(&g->copy, CU_STREAM_NON_BLOCKING); });
-    if (rc == MPI_SUCCESS && !g->copy)
+    if (!g->copy)
       rc = cuda::failure("nvgroup: cuStreamCreate (staging)", made ? made : CUDA_ERROR_INVALID_HANDLE);
     if (rc == MPI_SUCCESS)
-      rc = staging::order_after(st->l.in, a.recvbuf, g->classic,
-                                       env.has_stream ? static_cast<CUstream>(env.stream) : nullptr);
-    if (rc == MPI_SUCCESS && st->l.scratch)
-      rc = cuda::check(d.cuMemAllocAsync(&st->buf, st->l.scratch, g->classic),
-                       "nvgroup: cuMemAllocAsync (staging)");
-    if (rc == MPI_SUCCESS && st->buf) rc = staging::copy_in(st->l, st->buf, g->classic);
+      rc = st->stage.in(a, ctx.rank, ctx.size, g->cuctx, g->classic,
+                        env.has_stream ? static_cast<CUstream>(env.stream) : nullptr, "nvgroup");
   }
-  if (rc != MPI_SUCCESS) {
-    e.input_failure = rc;  // the kernel is not launched: this rank gives its rounds up
-    return launch(a, e, g, nullptr);
-  }
-  staged.sendbuf = MPI_IN_PLACE;
-  staged.recvbuf = reinterpret_cast<void*>(st->buf);
-  rc = launch(staged, e, g, st);
+  // A failure: the kernel is not launched, and this rank gives its rounds up.
+  if (rc != MPI_SUCCESS) return launch(a, staged_env(env, g->device, rc), g, nullptr);
+  rc = launch(st->stage.args(a), staged_env(env, g->device, MPI_SUCCESS), g, st);
   if (a.nonblocking || rc != MPI_SUCCESS) return rc;  // (an MPI_I*'s request brings them back)
   return st->back();
 }

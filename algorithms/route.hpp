@@ -53,6 +53,19 @@ struct CallEnv {
   int input_failure = MPI_SUCCESS;
 };
 
+/// `env` for a call staged onto scratch on GPU `device` (core/staging.hpp, GpuStage): its
+/// buffers are that GPU's device memory, no stream is attached (the staged rank keeps
+/// classic semantics), and `input_failure` (MPI_SUCCESS: none) when the staging failed.
+inline CallEnv staged_env(const CallEnv& env, int device, int input_failure) {
+  CallEnv e = env;
+  e.mem = MemKind::device;
+  e.device = device;
+  e.has_stream = false;
+  e.stream = nullptr;
+  if (input_failure != MPI_SUCCESS) e.input_failure = input_failure;
+  return e;
+}
+
 class Route {
  public:
   virtual ~Route() = default;

@@ -5,6 +5,9 @@
 #include "core/datatypes.hpp"
 #include "core/errors.hpp"
 #include "core/host_staging.hpp"
+#include "core/stats.hpp"
+
+#include <string>
 
 namespace streamcoll::staging {
 
@@ -108,6 +111,55 @@ int copy_out(const Layout& l, CUdeviceptr buf, void* recvbuf, CUstream s) {
     if (e != CUDA_SUCCESS && rc == MPI_SUCCESS) rc = cuda::failure("cuMemcpyAsync (staging out)", e);
   }
   return rc;
+}
+
+GpuStage::~GpuStage() {
+  if (buf_) drop(free_on_);
+}
+
+int GpuStage::in(const CollArgs& a, int rank, int size, CUcontext ctx, CUstream s,
+                 CUstream attached, const char* what) {
+  const cuda::Driver& d = cuda::driver();
+  ctx_ = ctx;
+  free_on_ = s;
+  what_ = what;
+  recvbuf_ = a.recvbuf;
+  if (!layout(a, rank, size, &l_))
+    return fail(Failure::cuda, call_name(a.coll, a.nonblocking) + " (" + what + "): no staged form");
+  cuda::ScopedContext scope(ctx);
+  if (const int rc = order_after(l_.in, a.recvbuf, s, attached)) return rc;
+  if (l_.scratch) {
+    const CUresult r = d.cuMemAllocAsync(&buf_, l_.scratch, s);
+    if (r != CUDA_SUCCESS) {
+      buf_ = 0;
+      return cuda::failure(std::string(what) + ": cuMemAllocAsync (staging)", r);
+    }
+  }
+  return buf_ ? copy_in(l_, buf_, s) : MPI_SUCCESS;
+}
+
+CollArgs GpuStage::args(const CollArgs& a) const {
+  CollArgs staged = a;
+  staged.sendbuf = MPI_IN_PLACE;
+  staged.recvbuf = reinterpret_cast<void*>(buf_);
+  return staged;
+}
+
+int GpuStage::finish(CUstream s, bool copy_back) {
+  const cuda::Driver& d = cuda::driver();
+  cuda::ScopedContext scope(ctx_);
+  int rc = copy_back && buf_ ? copy_out(l_, buf_, recvbuf_, s) : MPI_SUCCESS;
+  drop(s);
+  if (const CUresult r = d.cuStreamSynchronize(s); r != CUDA_SUCCESS && rc == MPI_SUCCESS)
+    rc = cuda::failure(std::string(what_) + ": cuStreamSynchronize (staging out)", r);
+  return rc;
+}
+
+void GpuStage::drop(CUstream s) {
+  if (!buf_) return;
+  cuda::ScopedContext scope(ctx_);
+  cuda::driver().cuMemFreeAsync(buf_, s);
+  buf_ = 0;
 }
 #endif
 

@@ -17,11 +17,12 @@
 //   call     the route's operation on scratch (sendbuf MPI_IN_PLACE)
 //   out      the bytes MPI says the call writes on this rank -> recvbuf (Layout::out)
 //
-// Which stream each step goes on, when the host waits and how a failure is told to the
-// peers belong to the route (nccl.cpp: run_staged, nvgroup.cpp: run_staged,
-// blueconnect.cpp: run_gpu_staged, ht.cpp: enqueue_staged, run_device_classic). A staged
-// rank without a stream keeps plain MPI semantics: its buffers are final when the call
-// returns or its request completes.
+// The GPU routes (nccl, ccube, nvgroup, blueconnect) stage through GpuStage, below: the
+// sequence written once. Which streams it is given, when the host waits and how a failure
+// is told to the peers belong to the route (nccl.cpp, nvgroup.cpp: run_staged;
+// blueconnect.cpp: run_gpu_staged); route ht stages to pinned host memory on its own
+// (ht.cpp: enqueue_staged, run_device_classic). A staged rank without a stream keeps plain
+// MPI semantics: its buffers are final when the call returns or its request completes.
 #pragma once
 
 #include <cstdint>
@@ -71,6 +72,42 @@ int copy_in(const Layout& l, CUdeviceptr buf, CUstream s);
 /// Copies the result ranges of `l` from scratch `buf` to `recvbuf` on `s`. Every range is
 /// tried; the first failure is returned.
 int copy_out(const Layout& l, CUdeviceptr buf, void* recvbuf, CUstream s);
+
+/// One call staged through scratch on a route's GPU: order, scratch, copy in (in()), the
+/// call as the route runs it there (args()), and the copies back (finish()). Not
+/// thread-safe (one call's); owns the scratch, which the destructor frees (after the work
+/// on the stream in() was given) when finish() or drop() did not.
+class GpuStage {
+ public:
+  GpuStage() = default;
+  ~GpuStage();
+  GpuStage(const GpuStage&) = delete;
+  GpuStage& operator=(const GpuStage&) = delete;
+
+  /// Stages `a` (this rank `rank` of `size`) for a route whose GPU's context is `ctx`:
+  /// its layout; stream `s` (of ctx) ordered after the application's work on the buffers'
+  /// GPUs and after `attached` (the communicator's stream; null: none); scratch allocated
+  /// on `s` and the input copied there. `what` names the route in messages ("nvgroup").
+  /// Returns MPI_SUCCESS or the code of the first step that failed (the steps after it are
+  /// not taken; args() is then a call on whatever scratch there is, possibly none).
+  int in(const CollArgs& a, int rank, int size, CUcontext ctx, CUstream s, CUstream attached,
+         const char* what);
+  /// `a` as the route runs it: in place, on the scratch buffer.
+  CollArgs args(const CollArgs& a) const;
+  /// Ends the call on `s` (of the context): with `copy_back`, the result ranges to the
+  /// caller's recvbuf; the scratch freed; the host waits for `s`. Returns the first failure.
+  int finish(CUstream s, bool copy_back = true);
+  /// Frees the scratch after the work on `s`, copying nothing back (the call failed).
+  void drop(CUstream s);
+
+ private:
+  CUcontext ctx_ = nullptr;
+  Layout l_;
+  void* recvbuf_ = nullptr;
+  CUdeviceptr buf_ = 0;
+  CUstream free_on_ = nullptr;
+  const char* what_ = "";
+};
 #endif
 
 }  // namespace streamcoll::staging
