@@ -41,7 +41,7 @@ int ranges(const int64_t* v, int n, MPI_Comm comm, int64_t* lo, int64_t* hi) {
 namespace {
 int start(bool mine, MPI_Op op, int failed, MPI_Comm comm, Flag* f, MPI_Request* req) {
   f->mine = mine ? 1 : 0;
-  f->agreed = failed;
+  f->agreed = failed ? 0 : 1;  // until the exchange completes: the answer that does not stop
   const int rc = PMPI_Iallreduce(&f->mine, &f->agreed, 1, MPI_INT, op, comm, req);
   if (rc != MPI_SUCCESS) {
     *req = MPI_REQUEST_NULL;

@@ -44,9 +44,9 @@ struct Flag {
 };
 
 /// Starts the exchange of any() (MPI_MAX) on `f`, or all() (MPI_MIN) with `all`: `f->mine`
-/// is set from `mine`, f->agreed holds the answer once *req completes. Returns the MPI's
-/// error code; on failure *req is MPI_REQUEST_NULL and f->agreed already reads as any()'s
-/// or all()'s failed answer (1, 0).
+/// is set from `mine`, f->agreed holds the answer once *req completes (before, the answer
+/// that stops nothing: any() 0, all() 1). Returns the MPI's error code; on failure *req is
+/// MPI_REQUEST_NULL and f->agreed already reads as any()'s or all()'s failed answer (1, 0).
 int start_any(bool mine, MPI_Comm comm, Flag* f, MPI_Request* req);
 int start_all(bool mine, MPI_Comm comm, Flag* f, MPI_Request* req);
 
