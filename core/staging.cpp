@@ -83,16 +83,17 @@ int order_after(const void* in, const void* out, CUstream s, CUstream attached) 
   }
   if (!attached) return MPI_SUCCESS;
   CUevent ready = nullptr;
-  CUresult r = d.cuEventCreate(&ready, CU_EVENT_DISABLE_TIMING);
-  if (r == CUDA_SUCCESS) r = d.cuEventRecord(ready, attached);
-  if (r == CUDA_SUCCESS) r = d.cuStreamWaitEvent(s, ready, 0);
-  if (ready) d.cuEventDestroy(ready);  // the wait has captured its record
-  return cuda::check(r, "cuStreamWaitEvent (staging after the attached stream)");
+  const char* what = "cuStreamWaitEvent (staging after the attached stream)";
+  int rc = SC_CU_CHECK(d.cuEventCreate(&ready, CU_EVENT_DISABLE_TIMING), what);
+  if (rc == MPI_SUCCESS) rc = SC_CU_CHECK(d.cuEventRecord(ready, attached), what);
+  if (rc == MPI_SUCCESS) rc = SC_CU_CHECK(d.cuStreamWaitEvent(s, ready, 0), what);
+  if (ready) SC_CU_TOLERATE(d.cuEventDestroy(ready));  // the wait has captured its record
+  return rc;
 }
 
 int copy_in(const Layout& l, CUdeviceptr buf, CUstream s) {
   if (!l.in_bytes) return MPI_SUCCESS;
-  return cuda::check(cuda::driver().cuMemcpyAsync(buf + l.in_off, reinterpret_cast<CUdeviceptr>(l.in),
+  return SC_CU_CHECK(cuda::driver().cuMemcpyAsync(buf + l.in_off, reinterpret_cast<CUdeviceptr>(l.in),
                                                   l.in_bytes, s),
                      "cuMemcpyAsync (staging in)");
 }
@@ -105,7 +106,7 @@ int copy_out(const Layout& l, CUdeviceptr buf, void* recvbuf, CUstream s) {
     if (!r.bytes) continue;
     const CUresult e = d.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(user + r.off), buf + r.from,
                                        r.bytes, s);
-    if (e != CUDA_SUCCESS && rc == MPI_SUCCESS) rc = cuda::failure("cuMemcpyAsync (staging out)", e);
+    if (rc == MPI_SUCCESS) rc = SC_CU_CHECK(e, "cuMemcpyAsync (staging out)");  // the first
   }
   return rc;
 }
