@@ -141,10 +141,11 @@ struct Layout {
   /// Pinned staging of at least `bytes`, or nullptr; the caller has cuctx current.
   char* pinned(uint64_t bytes) {
     if (bytes > staging_bytes) {
-      if (staging) cuda::driver().cuMemFreeHost(staging);
+      if (staging) SC_CU_TOLERATE(cuda::driver().cuMemFreeHost(staging));
       staging = nullptr;
       staging_bytes = 0;
-      if (cuda::driver().cuMemHostAlloc(&staging, std::max<uint64_t>(bytes, 1), 0) != CUDA_SUCCESS)
+      if (SC_CU_RESULT(cuda::driver().cuMemHostAlloc(&staging, std::max<uint64_t>(bytes, 1), 0)) !=
+          CUDA_SUCCESS)  // the caller's to handle (pageable memory)
         return staging = nullptr, nullptr;
       staging_bytes = bytes;
     }
@@ -168,12 +169,12 @@ struct Layout {
 #if STREAMCOLL_HAVE_CUDA
     if (classic || legacy || last || staging) {
       cuda::ScopedContext scope(cuctx);
-      if (classic) cuda::driver().cuStreamDestroy(classic);
-      if (legacy) cuda::driver().cuEventDestroy(legacy);
-      if (last) cuda::driver().cuEventDestroy(last);
-      if (staging) cuda::driver().cuMemFreeHost(staging);
+      if (classic) SC_CU_TOLERATE(cuda::driver().cuStreamDestroy(classic));
+      if (legacy) SC_CU_TOLERATE(cuda::driver().cuEventDestroy(legacy));
+      if (last) SC_CU_TOLERATE(cuda::driver().cuEventDestroy(last));
+      if (staging) SC_CU_TOLERATE(cuda::driver().cuMemFreeHost(staging));
     }
-    if (cuctx) cuda::driver().cuDevicePrimaryCtxRelease(cudev);
+    if (cuctx) SC_CU_TOLERATE(cuda::driver().cuDevicePrimaryCtxRelease(cudev));
 #endif
   }
   bool has_subs() const { return sub.empty() || sub[0] != MPI_COMM_NULL; }
@@ -632,17 +633,18 @@ bool gpu_levels(Layout& lay, BcComm& bc, const CollArgs& a, const CallEnv& env,
     lay.gpu = Layout::off;
     const cuda::Driver& d = cuda::driver();
     int ok = d.usable && env.device >= 0;
-    if (ok && d.cuDeviceGet(&lay.cudev, env.device) == CUDA_SUCCESS &&
-        d.cuDevicePrimaryCtxRetain(&lay.cuctx, lay.cudev) == CUDA_SUCCESS) {
+    // Results, not errors: without them the GPU layout is off and the route refuses.
+    if (ok && SC_CU_RESULT(d.cuDeviceGet(&lay.cudev, env.device)) == CUDA_SUCCESS &&
+        SC_CU_RESULT(d.cuDevicePrimaryCtxRetain(&lay.cuctx, lay.cudev)) == CUDA_SUCCESS) {
       lay.device = env.device;
       cuda::ScopedContext scope(lay.cuctx);
-      if (d.cuStreamCreate(&lay.classic, CU_STREAM_DEFAULT) != CUDA_SUCCESS) {
+      if (SC_CU_RESULT(d.cuStreamCreate(&lay.classic, CU_STREAM_DEFAULT)) != CUDA_SUCCESS) {
         lay.classic = nullptr;
         ok = 0;
-      } else if (d.cuEventCreate(&lay.legacy, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+      } else if (SC_CU_RESULT(d.cuEventCreate(&lay.legacy, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS) {
         lay.legacy = nullptr;
         ok = 0;
-      } else if (d.cuEventCreate(&lay.last, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+      } else if (SC_CU_RESULT(d.cuEventCreate(&lay.last, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS) {
         lay.last = nullptr;
         ok = 0;
       }
@@ -760,13 +762,15 @@ class GpuCall {
 
  private:
   static CUdeviceptr dptr(const void* x) { return reinterpret_cast<CUdeviceptr>(x); }
-  void cuda_fail(const char* what, CUresult r) {
-    if (rc_ == MPI_SUCCESS) rc_ = cuda::failure(what, r);
+  // Whether `r` failed; the call's first failure is kept in rc_ and logged (located: BC_CU).
+  bool cuda_failed(const char* file, int line, const char* what, CUresult r) {
+    if (r != CUDA_SUCCESS && rc_ == MPI_SUCCESS) rc_ = cuda::failure_at(file, line, what, r);
+    return r != CUDA_SUCCESS;
   }
+#define BC_CU(call, what) cuda_failed(__FILE__, __LINE__, (what), (call))
   void copy(char* dst, const char* src, uint64_t bytes) {
     if (lost_ || bytes == 0 || dst == src) return;
-    if (CUresult r = d_.cuMemcpyDtoDAsync(dptr(dst), dptr(src), bytes, s_); r != CUDA_SUCCESS)
-      cuda_fail("blueconnect: cuMemcpyDtoDAsync", r);
+    BC_CU(d_.cuMemcpyDtoDAsync(dptr(dst), dptr(src), bytes, s_), "blueconnect: cuMemcpyDtoDAsync");
   }
   uint64_t slot_of(int r) const {
     return static_cast<uint64_t>(
@@ -784,17 +788,13 @@ class GpuCall {
     // stream and the application's blocking streams (our stream, a blocking one, would
     // wait for the legacy stream's alone); where it cannot, this rank takes no data part.
     if (!env_.has_stream && !lost_)
-      if (CUresult r = cuda::wait_for_legacy(s_, lay_.legacy); r != CUDA_SUCCESS) {
-        cuda_fail("blueconnect: ordering after the legacy stream", r);
+      if (BC_CU(cuda::wait_for_legacy(s_, lay_.legacy), "blueconnect: ordering after the legacy stream"))
         lost_ = true;
-      }
     // After this communicator's previous call on this rank, whatever its stream (its
     // stages must not be overtaken: the levels' routes match operations in call order).
     if (lay_.last_stream && lay_.last_stream != s_ && !lost_)
-      if (CUresult r = d_.cuStreamWaitEvent(s_, lay_.last, 0); r != CUDA_SUCCESS) {
-        cuda_fail("blueconnect: ordering after the previous call", r);
+      if (BC_CU(d_.cuStreamWaitEvent(s_, lay_.last, 0), "blueconnect: ordering after the previous call"))
         lost_ = true;
-      }
     // reduce_scatter_block always combines in scratch: MPI writes the first block of recv
     // only, in place too (the other blocks keep the input).
     need_scratch_ = (a_.coll == Coll::allreduce && vec_ != n_) ||
@@ -803,8 +803,9 @@ class GpuCall {
     // Without its work buffer this rank cannot run any stage: it fails every level's
     // NCCL stages collectively, and its host stages run tainted on host scratch.
     if (need_scratch_ && !lost_) {
-      if (CUresult r = d_.cuMemAllocAsync(&scratch_, vec_ * ext_, s_); r != CUDA_SUCCESS) {
-        rc_ = cuda::failure("blueconnect: cuMemAllocAsync", r);
+      if (const int rc = SC_CU_CHECK(d_.cuMemAllocAsync(&scratch_, vec_ * ext_, s_),
+                                     "blueconnect: cuMemAllocAsync")) {
+        rc_ = rc;
         lost_ = true;
         scratch_ = 0;
       } else {
@@ -906,10 +907,8 @@ class GpuCall {
         (reduce_scatter && from_send_ && st.level == 0 ? input_ : work_) + st.seg_off * ext_;
     bool tainted = rc_ != MPI_SUCCESS;  // this rank's data is garbage already
     if (!tainted && bytes) {
-      CUresult r = d_.cuMemcpyAsync(dptr(h), dptr(src), bytes, s_);
-      if (r == CUDA_SUCCESS) r = d_.cuStreamSynchronize(s_);
-      if (r != CUDA_SUCCESS) cuda_fail("blueconnect: D2H copy", r);
-      tainted = r != CUDA_SUCCESS;
+      tainted = BC_CU(d_.cuMemcpyAsync(dptr(h), dptr(src), bytes, s_), "blueconnect: D2H copy") ||
+                BC_CU(d_.cuStreamSynchronize(s_), "blueconnect: D2H copy");
     }
     auto sch = std::make_shared<const sched::Schedule>(
         reduce_scatter ? sched::build_stage_reduce_scatter(local, false)
@@ -921,11 +920,12 @@ class GpuCall {
     if (rc_ == MPI_SUCCESS) rc_ = hrc;
     if (rc_ == MPI_SUCCESS && run.tainted()) rc_ = error_code(Failure::peer);
     if (rc_ == MPI_SUCCESS && out_len) {
-      CUresult r = d_.cuMemcpyAsync(dptr(work_ + (st.seg_off + out_off) * ext_),
-                                    dptr(h + out_off * ext_), out_len * ext_, s_);
       // The pageable fallback goes with this stage: the copy must be done before.
-      if (r == CUDA_SUCCESS && !fallback.empty()) r = d_.cuStreamSynchronize(s_);
-      if (r != CUDA_SUCCESS) cuda_fail("blueconnect: H2D copy", r);
+      if (!BC_CU(d_.cuMemcpyAsync(dptr(work_ + (st.seg_off + out_off) * ext_),
+                                  dptr(h + out_off * ext_), out_len * ext_, s_),
+                 "blueconnect: H2D copy") &&
+          !fallback.empty())
+        BC_CU(d_.cuStreamSynchronize(s_), "blueconnect: H2D copy");
     }
   }
 
@@ -952,11 +952,8 @@ class GpuCall {
   // The scratch freed, a classic call waited for, and the outcome over the communicator.
   int finish() {
     if (scratch_)
-      if (CUresult r = d_.cuMemFreeAsync(scratch_, s_); r != CUDA_SUCCESS)
-        cuda_fail("blueconnect: cuMemFreeAsync", r);
-    if (CUresult r = d_.cuEventRecord(lay_.last, s_); r != CUDA_SUCCESS)
-      cuda_fail("blueconnect: cuEventRecord (behind the call)", r);
-    else
+      BC_CU(d_.cuMemFreeAsync(scratch_, s_), "blueconnect: cuMemFreeAsync");
+    if (!BC_CU(d_.cuEventRecord(lay_.last, s_), "blueconnect: cuEventRecord (behind the call)"))
       lay_.last_stream = s_;
     if (!env_.has_stream) {
       // Polling the levels' failure notices: a peer that could not run a stage makes this
@@ -1019,6 +1016,7 @@ class GpuCall {
   const char* input_;  // with from_send_: this rank's input, read by the first stage
   const uint64_t blk_;  // bytes of one rank's block
 };
+#undef BC_CU
 
 int run_gpu(const CollArgs& a, BcComm& bc, const std::shared_ptr<Layout>& lay_ptr,
             const CallEnv& env, const std::vector<Backend>& backends, bool ring_only,

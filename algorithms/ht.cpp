@@ -456,7 +456,7 @@ class DeviceRequest final : public ManagedRequest {
   void join() {
     if (!stream_ordered_ || joined_.exchange(true)) return;
     cuda::ScopedContext scope(gpu_->ctx);
-    if (const int rc = cuda::check(cuda::driver().cuStreamWaitEvent(app_stream_, done_, 0),
+    if (const int rc = SC_CU_CHECK(cuda::driver().cuStreamWaitEvent(app_stream_, done_, 0),
                                    "ht: cuStreamWaitEvent (MPI_Wait)"))
       err_.store(rc);
     complete();
@@ -486,10 +486,10 @@ class DeviceTask final : public progress::Task {
     const cuda::Driver& d = cuda::driver();
     cuda::ScopedContext scope(st_.gpu->ctx);
     if (phase_ == 0) {
-      CUresult r = d.cuEventQuery(st_.copied_in);
+      CUresult r = SC_CU_RESULT(d.cuEventQuery(st_.copied_in));
       if (r == CUDA_ERROR_NOT_READY) return false;
       if (r != CUDA_SUCCESS) {  // no input: take part all the same, tainted
-        own_ = cuda::failure("ht: D2H copy", r);
+        own_ = SC_CU_FAIL(r, "ht: D2H copy");
         part_->taint();
         // Whatever the copy did, it must be over before the host collective writes the
         // staging buffer (a driver with a sticky error runs nothing more).
@@ -513,9 +513,9 @@ class DeviceTask final : public progress::Task {
       if (rc != MPI_SUCCESS) return finish(rc);
       phase_ = 2;
     }
-    CUresult r = d.cuEventQuery(st_.copied_out);
+    CUresult r = SC_CU_RESULT(d.cuEventQuery(st_.copied_out));
     if (r == CUDA_ERROR_NOT_READY) return false;
-    return finish(cuda::check(r, "ht: H2D copy"));
+    return finish(SC_CU_CHECK(r, "ht: H2D copy"));
   }
 
   /// For a task the engine never took: lets the stream go on, recycles, reports `rc`.
@@ -633,26 +633,28 @@ int enqueue_staged(Staging* st, const staging::Layout& l, void* recvbuf, CUstrea
     unwind_staged(st, stream, may_block, enqueued, recorded, held, false);
     return rc;
   };
-  auto bail = [&](const char* what, CUresult r) { return unwind(cuda::failure(what, r)); };
   st->host = ds.pool.get(l.scratch);
-  if (!st->host) return bail("ht: cuMemHostAlloc (staging buffer)", CUDA_ERROR_OUT_OF_MEMORY);
+  if (!st->host)
+    return unwind(SC_CU_FAIL(CUDA_ERROR_OUT_OF_MEMORY, "ht: cuMemHostAlloc (staging buffer)"));
   if (!ds.pool.get_flag(&st->flag, &st->dev_flag))
-    return bail("ht: cuMemHostAlloc (flag)", CUDA_ERROR_OUT_OF_MEMORY);
+    return unwind(SC_CU_FAIL(CUDA_ERROR_OUT_OF_MEMORY, "ht: cuMemHostAlloc (flag)"));
   st->copied_in = ds.event(*st->gpu);
   st->copied_out = ds.event(*st->gpu);
-  if (!st->copied_in || !st->copied_out) return bail("ht: cuEventCreate", CUDA_ERROR_UNKNOWN);
+  if (!st->copied_in || !st->copied_out)
+    return unwind(SC_CU_FAIL(CUDA_ERROR_UNKNOWN, "ht: cuEventCreate"));
   const auto buf = reinterpret_cast<CUdeviceptr>(st->host);
   if (const int rc = staging::copy_in(l, buf, stream)) return unwind(rc);
   enqueued = l.in_bytes > 0;
-  if (CUresult r = d.cuEventRecord(st->copied_in, stream); r != CUDA_SUCCESS)
-    return bail("ht: cuEventRecord", r);
+  if (const int rc = SC_CU_CHECK(d.cuEventRecord(st->copied_in, stream), "ht: cuEventRecord"))
+    return unwind(rc);
   enqueued = recorded = true;
-  if (CUresult r = ds.hold_stream(*st->gpu, stream, st->dev_flag, mode); r != CUDA_SUCCESS)
-    return bail("ht: holding the stream (cuStreamWaitValue32 / spin kernel)", r);
+  if (const int rc = SC_CU_CHECK(ds.hold_stream(*st->gpu, stream, st->dev_flag, mode),
+                                 "ht: holding the stream (cuStreamWaitValue32 / spin kernel)"))
+    return unwind(rc);
   held = true;  // from here the stream waits on the flag: bail() releases it
   if (const int rc = staging::copy_out(l, buf, recvbuf, stream)) return unwind(rc);
-  if (CUresult r = d.cuEventRecord(st->copied_out, stream); r != CUDA_SUCCESS)
-    return bail("ht: cuEventRecord", r);
+  if (const int rc = SC_CU_CHECK(d.cuEventRecord(st->copied_out, stream), "ht: cuEventRecord"))
+    return unwind(rc);
   return MPI_SUCCESS;
 }
 
@@ -677,7 +679,7 @@ int run_device_classic(const CollArgs& a, HtComm& hc, AlgoSel algo, int extent, 
   CUstream legacy = cuda::classic_stream();  // the legacy default stream, as a rule
   const auto buf = reinterpret_cast<CUdeviceptr>(h);
   int own = staging::copy_in(l, buf, legacy);
-  if (own == MPI_SUCCESS && l.in_bytes) own = cuda::check(d.cuStreamSynchronize(legacy), "ht: D2H copy");
+  if (own == MPI_SUCCESS && l.in_bytes) own = SC_CU_CHECK(d.cuStreamSynchronize(legacy), "ht: D2H copy");
   // Every rank runs the collective, even after a local copy failure (tainted), so none
   // hangs and none takes this rank's garbage for data.
   HostCall hcall = host_call(a, algo, hc.rank, extent, h);
@@ -687,7 +689,7 @@ int run_device_classic(const CollArgs& a, HtComm& hc, AlgoSel algo, int extent, 
   if (own != MPI_SUCCESS) rc = own;
   if (rc == MPI_SUCCESS && !l.out.empty()) {
     rc = staging::copy_out(l, buf, a.recvbuf, legacy);
-    if (rc == MPI_SUCCESS) rc = cuda::check(d.cuStreamSynchronize(legacy), "ht: H2D copy");
+    if (rc == MPI_SUCCESS) rc = SC_CU_CHECK(d.cuStreamSynchronize(legacy), "ht: H2D copy");
   }
   if (host) ds.pool.put(host);
   return rc;
@@ -760,12 +762,11 @@ int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, AlgoS
     if (!start)
       return stand_in(a, hc, algo, extent, l.scratch, status,
                       fail(Failure::cuda, "ht: cuEventCreate failed"));
-    CUresult r = d.cuEventRecord(start, app);
-    if (r == CUDA_SUCCESS) r = d.cuStreamWaitEvent(work, start, 0);
+    int rc = SC_CU_CHECK(d.cuEventRecord(start, app), "ht: ordering the side stream");
+    if (rc == MPI_SUCCESS)
+      rc = SC_CU_CHECK(d.cuStreamWaitEvent(work, start, 0), "ht: ordering the side stream");
     ds.put_event(gpu, start);  // recorded and waited on: reusable
-    if (r != CUDA_SUCCESS)
-      return stand_in(a, hc, algo, extent, l.scratch, status,
-                      cuda::failure("ht: ordering the side stream", r));
+    if (rc != MPI_SUCCESS) return stand_in(a, hc, algo, extent, l.scratch, status, rc);
   }
   Staging st;
   st.gpu = &gpu;
@@ -779,12 +780,11 @@ int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, AlgoS
   if (a.nonblocking) {
     // The request's own event (the task recycles the staging events independently).
     CUevent done = ds.event(gpu);
-    CUresult r = done ? d.cuEventRecord(done, work) : CUDA_ERROR_UNKNOWN;
-    if (r != CUDA_SUCCESS) {
+    if (const int rc = SC_CU_CHECK(done ? d.cuEventRecord(done, work) : CUDA_ERROR_UNKNOWN,
+                                   "ht: cuEventRecord (request)")) {
       ds.put_event(gpu, done);
       unwind_staged(&st, work, may_block, true, true, true, true);  // let the stream go on
-      return stand_in(a, hc, algo, extent, l.scratch, status,
-                      cuda::failure("ht: cuEventRecord (request)", r));
+      return stand_in(a, hc, algo, extent, l.scratch, status, rc);
     }
     req = new DeviceRequest(env.has_stream, app, &gpu, done);
     if (int rc = start_request(req, a.request); rc != MPI_SUCCESS) {
@@ -823,8 +823,8 @@ int gpu_of(const CallEnv& env) {
   const cuda::Driver& d = cuda::driver();
   CUcontext current = nullptr;
   CUdevice dev = -1;
-  if (d.usable && d.cuCtxGetCurrent(&current) == CUDA_SUCCESS && current &&
-      d.cuCtxGetDevice(&dev) == CUDA_SUCCESS)
+  if (d.usable && SC_CU_RESULT(d.cuCtxGetCurrent(&current)) == CUDA_SUCCESS && current &&  // probes
+      SC_CU_RESULT(d.cuCtxGetDevice(&dev)) == CUDA_SUCCESS)
     return dev;
   return 0;
 }
@@ -1057,7 +1057,7 @@ class JoinImpl final : public Join {
   ~JoinImpl() override { DeviceSide::get().put_event(*gpu_, done_); }
   int wait_on(void* app) override {
     cuda::ScopedContext scope(gpu_->ctx);
-    if (const int rc = cuda::check(cuda::driver().cuStreamWaitEvent(static_cast<CUstream>(app), done_, 0),
+    if (const int rc = SC_CU_CHECK(cuda::driver().cuStreamWaitEvent(static_cast<CUstream>(app), done_, 0),
                                    "fusion: cuStreamWaitEvent (MPI_Wait)"))
       return rc;
     return MPI_SUCCESS;
@@ -1075,10 +1075,10 @@ class TailTask final : public progress::Task {
       : st_(st), async_error_(std::move(async_error)) {}
   bool step() override {
     cuda::ScopedContext scope(st_.gpu->ctx);
-    const CUresult r = cuda::driver().cuEventQuery(st_.copied_out);
+    const CUresult r = SC_CU_RESULT(cuda::driver().cuEventQuery(st_.copied_out));
     if (r == CUDA_ERROR_NOT_READY) return false;
     if (r != CUDA_SUCCESS) {
-      const int rc = cuda::failure("fusion: H2D copy", r);
+      const int rc = SC_CU_FAIL(r, "fusion: H2D copy");
       cuda::driver().cuEventSynchronize(st_.copied_out);
       int none = MPI_SUCCESS;
       if (async_error_) async_error_->compare_exchange_strong(none, rc);
@@ -1106,10 +1106,10 @@ class StageImpl final : public Stage {
       return state_;
     }
     cuda::ScopedContext scope(st_.gpu->ctx);
-    const CUresult r = cuda::driver().cuEventQuery(st_.copied_in);
+    const CUresult r = SC_CU_RESULT(cuda::driver().cuEventQuery(st_.copied_in));
     if (r == CUDA_ERROR_NOT_READY) return Input::pending;
     if (r != CUDA_SUCCESS) {
-      rc_ = cuda::failure("fusion: D2H copy", r);
+      rc_ = SC_CU_FAIL(r, "fusion: D2H copy");
       // Over before anything writes the buffer (a sticky error runs nothing more).
       cuda::driver().cuEventSynchronize(st_.copied_in);
       state_ = Input::failed;
@@ -1177,7 +1177,7 @@ int start(const Streams& streams, int device, void* app_stream, const void* src,
   }
   // What is on the streams so far decides how a failure unwinds (unwind_staged).
   bool enqueued = false, recorded_in = false, held = false, recorded_out = false;
-  auto bail = [&](const char* what, CUresult r) {
+  auto bail = [&](int rc) {  // rc: the failure, logged where it arose
     ds.put_event(*gpu, start_ev);
     ds.put_event(*gpu, done);
     // The call then fails on this rank, or (dst untouched) the caller synchronises the
@@ -1196,35 +1196,39 @@ int start(const Streams& streams, int device, void* app_stream, const void* src,
       if (held) d.cuStreamSynchronize(hold);
     }
     unwind_staged(&st, nullptr, false, false, recorded_in, held, recorded_out);  // nothing left queued
-    return cuda::failure(what, r);
+    return rc;
   };
-  CUresult r = d.cuEventRecord(start_ev, app);
-  if (r == CUDA_SUCCESS) r = d.cuStreamWaitEvent(copy, start_ev, 0);
-  if (r != CUDA_SUCCESS) return bail("fusion: ordering the copy stream after the call's stream", r);
+  const char* ordering = "fusion: ordering the copy stream after the call's stream";
+  if (const int rc = SC_CU_CHECK(d.cuEventRecord(start_ev, app), ordering)) return bail(rc);
+  if (const int rc = SC_CU_CHECK(d.cuStreamWaitEvent(copy, start_ev, 0), ordering)) return bail(rc);
   if (bytes > 0) {
-    r = d.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(st.host), reinterpret_cast<CUdeviceptr>(src),
-                        bytes, copy);
-    if (r != CUDA_SUCCESS) return bail("fusion: cuMemcpyAsync (D2H)", r);
+    if (const int rc = SC_CU_CHECK(d.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(st.host),
+                                                   reinterpret_cast<CUdeviceptr>(src), bytes, copy),
+                                   "fusion: cuMemcpyAsync (D2H)"))
+      return bail(rc);
     enqueued = true;
   }
-  if (r = d.cuEventRecord(st.copied_in, copy); r != CUDA_SUCCESS)
-    return bail("fusion: cuEventRecord", r);
+  if (const int rc = SC_CU_CHECK(d.cuEventRecord(st.copied_in, copy), "fusion: cuEventRecord"))
+    return bail(rc);
   enqueued = recorded_in = true;
-  if (r = d.cuStreamWaitEvent(hold, st.copied_in, 0); r != CUDA_SUCCESS)
-    return bail("fusion: cuStreamWaitEvent (hold stream)", r);
-  if (r = ds.hold_stream(*gpu, hold, st.dev_flag, mode); r != CUDA_SUCCESS)
-    return bail("fusion: holding the stream (cuStreamWaitValue32 / spin kernel)", r);
+  if (const int rc = SC_CU_CHECK(d.cuStreamWaitEvent(hold, st.copied_in, 0),
+                                 "fusion: cuStreamWaitEvent (hold stream)"))
+    return bail(rc);
+  if (const int rc = SC_CU_CHECK(ds.hold_stream(*gpu, hold, st.dev_flag, mode),
+                                 "fusion: holding the stream (cuStreamWaitValue32 / spin kernel)"))
+    return bail(rc);
   held = true;
   if (bytes > 0) {
-    r = d.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(dst), reinterpret_cast<CUdeviceptr>(st.host),
-                        bytes, hold);
-    if (r != CUDA_SUCCESS) return bail("fusion: cuMemcpyAsync (H2D)", r);
+    if (const int rc = SC_CU_CHECK(d.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(dst),
+                                                   reinterpret_cast<CUdeviceptr>(st.host), bytes, hold),
+                                   "fusion: cuMemcpyAsync (H2D)"))
+      return bail(rc);
     *dst_untouched = false;  // from here a failure lets the copy back run
   }
-  if (r = d.cuEventRecord(st.copied_out, hold); r != CUDA_SUCCESS)
-    return bail("fusion: cuEventRecord", r);
+  if (const int rc = SC_CU_CHECK(d.cuEventRecord(st.copied_out, hold), "fusion: cuEventRecord"))
+    return bail(rc);
   recorded_out = true;
-  if (r = d.cuEventRecord(done, hold); r != CUDA_SUCCESS) return bail("fusion: cuEventRecord", r);
+  if (const int rc = SC_CU_CHECK(d.cuEventRecord(done, hold), "fusion: cuEventRecord")) return bail(rc);
   ds.put_event(*gpu, start_ev);  // recorded and waited on: reusable
   *join = std::make_unique<JoinImpl>(gpu, done);
   *stage = std::make_unique<StageImpl>(st, std::move(async_error));

@@ -59,9 +59,10 @@ void* PinnedPool::get(size_t bytes) {
     }
   }
   void* p = nullptr;
-  if (cuda::driver().cuMemHostAlloc(&p, cls,
-                                    CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP) !=
-      CUDA_SUCCESS)
+  // Results: a caller without pinned memory stages through pageable memory or fails (its
+  // report says where).
+  if (SC_CU_RESULT(cuda::driver().cuMemHostAlloc(
+          &p, cls, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP)) != CUDA_SUCCESS)
     return nullptr;
   CUcontext ctx = nullptr;
   cuda::driver().cuCtxGetCurrent(&ctx);
@@ -113,11 +114,12 @@ bool PinnedPool::get_flag(uint32_t** host, CUdeviceptr* dev) {
     void* slab = nullptr;
     const cuda::Driver& d = cuda::driver();
     CUdeviceptr base = 0;
-    if (d.cuMemHostAlloc(&slab, kFlags * sizeof(uint32_t),
-                         CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP) != CUDA_SUCCESS)
+    if (SC_CU_RESULT(d.cuMemHostAlloc(&slab, kFlags * sizeof(uint32_t),
+                                      CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP)) !=
+        CUDA_SUCCESS)  // the caller reports it
       return false;
-    if (d.cuMemHostGetDevicePointer(&base, slab, 0) != CUDA_SUCCESS) {
-      d.cuMemFreeHost(slab);
+    if (SC_CU_RESULT(d.cuMemHostGetDevicePointer(&base, slab, 0)) != CUDA_SUCCESS) {
+      SC_CU_TOLERATE(d.cuMemFreeHost(slab));
       return false;
     }
     all_.push_back(slab);
@@ -143,7 +145,7 @@ void PinnedPool::put_flag(uint32_t* host, CUdeviceptr dev) {
 
 void PinnedPool::release_all() {
   std::lock_guard<std::mutex> lock(mu_);
-  for (void* p : all_) cuda::driver().cuMemFreeHost(p);
+  for (void* p : all_) SC_CU_TOLERATE(cuda::driver().cuMemFreeHost(p));
   all_.clear();
   free_.clear();
   sizes_.clear();
@@ -189,7 +191,8 @@ void DeviceSide::revalidate(Device& g) {
   }
   if (g.unvouched) return;
   cuda::ScopedContext scope(g.ctx);
-  if (d.cuEventCreate(&g.sentinel, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) g.sentinel = nullptr;
+  if (SC_CU_RESULT(d.cuEventCreate(&g.sentinel, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS)
+    g.sentinel = nullptr;  // nothing is vouched for then
   // Pooled objects older than a new sentinel (none in the common case: it is made at
   // the GPU's first check) are never vouched for.
   g.unvouched = !g.sentinel || !g.events.empty() || !g.sides.empty() || !g.lent.empty();
@@ -202,8 +205,8 @@ Device* DeviceSide::device(int ordinal) {
   if (g.ready) return &g;
   if (g.failed) return nullptr;
   const cuda::Driver& d = cuda::driver();
-  if (d.cuDeviceGet(&g.dev, ordinal) != CUDA_SUCCESS ||
-      d.cuDevicePrimaryCtxRetain(&g.ctx, g.dev) != CUDA_SUCCESS) {
+  if (SC_CU_RESULT(d.cuDeviceGet(&g.dev, ordinal)) != CUDA_SUCCESS ||  // warned below
+      SC_CU_RESULT(d.cuDevicePrimaryCtxRetain(&g.ctx, g.dev)) != CUDA_SUCCESS) {
     g.failed = true;
     SC_WARN("ht: GPU %d has no usable context; its calls go elsewhere", ordinal);
     return nullptr;
@@ -222,7 +225,8 @@ CUstream DeviceSide::side(Device& g, uint64_t comm_id) {
     g.sides.erase(it);
   }
   CUstream s = nullptr;
-  if (cuda::driver().cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return nullptr;
+  if (SC_CU_RESULT(cuda::driver().cuStreamCreate(&s, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS)
+    return nullptr;  // the caller reports it
   g.sides.emplace(comm_id, s);
   return s;
 }
@@ -236,7 +240,7 @@ void DeviceSide::drop(uint64_t comm_id) {
     auto it = g.sides.find(comm_id);
     if (it == g.sides.end()) continue;
     cuda::ScopedContext scope(g.ctx);
-    d.cuStreamDestroy(it->second);
+    SC_CU_TOLERATE(d.cuStreamDestroy(it->second));
     g.sides.erase(it);
   }
 }
@@ -250,7 +254,8 @@ CUevent DeviceSide::event(Device& g) {
     g.events.pop_back();
     if (!vouched && invalidated(cuda::driver().cuEventQuery(e))) e = nullptr;  // a reset took it
   }
-  if (!e && cuda::driver().cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return nullptr;
+  if (!e && SC_CU_RESULT(cuda::driver().cuEventCreate(&e, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS)
+    return nullptr;  // the caller reports it
   g.lent.insert(e);
   return e;
 }
@@ -300,19 +305,19 @@ void DeviceSide::shutdown() {
     {
       cuda::ScopedContext scope(g.ctx);
       for (auto& [id, side] : g.sides) d.cuStreamSynchronize(side);
-      for (CUevent e : g.events) d.cuEventDestroy(e);
+      for (CUevent e : g.events) SC_CU_TOLERATE(d.cuEventDestroy(e));
       g.events.clear();
       g.lent.clear();
-      if (g.sentinel) d.cuEventDestroy(g.sentinel);
+      if (g.sentinel) SC_CU_TOLERATE(d.cuEventDestroy(g.sentinel));
       g.sentinel = nullptr;
       g.unvouched = false;
-      for (auto& [id, side] : g.sides) d.cuStreamDestroy(side);
+      for (auto& [id, side] : g.sides) SC_CU_TOLERATE(d.cuStreamDestroy(side));
       g.sides.clear();
-      if (g.module) d.cuModuleUnload(g.module);
+      if (g.module) SC_CU_TOLERATE(d.cuModuleUnload(g.module));
     }
     g.module = nullptr;
     g.wait_kernel = nullptr;
-    d.cuDevicePrimaryCtxRelease(g.dev);
+    SC_CU_TOLERATE(d.cuDevicePrimaryCtxRelease(g.dev));
     g.ready = false;
   }
   pool.release_all();
@@ -323,11 +328,10 @@ CUfunction DeviceSide::wait_kernel(Device& g) {
   if (g.wait_kernel) return g.wait_kernel;
   const cuda::Driver& d = cuda::driver();
   if (!d.cuModuleLoadData || !d.cuModuleGetFunction) return nullptr;
-  if (CUresult r = d.cuModuleLoadData(&g.module, kWaitKernelPtx); r != CUDA_SUCCESS) {
-    cuda::failure("ht: loading the spin-wait kernel", r);
-    return nullptr;
-  }
-  if (d.cuModuleGetFunction(&g.wait_kernel, g.module, "streamcoll_wait_geq") != CUDA_SUCCESS)
+  if (SC_CU_CHECK(d.cuModuleLoadData(&g.module, kWaitKernelPtx), "ht: loading the spin-wait kernel"))
+    return nullptr;  // logged; no spin kernel
+  if (SC_CU_RESULT(d.cuModuleGetFunction(&g.wait_kernel, g.module, "streamcoll_wait_geq")) !=
+      CUDA_SUCCESS)
     g.wait_kernel = nullptr;
   return g.wait_kernel;
 }

@@ -151,12 +151,12 @@ class NcclRequest final : public ManagedRequest {
     if (finished()) return;
     ScopedContext scope(comm_->cuctx);
     const bool aborted_before = comm_->aborted();
-    CUresult r = driver().cuEventQuery(done_);
+    CUresult r = SC_CU_RESULT(driver().cuEventQuery(done_));  // NOT_READY: not yet
     if (r == CUDA_SUCCESS) {
       error_ = comm_->completed(aborted_before);
       finish();
     } else if (r != CUDA_ERROR_NOT_READY) {
-      error_ = cuda::failure("cuEventQuery", r);
+      error_ = SC_CU_FAIL(r, "cuEventQuery");
       finish();
     } else if (int rc = comm_->poll(); rc != MPI_SUCCESS) {
       // Aborted: its kernels end (ncclCommAbort ends them); the request completes, with
@@ -170,7 +170,7 @@ class NcclRequest final : public ManagedRequest {
  private:
   // Stream semantics: the attached stream waits for the operation; the host does not.
   void enqueue_wait() {
-    if (const int rc = cuda::check(driver().cuStreamWaitEvent(user_, done_, 0), "cuStreamWaitEvent"))
+    if (const int rc = SC_CU_CHECK(driver().cuStreamWaitEvent(user_, done_, 0), "cuStreamWaitEvent"))
       error_ = rc;
   }
   bool finished() {
@@ -230,22 +230,22 @@ bool open_device(NcclComm& c, int buffer_device, nccl::GpuId* id, std::string* w
   if (c.device < 0) {  // managed memory may have no device: the thread's current one
     CUcontext current = nullptr;
     CUdevice dev = -1;
-    if (d.cuCtxGetCurrent(&current) == CUDA_SUCCESS && current &&
-        d.cuCtxGetDevice(&dev) == CUDA_SUCCESS)
+    if (SC_CU_RESULT(d.cuCtxGetCurrent(&current)) == CUDA_SUCCESS && current &&  // probes
+        SC_CU_RESULT(d.cuCtxGetDevice(&dev)) == CUDA_SUCCESS)
       c.device = dev;
   }
   if (c.device < 0) return *why = "no GPU for the buffer and no current CUDA context", false;
   if ((r = d.cuDeviceGet(&c.cudev, c.device)) != CUDA_SUCCESS ||
       (r = d.cuDeviceGetPCIBusId(bus, sizeof(bus) - 1, c.cudev)) != CUDA_SUCCESS)
-    return *why = cuda::describe("cuDeviceGetPCIBusId", r), false;
+    return *why = SC_CU_WHY(r, "cuDeviceGetPCIBusId"), false;
   if ((r = d.cuDevicePrimaryCtxRetain(&c.cuctx, c.cudev)) != CUDA_SUCCESS) {
     c.cuctx = nullptr;
-    return *why = cuda::describe("cuDevicePrimaryCtxRetain", r), false;
+    return *why = SC_CU_WHY(r, "cuDevicePrimaryCtxRetain"), false;
   }
   ScopedContext scope(c.cuctx);
   if ((r = d.cuStreamCreate(&c.classic, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS ||
       (r = d.cuStreamCreate(&c.side, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS)
-    return *why = cuda::describe("cuStreamCreate", r), false;
+    return *why = SC_CU_WHY(r, "cuStreamCreate"), false;
   id->host = host_hash();
   id->bus = nccl::hash(bus);
   return true;
@@ -540,8 +540,7 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
   CUresult made = CUDA_SUCCESS;
   std::call_once(c->copy_once, [&] { made = d.cuStreamCreate(&c->copy, CU_STREAM_NON_BLOCKING); });
   if (!c->copy)
-    return lost(cuda::failure("cuStreamCreate (staging)",
-                                                   made ? made : CUDA_ERROR_INVALID_HANDLE));
+    return lost(SC_CU_FAIL(made ? made : CUDA_ERROR_INVALID_HANDLE, "cuStreamCreate (staging)"));
   CUstream s = c->classic;
   // After the work on the buffers' GPUs and on the attached stream, which itself goes on.
   auto stage = std::make_shared<staging::GpuStage>();
@@ -566,7 +565,7 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
     stage->drop(s);
     return lost(nr != ncclSuccess
                     ? fail(Failure::nccl, c->lib->describe(call_name(a.coll, true).c_str(), nr, c->comm))
-                    : cuda::failure(call_name(a.coll, true), cu));
+                    : SC_CU_FAIL(cu, call_name(a.coll, true)));
   }
   c->note(s);
   // Runs once the collective is done (or the request is dropped unstarted): results back
@@ -588,10 +587,10 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
     stage->drop(s);
     return rc;
   }
-  if (CUresult r = d.cuEventRecord(done, s); r != CUDA_SUCCESS) {
+  if (const int er = SC_CU_CHECK(d.cuEventRecord(done, s), "cuEventRecord")) {
     c->give_event(done);
     *a.request = MPI_REQUEST_NULL;
-    rc = lost(cuda::failure("cuEventRecord", r));
+    rc = lost(er);
     stage->drop(s);
     return rc;
   }
@@ -664,12 +663,12 @@ bool split_into(NcclComm& c, NcclComm& p, MPI_Comm parent, MPI_Comm child, std::
   CUresult cr = d.cuDevicePrimaryCtxRetain(&c.cuctx, c.cudev);
   if (cr != CUDA_SUCCESS) {
     c.cuctx = nullptr;
-    return *why = cuda::describe("cuDevicePrimaryCtxRetain", cr), false;
+    return *why = SC_CU_WHY(cr, "cuDevicePrimaryCtxRetain"), false;
   }
   ScopedContext scope(c.cuctx);
   if ((cr = d.cuStreamCreate(&c.classic, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS ||
       (cr = d.cuStreamCreate(&c.side, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS)
-    return *why = cuda::describe("cuStreamCreate", cr), false;
+    return *why = SC_CU_WHY(cr, "cuStreamCreate"), false;
   return true;
 }
 
@@ -772,7 +771,7 @@ class NcclRoute final : public Route {
     int device = st && st->status == NcclState::ready ? st->comm->device : local.device;
     if (device < 0) {  // managed memory before the set-up: the thread's current GPU
       CUdevice cur = 0;
-      if (!driver().usable || driver().cuCtxGetDevice(&cur) != CUDA_SUCCESS) return false;
+      if (!driver().usable || SC_CU_RESULT(driver().cuCtxGetDevice(&cur)) != CUDA_SUCCESS) return false;
       device = static_cast<int>(cur);
     }
     return nvgroup_kernels::reduce_kernel_may_load(device);
@@ -829,11 +828,10 @@ class NcclRoute final : public Route {
       // Ordered after the work on the attached stream, which itself goes on.
       CUevent ready = c->take_event(&rc);
       if (!ready) return lost(rc);
-      CUresult r = d.cuEventRecord(ready, user);
-      if (r == CUDA_SUCCESS) r = d.cuStreamWaitEvent(c->side, ready, 0);
+      int wr = SC_CU_CHECK(d.cuEventRecord(ready, user), "cuStreamWaitEvent");
+      if (wr == MPI_SUCCESS) wr = SC_CU_CHECK(d.cuStreamWaitEvent(c->side, ready, 0), "cuStreamWaitEvent");
       c->give_event(ready);  // the wait has captured it; the event may be recorded again
-      if (r != CUDA_SUCCESS)
-        return lost(cuda::failure("cuStreamWaitEvent", r));
+      if (wr != MPI_SUCCESS) return lost(wr);
       s = c->side;
     } else if (env.has_stream) {
       s = user;
@@ -844,10 +842,9 @@ class NcclRoute final : public Route {
       // blocking stream, so nothing of another communicator's is in that event's past.
       CUevent legacy = c->take_event(&rc);
       if (!legacy) return lost(rc);
-      const CUresult r = cuda::wait_for_legacy(s, legacy);
+      const int wr = SC_CU_CHECK(cuda::wait_for_legacy(s, legacy), "cuStreamWaitEvent (legacy stream)");
       c->give_event(legacy);
-      if (r != CUDA_SUCCESS)
-        return lost(cuda::failure("cuStreamWaitEvent (legacy stream)", r));
+      if (wr != MPI_SUCCESS) return lost(wr);
     }
 
     CUresult cu;
@@ -859,7 +856,7 @@ class NcclRoute final : public Route {
     }
     if (nr != ncclSuccess)
       return lost(fail(Failure::nccl, c->lib->describe(what.c_str(), nr, c->comm)));
-    if (cu != CUDA_SUCCESS) return lost(cuda::failure(what, cu));
+    if (cu != CUDA_SUCCESS) return lost(SC_CU_FAIL(cu, what));
     c->note(s);
 
     if (!a.nonblocking) return env.has_stream ? MPI_SUCCESS : c->wait(nullptr, s);
@@ -870,10 +867,10 @@ class NcclRoute final : public Route {
       *a.request = MPI_REQUEST_NULL;
       return lost(rc);
     }
-    if (CUresult r = d.cuEventRecord(done, s); r != CUDA_SUCCESS) {
+    if (const int er = SC_CU_CHECK(d.cuEventRecord(done, s), "cuEventRecord")) {
       c->give_event(done);
       *a.request = MPI_REQUEST_NULL;
-      return lost(cuda::failure("cuEventRecord", r));
+      return lost(er);
     }
     if (int src = start_request(new NcclRequest(c, done, env.has_stream, user), a.request);
         src != MPI_SUCCESS)
@@ -958,10 +955,10 @@ int wait_stream(const std::vector<CommContext*>& ctxs, void* stream) {
     return rc;
   };
   for (unsigned i = 1;; ++i) {
-    const CUresult r = driver().cuStreamQuery(s);
+    const CUresult r = SC_CU_RESULT(driver().cuStreamQuery(s));  // NOT_READY: not yet
     if (r == CUDA_SUCCESS) return aborted();
     if (r != CUDA_ERROR_NOT_READY) {
-      const int rc = cuda::failure("cuStreamQuery", r);
+      const int rc = SC_CU_FAIL(r, "cuStreamQuery");
       for (auto& c : comms) c->fail_collectively(rc, "a wait for NCCL stages failed on this rank");
       return rc;
     }
@@ -988,17 +985,18 @@ std::shared_ptr<void> device_buffer(CommContext& ctx, uint64_t bytes, int* devic
   std::shared_ptr<NcclComm> c = st.comm;
   const cuda::Driver& d = driver();
   ScopedContext scope(c->cuctx);
+  // Results: without GPU memory the message is packed in host memory (logged at info).
   CUresult r = CUDA_SUCCESS;
   std::call_once(c->copy_once, [&] { r = d.cuStreamCreate(&c->copy, CU_STREAM_NON_BLOCKING); });
   CUdeviceptr p = 0;
-  if (c->copy) r = d.cuMemAllocAsync(&p, bytes, c->copy);
+  if (c->copy) r = SC_CU_RESULT(d.cuMemAllocAsync(&p, bytes, c->copy));
   if (c->copy && r == CUDA_SUCCESS) {
     r = d.cuStreamSynchronize(c->copy);
     if (r != CUDA_SUCCESS) d.cuMemFreeAsync(p, c->copy);
   }
   if (!c->copy || r != CUDA_SUCCESS) {
     SC_INFO("nccl: no GPU memory for a fused message (%s); it is packed in host memory",
-            cuda::describe("cuMemAllocAsync", r ? r : CUDA_ERROR_INVALID_HANDLE).c_str());
+            SC_CU_WHY(r ? r : CUDA_ERROR_INVALID_HANDLE, "cuMemAllocAsync").c_str());
     return nullptr;
   }
   *device = c->device;

@@ -32,7 +32,7 @@ void Usage::take(uint64_t b) {
 bool memory_info(uint64_t* free, uint64_t* total) {
   const cuda::Driver& d = driver();
   size_t f = 0, t = 0;
-  if (!d.cuMemGetInfo || d.cuMemGetInfo(&f, &t) != CUDA_SUCCESS) return false;
+  if (!d.cuMemGetInfo || SC_CU_RESULT(d.cuMemGetInfo(&f, &t)) != CUDA_SUCCESS) return false;
   *free = f;
   *total = t;
   return true;
@@ -55,15 +55,15 @@ bool Remains::try_free(bool final) {
       const bool busy = last && d.cuEventQuery(last) == CUDA_ERROR_NOT_READY;
       if (busy && !final) return false;
       if (comm && !aborted) busy ? lib->ncclCommAbort(comm) : lib->ncclCommDestroy(comm);
-      for (CUevent e : events) d.cuEventDestroy(e);
-      if (last) d.cuEventDestroy(last);
-      for (CUstream s : streams) d.cuStreamDestroy(s);
+      for (CUevent e : events) SC_CU_TOLERATE(d.cuEventDestroy(e));
+      if (last) SC_CU_TOLERATE(d.cuEventDestroy(last));
+      for (CUstream s : streams) SC_CU_TOLERATE(d.cuStreamDestroy(s));
     }
   }
   if (reset)
     SC_INFO("nccl: the CUDA context was reset under an NCCL communicator; its objects went with "
             "it, nothing more is freed");
-  d.cuDevicePrimaryCtxRelease(cudev);
+  SC_CU_TOLERATE(d.cuDevicePrimaryCtxRelease(cudev));
   return true;
 }
 
@@ -129,19 +129,20 @@ NcclComm::~NcclComm() {
 bool NcclComm::usable() {
   if (failed()) return false;
   ScopedContext scope(cuctx);
-  const CUresult r = driver().cuStreamQuery(classic);
+  const CUresult r = SC_CU_RESULT(driver().cuStreamQuery(classic));  // only a reset says no
   return r != CUDA_ERROR_INVALID_HANDLE && r != CUDA_ERROR_CONTEXT_IS_DESTROYED &&
          r != CUDA_ERROR_INVALID_CONTEXT;
 }
 
 void NcclComm::note(CUstream s) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!last_ && driver().cuEventCreate(&last_, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+  // Best effort: without the note nothing is ordered after this stream (seen at warn level).
+  if (!last_ && SC_CU_TOLERATE(driver().cuEventCreate(&last_, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS) {
     last_ = nullptr;
     return;
   }
-  if (driver().cuEventRecord(last_, s) != CUDA_SUCCESS) {
-    driver().cuEventDestroy(last_);
+  if (SC_CU_TOLERATE(driver().cuEventRecord(last_, s)) != CUDA_SUCCESS) {
+    SC_CU_TOLERATE(driver().cuEventDestroy(last_));
     last_ = nullptr;
   }
 }
@@ -156,8 +157,8 @@ CUevent NcclComm::take_event(int* rc) {
     }
   }
   CUevent e = nullptr;
-  if (CUresult r = driver().cuEventCreate(&e, CU_EVENT_DISABLE_TIMING); r != CUDA_SUCCESS) {
-    *rc = cuda::failure("cuEventCreate", r);
+  if (const int err = SC_CU_CHECK(driver().cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate")) {
+    *rc = err;
     return nullptr;
   }
   return e;
@@ -255,11 +256,12 @@ void NcclComm::close_faults() {
 int NcclComm::wait(CUevent e, CUstream s) {
   for (unsigned i = 1;; ++i) {
     const bool aborted_before = aborted();
-    CUresult r = e ? driver().cuEventQuery(e) : driver().cuStreamQuery(s);
+    // CUDA_ERROR_NOT_READY: not yet.
+    CUresult r = SC_CU_RESULT(e ? driver().cuEventQuery(e) : driver().cuStreamQuery(s));
     if (r == CUDA_SUCCESS) return completed(aborted_before);
     if (r != CUDA_ERROR_NOT_READY)
       return fail_collectively(
-          cuda::failure(e ? "cuEventQuery" : "cuStreamQuery", r),
+          SC_CU_FAIL(r, e ? "cuEventQuery" : "cuStreamQuery"),
           "a wait for an NCCL operation failed on this rank");
     if (i % 1024 == 0) {
       if (int rc = poll(); rc != MPI_SUCCESS) {

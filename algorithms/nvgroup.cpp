@@ -221,7 +221,7 @@ const Module* module_for(int device, CUdevice dev, std::string* why) {
   if (CUresult r = d.cuDevicePrimaryCtxRetain(&m.ctx, dev); r != CUDA_SUCCESS) {
     m = Module{};
     g_module_failed.insert(device);
-    *why = cuda::describe("cuDevicePrimaryCtxRetain", r);
+    *why = SC_CU_WHY(r, "cuDevicePrimaryCtxRetain");
     return nullptr;
   }
   m.dev = dev;
@@ -231,23 +231,23 @@ const Module* module_for(int device, CUdevice dev, std::string* why) {
     r = d.cuModuleLoadData(&m.module, kNvgroupFatbin);
     if (r != CUDA_SUCCESS) {
       m.module = nullptr;
-      *why = cuda::describe("cuModuleLoadData (nvgroup kernels)", r);
+      *why = SC_CU_WHY(r, "cuModuleLoadData (nvgroup kernels)");
     } else if ((r = d.cuModuleGetFunction(&m.allreduce, m.module,
                                           "streamcoll_nvgroup_allreduce")) != CUDA_SUCCESS) {
-      d.cuModuleUnload(m.module);
-      *why = cuda::describe("cuModuleGetFunction (streamcoll_nvgroup_allreduce)", r);
+      SC_CU_TOLERATE(d.cuModuleUnload(m.module));
+      *why = SC_CU_WHY(r, "cuModuleGetFunction (streamcoll_nvgroup_allreduce)");
     } else if ((r = d.cuModuleGetFunction(&m.reduce, m.module, "streamcoll_reduce")) !=
                CUDA_SUCCESS) {
-      d.cuModuleUnload(m.module);
-      *why = cuda::describe("cuModuleGetFunction (streamcoll_reduce)", r);
+      SC_CU_TOLERATE(d.cuModuleUnload(m.module));
+      *why = SC_CU_WHY(r, "cuModuleGetFunction (streamcoll_reduce)");
     } else if ((r = d.cuModuleGetFunction(&m.batch_copy, m.module, "streamcoll_batch_copy")) !=
                CUDA_SUCCESS) {
-      d.cuModuleUnload(m.module);
-      *why = cuda::describe("cuModuleGetFunction (streamcoll_batch_copy)", r);
+      SC_CU_TOLERATE(d.cuModuleUnload(m.module));
+      *why = SC_CU_WHY(r, "cuModuleGetFunction (streamcoll_batch_copy)");
     }
   }
   if (r != CUDA_SUCCESS) {
-    d.cuDevicePrimaryCtxRelease(dev);
+    SC_CU_TOLERATE(d.cuDevicePrimaryCtxRelease(dev));
     m = Module{};
     g_module_failed.insert(device);
     return nullptr;
@@ -305,11 +305,12 @@ struct Group : std::enable_shared_from_this<Group> {
       const cuda::Driver& d = driver();
       void* page = nullptr;
       CUdeviceptr dev = 0;
-      if (d.cuMemHostAlloc(&page, kStatusPerPage * sizeof(uint64_t), CU_MEMHOSTALLOC_DEVICEMAP) !=
-          CUDA_SUCCESS)
+      // Results: the caller reports a missing status word.
+      if (SC_CU_RESULT(d.cuMemHostAlloc(&page, kStatusPerPage * sizeof(uint64_t),
+                                        CU_MEMHOSTALLOC_DEVICEMAP)) != CUDA_SUCCESS)
         return StatusWord{nullptr, 0};
-      if (d.cuMemHostGetDevicePointer(&dev, page, 0) != CUDA_SUCCESS) {
-        d.cuMemFreeHost(page);
+      if (SC_CU_RESULT(d.cuMemHostGetDevicePointer(&dev, page, 0)) != CUDA_SUCCESS) {
+        SC_CU_TOLERATE(d.cuMemFreeHost(page));
         return StatusWord{nullptr, 0};
       }
       status_pages.push_back(page);
@@ -387,12 +388,14 @@ struct Group : std::enable_shared_from_this<Group> {
         const uint64_t gen = __atomic_load_n(&reg(m, j)->gen, __ATOMIC_ACQUIRE);
         if (gen == opened_gen[m][j]) continue;
         maps_host[m * kSlots + j] = 0;
-        if (opened[m][j]) d.cuIpcCloseMemHandle(opened[m][j]);
+        if (opened[m][j]) SC_CU_TOLERATE(d.cuIpcCloseMemHandle(opened[m][j]));
         opened[m][j] = 0;
         opened_gen[m][j] = gen;
         if (!gen) continue;
         CUdeviceptr p = 0;
-        const bool ok = d.cuIpcOpenMemHandle(&p, reg(m, j)->handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) ==
+        // A result: a peer's input not mapped here is read through scratch (told in the ack).
+        const bool ok = SC_CU_RESULT(d.cuIpcOpenMemHandle(&p, reg(m, j)->handle,
+                                                          CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)) ==
                         CUDA_SUCCESS;
         if (ok) {
           opened[m][j] = p;
@@ -419,7 +422,8 @@ struct Group : std::enable_shared_from_this<Group> {
                                    CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE};
     void* data[] = {&base, &size, &id, &ipc_capable};
     const auto addr = reinterpret_cast<CUdeviceptr>(ptr);
-    if (d.cuPointerGetAttributes(4, attrs, data, addr) != CUDA_SUCCESS || !base || !id ||
+    // A probe: memory the driver cannot export is copied through scratch.
+    if (SC_CU_RESULT(d.cuPointerGetAttributes(4, attrs, data, addr)) != CUDA_SUCCESS || !base || !id ||
         !ipc_capable || addr < base || addr + bytes > base + size)
       return 0;
     ++clock;
@@ -441,7 +445,7 @@ struct Group : std::enable_shared_from_this<Group> {
     if (slot < 0) return 0;  // every slot may still be read: copy this time
     Registration* r = reg(me, static_cast<uint32_t>(slot));
     CUipcMemHandle h;
-    if (d.cuIpcGetMemHandle(&h, base) != CUDA_SUCCESS) {
+    if (SC_CU_RESULT(d.cuIpcGetMemHandle(&h, base)) != CUDA_SUCCESS) {  // probe: copied instead
       if (not_exportable.size() >= 64) not_exportable.erase(not_exportable.begin());
       not_exportable.push_back(id);
       return 0;
@@ -480,10 +484,10 @@ struct Group : std::enable_shared_from_this<Group> {
     CUevent behind = nullptr;
     if (last_recorded && cuctx) {
       ScopedContext scope(cuctx);
-      if (d.cuEventQuery(last) == CUDA_ERROR_NOT_READY &&
-          d.cuEventCreate(&behind, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS &&
-          d.cuEventRecord(behind, last_stream) != CUDA_SUCCESS) {
-        d.cuEventDestroy(behind);
+      if (SC_CU_RESULT(d.cuEventQuery(last)) == CUDA_ERROR_NOT_READY &&
+          SC_CU_RESULT(d.cuEventCreate(&behind, CU_EVENT_DISABLE_TIMING)) == CUDA_SUCCESS &&
+          SC_CU_RESULT(d.cuEventRecord(behind, last_stream)) != CUDA_SUCCESS) {
+        SC_CU_TOLERATE(d.cuEventDestroy(behind));
         behind = nullptr;  // cannot tell: the kernel will never run (a failed context)
       }
     }
@@ -512,7 +516,7 @@ struct Group : std::enable_shared_from_this<Group> {
     ScopedContext scope(cuctx);
     for (CUdeviceptr& p : peer)
       if (p) {
-        driver().cuIpcCloseMemHandle(p);
+        SC_CU_TOLERATE(driver().cuIpcCloseMemHandle(p));
         p = 0;
       }
   }
@@ -522,20 +526,20 @@ struct Group : std::enable_shared_from_this<Group> {
     if (cuctx) {
       ScopedContext scope(cuctx);
       for (CUdeviceptr p : peer)
-        if (p) d.cuIpcCloseMemHandle(p);
-      if (scratch) d.cuMemFree(scratch);
+        if (p) SC_CU_TOLERATE(d.cuIpcCloseMemHandle(p));
+      if (scratch) SC_CU_TOLERATE(d.cuMemFree(scratch));
       for (auto& row : opened)
         for (CUdeviceptr p : row)
-          if (p) d.cuIpcCloseMemHandle(p);
-      if (maps_host) d.cuMemFreeHost(maps_host);
-      if (registered) d.cuMemHostUnregister(segment);
-      for (void* page : status_pages) d.cuMemFreeHost(page);
-      if (classic) d.cuStreamDestroy(classic);
-      if (side) d.cuStreamDestroy(side);
-      if (copy) d.cuStreamDestroy(copy);
-      if (legacy) d.cuEventDestroy(legacy);
-      if (last) d.cuEventDestroy(last);
-      d.cuDevicePrimaryCtxRelease(cudev);
+          if (p) SC_CU_TOLERATE(d.cuIpcCloseMemHandle(p));
+      if (maps_host) SC_CU_TOLERATE(d.cuMemFreeHost(maps_host));
+      if (registered) SC_CU_TOLERATE(d.cuMemHostUnregister(segment));
+      for (void* page : status_pages) SC_CU_TOLERATE(d.cuMemFreeHost(page));
+      if (classic) SC_CU_TOLERATE(d.cuStreamDestroy(classic));
+      if (side) SC_CU_TOLERATE(d.cuStreamDestroy(side));
+      if (copy) SC_CU_TOLERATE(d.cuStreamDestroy(copy));
+      if (legacy) SC_CU_TOLERATE(d.cuEventDestroy(legacy));
+      if (last) SC_CU_TOLERATE(d.cuEventDestroy(last));
+      SC_CU_TOLERATE(d.cuDevicePrimaryCtxRelease(cudev));
     }
     if (segment) munmap(segment, kSegmentBytes);
   }
@@ -608,28 +612,28 @@ bool open_local(Group& g, int device, uint64_t chunk, Entry* e, std::string* why
   CUresult r;
   if ((r = d.cuDeviceGet(&g.cudev, device)) != CUDA_SUCCESS ||
       (r = d.cuDeviceGetPCIBusId(e->bus, sizeof e->bus - 1, g.cudev)) != CUDA_SUCCESS)
-    return *why = cuda::describe("cuDeviceGetPCIBusId", r), false;
+    return *why = SC_CU_WHY(r, "cuDeviceGetPCIBusId"), false;
   if ((r = d.cuDevicePrimaryCtxRetain(&g.cuctx, g.cudev)) != CUDA_SUCCESS) {
     g.cuctx = nullptr;
-    return *why = cuda::describe("cuDevicePrimaryCtxRetain", r), false;
+    return *why = SC_CU_WHY(r, "cuDevicePrimaryCtxRetain"), false;
   }
   g.device = device;
   ScopedContext scope(g.cuctx);
   if ((r = d.cuDeviceGetAttribute(&e->sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, g.cudev)) !=
           CUDA_SUCCESS ||
       e->sms < 1)
-    return *why = cuda::describe("cuDeviceGetAttribute (multiprocessors)", r), false;
+    return *why = SC_CU_WHY(r, "cuDeviceGetAttribute (multiprocessors)"), false;
   if ((r = d.cuStreamCreate(&g.classic, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS)
-    return g.classic = nullptr, *why = cuda::describe("cuStreamCreate", r), false;
+    return g.classic = nullptr, *why = SC_CU_WHY(r, "cuStreamCreate"), false;
   if ((r = d.cuStreamCreate(&g.side, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS)
-    return g.side = nullptr, *why = cuda::describe("cuStreamCreate", r), false;
+    return g.side = nullptr, *why = SC_CU_WHY(r, "cuStreamCreate"), false;
   if ((r = d.cuEventCreate(&g.legacy, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS)
-    return g.legacy = nullptr, *why = cuda::describe("cuEventCreate", r), false;
+    return g.legacy = nullptr, *why = SC_CU_WHY(r, "cuEventCreate"), false;
   if ((r = d.cuEventCreate(&g.last, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS)
-    return g.last = nullptr, *why = cuda::describe("cuEventCreate", r), false;
+    return g.last = nullptr, *why = SC_CU_WHY(r, "cuEventCreate"), false;
   if (!(g.fn = kernel_for(device, g.cudev, why))) return false;
   if ((r = d.cuMemAlloc(&g.scratch, 2 * chunk + nvgroup::kInboxBytes)) != CUDA_SUCCESS)
-    return g.scratch = 0, *why = cuda::describe("cuMemAlloc (nvgroup scratch)", r), false;
+    return g.scratch = 0, *why = SC_CU_WHY(r, "cuMemAlloc (nvgroup scratch)"), false;
   g.chunk_bytes = chunk;
   // The inbox starts at zero (no round passed), before any peer can learn its address.
   {
@@ -637,21 +641,21 @@ bool open_local(Group& g, int device, uint64_t chunk, Entry* e, std::string* why
     r = d.cuMemcpyAsync(g.scratch + 2 * chunk, reinterpret_cast<CUdeviceptr>(zero.data()),
                         nvgroup::kInboxBytes, g.classic);
     if (r == CUDA_SUCCESS) r = d.cuStreamSynchronize(g.classic);
-    if (r != CUDA_SUCCESS) return *why = cuda::describe("zeroing the nvgroup inbox", r), false;
+    if (r != CUDA_SUCCESS) return *why = SC_CU_WHY(r, "zeroing the nvgroup inbox"), false;
   }
   if ((r = d.cuIpcGetMemHandle(&e->handle, g.scratch)) != CUDA_SUCCESS)
-    return *why = cuda::describe("cuIpcGetMemHandle", r), false;
+    return *why = SC_CU_WHY(r, "cuIpcGetMemHandle"), false;
   // The table of the peers' registered inputs mapped here; without it this rank copies
   // its inputs through scratch and reads its peers' there (a local choice: the input
   // words say which, call by call).
   void* maps = nullptr;
   const size_t maps_bytes = sizeof(uint64_t) * kMaxMembers * kSlots;
-  if (d.cuMemHostAlloc(&maps, maps_bytes, CU_MEMHOSTALLOC_DEVICEMAP) == CUDA_SUCCESS) {
+  if (SC_CU_RESULT(d.cuMemHostAlloc(&maps, maps_bytes, CU_MEMHOSTALLOC_DEVICEMAP)) == CUDA_SUCCESS) {
     std::memset(maps, 0, maps_bytes);
-    if (d.cuMemHostGetDevicePointer(&g.maps_dev, maps, 0) == CUDA_SUCCESS) {
+    if (SC_CU_RESULT(d.cuMemHostGetDevicePointer(&g.maps_dev, maps, 0)) == CUDA_SUCCESS) {
       g.maps_host = static_cast<uint64_t*>(maps);
     } else {
-      d.cuMemFreeHost(maps);
+      SC_CU_TOLERATE(d.cuMemFreeHost(maps));
       g.maps_dev = 0;
     }
   }
@@ -667,9 +671,10 @@ Reach reaches(const Group& g, const char* mine, const char* bus) {
   const cuda::Driver& d = driver();
   CUdevice other = 0;
   int can = 0;
-  if (d.cuDeviceGetByPCIBusId(&other, bus) != CUDA_SUCCESS) return Reach::probe;
-  return d.cuDeviceCanAccessPeer(&can, g.cudev, other) == CUDA_SUCCESS && can ? Reach::peer
-                                                                                : Reach::none;
+  if (SC_CU_RESULT(d.cuDeviceGetByPCIBusId(&other, bus)) != CUDA_SUCCESS) return Reach::probe;
+  return SC_CU_RESULT(d.cuDeviceCanAccessPeer(&can, g.cudev, other)) == CUDA_SUCCESS && can
+             ? Reach::peer
+             : Reach::none;
 }
 
 // Step 3, local part: map the flags segment, register it, open the peers' scratch.
@@ -686,10 +691,10 @@ bool open_shared(Group& g, const std::vector<Entry>& all, const char* name, std:
   if ((r = d.cuMemHostRegister(g.segment, kSegmentBytes,
                                CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE)) !=
       CUDA_SUCCESS)
-    return *why = cuda::describe("cuMemHostRegister (nvgroup flags)", r), false;
+    return *why = SC_CU_WHY(r, "cuMemHostRegister (nvgroup flags)"), false;
   g.registered = true;
   if ((r = d.cuMemHostGetDevicePointer(&g.segment_dev, g.segment, 0)) != CUDA_SUCCESS)
-    return *why = cuda::describe("cuMemHostGetDevicePointer (nvgroup flags)", r), false;
+    return *why = SC_CU_WHY(r, "cuMemHostGetDevicePointer (nvgroup flags)"), false;
   for (uint32_t m = 0; m < g.members; ++m) {
     if (m == g.me) continue;
     if ((r = d.cuIpcOpenMemHandle(&g.peer[m], all[m].handle,
@@ -697,7 +702,7 @@ bool open_shared(Group& g, const std::vector<Entry>& all, const char* name, std:
       g.peer[m] = 0;
       const std::string what = std::string("cuIpcOpenMemHandle of the scratch of ") + all[m].bus +
                                " (no peer access from " + all[g.me].bus + "?)";
-      return *why = cuda::describe(what.c_str(), r), false;
+      return *why = SC_CU_WHY(r, what.c_str()), false;
     }
   }
   return true;
@@ -845,7 +850,7 @@ class NvgroupRequest final : public ManagedRequest {
     ScopedContext scope(g_->cuctx);
     // Never completed (start_request failed): the kernel may still use the word.
     if (!completed()) driver().cuEventSynchronize(done_);
-    driver().cuEventDestroy(done_);
+    SC_CU_TOLERATE(driver().cuEventDestroy(done_));
     g_->give_status(word_);
   }
   void on_test() override {
@@ -865,8 +870,8 @@ class NvgroupRequest final : public ManagedRequest {
 
  private:
   void finish(CUresult r) {
-    if (r != CUDA_SUCCESS)
-      error_ = cuda::failure(what_ + " (nvgroup)", r);
+    if (const int rc = SC_CU_CHECK(r, what_ + " (nvgroup)"))
+      error_ = rc;
     else if (__atomic_load_n(word_.host, __ATOMIC_ACQUIRE))
       error_ = fail(Failure::cuda, what_ + " (nvgroup): a rank of the group could not take its part");
     else if (staged_)
@@ -889,12 +894,12 @@ class NvgroupStreamRequest final : public ManagedRequest {
       : g_(std::move(g)), done_(done), user_(user) {}
   ~NvgroupStreamRequest() override {
     ScopedContext scope(g_->cuctx);
-    driver().cuEventDestroy(done_);  // its last record stays valid for waits made on it
+    SC_CU_TOLERATE(driver().cuEventDestroy(done_));  // its last record stays valid for waits made on it
   }
   void on_test() override {
     if (completed()) return;
     ScopedContext scope(g_->cuctx);
-    if (const int rc = cuda::check(driver().cuStreamWaitEvent(user_, done_, 0), "nvgroup: cuStreamWaitEvent (MPI_Wait)"))
+    if (const int rc = SC_CU_CHECK(driver().cuStreamWaitEvent(user_, done_, 0), "nvgroup: cuStreamWaitEvent (MPI_Wait)"))
       error_ = rc;
     complete();
   }
@@ -986,16 +991,16 @@ int launch(const CollArgs& a, const CallEnv& env, std::shared_ptr<Group> g,
   // (classic), the attached stream (a stream-ordered MPI_I*, on the side stream); and
   // after this communicator's previous kernel on this rank, whatever its stream.
   if (!env.has_stream || a.nonblocking) {
-    CUresult r;
+    const char* ordering = "nvgroup: ordering the kernel's stream";
+    int rc;
     if (!env.has_stream)
-      r = cuda::wait_for_legacy(s, g->legacy);
-    else if ((r = d.cuEventRecord(g->legacy, user)) == CUDA_SUCCESS)
-      r = d.cuStreamWaitEvent(s, g->legacy, 0);
-    if (r != CUDA_SUCCESS)
-      return lost(cuda::failure("nvgroup: ordering the kernel's stream", r));
+      rc = SC_CU_CHECK(cuda::wait_for_legacy(s, g->legacy), ordering);
+    else if ((rc = SC_CU_CHECK(d.cuEventRecord(g->legacy, user), ordering)) == MPI_SUCCESS)
+      rc = SC_CU_CHECK(d.cuStreamWaitEvent(s, g->legacy, 0), ordering);
+    if (rc != MPI_SUCCESS) return lost(rc);
   }
   if (g->last_recorded && g->last_stream != s)
-    if (const int rc = cuda::check(d.cuStreamWaitEvent(s, g->last, 0), "nvgroup: cuStreamWaitEvent (previous kernel)"))
+    if (const int rc = SC_CU_CHECK(d.cuStreamWaitEvent(s, g->last, 0), "nvgroup: cuStreamWaitEvent (previous kernel)"))
       return lost(rc);
   // In place: the input is in the output buffer (allgather: this rank's block of it).
   const bool gather = a.coll == Coll::allgather;
@@ -1033,25 +1038,25 @@ int launch(const CollArgs& a, const CallEnv& env, std::shared_ptr<Group> g,
         return lost(fail(Failure::cuda, "nvgroup: cuMemHostAlloc (status words) failed"));
       p.status = reinterpret_cast<uint64_t*>(word.dev);
     }
-    if (const int rc = cuda::check(d.cuEventCreate(&done, CU_EVENT_DISABLE_TIMING), "nvgroup: cuEventCreate"))
+    if (const int rc = SC_CU_CHECK(d.cuEventCreate(&done, CU_EVENT_DISABLE_TIMING), "nvgroup: cuEventCreate"))
       return lost(rc);
   }
   void* params[] = {&p};
-  if (CUresult r = d.cuLaunchKernel(g->fn, g->blocks, 1, 1, kThreads, 1, 1, 0, s, params, nullptr);
-      r != CUDA_SUCCESS) {
-    if (done) d.cuEventDestroy(done);
-    return lost(cuda::failure(what + " (nvgroup kernel launch)", r));
+  if (const int rc = SC_CU_CHECK(d.cuLaunchKernel(g->fn, g->blocks, 1, 1, kThreads, 1, 1, 0, s,
+                                                  params, nullptr),
+                                 what + " (nvgroup kernel launch)")) {
+    if (done) SC_CU_TOLERATE(d.cuEventDestroy(done));
+    return lost(rc);
   }
-  g->last_recorded = d.cuEventRecord(g->last, s) == CUDA_SUCCESS;
+  // Unrecorded, the next call on another stream is not ordered after this one (seen at warn).
+  g->last_recorded = SC_CU_TOLERATE(d.cuEventRecord(g->last, s)) == CUDA_SUCCESS;
   g->last_stream = s;
   if (a.nonblocking) {
     // The kernel runs: the request is how the caller learns when its buffers are free.
     // Without one the operation is lost to it, and a classic caller waits here.
-    CUresult r = d.cuEventRecord(done, s);
-    int rc = MPI_SUCCESS;
-    if (r != CUDA_SUCCESS) {
-      d.cuEventDestroy(done);
-      rc = cuda::failure("nvgroup: cuEventRecord", r);
+    int rc = SC_CU_CHECK(d.cuEventRecord(done, s), "nvgroup: cuEventRecord");
+    if (rc != MPI_SUCCESS) {
+      SC_CU_TOLERATE(d.cuEventDestroy(done));
     } else if (classic_request) {
       rc = start_request(new NvgroupRequest(g, done, word, what, std::move(staged)), a.request);
       word = Group::StatusWord{nullptr, 0};  // the request's now (or given back with it)
@@ -1067,8 +1072,7 @@ int launch(const CollArgs& a, const CallEnv& env, std::shared_ptr<Group> g,
     return late;
   }
   if (env.has_stream) return late;
-  if (CUresult r = d.cuStreamSynchronize(s); r != CUDA_SUCCESS)
-    return lost(cuda::failure(what + " (nvgroup)", r));
+  if (const int rc = SC_CU_CHECK(d.cuStreamSynchronize(s), what + " (nvgroup)")) return lost(rc);
   if (__atomic_exchange_n(g->status_host(g->me), 0, __ATOMIC_ACQ_REL))
     return fail(Failure::cuda, what + " (nvgroup): a rank of the group could not take its part");
   return MPI_SUCCESS;
@@ -1090,7 +1094,7 @@ int run_staged(const CollArgs& a, CommContext& ctx, const CallEnv& env, std::sha
     CUresult made = CUDA_SUCCESS;
     std::call_once(g->copy_once, [&] { made = d.cuStreamCreate(&g->copy, CU_STREAM_NON_BLOCKING); });
     if (!g->copy)
-      rc = cuda::failure("nvgroup: cuStreamCreate (staging)", made ? made : CUDA_ERROR_INVALID_HANDLE);
+      rc = SC_CU_FAIL(made ? made : CUDA_ERROR_INVALID_HANDLE, "nvgroup: cuStreamCreate (staging)");
     if (rc == MPI_SUCCESS)
       rc = st->stage.in(a, ctx.rank, ctx.size, g->cuctx, g->classic,
                         env.has_stream ? static_cast<CUstream>(env.stream) : nullptr, "nvgroup");
@@ -1188,9 +1192,9 @@ bool reduce_kernel_may_load(int device) {
   CUdevice dev = 0;
   int major = 0;
   const bool capable =
-      driver_has_entry_points() && d.cuDeviceGet(&dev, device) == CUDA_SUCCESS &&
-      d.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) ==
-          CUDA_SUCCESS &&
+      driver_has_entry_points() && SC_CU_RESULT(d.cuDeviceGet(&dev, device)) == CUDA_SUCCESS &&
+      SC_CU_RESULT(d.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                                          dev)) == CUDA_SUCCESS &&
       major >= 8;
   std::lock_guard<std::mutex> lock(g_modules_mu);
   g_capable[device] = capable;  // asked at every blocking call on device buffers: once
@@ -1206,7 +1210,7 @@ const Module* loaded_module(int device, std::string* why) {
   }
   CUdevice dev = 0;
   if (CUresult r = d.cuDeviceGet(&dev, device); r != CUDA_SUCCESS) {
-    *why = cuda::describe("cuDeviceGet", r);
+    *why = SC_CU_WHY(r, "cuDeviceGet");
     return nullptr;
   }
   return module_for(device, dev, why);
@@ -1280,9 +1284,9 @@ void nvgroup_release() {
     if (!m.module) continue;
     {
       ScopedContext scope(m.ctx);
-      driver().cuModuleUnload(m.module);
+      SC_CU_TOLERATE(driver().cuModuleUnload(m.module));
     }
-    driver().cuDevicePrimaryCtxRelease(m.dev);
+    SC_CU_TOLERATE(driver().cuDevicePrimaryCtxRelease(m.dev));
   }
   g_modules.clear();
 }

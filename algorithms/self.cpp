@@ -130,7 +130,7 @@ class SelfRoute final : public Route {
 
  private:
   static int stream_ordered(const LocalCopy& c, CUstream s) {
-    return cuda::check(enqueue(c, s), "self: cuMemcpyAsync (on the communicator's stream)");
+    return SC_CU_CHECK(enqueue(c, s), "self: cuMemcpyAsync (on the communicator's stream)");
   }
 
   // On the legacy stream of the buffer's context, the host waiting for it; also with
@@ -141,14 +141,14 @@ class SelfRoute final : public Route {
     const cuda::Driver& d = driver();
     CUcontext current = nullptr;
     CUresult r = CUDA_SUCCESS;
-    if (d.cuCtxGetCurrent(&current) != CUDA_SUCCESS || !current) {
+    if (SC_CU_RESULT(d.cuCtxGetCurrent(&current)) != CUDA_SUCCESS || !current) {  // none: the primary
       current = cuda::primary_context(device < 0 ? 0 : device, &r);
-      if (!current) return cuda::failure("self: cuDevicePrimaryCtxRetain", r);
+      if (!current) return SC_CU_FAIL(r, "self: cuDevicePrimaryCtxRetain");
     }
     cuda::ScopedContext scope(current);
     const CUstream s = cuda::classic_stream();
-    if (const int rc = cuda::check(enqueue(c, s), "self: cuMemcpyAsync")) return rc;
-    return cuda::check(d.cuStreamSynchronize(s), "self: cuStreamSynchronize");
+    if (const int rc = SC_CU_CHECK(enqueue(c, s), "self: cuMemcpyAsync")) return rc;
+    return SC_CU_CHECK(d.cuStreamSynchronize(s), "self: cuStreamSynchronize");
   }
 };
 

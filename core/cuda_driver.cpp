@@ -18,6 +18,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "base/log.hpp"
 #include "core/errors.hpp"
 
 namespace streamcoll::cuda {
@@ -137,14 +138,14 @@ Driver load() {
     d.reason = "libcuda.so.1 lacks " + missing + " (driver older than the CUDA headers?)";
     return d;
   }
-  if (CUresult r = d.cuInit(0); r != CUDA_SUCCESS) {
+  if (CUresult r = SC_CU_RESULT(d.cuInit(0)); r != CUDA_SUCCESS) {  // a reason, no error
     const char* msg = nullptr;
     d.cuGetErrorString(r, &msg);
     d.reason = std::string("cuInit failed: ") + (msg ? msg : "error " + std::to_string(r));
     return d;
   }
   d.cuDriverGetVersion(&d.version);
-  if (d.cuDeviceGetCount(&d.device_count) != CUDA_SUCCESS || d.device_count == 0) {
+  if (SC_CU_RESULT(d.cuDeviceGetCount(&d.device_count)) != CUDA_SUCCESS || d.device_count == 0) {
     d.reason = "no CUDA device visible";
     return d;
   }
@@ -367,13 +368,48 @@ std::string describe(const char* what, CUresult r) {
          std::to_string(static_cast<int>(r)) + ")";
 }
 
-int failure(const char* what, CUresult r) { return fail(Failure::cuda, describe(what, r)); }
+const char* source_path(const char* file) {
+  const char* p = file;
+  for (;;) {
+    if (std::strncmp(p, "../", 3) == 0) p += 3;
+    else if (std::strncmp(p, "./", 2) == 0) p += 2;
+    else break;
+  }
+  if (*p != '/') return p;
+  const char* best = nullptr;
+  for (const char* top : {"/algorithms/", "/core/", "/shim/", "/streamext/", "/base/",
+                          "/config/", "/tools/", "/tests/", "/include/"}) {
+    for (const char* q = std::strstr(p, top); q; q = std::strstr(q + 1, top))
+      if (q > best) best = q;
+  }
+  return best ? best + 1 : p;
+}
+
+namespace {
+std::string located(const char* file, int line, const char* what, CUresult r) {
+  return std::string(source_path(file)) + ":" + std::to_string(line) + ": " + describe(what, r);
+}
+}  // namespace
+
+int failure_at(const char* file, int line, const char* what, CUresult r) {
+  return fail(Failure::cuda, located(file, line, what, r));
+}
+
+std::string describe_at(const char* file, int line, const char* what, CUresult r) {
+  return located(file, line, what, r);
+}
+
+CUresult tolerated_at(const char* file, int line, const char* what, CUresult r) {
+  SC_WARN("%s", located(file, line, what, r).c_str());
+  return r;
+}
 
 bool legacy_stream_usable() {
   const Driver& d = driver();
   CUstreamCaptureStatus status;
   return !d.cuStreamIsCapturing ||
-         d.cuStreamIsCapturing(CU_STREAM_LEGACY, &status) != CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+         SC_CU_RESULT(d.cuStreamIsCapturing(CU_STREAM_LEGACY, &status)) !=
+             CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
 }
 
 CUresult wait_for_legacy(CUstream stream, CUevent event) {
@@ -383,7 +419,8 @@ CUresult wait_for_legacy(CUstream stream, CUevent event) {
   if (!legacy_stream_usable()) return CUDA_SUCCESS;
   // An event recorded on the legacy stream is an action of that stream: it completes only
   // after the blocking streams' work enqueued before it (CUDA's implicit synchronisation).
-  CUresult r = d.cuEventRecord(event, CU_STREAM_LEGACY);
+  // Results for the caller to check (it retries after a context reset).
+  CUresult r = SC_CU_RESULT(d.cuEventRecord(event, CU_STREAM_LEGACY));
   if (r == CUDA_SUCCESS) r = d.cuStreamWaitEvent(stream, event, 0);
   return r;
 }
@@ -400,11 +437,11 @@ RelaxedCapture::RelaxedCapture(bool on) {
   if (!on) return;
   const Driver& d = driver();
   if (d.usable && d.cuThreadExchangeStreamCaptureMode)
-    set_ = d.cuThreadExchangeStreamCaptureMode(&mode_) == CUDA_SUCCESS;
+    set_ = SC_CU_RESULT(d.cuThreadExchangeStreamCaptureMode(&mode_)) == CUDA_SUCCESS;
 }
 
 RelaxedCapture::~RelaxedCapture() {
-  if (set_) driver().cuThreadExchangeStreamCaptureMode(&mode_);
+  if (set_) SC_CU_TOLERATE(driver().cuThreadExchangeStreamCaptureMode(&mode_));
 }
 
 CUcontext primary_context(int device, CUresult* r) {
@@ -420,8 +457,8 @@ CUcontext primary_context(int device, CUresult* r) {
   if (!slot) {
     CUdevice dev = 0;
     CUcontext c = nullptr;
-    if ((*r = d.cuDeviceGet(&dev, device)) == CUDA_SUCCESS &&
-        (*r = d.cuDevicePrimaryCtxRetain(&c, dev)) == CUDA_SUCCESS)
+    if ((*r = SC_CU_RESULT(d.cuDeviceGet(&dev, device))) == CUDA_SUCCESS &&  // *r: the caller's
+        (*r = SC_CU_RESULT(d.cuDevicePrimaryCtxRetain(&c, dev))) == CUDA_SUCCESS)
       slot = c;
   }
   return slot;
@@ -430,14 +467,14 @@ CUcontext primary_context(int device, CUresult* r) {
 ScopedContext::ScopedContext(CUcontext ctx) {
   const Driver& d = driver();
   CUcontext current = nullptr;
-  if (d.cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == ctx) return;
-  pushed_ = d.cuCtxPushCurrent(ctx) == CUDA_SUCCESS;
+  if (SC_CU_RESULT(d.cuCtxGetCurrent(&current)) == CUDA_SUCCESS && current == ctx) return;
+  pushed_ = SC_CU_TOLERATE(d.cuCtxPushCurrent(ctx)) == CUDA_SUCCESS;
 }
 
 ScopedContext::~ScopedContext() {
   if (pushed_) {
     CUcontext popped;
-    driver().cuCtxPopCurrent(&popped);
+    SC_CU_TOLERATE(driver().cuCtxPopCurrent(&popped));
   }
 }
 #endif

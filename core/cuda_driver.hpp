@@ -128,19 +128,63 @@ std::string profile_report();
 /// "cuStreamQuery: an illegal memory access was encountered (error 700)".
 std::string describe(const char* what, CUresult r);
 
-/// The one way a failed driver call becomes an MPI error: logs `what: <the driver's
-/// message> (error N)` (rank-tagged, always) and returns streamcoll's CUDA error code
-/// (Failure::cuda, of class MPI_ERR_OTHER: core/errors.hpp). `r` is not CUDA_SUCCESS.
-/// Same threading rule as fail(): from threads that may call MPI.
-int failure(const char* what, CUresult r);
-inline int failure(const std::string& what, CUresult r) { return failure(what.c_str(), r); }
+/// `file` (a __FILE__) from the source root on: "../core/staging.cpp", as meson names
+/// sources from its build folder, gives "core/staging.cpp"; an absolute path gives the part
+/// from its last top-level source folder (algorithms/, core/, ...) on.
+const char* source_path(const char* file);
 
-/// A driver call checked in one expression: MPI_SUCCESS when `r` is CUDA_SUCCESS, else
-/// failure(what, r). `what` names the call (and the route), e.g.
-///   if (const int rc = cuda::check(d.cuEventRecord(e, s), "ht: cuEventRecord")) return rc;
-inline int check(CUresult r, const char* what) {
-  return r == CUDA_SUCCESS ? MPI_SUCCESS : failure(what, r);
+/// The one way a failed driver call becomes an MPI error: logs `file:line: what: <the
+/// driver's message> (error N)` (rank-tagged, always), e.g. "core/staging.cpp:95:
+/// cuMemcpyAsync (staging in): invalid argument (error 1)", and returns streamcoll's CUDA
+/// error code (Failure::cuda, of class MPI_ERR_OTHER: core/errors.hpp). `r` is not
+/// CUDA_SUCCESS. Same threading rule as fail(): from threads that may call MPI. Called
+/// through the SC_CU_ macros below, which give it the caller's location.
+int failure_at(const char* file, int line, const char* what, CUresult r);
+inline int failure_at(const char* file, int line, const std::string& what, CUresult r) {
+  return failure_at(file, line, what.c_str(), r);
 }
+
+/// describe() with the source location first, for a failure that is a reason (a route
+/// not set up) rather than an MPI error.
+std::string describe_at(const char* file, int line, const char* what, CUresult r);
+inline std::string describe_at(const char* file, int line, const std::string& what, CUresult r) {
+  return describe_at(file, line, what.c_str(), r);
+}
+
+/// A failure that is tolerated (teardown: cuEventDestroy, cuStreamDestroy, cuMemFreeHost)
+/// but seen: logged at warn level (STREAMCOLL_DEBUG=warn) with the source location, never
+/// an MPI error. Returns `r`.
+CUresult tolerated_at(const char* file, int line, const char* what, CUresult r);
+
+// The driver-call checks (NCCL's CUDACHECK, src/include/checks.h): each evaluates `call`
+// once and, when it failed, puts the caller's file:line first on the log line. `what`
+// names the call (and the route); a const char* or a std::string, built only on failure.
+//   SC_CU_CHECK(call, what)  int: MPI_SUCCESS, or streamcoll's CUDA error code (logged):
+//       if (const int rc = SC_CU_CHECK(d.cuEventRecord(e, s), "ht: cuEventRecord")) return rc;
+//   SC_CU_FAIL(r, what)      int: the error code for a result already in hand (r failed).
+//   SC_CU_WHY(r, what)       std::string: the located description, for a reason string.
+//   SC_CU_TOLERATE(call)     CUresult: a failure logged at warn level, nothing more
+//                            (teardown); `what` is the call's text.
+//   SC_CU_RESULT(call)       CUresult, silent: for a result the caller branches on (the
+//                            NOT_READY of a query, a capture status, a probe for an
+//                            optional feature), where a failure is an answer, not an error.
+#define SC_CU_CHECK(call, what)                                                            \
+  ([&]() -> int {                                                                          \
+    const CUresult sc_cu_r_ = (call);                                                      \
+    return sc_cu_r_ == CUDA_SUCCESS                                                        \
+               ? MPI_SUCCESS                                                               \
+               : ::streamcoll::cuda::failure_at(__FILE__, __LINE__, (what), sc_cu_r_);     \
+  }())
+#define SC_CU_FAIL(r, what) ::streamcoll::cuda::failure_at(__FILE__, __LINE__, (what), (r))
+#define SC_CU_WHY(r, what) ::streamcoll::cuda::describe_at(__FILE__, __LINE__, (what), (r))
+#define SC_CU_TOLERATE(call)                                                               \
+  ([&]() -> CUresult {                                                                     \
+    const CUresult sc_cu_r_ = (call);                                                      \
+    return sc_cu_r_ == CUDA_SUCCESS                                                        \
+               ? sc_cu_r_                                                                  \
+               : ::streamcoll::cuda::tolerated_at(__FILE__, __LINE__, #call, sc_cu_r_);    \
+  }())
+#define SC_CU_RESULT(call) static_cast<CUresult>(call)
 
 /// Whether the legacy default stream of the current context may be used now: false while
 /// a blocking stream of the context is being captured (by any thread), when any use of it

@@ -806,8 +806,8 @@ class CudaBackend final : public Backend {
                                             : (bytes + kStep - 1) / kStep * kStep;
     if (context_for(gpu, &b.ctx, false) == MPI_SUCCESS) {
       cuda::ScopedContext scope(b.ctx);
-      if (cuda::driver().cuMemHostAlloc(&b.p, b.bytes, CU_MEMHOSTALLOC_PORTABLE) !=
-          CUDA_SUCCESS)
+      if (SC_CU_RESULT(cuda::driver().cuMemHostAlloc(&b.p, b.bytes, CU_MEMHOSTALLOC_PORTABLE)) !=
+          CUDA_SUCCESS)  // not an error: pageable memory below
         b.p = nullptr;
     }
     if (b.p == nullptr) {  // pageable memory: slower copies, same results
@@ -880,9 +880,8 @@ class CudaBackend final : public Backend {
         rc = batch ? launch_batches(batch, c + i, j - i) : issue_copies(c + i, j - i);
       }
       // Even after a failure: nothing may still be copying when the caller frees memory.
-      if (CUresult r = d.cuStreamSynchronize(CU_STREAM_PER_THREAD);
-          r != CUDA_SUCCESS && rc == MPI_SUCCESS)
-        rc = cuda::failure("cuStreamSynchronize (staging)", r);
+      const CUresult r = d.cuStreamSynchronize(CU_STREAM_PER_THREAD);
+      if (rc == MPI_SUCCESS) rc = SC_CU_CHECK(r, "cuStreamSynchronize (staging)");
       if (rc != MPI_SUCCESS) return rc;
       i = j;
     }
@@ -910,12 +909,12 @@ class CudaBackend final : public Backend {
       if (primary_[dev]) {
         if (dev < legacy_.size() && legacy_[dev]) {
           cuda::ScopedContext scope(primary_[dev]);
-          cuda::driver().cuEventDestroy(legacy_[dev]);
+          SC_CU_TOLERATE(cuda::driver().cuEventDestroy(legacy_[dev]));
           legacy_[dev] = nullptr;
         }
         CUdevice cudev;
-        if (cuda::driver().cuDeviceGet(&cudev, static_cast<int>(dev)) == CUDA_SUCCESS)
-          cuda::driver().cuDevicePrimaryCtxRelease(cudev);
+        if (SC_CU_RESULT(cuda::driver().cuDeviceGet(&cudev, static_cast<int>(dev))) == CUDA_SUCCESS)
+          SC_CU_TOLERATE(cuda::driver().cuDevicePrimaryCtxRelease(cudev));
         primary_[dev] = nullptr;
       }
   }
@@ -951,24 +950,26 @@ class CudaBackend final : public Backend {
     CUevent& ev = legacy_[static_cast<size_t>(dev)];
     CUresult r = CUDA_SUCCESS;
     for (int attempt = 0; attempt < 2; ++attempt) {
-      if (!ev && (r = d.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS) {
+      // Results, not checks: a reset's CUDA_ERROR_INVALID_HANDLE is retried once.
+      if (!ev && (r = SC_CU_RESULT(d.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING))) != CUDA_SUCCESS) {
         ev = nullptr;
         continue;
       }
-      if ((r = cuda::wait_for_legacy(stream, ev)) == CUDA_SUCCESS) return MPI_SUCCESS;
+      if ((r = SC_CU_RESULT(cuda::wait_for_legacy(stream, ev))) == CUDA_SUCCESS) return MPI_SUCCESS;
       if (r != CUDA_ERROR_INVALID_HANDLE && r != CUDA_ERROR_CONTEXT_IS_DESTROYED) break;
       ev = nullptr;  // the reset destroyed it
     }
-    return cuda::failure("staging: ordering after the legacy stream", r);
+    return SC_CU_FAIL(r, "staging: ordering after the legacy stream");
   }
 
   int issue_copies(const Copy* c, size_t n) {
     for (size_t k = 0; k < n; ++k) {
-      const CUresult r = cuda::driver().cuMemcpyAsync(
-          reinterpret_cast<CUdeviceptr>(c[k].dst), reinterpret_cast<CUdeviceptr>(c[k].src),
-          c[k].bytes, CU_STREAM_PER_THREAD);
-      if (r != CUDA_SUCCESS)
-        return cuda::failure("cuMemcpyAsync (staging a GPU buffer)", r);
+      if (const int rc = SC_CU_CHECK(cuda::driver().cuMemcpyAsync(
+                                         reinterpret_cast<CUdeviceptr>(c[k].dst),
+                                         reinterpret_cast<CUdeviceptr>(c[k].src), c[k].bytes,
+                                         CU_STREAM_PER_THREAD),
+                                     "cuMemcpyAsync (staging a GPU buffer)"))
+        return rc;
     }
     return MPI_SUCCESS;
   }
@@ -997,7 +998,7 @@ class CudaBackend final : public Backend {
           !own_pinned(c[k].src, c[k].bytes))
         return nullptr;
     CUdevice dev = 0;
-    if (cuda::driver().cuCtxGetDevice(&dev) != CUDA_SUCCESS) return nullptr;
+    if (SC_CU_RESULT(cuda::driver().cuCtxGetDevice(&dev)) != CUDA_SUCCESS) return nullptr;  // plain copies
     std::string why;
     return load(static_cast<int>(dev), &why);
 #else
@@ -1017,10 +1018,11 @@ class CudaBackend final : public Backend {
         p.seg[s] = {reinterpret_cast<uint64_t>(c[k + s].dst),
                     reinterpret_cast<uint64_t>(c[k + s].src), c[k + s].bytes};
       void* args[] = {&p};
-      const CUresult r = cuda::driver().cuLaunchKernel(fn, p.n, 1, 1, nv::kBatchThreads, 1, 1, 0,
-                                                       CU_STREAM_PER_THREAD, args, nullptr);
-      if (r != CUDA_SUCCESS)
-        return cuda::failure("cuLaunchKernel (staging copies)", r);
+      if (const int rc = SC_CU_CHECK(cuda::driver().cuLaunchKernel(fn, p.n, 1, 1, nv::kBatchThreads,
+                                                                   1, 1, 0, CU_STREAM_PER_THREAD,
+                                                                   args, nullptr),
+                                     "cuLaunchKernel (staging copies)"))
+        return rc;
     }
     return MPI_SUCCESS;
 #else
@@ -1031,7 +1033,7 @@ class CudaBackend final : public Backend {
 
   void free_block(const Block& b) {
     cuda::ScopedContext scope(b.ctx);
-    cuda::driver().cuMemFreeHost(b.p);  // fails harmlessly if the context is gone
+    SC_CU_TOLERATE(cuda::driver().cuMemFreeHost(b.p));  // fails harmlessly if the context is gone
   }
 
   // The primary context of the device that holds `gpu` (managed memory without one: the
@@ -1043,8 +1045,8 @@ class CudaBackend final : public Backend {
     if (dev < 0) {
       CUcontext current = nullptr;
       CUdevice cur = -1;
-      if (d.cuCtxGetCurrent(&current) == CUDA_SUCCESS && current &&
-          d.cuCtxGetDevice(&cur) == CUDA_SUCCESS)
+      if (SC_CU_RESULT(d.cuCtxGetCurrent(&current)) == CUDA_SUCCESS && current &&  // probes
+          SC_CU_RESULT(d.cuCtxGetDevice(&cur)) == CUDA_SUCCESS)
         dev = cur;
     }
     if (dev < 0 || dev >= d.device_count) dev = 0;
@@ -1054,12 +1056,11 @@ class CudaBackend final : public Backend {
     if (!primary_[dev]) {
       CUdevice cudev;
       CUcontext ctx = nullptr;
-      CUresult r = d.cuDeviceGet(&cudev, dev);
+      // A result: an error only where the caller wants one reported.
+      CUresult r = SC_CU_RESULT(d.cuDeviceGet(&cudev, dev));
       if (r == CUDA_SUCCESS) r = d.cuDevicePrimaryCtxRetain(&ctx, cudev);
       if (r != CUDA_SUCCESS)
-        return report ? fail(Failure::cuda,
-                             cuda::describe("cuDevicePrimaryCtxRetain (staging)", r))
-                      : MPI_ERR_OTHER;
+        return report ? SC_CU_FAIL(r, "cuDevicePrimaryCtxRetain (staging)") : MPI_ERR_OTHER;
       primary_[dev] = ctx;
     }
     *out = primary_[dev];

@@ -86,16 +86,17 @@ int order_after(const void* in, const void* out, CUstream s, CUstream attached) 
   }
   if (!attached) return MPI_SUCCESS;
   CUevent ready = nullptr;
-  CUresult r = d.cuEventCreate(&ready, CU_EVENT_DISABLE_TIMING);
-  if (r == CUDA_SUCCESS) r = d.cuEventRecord(ready, attached);
-  if (r == CUDA_SUCCESS) r = d.cuStreamWaitEvent(s, ready, 0);
-  if (ready) d.cuEventDestroy(ready);  // the wait has captured its record
-  return cuda::check(r, "cuStreamWaitEvent (staging after the attached stream)");
+  const char* what = "cuStreamWaitEvent (staging after the attached stream)";
+  int rc = SC_CU_CHECK(d.cuEventCreate(&ready, CU_EVENT_DISABLE_TIMING), what);
+  if (rc == MPI_SUCCESS) rc = SC_CU_CHECK(d.cuEventRecord(ready, attached), what);
+  if (rc == MPI_SUCCESS) rc = SC_CU_CHECK(d.cuStreamWaitEvent(s, ready, 0), what);
+  if (ready) SC_CU_TOLERATE(d.cuEventDestroy(ready));  // the wait has captured its record
+  return rc;
 }
 
 int copy_in(const Layout& l, CUdeviceptr buf, CUstream s) {
   if (!l.in_bytes) return MPI_SUCCESS;
-  return cuda::check(cuda::driver().cuMemcpyAsync(buf + l.in_off, reinterpret_cast<CUdeviceptr>(l.in),
+  return SC_CU_CHECK(cuda::driver().cuMemcpyAsync(buf + l.in_off, reinterpret_cast<CUdeviceptr>(l.in),
                                                   l.in_bytes, s),
                      "cuMemcpyAsync (staging in)");
 }
@@ -108,7 +109,7 @@ int copy_out(const Layout& l, CUdeviceptr buf, void* recvbuf, CUstream s) {
     if (!r.bytes) continue;
     const CUresult e = d.cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(user + r.off), buf + r.from,
                                        r.bytes, s);
-    if (e != CUDA_SUCCESS && rc == MPI_SUCCESS) rc = cuda::failure("cuMemcpyAsync (staging out)", e);
+    if (rc == MPI_SUCCESS) rc = SC_CU_CHECK(e, "cuMemcpyAsync (staging out)");  // the first
   }
   return rc;
 }
@@ -129,10 +130,10 @@ int GpuStage::in(const CollArgs& a, int rank, int size, CUcontext ctx, CUstream 
   cuda::ScopedContext scope(ctx);
   if (const int rc = order_after(l_.in, a.recvbuf, s, attached)) return rc;
   if (l_.scratch) {
-    const CUresult r = d.cuMemAllocAsync(&buf_, l_.scratch, s);
-    if (r != CUDA_SUCCESS) {
+    if (const int rc = SC_CU_CHECK(d.cuMemAllocAsync(&buf_, l_.scratch, s),
+                                   std::string(what) + ": cuMemAllocAsync (staging)")) {
       buf_ = 0;
-      return cuda::failure(std::string(what) + ": cuMemAllocAsync (staging)", r);
+      return rc;
     }
   }
   return buf_ ? copy_in(l_, buf_, s) : MPI_SUCCESS;
@@ -150,15 +151,16 @@ int GpuStage::finish(CUstream s, bool copy_back) {
   cuda::ScopedContext scope(ctx_);
   int rc = copy_back && buf_ ? copy_out(l_, buf_, recvbuf_, s) : MPI_SUCCESS;
   drop(s);
-  if (const CUresult r = d.cuStreamSynchronize(s); r != CUDA_SUCCESS && rc == MPI_SUCCESS)
-    rc = cuda::failure(std::string(what_) + ": cuStreamSynchronize (staging out)", r);
+  const int synced = SC_CU_CHECK(d.cuStreamSynchronize(s),
+                                 std::string(what_) + ": cuStreamSynchronize (staging out)");
+  if (rc == MPI_SUCCESS) rc = synced;
   return rc;
 }
 
 void GpuStage::drop(CUstream s) {
   if (!buf_) return;
   cuda::ScopedContext scope(ctx_);
-  cuda::driver().cuMemFreeAsync(buf_, s);
+  SC_CU_TOLERATE(cuda::driver().cuMemFreeAsync(buf_, s));
   buf_ = 0;
 }
 #endif

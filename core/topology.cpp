@@ -98,8 +98,8 @@ std::string gpu_numa_key(hwloc_topology_t topo, int device, std::string* note) {
   if (device < 0 || !d.usable) return "";
   CUdevice dev = 0;
   char bus[64] = {};
-  if (d.cuDeviceGet(&dev, device) != CUDA_SUCCESS ||
-      d.cuDeviceGetPCIBusId(bus, sizeof bus - 1, dev) != CUDA_SUCCESS) {
+  if (SC_CU_RESULT(d.cuDeviceGet(&dev, device)) != CUDA_SUCCESS ||  // a probe: a note, no error
+      SC_CU_RESULT(d.cuDeviceGetPCIBusId(bus, sizeof bus - 1, dev)) != CUDA_SUCCESS) {
     *note = "no PCI bus id for device " + std::to_string(device);
     return "";
   }

@@ -208,7 +208,8 @@ CUevent Timeline::take_event() {
     return e;
   }
   CUevent e = nullptr;
-  return cuda::driver().cuEventCreate(&e, CU_EVENT_DEFAULT) == CUDA_SUCCESS ? e : nullptr;
+  // Tracing is best effort: a driver call that fails here loses a span, silently.
+  return SC_CU_RESULT(cuda::driver().cuEventCreate(&e, CU_EVENT_DEFAULT)) == CUDA_SUCCESS ? e : nullptr;
 }
 
 // The context's reference: an event on a stream of its own, waited for once, so that its
@@ -219,11 +220,13 @@ const Reference* Timeline::reference(CUcontext ctx) {
   const cuda::Driver& d = cuda::driver();
   CUstream own = nullptr;
   CUevent ev = take_event();
-  if (!ev || d.cuStreamCreate(&own, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return nullptr;
+  if (!ev || SC_CU_RESULT(d.cuStreamCreate(&own, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS)
+    return nullptr;
   uint64_t host = 0;
-  if (d.cuEventRecord(ev, own) == CUDA_SUCCESS && d.cuEventSynchronize(ev) == CUDA_SUCCESS)
+  if (SC_CU_RESULT(d.cuEventRecord(ev, own)) == CUDA_SUCCESS &&
+      SC_CU_RESULT(d.cuEventSynchronize(ev)) == CUDA_SUCCESS)
     host = now_ns();
-  d.cuStreamDestroy(own);
+  SC_CU_TOLERATE(d.cuStreamDestroy(own));
   if (!host) return nullptr;
   refs_.push_back({ctx, ev, host});
   return &refs_.back();
@@ -235,8 +238,9 @@ bool Timeline::span_of(const Pending& p, uint64_t* g0, uint64_t* g1) {
   for (const Reference& r : refs_)
     if (r.ctx == p.ctx) ref = &r;
   float a = 0, b = 0;
-  if (!ref || !d.cuEventElapsedTime || d.cuEventElapsedTime(&a, ref->event, p.begin) != CUDA_SUCCESS ||
-      d.cuEventElapsedTime(&b, ref->event, p.end) != CUDA_SUCCESS)
+  if (!ref || !d.cuEventElapsedTime ||
+      SC_CU_RESULT(d.cuEventElapsedTime(&a, ref->event, p.begin)) != CUDA_SUCCESS ||
+      SC_CU_RESULT(d.cuEventElapsedTime(&b, ref->event, p.end)) != CUDA_SUCCESS)
     return false;
   *g0 = ref->host_ns + static_cast<uint64_t>(static_cast<double>(a) * 1e6);
   *g1 = ref->host_ns + static_cast<uint64_t>(static_cast<double>(b) * 1e6);
@@ -256,7 +260,7 @@ void Timeline::poll(size_t at_most) {
   const cuda::Driver& d = cuda::driver();
   for (size_t n = 0; n < at_most && !pending_.empty(); ++n) {
     Pending& p = pending_.front();
-    const CUresult q = d.cuEventQuery(p.end);
+    const CUresult q = SC_CU_RESULT(d.cuEventQuery(p.end));
     if (q == CUDA_ERROR_NOT_READY) break;
     uint64_t g0 = 0, g1 = 0;
     if (q == CUDA_SUCCESS && span_of(p, &g0, &g1))
@@ -275,10 +279,10 @@ void* Timeline::gpu_begin(void* stream) {
   std::lock_guard<std::mutex> lock(mu_);
   const cuda::Driver& d = cuda::driver();
   CUcontext ctx = nullptr;
-  if (!d.usable || d.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx) return nullptr;
+  if (!d.usable || SC_CU_RESULT(d.cuCtxGetCurrent(&ctx)) != CUDA_SUCCESS || !ctx) return nullptr;
   if (!reference(ctx)) return nullptr;
   CUevent e = take_event();
-  if (e && d.cuEventRecord(e, static_cast<CUstream>(stream)) != CUDA_SUCCESS) {
+  if (e && SC_CU_RESULT(d.cuEventRecord(e, static_cast<CUstream>(stream))) != CUDA_SUCCESS) {
     free_events_.push_back(e);
     return nullptr;
   }
@@ -299,7 +303,7 @@ void Timeline::add(const Record& r, void* begin, void* end) {
   while (ring_.size() > capacity_) ring_.pop_front(), ++dropped_;
 #if STREAMCOLL_HAVE_CUDA
   CUcontext ctx = nullptr;
-  if (begin && end && cuda::driver().cuCtxGetCurrent(&ctx) == CUDA_SUCCESS) {
+  if (begin && end && SC_CU_RESULT(cuda::driver().cuCtxGetCurrent(&ctx)) == CUDA_SUCCESS) {
     pending_.push_back({ring_.back().seq, ctx, static_cast<CUevent>(begin), static_cast<CUevent>(end)});
   } else {
     if (begin) free_events_.push_back(static_cast<CUevent>(begin));

@@ -188,7 +188,7 @@ class Lane {
 
   CUstream stream_for(CUcontext ctx) {
     CUstream& s = streams_[ctx];
-    if (!s && cuda::driver().cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+    if (!s && SC_CU_RESULT(cuda::driver().cuStreamCreate(&s, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS)
       s = nullptr;
     return s;
   }
@@ -198,7 +198,7 @@ class Lane {
     for (auto& [ctx, s] : streams_) {
       if (!s) continue;
       cuda::ScopedContext scope(ctx);
-      cuda::driver().cuStreamDestroy(s);
+      SC_CU_TOLERATE(cuda::driver().cuStreamDestroy(s));
     }
     streams_.clear();
   }
@@ -233,10 +233,13 @@ class Lane {
         // destroyed): nothing of it is touched after. Without stream memory operations the
         // lane waits for the stream itself.
         if (d.cuStreamWriteValue32 &&
-            d.cuStreamWriteValue32(s, c.dev_flag, 1, CU_STREAM_WRITE_VALUE_DEFAULT) == CUDA_SUCCESS)
+            SC_CU_RESULT(d.cuStreamWriteValue32(s, c.dev_flag, 1, CU_STREAM_WRITE_VALUE_DEFAULT)) ==
+                CUDA_SUCCESS)  // else the lane waits
           return;
-        if (CUresult r = d.cuStreamSynchronize(s); r != CUDA_SUCCESS && rc == MPI_SUCCESS)
-          keep(c.args.comm, cuda::failure("replay of " + what + ": cuStreamSynchronize", r), what);
+        const CUresult r = d.cuStreamSynchronize(s);
+        if (rc == MPI_SUCCESS)
+          if (const int e = SC_CU_CHECK(r, "replay of " + what + ": cuStreamSynchronize"))
+            keep(c.args.comm, e, what);
       }
     }
     __atomic_store_n(c.flag, 1u, __ATOMIC_RELEASE);
@@ -393,7 +396,7 @@ CUresult add_nodes(CUstream s, std::unique_ptr<Captured> c, const char** what) {
   c.release();  // the user object owns it from here
   if ((r = d.cuGraphRetainUserObject(graph, owner, 1, CU_GRAPH_USER_OBJECT_MOVE)) !=
       CUDA_SUCCESS) {
-    d.cuUserObjectRelease(owner, 1);
+    SC_CU_TOLERATE(d.cuUserObjectRelease(owner, 1));
     return *what = "cuGraphRetainUserObject", r;
   }
   if ((r = d.cuLaunchHostFunc(s, on_launch, raw)) != CUDA_SUCCESS)
@@ -436,7 +439,7 @@ bool record_call(const CollArgs& a, std::function<int(MPI_Request*)> start, int*
   if (!d.usable || !d.cuStreamIsCapturing) return false;
   CUstream s = static_cast<CUstream>(stream);
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-  if (d.cuStreamIsCapturing(s, &status) != CUDA_SUCCESS ||
+  if (SC_CU_RESULT(d.cuStreamIsCapturing(s, &status)) != CUDA_SUCCESS ||  // not capturing
       status == CU_STREAM_CAPTURE_STATUS_NONE || !gpu_buffers(a))
     return false;
   if (status != CU_STREAM_CAPTURE_STATUS_ACTIVE)
@@ -465,7 +468,7 @@ bool record_call(const CollArgs& a, std::function<int(MPI_Request*)> start, int*
     r = add_nodes(s, std::move(c), &what);
   }
   if (r != CUDA_SUCCESS)
-    return *rc = refuse(a, cuda::describe(what, r)), true;
+    return *rc = refuse(a, SC_CU_WHY(r, what)), true;
   SC_TRACE("%s recorded into a CUDA graph", call_name(a.coll, a.nonblocking).c_str());
   *rc = a.nonblocking ? start_completed_request(a.request) : MPI_SUCCESS;
   return true;

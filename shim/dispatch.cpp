@@ -768,9 +768,9 @@ Decision decide(const CollArgs& a, Runtime& rt) {
 // then returns (blocking) with the result in place for later work on the stream.
 int sync_stream(void* stream) {
 #if STREAMCOLL_HAVE_CUDA
-  if (CUresult r = cuda::driver().cuStreamSynchronize(static_cast<CUstream>(stream));
-      r != CUDA_SUCCESS)
-    return cuda::failure("cuStreamSynchronize (before the MPI call)", r);
+  if (const int rc = SC_CU_CHECK(cuda::driver().cuStreamSynchronize(static_cast<CUstream>(stream)),
+                                 "cuStreamSynchronize (before the MPI call)"))
+    return rc;
 #else
   (void)stream;
 #endif
