@@ -30,6 +30,13 @@ int fail(Failure f, const std::string& detail);
 /// The MPI error code for `f`, without logging. Same threading rule as fail().
 int error_code(Failure f);
 
+/// Raises `rc` (not MPI_SUCCESS) through `comm`'s error handler, as the MPI raises its own
+/// errors (the application's handler may abort, or return), and returns it.
+inline int call_errhandler(MPI_Comm comm, int rc) {
+  PMPI_Comm_call_errhandler(comm, rc);
+  return rc;
+}
+
 /// A rank that lost its input (error code `rc`, already logged where it arose) in a call
 /// that carries no failure flags, because the facts the ranks decided it from say no rank
 /// could lose one (every rank passed host memory when they last agreed; this rank's
