@@ -81,6 +81,7 @@
 #include "algorithms/nvgroup.hpp"
 #endif
 #include "base/log.hpp"
+#include "core/call_request.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/staging.hpp"
 #include "core/errors.hpp"
@@ -119,87 +120,55 @@ class NcclState final : public RouteState {
   ~NcclState() override { Pool::get().give_back(std::move(comm)); }  // an MPI thread
 };
 
-// A non-blocking call in flight. Completion is an event on the stream that ran it.
-class NcclRequest final : public ManagedRequest {
- public:
-  NcclRequest(std::shared_ptr<NcclComm> c, CUevent done, bool stream_mode, CUstream user,
-              std::function<int()> after = nullptr)
-      : comm_(std::move(c)), done_(done), stream_mode_(stream_mode), user_(user),
-        after_(std::move(after)) {}
-  ~NcclRequest() override {
-    if (after_) {  // never completed (start_request failed): the operation is in flight
-      ScopedContext scope(comm_->cuctx);
-      comm_->wait(done_, nullptr);
-      after_();
+// A non-blocking call in flight: complete once the event on the stream that ran it is
+// (stream-ordered: the attached stream waits for it, and the request completes at once);
+// `after` (a staged call's copies back) runs once it is over, whatever its outcome.
+CallSteps nccl_steps(std::shared_ptr<NcclComm> c, CUevent done, bool stream_mode, CUstream user,
+                     std::function<int()> after = nullptr) {
+  CallSteps st;
+  if (stream_mode) {
+    // Stream semantics: the attached stream waits for the operation; the host does not.
+    st.test = [c, done, user](bool* finished) {
+      *finished = true;
+      ScopedContext scope(c->cuctx);
+      const int rc = SC_CU_CHECK(driver().cuStreamWaitEvent(user, done, 0), "cuStreamWaitEvent");
+      const int polled = c->poll();
+      return rc != MPI_SUCCESS ? rc : polled;
+    };
+  } else {
+    st.test = [c, done](bool* finished) {
+      ScopedContext scope(c->cuctx);
+      const bool aborted_before = c->aborted();
+      const CUresult r = SC_CU_RESULT(driver().cuEventQuery(done));
+      *finished = r != CUDA_ERROR_NOT_READY;
+      if (r == CUDA_SUCCESS) return c->completed(aborted_before);
+      if (*finished) return SC_CU_FAIL(r, "cuEventQuery");
+      // Pending: a failure notice or an asynchronous error aborts the communicator here,
+      // which ends its kernels; the request completes, with the error, once the event says
+      // the GPU is done with the buffers (completed()).
+      c->poll();
+      return MPI_SUCCESS;
+    };
+    st.wait = [c, done] {
+      ScopedContext scope(c->cuctx);
+      return c->wait(done, nullptr);
+    };
+  }
+  if (after)
+    st.after = [after](int rc) {
+      const int back = after();  // the operation is over: the staged results to the caller
+      return rc != MPI_SUCCESS ? rc : back;
+    };
+  st.release = [c, done, after](bool finished) {
+    if (!finished && after) {  // never completed (start_request failed): in flight
+      ScopedContext scope(c->cuctx);
+      c->wait(done, nullptr);
+      after();
     }
-    comm_->give_event(done_);
-  }
-
-  void on_wait() override {
-    if (finished()) return;
-    ScopedContext scope(comm_->cuctx);
-    if (stream_mode_) {
-      enqueue_wait();
-      error_ = error_ != MPI_SUCCESS ? error_ : comm_->poll();
-    } else {
-      error_ = comm_->wait(done_, nullptr);
-    }
-    finish();
-  }
-  void on_test() override {
-    if (stream_mode_) return on_wait();  // the stream waits: complete at once
-    if (finished()) return;
-    ScopedContext scope(comm_->cuctx);
-    const bool aborted_before = comm_->aborted();
-    CUresult r = SC_CU_RESULT(driver().cuEventQuery(done_));  // NOT_READY: not yet
-    if (r == CUDA_SUCCESS) {
-      error_ = comm_->completed(aborted_before);
-      finish();
-    } else if (r != CUDA_ERROR_NOT_READY) {
-      error_ = SC_CU_FAIL(r, "cuEventQuery");
-      finish();
-    } else if (int rc = comm_->poll(); rc != MPI_SUCCESS) {
-      // Aborted: its kernels end (ncclCommAbort ends them); the request completes, with
-      // the error, once the event says the GPU is done with the buffers.
-      error_ = rc;
-    }
-  }
-  void on_free() override { on_wait(); }
-  int error() const override { return error_; }
-
- private:
-  // Stream semantics: the attached stream waits for the operation; the host does not.
-  void enqueue_wait() {
-    if (const int rc = SC_CU_CHECK(driver().cuStreamWaitEvent(user_, done_, 0), "cuStreamWaitEvent"))
-      error_ = rc;
-  }
-  bool finished() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return finished_;
-  }
-  void finish() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (finished_) return;
-      finished_ = true;
-    }
-    if (after_) {  // the operation is over: the staged results go to the caller's buffers
-      const int rc = after_();
-      if (error_ == MPI_SUCCESS) error_ = rc;
-      after_ = nullptr;
-    }
-    complete();
-  }
-
-  std::shared_ptr<NcclComm> comm_;
-  CUevent done_;
-  bool stream_mode_;
-  CUstream user_;
-  std::function<int()> after_;
-  int error_ = MPI_SUCCESS;
-  std::mutex mu_;
-  bool finished_ = false;
-};
+    c->give_event(done);
+  };
+  return st;
+}
 
 const TypeInfo* call_type(const CollArgs& a) {
   return find_type(takes_op(a.coll) || a.coll == Coll::bcast ? a.datatype : a.recvtype);
@@ -594,7 +563,7 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
     stage->drop(s);
     return rc;
   }
-  return start_request(new NcclRequest(c, done, false, nullptr, std::move(back)), a.request);
+  return start_call_request(nccl_steps(c, done, false, nullptr, std::move(back)), a.request);
 }
 
 // ---- Communicators made from one with an NCCL communicator --------------------------------
@@ -872,7 +841,7 @@ class NcclRoute final : public Route {
       *a.request = MPI_REQUEST_NULL;
       return lost(er);
     }
-    if (int src = start_request(new NcclRequest(c, done, env.has_stream, user), a.request);
+    if (int src = start_call_request(nccl_steps(c, done, env.has_stream, user), a.request);
         src != MPI_SUCCESS)
       return lost(src);
     return MPI_SUCCESS;

@@ -100,6 +100,7 @@
 #include "algorithms/route.hpp"
 #include "base/log.hpp"
 #include "core/coll_args.hpp"
+#include "core/call_request.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/datatypes.hpp"
 #include "core/staging.hpp"
@@ -840,79 +841,52 @@ struct Staged {
 };
 
 // A classic MPI_I* call: complete once the event behind its kernel is (never blocking in
-// on_test), with the error its status word holds; a staged one once its results are back.
-class NvgroupRequest final : public ManagedRequest {
- public:
-  NvgroupRequest(std::shared_ptr<Group> g, CUevent done, Group::StatusWord w, std::string what,
-                 std::shared_ptr<Staged> staged)
-      : g_(std::move(g)), done_(done), word_(w), what_(std::move(what)), staged_(std::move(staged)) {}
-  ~NvgroupRequest() override {
-    ScopedContext scope(g_->cuctx);
-    // Never completed (start_request failed): the kernel may still use the word.
-    if (!completed()) driver().cuEventSynchronize(done_);
-    SC_CU_TOLERATE(driver().cuEventDestroy(done_));
-    g_->give_status(word_);
-  }
-  void on_test() override {
-    if (completed()) return;
-    ScopedContext scope(g_->cuctx);
-    const CUresult r = driver().cuEventQuery(done_);
-    if (r == CUDA_ERROR_NOT_READY) return;
-    finish(r);
-  }
-  void on_wait() override {
-    if (completed()) return;
-    ScopedContext scope(g_->cuctx);
-    finish(driver().cuEventSynchronize(done_));
-  }
-  void on_free() override { on_wait(); }
-  int error() const override { return error_; }
-
- private:
-  void finish(CUresult r) {
-    if (const int rc = SC_CU_CHECK(r, what_ + " (nvgroup)"))
-      error_ = rc;
-    else if (__atomic_load_n(word_.host, __ATOMIC_ACQUIRE))
-      error_ = fail(Failure::cuda, what_ + " (nvgroup): a rank of the group could not take its part");
-    else if (staged_)
-      error_ = staged_->back();
-    complete();
-  }
-  std::shared_ptr<Group> g_;
-  CUevent done_;
-  Group::StatusWord word_;
-  std::string what_;
-  std::shared_ptr<Staged> staged_;  // freed after done_ (the destructor's body waits for it)
-  int error_ = MPI_SUCCESS;
-};
+// MPI_Test), with the error its status word holds; a staged one once its results are back.
+// The staged scratch goes after the event (the release waits for it when unfinished).
+CallSteps classic_steps(std::shared_ptr<Group> g, CUevent done, Group::StatusWord w,
+                        std::string what, std::shared_ptr<Staged> staged) {
+  auto outcome = [g, w, what](CUresult r) {
+    if (r != CUDA_SUCCESS) return SC_CU_FAIL(r, what + " (nvgroup)");
+    if (__atomic_load_n(w.host, __ATOMIC_ACQUIRE))
+      return fail(Failure::cuda, what + " (nvgroup): a rank of the group could not take its part");
+    return MPI_SUCCESS;
+  };
+  CallSteps st;
+  st.test = [g, done, outcome](bool* finished) {
+    ScopedContext scope(g->cuctx);
+    const CUresult r = SC_CU_RESULT(driver().cuEventQuery(done));
+    *finished = r != CUDA_ERROR_NOT_READY;
+    return *finished ? outcome(r) : MPI_SUCCESS;
+  };
+  st.wait = [g, done, outcome] {
+    ScopedContext scope(g->cuctx);
+    return outcome(SC_CU_RESULT(driver().cuEventSynchronize(done)));
+  };
+  if (staged) st.after = [staged](int rc) { return rc != MPI_SUCCESS ? rc : staged->back(); };
+  st.release = [g, done, w, staged](bool finished) {
+    ScopedContext scope(g->cuctx);
+    if (!finished) SC_CU_TOLERATE(driver().cuEventSynchronize(done));  // the kernel may still use the word
+    SC_CU_TOLERATE(driver().cuEventDestroy(done));
+    g->give_status(w);
+  };
+  return st;
+}
 
 // A stream-ordered MPI_I* call: MPI_Wait makes the attached stream wait for the event
 // behind the kernel (on the side stream) and completes at once.
-class NvgroupStreamRequest final : public ManagedRequest {
- public:
-  NvgroupStreamRequest(std::shared_ptr<Group> g, CUevent done, CUstream user)
-      : g_(std::move(g)), done_(done), user_(user) {}
-  ~NvgroupStreamRequest() override {
-    ScopedContext scope(g_->cuctx);
-    SC_CU_TOLERATE(driver().cuEventDestroy(done_));  // its last record stays valid for waits made on it
-  }
-  void on_test() override {
-    if (completed()) return;
-    ScopedContext scope(g_->cuctx);
-    if (const int rc = SC_CU_CHECK(driver().cuStreamWaitEvent(user_, done_, 0), "nvgroup: cuStreamWaitEvent (MPI_Wait)"))
-      error_ = rc;
-    complete();
-  }
-  void on_wait() override { on_test(); }
-  void on_free() override { on_test(); }
-  int error() const override { return error_; }
-
- private:
-  std::shared_ptr<Group> g_;
-  CUevent done_;
-  CUstream user_;
-  int error_ = MPI_SUCCESS;
-};
+CallSteps stream_steps(std::shared_ptr<Group> g, CUevent done, CUstream user) {
+  CallSteps st;
+  st.test = [g, done, user](bool* finished) {
+    *finished = true;
+    ScopedContext scope(g->cuctx);
+    return SC_CU_CHECK(driver().cuStreamWaitEvent(user, done, 0), "nvgroup: cuStreamWaitEvent (MPI_Wait)");
+  };
+  st.release = [g, done](bool) {
+    ScopedContext scope(g->cuctx);
+    SC_CU_TOLERATE(driver().cuEventDestroy(done));  // its last record stays valid for waits made on it
+  };
+  return st;
+}
 
 // Whether `choice` on ctx means several groups (file comment): facts equal on every rank
 // (the rule, the settings agreed at MPI_Init, the communicator's layout).
@@ -1058,10 +1032,10 @@ int launch(const CollArgs& a, const CallEnv& env, std::shared_ptr<Group> g,
     if (rc != MPI_SUCCESS) {
       SC_CU_TOLERATE(d.cuEventDestroy(done));
     } else if (classic_request) {
-      rc = start_request(new NvgroupRequest(g, done, word, what, std::move(staged)), a.request);
+      rc = start_call_request(classic_steps(g, done, word, what, std::move(staged)), a.request);
       word = Group::StatusWord{nullptr, 0};  // the request's now (or given back with it)
     } else {
-      rc = start_request(new NvgroupStreamRequest(g, done, user), a.request);
+      rc = start_call_request(stream_steps(g, done, user), a.request);
     }
     if (rc != MPI_SUCCESS) {
       if (word.host) g->give_status(word);

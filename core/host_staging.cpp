@@ -8,12 +8,14 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
 
 #include "base/log.hpp"
 #include "core/batch_copy.hpp"
+#include "core/call_request.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/datatypes.hpp"
 #include "core/errors.hpp"
@@ -208,71 +210,62 @@ bool spans_of(const CollArgs& a, TypeSpan* send, TypeSpan* recv) {
 }
 
 // A non-blocking call on staged buffers (or with an outcome exchange): the MPI's request
-// (on the host copies), the outcome allreduce's, and the copies back that complete it.
-// Completed by MPI_Wait/MPI_Test (and the array forms) through the owned-request hooks, or
-// by MPI_Request_free (which waits).
-class StagedRequest final : public ManagedRequest {
- public:
-  StagedRequest(void* host, std::vector<Copy> back, Backend& be, int own)
-      : host_(host), back_(std::move(back)), be_(be), own_(own) {}
-  ~StagedRequest() override {
-    // Only when start_request failed: the MPI's operations must end before their buffers go.
-    if (!done_)
-      for (MPI_Request& r : inner_)
+// (on the host copies), the outcome allreduce's, and the copies back that complete it
+// (a CallRequest's steps: staged_steps). Completed by MPI_Wait/MPI_Test (and the array
+// forms) through the owned-request hooks, or by MPI_Request_free (which waits).
+struct StagedCall {
+  StagedCall(void* h, std::vector<Copy> b, Backend& e, int o)
+      : host(h), back(std::move(b)), be(e), own(o) {}
+  ~StagedCall() {
+    // Unfinished (the call or start_request failed): the MPI's operations must end before
+    // their buffers go.
+    if (!done)
+      for (MPI_Request& r : inner)
         if (r != MPI_REQUEST_NULL) PMPI_Wait(&r, MPI_STATUS_IGNORE);
-    if (host_) be_.release(host_);
+    if (host) be.release(host);
   }
-
   /// The outcome allreduce, started before the call itself (every rank in that order).
   int start_outcome(MPI_Comm comm) {
-    return service::start_any(own_ != MPI_SUCCESS, comm, &outcome_, &inner_[0]);
+    return service::start_any(own != MPI_SUCCESS, comm, &outcome, &inner[0]);
   }
-  MPI_Request* call_request() { return &inner_[1]; }
-
-  void on_wait() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (done_) return;
-    finish(PMPI_Waitall(2, inner_, MPI_STATUSES_IGNORE));
-  }
-  void on_test() override {
-    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-    if (!lock.owns_lock() || done_) return;  // another thread is completing it
-    int flag = 0;
-    int rc = PMPI_Testall(2, inner_, &flag, MPI_STATUSES_IGNORE);
-    if (rc != MPI_SUCCESS || flag) finish(rc);
-  }
-  void on_free() override { on_wait(); }
-  int error() const override { return error_; }
-
- private:
-  void finish(int rc) {  // mu_ held
-    if (own_ != MPI_SUCCESS) {
-      rc = own_;
-    } else if (rc == MPI_SUCCESS && outcome_.agreed) {
-      log_error("%s", kPeerFailed);
+  /// Once both requests are complete (`rc`: their error): the call's error, the copies
+  /// back when every rank's input was staged, the host copies released.
+  int finish(int rc) {
+    if (own != MPI_SUCCESS) {
+      rc = own;
+    } else if (rc == MPI_SUCCESS && outcome.agreed) {
+      log_error("another rank could not stage its GPU buffers for this collective; the "
+                "result is not valid");
       rc = error_code(Failure::peer);
     }
-    if (rc == MPI_SUCCESS && !back_.empty()) rc = be_.copy(back_.data(), back_.size());
-    error_ = rc;
-    done_ = true;
-    if (host_) be_.release(host_);
-    host_ = nullptr;
-    complete();
+    if (rc == MPI_SUCCESS && !back.empty()) rc = be.copy(back.data(), back.size());
+    done = true;
+    if (host) be.release(host);
+    host = nullptr;
+    return rc;
   }
 
-  static constexpr const char* kPeerFailed =
-      "another rank could not stage its GPU buffers for this collective; the result is not "
-      "valid";
-  MPI_Request inner_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // outcome, the call
-  void* host_;
-  std::vector<Copy> back_;
-  Backend& be_;
-  const int own_;
-  service::Flag outcome_;  // every rank's staging outcome
-  std::mutex mu_;
-  bool done_ = false;
-  int error_ = MPI_SUCCESS;
+  MPI_Request inner[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // outcome, the call
+  void* host;
+  std::vector<Copy> back;
+  Backend& be;
+  const int own;
+  service::Flag outcome;  // every rank's staging outcome
+  bool done = false;
 };
+
+CallSteps staged_steps(std::shared_ptr<StagedCall> c) {
+  CallSteps st;
+  st.test = [c](bool* finished) {
+    int flag = 0;
+    const int rc = PMPI_Testall(2, c->inner, &flag, MPI_STATUSES_IGNORE);
+    *finished = rc != MPI_SUCCESS || flag;
+    return rc;
+  };
+  st.wait = [c] { return PMPI_Waitall(2, c->inner, MPI_STATUSES_IGNORE); };
+  st.after = [c](int rc) { return c->finish(rc); };
+  return st;
+}
 
 
 }  // namespace
@@ -414,33 +407,23 @@ int run_staged_blocking(const CollArgs& a, Backend& be, Staged& s, bool outcome,
 // A non-blocking call on the staged copies: a request of streamcoll's that completes with
 // the MPI's (and the outcome exchange's) and then copies back.
 int start_staged(const CollArgs& a, Backend& be, Staged& s, bool outcome, int own) {
-  auto* req = new StagedRequest(s.host, std::move(s.back), be, own);
-  if (outcome) {
-    if (int rc = req->start_outcome(a.comm); rc != MPI_SUCCESS) {
-      delete req;
-      return rc;  // the MPI raised it
-    }
-  }
+  // Until start_call_request, `call` alone holds it: its destructor waits for what started.
+  auto call = std::make_shared<StagedCall>(s.host, std::move(s.back), be, own);
+  if (outcome)
+    if (int rc = call->start_outcome(a.comm); rc != MPI_SUCCESS) return rc;  // the MPI raised it
   CollArgs& b = s.b;
   if (b.fortran) {
     // The MPI's own Fortran binding sets the Fortran request; its C form is wrapped, and
     // the wrapper's handle goes back to the caller (shim/fortran.cpp converts it).
     int rc = run_pmpi(b);
-    if (rc == MPI_SUCCESS && b.fortran->request)
-      *req->call_request() = PMPI_Request_f2c(*b.fortran->request);
-    if (rc != MPI_SUCCESS) {
-      delete req;  // waits for the outcome allreduce
-      return rc;
-    }
+    if (rc == MPI_SUCCESS && b.fortran->request) call->inner[1] = PMPI_Request_f2c(*b.fortran->request);
+    if (rc != MPI_SUCCESS) return rc;  // (the destructor waits for the outcome allreduce)
   } else {
-    b.request = req->call_request();
-    if (int rc = run_pmpi(b); rc != MPI_SUCCESS) {
-      delete req;
-      return rc;
-    }
+    b.request = &call->inner[1];
+    if (int rc = run_pmpi(b); rc != MPI_SUCCESS) return rc;
   }
-  // start_request deletes the request on failure; its destructor waits for both.
-  return start_request(req, a.request);
+  // On failure start_call_request drops the steps, and with them the call, which waits.
+  return start_call_request(staged_steps(std::move(call)), a.request);
 }
 
 }  // namespace

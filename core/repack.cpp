@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/log.hpp"
+#include "core/call_request.hpp"
 #include "core/datatypes.hpp"
 #include "core/errors.hpp"
 #include "core/host_staging.hpp"
@@ -94,66 +95,45 @@ int unpack(const char* in, void* user, int count, MPI_Datatype type, MPI_Datatyp
 
 // The request the caller gets: completes once the repacked call's request has, after
 // unpacking the received data into the caller's buffer.
-class RepackRequest final : public ManagedRequest {
- public:
-  RepackRequest(MPI_Comm comm, MPI_Datatype basic, std::unique_ptr<Side> send,
-                std::unique_ptr<Side> recv, bool unpack_recv, int own)
-      : comm_(comm), basic_(basic), send_(std::move(send)), recv_(std::move(recv)),
-        unpack_recv_(unpack_recv), own_(own) {}
-  ~RepackRequest() override {
-    if (done_ || inner_ == MPI_REQUEST_NULL) return;
-    if (OwnedRequest* op = requests::peek(inner_)) requests::complete_one(op);
-    PMPI_Wait(&inner_, MPI_STATUS_IGNORE);
+struct RepackCall {
+  MPI_Datatype basic;
+  std::unique_ptr<Side> send, recv;
+  bool unpack_recv;
+  int own;
+  MPI_Request inner = MPI_REQUEST_NULL;
+  bool done = false;
+  ~RepackCall() {
+    if (done || inner == MPI_REQUEST_NULL) return;
+    if (OwnedRequest* op = requests::peek(inner)) requests::complete_one(op);
+    PMPI_Wait(&inner, MPI_STATUS_IGNORE);
   }
-  MPI_Request* inner() { return &inner_; }
-
-  void on_test() override {
-    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-    if (!lock.owns_lock() || done_) return;
-    if (inner_ != MPI_REQUEST_NULL) {
-      // The repacked call's request may be streamcoll's own: it advances (and its MPI
-      // request completes) on this thread.
-      if (OwnedRequest* op = requests::peek(inner_)) op->advance();
-      int flag = 0;
-      MPI_Status st;
-      const int rc = PMPI_Test(&inner_, &flag, &st);
-      if (rc != MPI_SUCCESS) return finish(rc);
-      if (!flag) return;
-    }
-    finish(MPI_SUCCESS);
-  }
-  void on_wait() override {
-    requests::Backoff b;
-    while (!completed()) {
-      on_test();
-      if (!completed()) b.pause();
-    }
-  }
-  void on_free() override { on_wait(); }
-  int error() const override { return error_; }
-
- private:
-  void finish(int rc) {  // mu_ held
-    if (rc == MPI_SUCCESS && unpack_recv_)
-      rc = unpack(recv_->packed.data(), recv_->user, recv_->count, recv_->type, basic_);
-    if (own_ != MPI_SUCCESS) rc = own_;
-    error_ = rc;
-    done_ = true;
-    send_.reset();
-    recv_.reset();
-    complete();
-  }
-
-  MPI_Comm comm_;
-  MPI_Datatype basic_;
-  std::unique_ptr<Side> send_, recv_;
-  bool unpack_recv_;
-  int own_;
-  MPI_Request inner_ = MPI_REQUEST_NULL;
-  std::mutex mu_;
-  bool done_ = false;
-  int error_ = MPI_SUCCESS;
 };
+
+CallSteps repack_steps(std::shared_ptr<RepackCall> c) {
+  CallSteps st;
+  st.test = [c](bool* finished) {
+    *finished = true;
+    if (c->inner == MPI_REQUEST_NULL) return MPI_SUCCESS;
+    // The repacked call's request may be streamcoll's own: it advances (and its MPI
+    // request completes) on this thread.
+    if (OwnedRequest* op = requests::peek(c->inner)) op->advance();
+    int flag = 0;
+    MPI_Status status;
+    const int rc = PMPI_Test(&c->inner, &flag, &status);
+    *finished = rc != MPI_SUCCESS || flag;
+    return rc;
+  };
+  st.after = [c](int rc) {
+    if (rc == MPI_SUCCESS && c->unpack_recv)
+      rc = unpack(c->recv->packed.data(), c->recv->user, c->recv->count, c->recv->type, c->basic);
+    if (c->own != MPI_SUCCESS) rc = c->own;
+    c->done = true;
+    c->send.reset();
+    c->recv.reset();
+    return rc;
+  };
+  return st;
+}
 
 }  // namespace
 
@@ -314,19 +294,22 @@ int run(const CollArgs& a, const std::function<int(const CollArgs&)>& inner, int
   if (!make_plan(a, own, &p)) return inner(a);
   if (p.own != MPI_SUCCESS) log_error("%s: this rank takes part with zeros and reports the error",
                                       call_name(a.coll, true).c_str());
-  auto* req = new RepackRequest(a.comm, p.basic, std::move(p.send), std::move(p.recv),
-                                p.unpack_recv, p.own);
-  p.b.request = req->inner();
+  auto call = std::make_shared<RepackCall>();
+  call->basic = p.basic;
+  call->send = std::move(p.send);
+  call->recv = std::move(p.recv);
+  call->unpack_recv = p.unpack_recv;
+  call->own = p.own;
+  p.b.request = &call->inner;
   const int rc = inner(p.b);
   if (rc != MPI_SUCCESS) {
     // The repacked call failed to start (its route raised the error): nothing to wait for.
-    *req->inner() = MPI_REQUEST_NULL;
-    delete req;
+    call->inner = MPI_REQUEST_NULL;
     *a.request = MPI_REQUEST_NULL;
     return rc;
   }
   // A failure to read this rank's input is reported when the request completes.
-  return start_request(req, a.request);
+  return start_call_request(repack_steps(std::move(call)), a.request);
 }
 
 int run_blocking(const CollArgs& a, const std::function<int(const CollArgs&, int)>& inner,
