@@ -1,5 +1,6 @@
 #include "core/service.hpp"
 
+#include <cstddef>
 #include <vector>
 
 namespace streamcoll::service {
