@@ -1,8 +1,5 @@
 #include "core/service.hpp"
 
-#include <cstddef>
-#include <vector>
-
 namespace streamcoll::service {
 
 bool all(bool mine, MPI_Comm comm, int* rc) {
@@ -25,12 +22,13 @@ bool all_equal(int64_t v, MPI_Comm comm, int64_t* agreed) {
 }
 
 int ranges(const int64_t* v, int n, MPI_Comm comm, int64_t* lo, int64_t* hi) {
-  std::vector<int64_t> x(2 * static_cast<size_t>(n));
+  if (n < 1 || n > kMaxRanges) return MPI_ERR_COUNT;
+  int64_t x[2 * kMaxRanges];
   for (int i = 0; i < n; ++i) {
     x[i] = v[i];
     x[n + i] = -v[i];
   }
-  const int rc = PMPI_Allreduce(MPI_IN_PLACE, x.data(), 2 * n, MPI_INT64_T, MPI_MAX, comm);
+  const int rc = PMPI_Allreduce(MPI_IN_PLACE, x, 2 * n, MPI_INT64_T, MPI_MAX, comm);
   if (rc != MPI_SUCCESS) return rc;
   for (int i = 0; i < n; ++i) {
     hi[i] = x[i];

@@ -31,9 +31,11 @@ bool any(bool mine, MPI_Comm comm);
 /// all are equal); untouched when the exchange fails.
 bool all_equal(int64_t v, MPI_Comm comm, int64_t* agreed = nullptr);
 
-/// The range of each of `n` values over the ranks of `comm`: lo[i] and hi[i] the smallest and
-/// largest v[i] (one MPI_Allreduce of 2n values under MPI_MAX: {v, -v}). Blocking. Returns
-/// the MPI's error code (lo and hi untouched on failure).
+/// The range of each of `n` (1..kMaxRanges) values over the ranks of `comm`: lo[i] and hi[i]
+/// the smallest and largest v[i] (one MPI_Allreduce of 2n values under MPI_MAX: {v, -v}).
+/// Blocking, no allocation. Returns the MPI's error code (lo and hi untouched on failure;
+/// MPI_ERR_COUNT, with no exchange, for n out of range).
+inline constexpr int kMaxRanges = 8;
 int ranges(const int64_t* v, int n, MPI_Comm comm, int64_t* lo, int64_t* hi);
 
 /// A non-blocking service collective's storage: this rank's flag and the agreed one. It

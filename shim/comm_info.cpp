@@ -56,10 +56,11 @@ void record(MPI_Comm comm, MPI_Info info) {
   int inter = 0;
   if (PMPI_Comm_test_inter(comm, &inter) != MPI_SUCCESS || inter) return;
   const uint32_t mine = asserted_in(info);
-  int64_t agreed = -1;
-  const bool same = service::all_equal(mine, comm, &agreed);
-  if (agreed < 0) return;  // the exchange failed
-  const uint32_t kinds = same ? static_cast<uint32_t>(agreed) : 0;
+  const int64_t v = mine;
+  int64_t lo = 0, hi = 0;
+  if (service::ranges(&v, 1, comm, &lo, &hi) != MPI_SUCCESS) return;
+  const bool same = lo == hi;
+  const uint32_t kinds = same ? static_cast<uint32_t>(hi) : 0;
   if (!same && mine) SC_INFO("%s differs between ranks: not used", alloc_kinds::kAssertKey);
   CommContext* ctx = comm_context(comm, kinds != 0);  // collective the first time
   if (ctx) ctx->set_asserted_kinds(kinds);
