@@ -106,10 +106,6 @@ std::string show_choice(const Settings& s) {
   return "?";
 }
 
-constexpr Choice<Threads> kThreads[] = {
-    {"auto", Threads::auto_detect}, {"1", Threads::yes},  {"yes", Threads::yes},
-    {"true", Threads::yes},         {"on", Threads::yes}, {"0", Threads::no},
-    {"no", Threads::no},            {"false", Threads::no}, {"off", Threads::no}};
 constexpr Choice<HtWait> kHtWait[] = {
     {"auto", HtWait::auto_detect}, {"memop", HtWait::memop}, {"kernel", HtWait::kernel}};
 constexpr Choice<bool> kBind[] = {{"auto", true}, {"none", false}};
@@ -118,6 +114,17 @@ bool set_debug(std::string_view v, Settings* s) { return parse_log_level(v, &s->
 std::string show_debug(const Settings& s) {
   static const char* const names[] = {"none", "warn", "info", "trace"};
   return names[static_cast<int>(s.debug) & 3];
+}
+
+// auto or a boolean (parse_auto_bool), as STREAMCOLL_MPI_CUDA_AWARE.
+bool set_threads(std::string_view v, Settings* s) {
+  int t = 0;
+  if (!parse_auto_bool(v, &t)) return false;
+  s->thread_multiple = t < 0 ? Threads::auto_detect : t ? Threads::yes : Threads::no;
+  return true;
+}
+std::string show_threads(const Settings& s) {
+  return s.thread_multiple == Threads::auto_detect ? "auto" : s.thread_multiple == Threads::yes ? "1" : "0";
 }
 
 bool set_cuda_aware(std::string_view v, Settings* s) { return parse_cuda_aware(v, &s->mpi_cuda_aware); }
@@ -162,8 +169,6 @@ std::string show_hierarchy(const Settings& s) {
   return t;
 }
 
-constexpr auto set_threads = set_choice<Threads, &Settings::thread_multiple, kThreads>;
-constexpr auto show_threads = show_choice<Threads, &Settings::thread_multiple, kThreads>;
 constexpr auto set_ht_wait = set_choice<HtWait, &Settings::ht_wait, kHtWait>;
 constexpr auto show_ht_wait = show_choice<HtWait, &Settings::ht_wait, kHtWait>;
 constexpr auto set_bind = set_choice<bool, &Settings::progress_bind, kBind>;
