@@ -1329,6 +1329,10 @@ class BlueConnectRoute final : public Route {
 
 }  // namespace
 
+Route* blueconnect_route();
+void blueconnect_release();
+extern const RouteEntry blueconnect_entry = {blueconnect_route, nullptr, blueconnect_release};
+
 Route* blueconnect_route() {
   static BlueConnectRoute r;
   return &r;

@@ -1,10 +1,34 @@
-#include "algorithms/ccube.hpp"
+// Route ccube: C-Cube's overlapped tree (Jo, Son, Kim et al., KAIST, section III; the
+// rounds and the tree mapped onto the nodes: algorithms/schedule.cpp, allreduce_ccube)
+// run on the NCCL communicator. A round is one
+// NCCL group of its sends and receives (byte messages, matched per pair of ranks in issue
+// order, as a round's messages are posted by both ends in the same round), then its
+// copies (cuMemcpyDtoDAsync) and reductions (streamcoll_reduce, dst = src op dst), all on
+// the call's stream; the children's chunks land in stream-ordered scratch (one chunk per
+// child). Why NCCL point-to-point plus a kernel and not NV-Group's kernels: the tree's
+// edges cross nodes, which NCCL's send/recv reach (over NVLink, PCIe or the network)
+// while NV-Group's kernels are one node's (CUDA IPC); and NCCL's groups let a round's
+// messages run concurrently, which is what overlaps a chunk's broadcast down with the
+// next chunk's reduction up. Cost: a group launch per round and a kernel per child and
+// round, so chunks are large: the table's chunk=, else model::ccube_device_chunk (about
+// sqrt(n · 20 KiB), from the α-β model, not measured on a GPU).
+// The route is route nccl's class (algorithms/nccl.hpp, NcclRoute: the NCCL communicator,
+// staging, failure handling and stream semantics are nccl's) with three hooks of its own:
+// the allreduces its kernels reduce (takes), its kernel loadable on this rank's GPU
+// (able_beyond), and the tree in place of NCCL's allreduce (prepare, enqueue_tree).
+#include <cuda.h>
+#include <nccl.h>
 
 #include <algorithm>
+#include <string>
 
+#include "algorithms/nccl.hpp"
+#include "algorithms/nccl_comm.hpp"
 #include "algorithms/nccl_lib.hpp"
+#include "algorithms/route.hpp"
 #include "algorithms/schedule.hpp"
 #include "config/cost_model.hpp"
+#include "config/tuning_table.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/datatypes.hpp"
 #if STREAMCOLL_HAVE_NVGROUP
@@ -13,24 +37,19 @@
 
 namespace streamcoll {
 
+#if STREAMCOLL_HAVE_NVGROUP
+namespace {
+
 using cuda::driver;
 
-// Whether route ccube's kernels reduce `a` (an allreduce of a type and op they take).
-bool ccube_takes(const CollArgs& a) {
-#if STREAMCOLL_HAVE_NVGROUP
-  if (a.coll != Coll::allreduce) return false;
-  const TypeInfo* t = find_type(a.datatype);
-  const OpInfo* op = find_op(a.op);
-  return t && op && nvgroup_kernels::type_of(*t) && nvgroup_kernels::op_of(op->kind);
-#else
-  (void)a;
-  return false;
-#endif
-}
-
-#if STREAMCOLL_HAVE_NVGROUP
-ncclResult_t enqueue_ccube(const CollArgs& a, const CommContext& ctx, const nccl::NcclComm& c,
-                           CUstream s, const Ccube& cc, CUresult* cu) {
+// Enqueues C-Cube's allreduce of `a` on stream `s` over `c`'s NCCL communicator: the
+// rounds of sched::build (algo ccube, the tree mapped onto ctx's nodes) as NCCL groups of
+// byte sends and receives, then the round's copies and reductions (own.kernel: the
+// reduction kernel of c's GPU; own.param: the chunk in bytes, 0 for the model's). Returns
+// the NCCL result; *cu gets the first failed CUDA call (scratch, copies, kernels), left
+// as it was when none failed. Never waits on the host.
+ncclResult_t enqueue_tree(const CollArgs& a, const CommContext& ctx, const nccl::NcclComm& c,
+                          CUstream s, const NcclRoute::Own& own, CUresult* cu) {
   const nccl::Library& L = *c.lib;
   const cuda::Driver& d = driver();
   const TypeInfo* t = find_type(a.datatype);
@@ -42,7 +61,7 @@ ncclResult_t enqueue_ccube(const CollArgs& a, const CommContext& ctx, const nccl
   p.size = ctx.size;
   p.count = static_cast<uint64_t>(a.count);
   p.in_place = a.sendbuf == MPI_IN_PLACE;
-  const uint64_t chunk = cc.chunk_bytes ? cc.chunk_bytes : model::ccube_device_chunk(p.count * ts);
+  const uint64_t chunk = own.param ? own.param : model::ccube_device_chunk(p.count * ts);
   p.chunk = std::max<uint64_t>(1, chunk / ts);
   p.node_of = &ctx.node_of;
   const sched::Schedule sch = sched::build(p);
@@ -92,7 +111,7 @@ ncclResult_t enqueue_ccube(const CollArgs& a, const CommContext& ctx, const nccl
         rp.src = src;
         rp.count = o.count;
         void* args[] = {&rp};
-        *cu = d.cuLaunchKernel(cc.reduce, nvgroup::reduce_blocks(o.count), 1, 1,
+        *cu = d.cuLaunchKernel(own.kernel, nvgroup::reduce_blocks(o.count), 1, 1,
                                nvgroup::kReduceThreads, 1, 1, 0, s, args, nullptr);
       }
     }
@@ -101,11 +120,60 @@ ncclResult_t enqueue_ccube(const CollArgs& a, const CommContext& ctx, const nccl
     if (CUresult f = d.cuMemFreeAsync(tmp, s); *cu == CUDA_SUCCESS) *cu = f;
   return r;
 }
-#else
-ncclResult_t enqueue_ccube(const CollArgs&, const CommContext&, const nccl::NcclComm&, CUstream,
-                           const Ccube&, CUresult*) {
-  return ncclInvalidUsage;  // no kernels in this build: the route is not offered
+
+class CcubeRoute final : public NcclRoute {
+ public:
+  CcubeRoute() : NcclRoute(RouteId::ccube) {}
+
+ protected:
+  // An allreduce of a type and op the kernels reduce: from the call's arguments.
+  bool takes(const CollArgs& a) const override {
+    if (a.coll != Coll::allreduce) return false;
+    const TypeInfo* t = find_type(a.datatype);
+    const OpInfo* op = find_op(a.op);
+    return t && op && nvgroup_kernels::type_of(*t) && nvgroup_kernels::op_of(op->kind);
+  }
+
+  // The reduction kernel on this rank's GPU. Asked at every blocking call on device
+  // buffers, whatever the table says, so nothing is loaded here: the GPU and driver are
+  // checked (reduce_kernel_may_load), the kernel is loaded at the route's first call
+  // (prepare); a load that fails there fails that call on every rank (its peers are
+  // told) and makes this rank answer no from then on, so the ranks leave ccube together.
+  bool able_beyond(const CollArgs& a, const CallEnv& local, int device) override {
+    if (a.coll != Coll::allreduce || (local.mem != MemKind::device && local.mem != MemKind::managed))
+      return true;
+    if (device < 0) {  // managed memory before the set-up: the thread's current GPU
+      CUdevice cur = 0;
+      if (!driver().usable || SC_CU_RESULT(driver().cuCtxGetDevice(&cur)) != CUDA_SUCCESS) return false;
+      device = static_cast<int>(cur);
+    }
+    return nvgroup_kernels::reduce_kernel_may_load(device);
+  }
+
+  // The tree, with the rule's chunk (else model::ccube_device_chunk) and the kernel.
+  bool prepare(const CollArgs&, const config::RouteChoice& choice, int device, Own* own,
+               std::string* why) override {
+    own->enqueue = enqueue_tree;
+    if (auto v = choice.param("chunk"))
+      if (auto b = config::parse_size(*v)) own->param = *b;
+    own->kernel = nvgroup_kernels::reduce_kernel(device, why);
+    if (own->kernel) return true;
+    *why = "ccube's reduction kernel: " + *why;
+    return false;
+  }
+};
+
+Route* ccube_route() {
+  static CcubeRoute r;
+  return &r;
 }
+
+}  // namespace
+
+extern const RouteEntry ccube_entry = {ccube_route};
+#else
+// Without the kernels (a build without route nvgroup's nvcc) the route is not built.
+extern const RouteEntry ccube_entry = {nullptr};
 #endif
 
 }  // namespace streamcoll

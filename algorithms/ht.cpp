@@ -1015,6 +1015,10 @@ class HtRoute final : public Route {
 
 }  // namespace
 
+Route* ht_route();
+void ht_shutdown();
+extern const RouteEntry ht_entry = {ht_route, ht_shutdown};
+
 Route* ht_route() {
   static HtRoute r;
   return &r;

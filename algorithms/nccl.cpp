@@ -69,17 +69,11 @@
 #include <thread>
 #include <vector>
 
-#include "algorithms/ccube.hpp"
 #include "algorithms/nccl.hpp"
 #include "algorithms/nccl_comm.hpp"
 #include "algorithms/nccl_lib.hpp"
 #include "algorithms/nccl_map.hpp"
 #include "algorithms/route.hpp"
-#include "algorithms/schedule.hpp"
-#include "config/cost_model.hpp"
-#if STREAMCOLL_HAVE_NVGROUP
-#include "algorithms/nvgroup.hpp"
-#endif
 #include "base/log.hpp"
 #include "core/call_request.hpp"
 #include "core/cuda_driver.hpp"
@@ -399,11 +393,11 @@ NcclState& state_of(CommContext& ctx) {
   return static_cast<NcclState&>(*slot);
 }
 
-// Enqueues the collective on `s` (with `cc`, route ccube's allreduce). Returns the NCCL
-// result; *cu gets a CUDA failure of the copies and kernels around it (in-place
-// reduce-scatter, alltoall, ccube).
+// Enqueues the collective on `s` (with `own`, a subclass's operation in its place: route
+// ccube's allreduce). Returns the NCCL result; *cu gets a CUDA failure of the copies and
+// kernels around it (in-place reduce-scatter, alltoall, the subclass's).
 ncclResult_t enqueue(const CollArgs& a, const CommContext& ctx, const NcclComm& c, CUstream s,
-                     CUresult* cu, const Ccube* cc = nullptr) {
+                     CUresult* cu, const NcclRoute::Own* own = nullptr) {
   const nccl::Library& L = *c.lib;
   const TypeInfo* t = call_type(a);
   const size_t ts = static_cast<size_t>(t->size);
@@ -411,9 +405,9 @@ ncclResult_t enqueue(const CollArgs& a, const CommContext& ctx, const NcclComm& 
   auto* rbuf = static_cast<char*>(a.recvbuf);
   const void* sbuf = a.sendbuf;
   *cu = CUDA_SUCCESS;
+  if (own) return own->enqueue(a, ctx, c, s, *own, cu);
   switch (a.coll) {
     case Coll::allreduce: {
-      if (cc) return enqueue_ccube(a, ctx, c, s, *cc, cu);
       auto type = *nccl::reduction_type(*t);
       auto op = *nccl::reduction_op(find_op(a.op)->kind);
       return L.ncclAllReduce(sbuf == MPI_IN_PLACE ? rbuf : sbuf, rbuf, a.count, type, op,
@@ -497,7 +491,7 @@ ncclResult_t enqueue(const CollArgs& a, const CommContext& ctx, const NcclComm& 
 // and after the work on the stream attached to the communicator (env.has_stream). Only
 // the bytes MPI says the call writes on this rank are written.
 int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<NcclComm>& c,
-               const Ccube* cc, const CallEnv& env) {
+               const NcclRoute::Own* own, const CallEnv& env) {
   const cuda::Driver& d = driver();
   ScopedContext scope(c->cuctx);
   // Any failure before the collective is enqueued leaves this rank out: its peers are told.
@@ -527,7 +521,7 @@ int run_staged(const CollArgs& a, const CommContext& ctx, const std::shared_ptr<
       stage->drop(s);
       return c->poll();
     }
-    nr = enqueue(staged, ctx, *c, s, &cu, cc);
+    nr = enqueue(staged, ctx, *c, s, &cu, own);
   }
   int rc = MPI_SUCCESS;
   if (nr != ncclSuccess || cu != CUDA_SUCCESS) {
@@ -672,186 +666,151 @@ void adopt_split(std::shared_ptr<NcclComm> c, bool ok, const std::string& why, M
   slot = std::move(st);
 }
 
-// Routes nccl and ccube: one class, one NCCL communicator per communicator (route nccl's
-// state, set up by whichever of them is first asked), so they share its set-up,
-// failure handling and stream semantics. ccube takes allreduce only, as C-Cube's tree
-// (enqueue_ccube); nccl everything NCCL has.
-class NcclRoute final : public Route {
- public:
-  explicit NcclRoute(RouteId id) : id_(id) {}
-  RouteId id() const override { return id_; }
-
-  // A rank stages host, managed, mixed and other-GPU memory through the communicator's GPU
-  // (run_staged) and runs classic or stream-ordered on its own: one NCCL operation on
-  // every rank whatever each passes. ccube stages so too, and a rank whose reduction
-  // kernel cannot load fails the call on every rank through nccl's failure path. A rank
-  // that describes a bcast, allgather or alltoall with a derived datatype runs repacked
-  // to the others' datatype (core/repack.hpp), and one that cannot read its data fails
-  // the call on every rank (CallEnv::input_failure).
-  bool adapts(const CollArgs& a, CommContext&, const config::RouteChoice&, const CallEnv&) override {
-    return takes_op(a.coll) ||
-           (id_ == RouteId::nccl &&
-            (a.coll == Coll::bcast || a.coll == Coll::allgather || a.coll == Coll::alltoall));
-  }
-
-  bool accepts(const CollArgs& a, CommContext& ctx, const config::RouteChoice&,
-               const CallEnv& env) override {
-    if (id_ == RouteId::ccube && !ccube_takes(a)) return false;
-    // MPI_I*: only where the program promises one start order on all communicators
-    // (file comment; a job-wide setting, equal on every rank); fused messages where the
-    // site allows them on NCCL (STREAMCOLL_FUSION_NCCL, algorithms/fusion.hpp).
-    const config::Settings& set = Runtime::get().settings();
-    if (ctx.inter || (ctx.size == 1 && set.one_rank_self)) return false;  // one rank: self
-    if (a.nonblocking && !(env.fused ? set.fusion_nccl : set.nccl_nonblocking)) return false;
-    const OpInfo* op = takes_op(a.coll) ? find_op(a.op) : nullptr;
-    if (nccl::Support s = nccl::supports(a.coll, env.mem, call_type(a), op);
-        s != nccl::Support::ok) {
-      SC_TRACE("nccl: %s", nccl::describe(s));
-      return false;
-    }
-    NcclState& st = state_of(ctx);
-    if (st.status == NcclState::unset) {
-      if (!collective_point(a)) return false;  // set up at a blocking call or a persistent init
-      set_up(st, env, ctx);
-    }
-    return st.status == NcclState::ready;
-  }
-
-  // The communicator's NCCL communicator must not be aborted (a failure notice taken in
-  // here, at a blocking call, makes every rank agree to leave it), and this rank's GPU
-  // buffers must be on its GPU (set up at its first call, on that call's GPU). Managed
-  // memory is reachable from any.
-  // Route ccube also needs its reduction kernel on this rank's GPU. Asked at every blocking
-  // call on device buffers, whatever the table says, so nothing is loaded here: the GPU
-  // and driver are checked (reduce_kernel_may_load), the kernel is loaded at the route's
-  // first call; a load that fails there fails that call on every rank (its peers are
-  // told) and makes this rank answer no from then on, so the ranks leave ccube together.
-  bool able_here(const CollArgs& a, CommContext& ctx, const CallEnv& local) override {
-    auto& slot = ctx.route_state[static_cast<int>(RouteId::nccl)];
-    const NcclState* st = slot ? static_cast<const NcclState*>(slot.get()) : nullptr;
-    if (st && st->status == NcclState::ready) {
-      if (st->comm->check_faults(true)) return false;
-      if (local.mem == MemKind::device && st->comm->device != local.device) return false;
-    }
-    if (id_ != RouteId::ccube || a.coll != Coll::allreduce ||
-        (local.mem != MemKind::device && local.mem != MemKind::managed))
-      return true;
-#if STREAMCOLL_HAVE_NVGROUP
-    int device = st && st->status == NcclState::ready ? st->comm->device : local.device;
-    if (device < 0) {  // managed memory before the set-up: the thread's current GPU
-      CUdevice cur = 0;
-      if (!driver().usable || SC_CU_RESULT(driver().cuCtxGetDevice(&cur)) != CUDA_SUCCESS) return false;
-      device = static_cast<int>(cur);
-    }
-    return nvgroup_kernels::reduce_kernel_may_load(device);
-#else
-    return false;
-#endif
-  }
-
-  int run(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,
-          const CallEnv& env) override {
-    std::shared_ptr<NcclComm> c = state_of(ctx).comm;
-    // Aborted (a peer's notice, an asynchronous error): the peers have aborted or are
-    // told to, so none waits for this rank's part.
-    if (int rc = c->poll(); rc != MPI_SUCCESS) return rc;
-    const std::string what = call_name(a.coll, a.nonblocking);
-    CUstream s = nullptr;  // the stream the operation goes on (set below)
-    // Every failure below leaves this rank out of the operation: it tells its peers, and
-    // (the abort ends whatever of it was enqueued) a classic call waits for our stream to
-    // be through with the caller's buffers before returning. A stream-ordered one does
-    // not: the application's stream may hold work the application releases only later,
-    // and it cannot reuse the buffers before that stream is through anyway.
-    auto lost = [&](int rc) {
-      c->fail_collectively(rc, what + " could not take its part on this rank");
-      if (s && !env.has_stream) driver().cuStreamSynchronize(s);
-      return rc;
-    };
-    if (env.input_failure != MPI_SUCCESS) return lost(env.input_failure);
-    // Managed memory is reachable from any GPU; device memory only from its own. A call
-    // routed from an earlier agreement (non-blocking, or blocking from its signature's:
-    // shim/dispatch.cpp) whose buffers here are elsewhere stages them.
-    const bool reachable = env.mem == MemKind::managed ||
-                           (env.mem == MemKind::device && env.device == c->device);
-    // Route ccube: its chunk (the table's, else model::ccube_device_chunk) and kernel.
-    Ccube ccube;
-    const Ccube* cc = nullptr;
-    if (id_ == RouteId::ccube) {
-      if (auto v = choice.param("chunk"))
-        if (auto b = config::parse_size(*v)) ccube.chunk_bytes = *b;
-#if STREAMCOLL_HAVE_NVGROUP
-      std::string why;
-      ccube.reduce = nvgroup_kernels::reduce_kernel(c->device, &why);
-      if (!ccube.reduce) return lost(fail(Failure::cuda, what + ": ccube's reduction kernel: " + why));
-#endif
-      cc = &ccube;
-    }
-    if (!reachable) return run_staged(a, ctx, c, cc, env);
-    const cuda::Driver& d = driver();
-    ScopedContext scope(c->cuctx);
-    auto user = static_cast<CUstream>(env.stream);
-    s = c->classic;
-    int rc = MPI_SUCCESS;
-    if (env.has_stream) c->stream_ordered.store(true);
-    if (env.has_stream && a.nonblocking) {
-      // Ordered after the work on the attached stream, which itself goes on.
-      CUevent ready = c->take_event(&rc);
-      if (!ready) return lost(rc);
-      int wr = SC_CU_CHECK(d.cuEventRecord(ready, user), "cuStreamWaitEvent");
-      if (wr == MPI_SUCCESS) wr = SC_CU_CHECK(d.cuStreamWaitEvent(c->side, ready, 0), "cuStreamWaitEvent");
-      c->give_event(ready);  // the wait has captured it; the event may be recorded again
-      if (wr != MPI_SUCCESS) return lost(wr);
-      s = c->side;
-    } else if (env.has_stream) {
-      s = user;
-    } else {
-      // Classic: ordered after the legacy stream and every blocking stream of the
-      // application, as a copy on the legacy stream would be: an event recorded on the
-      // legacy stream is after every blocking stream's earlier work. Our stream is not a
-      // blocking stream, so nothing of another communicator's is in that event's past.
-      CUevent legacy = c->take_event(&rc);
-      if (!legacy) return lost(rc);
-      const int wr = SC_CU_CHECK(cuda::wait_for_legacy(s, legacy), "cuStreamWaitEvent (legacy stream)");
-      c->give_event(legacy);
-      if (wr != MPI_SUCCESS) return lost(wr);
-    }
-
-    CUresult cu;
-    ncclResult_t nr;
-    {
-      auto use = c->use();
-      if (c->aborted()) return c->poll();
-      nr = enqueue(a, ctx, *c, s, &cu, cc);
-    }
-    if (nr != ncclSuccess)
-      return lost(fail(Failure::nccl, c->lib->describe(what.c_str(), nr, c->comm)));
-    if (cu != CUDA_SUCCESS) return lost(SC_CU_FAIL(cu, what));
-    c->note(s);
-
-    if (!a.nonblocking) return env.has_stream ? MPI_SUCCESS : c->wait(nullptr, s);
-    // Enqueued, but without a request the caller cannot wait for it (nor know when its
-    // buffers are free): the operation is lost to it, so its peers are told.
-    CUevent done = c->take_event(&rc);
-    if (!done) {
-      *a.request = MPI_REQUEST_NULL;
-      return lost(rc);
-    }
-    if (const int er = SC_CU_CHECK(d.cuEventRecord(done, s), "cuEventRecord")) {
-      c->give_event(done);
-      *a.request = MPI_REQUEST_NULL;
-      return lost(er);
-    }
-    if (int src = start_call_request(nccl_steps(c, done, env.has_stream, user), a.request);
-        src != MPI_SUCCESS)
-      return lost(src);
-    return MPI_SUCCESS;
-  }
-
- private:
-  RouteId id_;
-};
-
 }  // namespace
+
+// Routes nccl and ccube: one class (ccube's hooks: algorithms/ccube.cpp), one NCCL
+// communicator per communicator (route nccl's state, set up by whichever of them is first
+// asked), so they share its set-up, failure handling and stream semantics.
+
+// A rank stages host, managed, mixed and other-GPU memory through the communicator's GPU
+// (run_staged) and runs classic or stream-ordered on its own: one NCCL operation on
+// every rank whatever each passes. A subclass stages so too, and a rank whose operation
+// cannot be prepared (ccube's reduction kernel does not load) fails the call on every
+// rank through nccl's failure path. A rank that describes a bcast, allgather or alltoall
+// with a derived datatype runs repacked to the others' datatype (core/repack.hpp), and
+// one that cannot read its data fails the call on every rank (CallEnv::input_failure).
+bool NcclRoute::adapts(const CollArgs& a, CommContext&, const config::RouteChoice&, const CallEnv&) {
+  return takes(a) && (takes_op(a.coll) || a.coll == Coll::bcast || a.coll == Coll::allgather ||
+                      a.coll == Coll::alltoall);
+}
+
+bool NcclRoute::accepts(const CollArgs& a, CommContext& ctx, const config::RouteChoice&,
+                        const CallEnv& env) {
+  if (!takes(a)) return false;
+  // MPI_I*: only where the program promises one start order on all communicators
+  // (file comment; a job-wide setting, equal on every rank); fused messages where the
+  // site allows them on NCCL (STREAMCOLL_FUSION_NCCL, algorithms/fusion.hpp).
+  const config::Settings& set = Runtime::get().settings();
+  if (ctx.inter || (ctx.size == 1 && set.one_rank_self)) return false;  // one rank: self
+  if (a.nonblocking && !(env.fused ? set.fusion_nccl : set.nccl_nonblocking)) return false;
+  const OpInfo* op = takes_op(a.coll) ? find_op(a.op) : nullptr;
+  if (nccl::Support s = nccl::supports(a.coll, env.mem, call_type(a), op);
+      s != nccl::Support::ok) {
+    SC_TRACE("nccl: %s", nccl::describe(s));
+    return false;
+  }
+  NcclState& st = state_of(ctx);
+  if (st.status == NcclState::unset) {
+    if (!collective_point(a)) return false;  // set up at a blocking call or a persistent init
+    set_up(st, env, ctx);
+  }
+  return st.status == NcclState::ready;
+}
+
+// The communicator's NCCL communicator must not be aborted (a failure notice taken in
+// here, at a blocking call, makes every rank agree to leave it), and this rank's GPU
+// buffers must be on its GPU (set up at its first call, on that call's GPU). Managed
+// memory is reachable from any. A subclass adds its own check (able_beyond).
+bool NcclRoute::able_here(const CollArgs& a, CommContext& ctx, const CallEnv& local) {
+  auto& slot = ctx.route_state[static_cast<int>(RouteId::nccl)];
+  const NcclState* st = slot ? static_cast<const NcclState*>(slot.get()) : nullptr;
+  if (st && st->status == NcclState::ready) {
+    if (st->comm->check_faults(true)) return false;
+    if (local.mem == MemKind::device && st->comm->device != local.device) return false;
+  }
+  return able_beyond(a, local, st && st->status == NcclState::ready ? st->comm->device : local.device);
+}
+
+int NcclRoute::run(const CollArgs& a, CommContext& ctx, const config::RouteChoice& choice,
+                   const CallEnv& env) {
+  std::shared_ptr<NcclComm> c = state_of(ctx).comm;
+  // Aborted (a peer's notice, an asynchronous error): the peers have aborted or are
+  // told to, so none waits for this rank's part.
+  if (int rc = c->poll(); rc != MPI_SUCCESS) return rc;
+  const std::string what = call_name(a.coll, a.nonblocking);
+  CUstream s = nullptr;  // the stream the operation goes on (set below)
+  // Every failure below leaves this rank out of the operation: it tells its peers, and
+  // (the abort ends whatever of it was enqueued) a classic call waits for our stream to
+  // be through with the caller's buffers before returning. A stream-ordered one does
+  // not: the application's stream may hold work the application releases only later,
+  // and it cannot reuse the buffers before that stream is through anyway.
+  auto lost = [&](int rc) {
+    c->fail_collectively(rc, what + " could not take its part on this rank");
+    if (s && !env.has_stream) driver().cuStreamSynchronize(s);
+    return rc;
+  };
+  if (env.input_failure != MPI_SUCCESS) return lost(env.input_failure);
+  // Managed memory is reachable from any GPU; device memory only from its own. A call
+  // routed from an earlier agreement (non-blocking, or blocking from its signature's:
+  // shim/dispatch.cpp) whose buffers here are elsewhere stages them.
+  const bool reachable = env.mem == MemKind::managed ||
+                         (env.mem == MemKind::device && env.device == c->device);
+  // A subclass's operation (route ccube's tree), or NCCL's own collective (none).
+  Own own;
+  if (std::string why; !prepare(a, choice, c->device, &own, &why))
+    return lost(fail(Failure::cuda, what + ": " + why));
+  const Own* op = own.enqueue ? &own : nullptr;
+  if (!reachable) return run_staged(a, ctx, c, op, env);
+  const cuda::Driver& d = driver();
+  ScopedContext scope(c->cuctx);
+  auto user = static_cast<CUstream>(env.stream);
+  s = c->classic;
+  int rc = MPI_SUCCESS;
+  if (env.has_stream) c->stream_ordered.store(true);
+  if (env.has_stream && a.nonblocking) {
+    // Ordered after the work on the attached stream, which itself goes on.
+    CUevent ready = c->take_event(&rc);
+    if (!ready) return lost(rc);
+    int wr = SC_CU_CHECK(d.cuEventRecord(ready, user), "cuStreamWaitEvent");
+    if (wr == MPI_SUCCESS) wr = SC_CU_CHECK(d.cuStreamWaitEvent(c->side, ready, 0), "cuStreamWaitEvent");
+    c->give_event(ready);  // the wait has captured it; the event may be recorded again
+    if (wr != MPI_SUCCESS) return lost(wr);
+    s = c->side;
+  } else if (env.has_stream) {
+    s = user;
+  } else {
+    // Classic: ordered after the legacy stream and every blocking stream of the
+    // application, as a copy on the legacy stream would be: an event recorded on the
+    // legacy stream is after every blocking stream's earlier work. Our stream is not a
+    // blocking stream, so nothing of another communicator's is in that event's past.
+    CUevent legacy = c->take_event(&rc);
+    if (!legacy) return lost(rc);
+    const int wr = SC_CU_CHECK(cuda::wait_for_legacy(s, legacy), "cuStreamWaitEvent (legacy stream)");
+    c->give_event(legacy);
+    if (wr != MPI_SUCCESS) return lost(wr);
+  }
+
+  CUresult cu;
+  ncclResult_t nr;
+  {
+    auto use = c->use();
+    if (c->aborted()) return c->poll();
+    nr = enqueue(a, ctx, *c, s, &cu, op);
+  }
+  if (nr != ncclSuccess)
+    return lost(fail(Failure::nccl, c->lib->describe(what.c_str(), nr, c->comm)));
+  if (cu != CUDA_SUCCESS) return lost(SC_CU_FAIL(cu, what));
+  c->note(s);
+
+  if (!a.nonblocking) return env.has_stream ? MPI_SUCCESS : c->wait(nullptr, s);
+  // Enqueued, but without a request the caller cannot wait for it (nor know when its
+  // buffers are free): the operation is lost to it, so its peers are told.
+  CUevent done = c->take_event(&rc);
+  if (!done) {
+    *a.request = MPI_REQUEST_NULL;
+    return lost(rc);
+  }
+  if (const int er = SC_CU_CHECK(d.cuEventRecord(done, s), "cuEventRecord")) {
+    c->give_event(done);
+    *a.request = MPI_REQUEST_NULL;
+    return lost(er);
+  }
+  if (int src = start_call_request(nccl_steps(c, done, env.has_stream, user), a.request);
+      src != MPI_SUCCESS)
+    return lost(src);
+  return MPI_SUCCESS;
+}
+
 
 void nccl_derive(CommContext& parent, MPI_Comm child) {
   auto& slot = parent.route_state[static_cast<int>(RouteId::nccl)];
@@ -888,15 +847,18 @@ void nccl_derive(CommContext& parent, MPI_Comm child) {
   adopt_split(std::move(c), ok, why, parent.comm, child, cctx);
 }
 
+Route* nccl_route();
+void nccl_shutdown();
+void nccl_release();
+void nccl_resources(ResourceCounts* c);
+extern const RouteEntry nccl_entry = {nccl_route, nccl_shutdown, nccl_release, nccl_derive,
+                                      nccl_resources};
+
 Route* nccl_route() {
   static NcclRoute r(RouteId::nccl);
   return &r;
 }
 
-Route* ccube_route() {
-  static NcclRoute r(RouteId::ccube);
-  return &r;
-}
 
 namespace nccl_stage {
 

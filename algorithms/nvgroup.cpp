@@ -1145,6 +1145,10 @@ class NvgroupRoute final : public Route {
 
 }  // namespace
 
+Route* nvgroup_route();
+void nvgroup_release();
+extern const RouteEntry nvgroup_entry = {nvgroup_route, nullptr, nvgroup_release};
+
 Route* nvgroup_route() {
   static NvgroupRoute r;
   return &r;

@@ -25,4 +25,6 @@ Route* pmpi_route() {
   return &r;
 }
 
+extern const RouteEntry pmpi_entry = {pmpi_route};
+
 }  // namespace streamcoll

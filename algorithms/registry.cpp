@@ -1,101 +1,75 @@
-// Which routes this build carries: one row per route, its instance and what it stops and
-// frees when the runtime stops. A route's identity (name, parameters) is its row in
-// base/routes.cpp; its instance is its row here, and nothing else names it.
+// The registry of route instances, made from base/routes.def: for each row whose `needs`
+// this build has, the entry its file defines (`<id>_entry`, algorithms/route.hpp); for
+// the others, none. Nothing here names a route.
 #include "algorithms/route.hpp"
+
+// A row's `needs` as 0/1 (STREAMCOLL_HAVE_* are always defined, 0 or 1, by meson.build),
+// and SC_IF_BUILT(needs)(x) / SC_IF_NOT_BUILT(needs)(x): x, or nothing.
+#define SC_NEEDS_always 1
+#define SC_NEEDS_cuda STREAMCOLL_HAVE_CUDA
+#define SC_NEEDS_nccl STREAMCOLL_HAVE_NCCL
+#define SC_NEEDS_nvgroup STREAMCOLL_HAVE_NVGROUP
+#define SC_IF_1(...) __VA_ARGS__
+#define SC_IF_0(...)
+#define SC_IF_NOT_1(...)
+#define SC_IF_NOT_0(...) __VA_ARGS__
+#define SC_IF_(c) SC_IF_##c
+#define SC_IF_NOT_(c) SC_IF_NOT_##c
+#define SC_IF(c) SC_IF_(c)
+#define SC_IF_NOT(c) SC_IF_NOT_(c)
+#define SC_IF_BUILT(needs) SC_IF(SC_NEEDS_##needs)
+#define SC_IF_NOT_BUILT(needs) SC_IF_NOT(SC_NEEDS_##needs)
 
 namespace streamcoll {
 
-Route* pmpi_route();
-Route* ht_route();
-void ht_shutdown();
-Route* blueconnect_route();
-void blueconnect_release();
-#if STREAMCOLL_HAVE_NCCL
-Route* nccl_route();
-void nccl_shutdown();
-void nccl_release();
-void nccl_derive(CommContext& parent, MPI_Comm child);
-void nccl_resources(ResourceCounts* c);
-#endif
-#if STREAMCOLL_HAVE_NVGROUP
-Route* nvgroup_route();
-void nvgroup_release();
-#endif
-#if STREAMCOLL_HAVE_NCCL && STREAMCOLL_HAVE_NVGROUP
-Route* ccube_route();
-#endif
-#if STREAMCOLL_HAVE_CUDA
-Route* self_route();
-#endif
+#define ROUTE(id, needs, ...) SC_IF_BUILT(needs)(extern const RouteEntry id##_entry;)
+#include "base/routes.def"
+#undef ROUTE
 
 namespace {
 
-struct Registration {
-  RouteId id;
-  Route* (*instance)();  ///< the route (one per process), or nullptr where it cannot run here
-  void (*shutdown)();    ///< stops its background threads (Runtime::stop, before contexts go)
-  void (*release)();     ///< frees what outlives communicators (after every context is gone)
-  /// At a communicator constructor (collective over the parent): derives the child's
-  /// state from the parent's (routes_derive), or nullptr.
-  void (*derive)(CommContext& parent, MPI_Comm child) = nullptr;
+// Row i: RouteId i's entry, or nullptr where this build leaves the route out.
+constexpr const RouteEntry* kEntries[] = {
+#define ROUTE(id, needs, ...) SC_IF_BUILT(needs)(&id##_entry) SC_IF_NOT_BUILT(needs)(nullptr),
+#include "base/routes.def"
+#undef ROUTE
 };
+static_assert(sizeof(kEntries) / sizeof(kEntries[0]) == kNumRoutes);
 
-// In RouteId order, which is also the order of shutdown and release.
-constexpr Registration kRoutes[] = {
-    {RouteId::pmpi, pmpi_route, nullptr, nullptr},
-#if STREAMCOLL_HAVE_NCCL
-    {RouteId::nccl, nccl_route, nccl_shutdown, nccl_release, nccl_derive},
-#endif
-    {RouteId::ht, ht_route, ht_shutdown, nullptr},
-    {RouteId::blueconnect, blueconnect_route, nullptr, blueconnect_release},
-#if STREAMCOLL_HAVE_NVGROUP
-    {RouteId::nvgroup, nvgroup_route, nullptr, nvgroup_release},
-#endif
-#if STREAMCOLL_HAVE_NCCL && STREAMCOLL_HAVE_NVGROUP
-    {RouteId::ccube, ccube_route, nullptr, nullptr},  // NCCL point-to-point + the kernels;
-                                                      // nccl's shutdown and release are its
-#endif
-#if STREAMCOLL_HAVE_CUDA
-    {RouteId::self, self_route, nullptr, nullptr},  // one rank: copies, nothing kept
-#endif
-};
-
-const Registration* registration(RouteId id) {
-  for (const Registration& r : kRoutes)
-    if (r.id == id) return &r;
-  return nullptr;
+const RouteEntry* entry(RouteId id) {
+  const RouteEntry* e = kEntries[static_cast<int>(id)];
+  return e && e->instance ? e : nullptr;
 }
 
 }  // namespace
 
 Route* find_route(RouteId id) {
-  const Registration* r = registration(id);
-  return r ? r->instance() : nullptr;  // nullptr: not in this build
+  const RouteEntry* e = entry(id);
+  return e ? e->instance() : nullptr;  // nullptr: not in this build, or not here
 }
 
-bool route_built(RouteId id) { return registration(id) != nullptr; }
+bool route_built(RouteId id) { return entry(id) != nullptr; }
 
 void routes_shutdown() {
-  for (const Registration& r : kRoutes)
-    if (r.shutdown) r.shutdown();
+  for (const RouteEntry* e : kEntries)
+    if (e && e->shutdown) e->shutdown();
 }
 
 void routes_derive(CommContext& parent, MPI_Comm child) {
-  for (const Registration& r : kRoutes)
-    if (r.derive) r.derive(parent, child);
+  for (const RouteEntry* e : kEntries)
+    if (e && e->derive) e->derive(parent, child);
 }
 
 ResourceCounts routes_resources() {
   ResourceCounts c;
-#if STREAMCOLL_HAVE_NCCL
-  nccl_resources(&c);
-#endif
+  for (const RouteEntry* e : kEntries)
+    if (e && e->resources) e->resources(&c);
   return c;
 }
 
 void routes_release() {
-  for (const Registration& r : kRoutes)
-    if (r.release) r.release();
+  for (const RouteEntry* e : kEntries)
+    if (e && e->release) e->release();
 }
 
 }  // namespace streamcoll

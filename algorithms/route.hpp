@@ -149,4 +149,23 @@ ResourceCounts routes_resources();
 /// remains of gone ones), after every communicator context is gone; from Runtime::stop().
 void routes_release();
 
+/// A route's registration: its file, algorithms/<id>.cpp, defines
+/// `extern const RouteEntry <id>_entry = {...};` for its row in base/routes.def, and
+/// algorithms/registry.cpp makes the registry from the rows (in RouteId order, which is
+/// also the order of shutdown and release). Constant: function addresses only.
+struct RouteEntry {
+  /// The route (one per process; nullptr where it cannot run in this process), or nullptr
+  /// (the function) where this build cannot carry it (route_built is false).
+  Route* (*instance)();
+  /// Stops its background threads (Runtime::stop, before contexts go), or nullptr.
+  void (*shutdown)() = nullptr;
+  /// Frees what outlives communicators (after every context is gone), or nullptr.
+  void (*release)() = nullptr;
+  /// At a communicator constructor (collective over the parent): derives the child's
+  /// state from the parent's (routes_derive), or nullptr.
+  void (*derive)(CommContext& parent, MPI_Comm child) = nullptr;
+  /// Adds what it took to *c (routes_resources), or nullptr.
+  void (*resources)(ResourceCounts* c) = nullptr;
+};
+
 }  // namespace streamcoll

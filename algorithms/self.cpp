@@ -154,6 +154,9 @@ class SelfRoute final : public Route {
 
 }  // namespace
 
+Route* self_route();
+extern const RouteEntry self_entry = {self_route};
+
 Route* self_route() {
   static SelfRoute r;
   return &r;

@@ -1,13 +1,9 @@
-// The routes, each registered once: its identity here (id, name, what it is, the tuning
-// table's parameters it takes), its instance in algorithms/registry.cpp (one row: the
-// factory and what it stops and frees at shutdown). Every list of route names (the table
-// parser, STREAMCOLL_ROUTE, the statistics, streamcoll-info, the benchmarks through
-// streamcoll_route_name(), the plotting scripts through scripts/route_names.py) is
-// derived from route_table().
-//
-// A new route: add its RouteId below (the order is the table builder's simplicity order,
-// config/table_builder.hpp), its row in route_table() (base/routes.cpp), its file under
-// algorithms/ and its row in algorithms/registry.cpp (docs/design.md, "Adding a route").
+// The routes' identities: RouteId and the route table (name, what it is, the tuning
+// table's parameters it takes), both made from the rows of base/routes.def, where each
+// route is registered once. Every list of route names (the table parser, STREAMCOLL_ROUTE,
+// the statistics, streamcoll-info, the benchmarks through streamcoll_route_name(), the
+// plotting scripts through scripts/route_names.py) is derived from route_table(); the
+// instances are algorithms/registry.cpp's (docs/design.md, "Adding a route").
 #pragma once
 
 #include <cstdint>
@@ -20,15 +16,15 @@ namespace streamcoll {
 /// A route: the algorithm family that carries out a call. Row i of route_table() is
 /// RouteId i (checked by a unit test).
 enum class RouteId : uint8_t {
-  pmpi,         ///< the real PMPI_ call
-  nccl,         ///< NCCL on the communicator's NCCL communicator
-  ht,           ///< host-transfer (Aluminum V-B.2)
-  blueconnect,  ///< hierarchical reduce-scatter/all-gather (BlueConnect section 3)
-  nvgroup,      ///< NVLink-group cooperative kernels (NV-Group section 4)
-  ccube,        ///< pipelined tree (C-Cube section III)
-  self,         ///< a communicator of one rank: a local copy, on the GPU
+#define ROUTE(id, ...) id,
+#include "base/routes.def"
+#undef ROUTE
 };
-inline constexpr int kNumRoutes = 7;
+inline constexpr int kNumRoutes = 0
+#define ROUTE(id, ...) +1
+#include "base/routes.def"
+#undef ROUTE
+    ;
 
 /// One parameter a route takes in the tuning table (`key=value`), besides `fuse=` that
 /// every route takes (algorithms/fusion.hpp).

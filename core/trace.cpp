@@ -62,10 +62,13 @@ nvtxStringHandle_t registered(std::atomic<nvtxStringHandle_t>& slot, const std::
   return h;
 }
 
-// Per-route colours (ARGB), in RouteId order.
+// Per-route colours (ARGB), in RouteId order; a route past the palette's end (a new row
+// of base/routes.def) takes them again from the start.
 constexpr uint32_t kColours[] = {0xFF9E9E9E, 0xFF76B900, 0xFF1F77B4, 0xFFFF7F0E,
                                  0xFFD62728, 0xFF9467BD, 0xFF8C564B};
-static_assert(sizeof(kColours) / sizeof(kColours[0]) == kNumRoutes, "a colour per route");
+constexpr uint32_t colour(RouteId r) {
+  return kColours[static_cast<size_t>(r) % (sizeof(kColours) / sizeof(kColours[0]))];
+}
 
 std::string call_text(Coll c, bool nonblocking) {
   return (nonblocking ? "i" : "") + std::string(name(c));
@@ -105,7 +108,7 @@ void push_routed(Coll c, bool nonblocking, RouteId r, MemKind m, Mode mode, uint
   const nvtxStringHandle_t h =
       registered(slot, call_text(c, nonblocking) + " " + std::string(name(r)) + " " +
                            std::string(name(m)) + " " + trace::name(mode));
-  nvtxEventAttributes_t a = attributes(h, kColours[ri], static_cast<uint32_t>(ri + 1));
+  nvtxEventAttributes_t a = attributes(h, colour(r), static_cast<uint32_t>(ri + 1));
   a.payloadType = NVTX_PAYLOAD_TYPE_UNSIGNED_INT64;
   a.payload.ullValue = bytes;
   nvtxDomainRangePushEx(domain(), &a);

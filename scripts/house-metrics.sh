@@ -9,7 +9,7 @@ set -euo pipefail
 root=${1:-$(dirname "$0")/..}
 cd "$root"
 lib=(algorithms base config core shim streamext)
-mapfile -t files < <(find "${lib[@]}" -name '*.cpp' -o -name '*.hpp' -o -name '*.cu' | sort)
+mapfile -t files < <(find "${lib[@]}" -name '*.cpp' -o -name '*.hpp' -o -name '*.cu' -o -name '*.def' | sort)
 total=$(cat "${files[@]}" | wc -l)
 echo "library files: ${#files[@]}, lines: $total"
 echo "files over 1000 lines:"; wc -l "${files[@]}" | awk '$2 != "total" && $1 > 1000 {print "  " $1 " " $2}'

@@ -36,7 +36,7 @@ sc_model's predictions), e.g.
 
 Winner rule (config/table_builder.hpp, pick_winner): among the routes within --tie
 (relative) of the fastest median (median <= fastest * (1 + tie)), the simplest wins.
-Simplicity: the route family's rank (its place in the route table, base/routes.cpp:
+Simplicity: the route family's rank (its place in the route table, base/routes.def:
 pmpi 0, nccl 1, ht 2, ...) times 100 plus the number of parameters; equal simplicity goes to the route
 seen first in the input. When a route was measured more than once at a point (several
 files), its fastest median counts (this picks the same winner as keeping every row).

@@ -20,7 +20,7 @@ and host_ts, and it takes its route from its host event.
 
 The figure: ranks down, time across; two rows per rank, "host" (tid 0) and "GPU"
 (tid 1), each call a horizontal bar (broken_barh) coloured by route (the route table's
-order, base/routes.cpp, then routes it does not know, e.g. fusion, by name), with a
+order, base/routes.def, then routes it does not know, e.g. fusion, by name), with a
 legend. Bars keep a hairline outline, so calls too short for a pixel still show.
 Nonblocking calls' host spans (the posting only) are drawn lighter. The time axis is
 in µs, ms or s, whichever fits the window. The title names the file (after --title,
@@ -172,7 +172,7 @@ def route_order(routes):
     """Routes in the route table's order, then the ones it does not know, by name."""
     try:
         known = route_names()
-    except (OSError, SystemExit):  # a copy with neither base/routes.cpp nor routes.txt
+    except (OSError, SystemExit):  # a copy with neither base/routes.def nor routes.txt
         known = FALLBACK_ROUTES
     return sorted(routes, key=lambda r: (known.index(r) if r in known else len(known), r))
 

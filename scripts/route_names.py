@@ -2,10 +2,10 @@
 """The routes' names, in streamcoll's order, for the scripts (plot_routes.py,
 cluster-summary.py) so that none keeps its own list.
 
-The list is read from its one source, the route table (base/routes.cpp: one row per route,
-`{RouteId::x, "name", ...}`), when this script sits in the source tree; an installed copy
-reads routes.txt beside it, which the build writes from the same table:
-    route_names.py base/routes.cpp routes.txt      (meson does this)
+The list is read from its one source, the routes' rows (base/routes.def: one row per route,
+`ROUTE(name, needs, ...`), when this script sits in the source tree; an installed copy
+reads routes.txt beside it, which the build writes from the same rows:
+    route_names.py base/routes.def routes.txt      (meson does this)
     route_names.py                                 (prints the names, one per line)
 """
 
@@ -14,19 +14,19 @@ import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROW = re.compile(r'\{RouteId::(\w+),\s*"([^"]+)"')
+ROW = re.compile(r'^ROUTE\((\w+),', re.MULTILINE)
 
 
 def from_source(path):
     with open(path, encoding="utf-8") as f:
-        names = [m.group(2) for m in ROW.finditer(f.read())]
+        names = [m.group(1) for m in ROW.finditer(f.read())]
     if not names:
         sys.exit(f"route_names.py: no route rows in {path}")
     return names
 
 
 def route_names():
-    source = os.path.join(HERE, "..", "base", "routes.cpp")
+    source = os.path.join(HERE, "..", "base", "routes.def")
     if os.path.exists(source):
         return from_source(source)
     with open(os.path.join(HERE, "routes.txt"), encoding="utf-8") as f:

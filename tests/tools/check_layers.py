@@ -15,7 +15,7 @@ layers and may include anything.
 
 Inside algorithms/, a route's files include another route's headers only where the route
 is declared to build on it (ROUTE_USES: blueconnect runs its levels on ht, nvgroup and
-nccl; nccl carries route ccube; ...); the shared parts (the route interface, schedules,
+nccl; ccube extends nccl's class; ...); the shared parts (the route interface, schedules,
 the NCCL loader and maps, the kernels' logic) are everyone's.
 
     tests/tools/check_layers.py SOURCE_ROOT
@@ -40,21 +40,35 @@ LAYERS = [  # bottom first
 ]
 RANK = {folder: i for i, group in enumerate(LAYERS) for folder in group}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"/]+)/([^"]+)"')
-# The routes' files in algorithms/ (by file stem), and which routes each may build on.
+# The routes' files in algorithms/ (by file stem), and which routes each may build on. A
+# route's own file, algorithms/<id>.cpp, is known from its row in base/routes.def
+# (route_ids); ROUTE_FILES names its other files (and fusion's, which packs for routes).
+# A route absent from ROUTE_USES builds on none.
 ROUTE_FILES = {
     "pmpi": "pmpi", "nccl": "nccl", "nccl_comm": "nccl", "ccube": "ccube", "ht": "ht",
     "ht_device": "ht", "blueconnect": "blueconnect", "nvgroup": "nvgroup", "fusion": "fusion",
 }
 ROUTE_USES = {
     "pmpi": set(),
-    "nccl": {"ccube", "nvgroup"},     # route ccube is nccl's class; ccube's reduction kernel
-    "ccube": {"nccl", "nvgroup"},     # C-Cube's rounds on nccl's communicators, nvgroup's kernels
+    "nccl": set(),
+    "ccube": {"nccl", "nvgroup"},     # nccl's class and communicators, nvgroup's reduction kernel
     "ht": set(),
     "blueconnect": {"ht", "nvgroup", "nccl"},  # its levels' backends
     "nvgroup": set(),                 # (several groups: blueconnect, through find_route)
     "fusion": {"ht", "nccl"},         # ht's stream stages, nccl's GPU memory for packing
 }
 SUFFIXES = {".cpp", ".hpp", ".h", ".cu", ".c"}
+ROUTE_ROW = re.compile(r"^ROUTE\((\w+),", re.MULTILINE)
+
+
+def route_ids(root: Path) -> set:
+    """The routes of base/routes.def (none when the tree has no such file)."""
+    rows = root / "base" / "routes.def"
+    return set(ROUTE_ROW.findall(rows.read_text())) if rows.is_file() else set()
+
+
+def route_of(stem: str, routes: set):
+    return ROUTE_FILES.get(stem) or (stem if stem in routes else None)
 
 
 def self_test() -> int:
@@ -86,12 +100,20 @@ def self_test() -> int:
         if check(root) != 0:
             print("self-test: FAIL: a declared route-to-route include was refused")
             return 1
+        (root / "base" / "routes.def").write_text('ROUTE(stub, always, "a test route", {})\n')
+        (root / "algorithms" / "stub.cpp").write_text('#include "algorithms/nccl_comm.hpp"\n')
+        print("self-test: route stub, known only from its row in base/routes.def, including route nccl's header:")
+        if check(root) != 1:
+            print("self-test: FAIL: a route's include of another route went unseen when the route is only in base/routes.def")
+            return 1
+        (root / "algorithms" / "stub.cpp").write_text('#include "algorithms/route.hpp"\n')
     print("self-test: ok")
     return 0
 
 
 def check(root: Path) -> int:
     errors, files, includes = [], 0, 0
+    routes = route_ids(root)
     for folder, rank in sorted(RANK.items()):
         base = root / folder
         if not base.is_dir():
@@ -110,9 +132,9 @@ def check(root: Path) -> int:
                         f"{path.relative_to(root)}:{n}: {folder}/ includes {target}/, a layer "
                         f"above it ({' > '.join('/'.join(g) for g in reversed(LAYERS))})")
                 elif folder == target == "algorithms":
-                    mine = ROUTE_FILES.get(path.stem)
-                    theirs = ROUTE_FILES.get(Path(m.group(2)).stem)
-                    if mine and theirs and mine != theirs and theirs not in ROUTE_USES[mine]:
+                    mine = route_of(path.stem, routes)
+                    theirs = route_of(Path(m.group(2)).stem, routes)
+                    if mine and theirs and mine != theirs and theirs not in ROUTE_USES.get(mine, set()):
                         errors.append(
                             f"{path.relative_to(root)}:{n}: route {mine} includes route "
                             f"{theirs}'s {m.group(2)}, which it is not declared to build on "
