@@ -45,7 +45,8 @@ ROUTE_FILES = {
     "pmpi": "pmpi", "nccl": "nccl", "nccl_comm": "nccl", "ccube": "ccube", "ht": "ht",
     "ht_device": "ht", "blueconnect": "blueconnect", "blueconnect_comm": "blueconnect",
     "blueconnect_engine": "blueconnect", "blueconnect_gpu": "blueconnect", "nvgroup": "nvgroup",
-    "fusion": "fusion",
+    "nvgroup_group": "nvgroup", "nvgroup_launch": "nvgroup", "nvgroup_module": "nvgroup",
+    "nvgroup_setup": "nvgroup", "fusion": "fusion",
 }
 ROUTE_USES = {
     "pmpi": set(),
