@@ -1,6 +1,7 @@
 // Route nvgroup's stage interface, for routes that run its kernels as a stage of their own
 // (blueconnect: an NVLink group as the innermost level of a hierarchy). See
-// algorithms/nvgroup.cpp. Only in builds with the kernels (STREAMCOLL_HAVE_NVGROUP).
+// algorithms/nvgroup.cpp (the kernels' module: nvgroup_module.cpp). Only in builds with the
+// kernels (STREAMCOLL_HAVE_NVGROUP).
 #pragma once
 
 #include <cuda.h>

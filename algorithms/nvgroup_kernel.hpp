@@ -7,8 +7,8 @@
 // the m-th 1/k slice of the data and every member then gathering all k reduced slices.
 // Each member reads (k-1)/k of the data from peers twice and writes it once.
 //
-// Memory, per member (set up by algorithms/nvgroup.cpp, mapped into every member by CUDA
-// IPC): a device scratch area of 2*chunk elements, `in` (the member's input for the
+// Memory, per member (set up by algorithms/nvgroup_setup.cpp, mapped into every member by
+// CUDA IPC): a device scratch area of 2*chunk elements, `in` (the member's input for the
 // current round) then `res` (its reduced slice), then its inbox. Flags, one set per
 // member and block index: arrived (this round's input is in `in`), reduced (this round's
 // slice is in `res`), done (this member has read what it needs of the peers' scratch for
@@ -46,7 +46,7 @@
 //
 // Registered inputs (the paper's load-reduce-store over the members' own buffers): a
 // member whose input buffer every peer has mapped (CUDA IPC of its allocation, set up by
-// the hosts: algorithms/nvgroup.cpp) skips step 2's copy; its input word says which of
+// the hosts: algorithms/nvgroup_group.cpp) skips step 2's copy; its input word says which of
 // its registered allocations (slot) holds the input and at what byte offset, and the
 // peers read it there through Params::maps (their mappings). A member reads its peers'
 // input words only after their arrived flags (which release them), and never the word of

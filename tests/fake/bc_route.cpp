@@ -1,4 +1,4 @@
-// Route blueconnect on GPU buffers (algorithms/blueconnect.cpp, run_gpu) end to end without
+// Route blueconnect on GPU buffers (algorithms/blueconnect_gpu.cpp, run_gpu) end to end without
 // a GPU: real MPI processes, streamcoll preloaded, the fake CUDA driver (libcuda.so.1 from
 // fake_cuda.cpp, through LD_LIBRARY_PATH) and the fake NCCL (STREAMCOLL_NCCL_LIB), as in
 // nccl_route.cpp, whose harness this follows. Each stage of a call is route nccl's

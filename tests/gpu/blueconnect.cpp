@@ -1,4 +1,4 @@
-// blueconnect: route blueconnect on device buffers (algorithms/blueconnect.cpp, run_gpu)
+// blueconnect: route blueconnect on device buffers (algorithms/blueconnect_gpu.cpp, run_gpu)
 // runs its stages through route nccl on a real GPU and gives the right results.
 //
 // Communicators are duplicates of MPI_COMM_WORLD routed with
