@@ -43,7 +43,8 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"/]+)/([^"]+)"')
 # The routes' files in algorithms/ (by file stem), and which routes each may build on.
 ROUTE_FILES = {
     "pmpi": "pmpi", "nccl": "nccl", "nccl_comm": "nccl", "ccube": "ccube", "ht": "ht",
-    "ht_device": "ht", "blueconnect": "blueconnect", "nvgroup": "nvgroup", "fusion": "fusion",
+    "ht_device": "ht", "ht_host": "ht", "ht_staged": "ht", "ht_stream": "ht",
+    "blueconnect": "blueconnect", "nvgroup": "nvgroup", "fusion": "fusion",
 }
 ROUTE_USES = {
     "pmpi": set(),
