@@ -45,6 +45,7 @@ ROUTE_FILES = {
     "pmpi": "pmpi", "nccl": "nccl", "nccl_comm": "nccl", "ccube": "ccube", "ht": "ht",
     "ht_device": "ht", "ht_host": "ht", "ht_staged": "ht", "ht_stream": "ht",
     "blueconnect": "blueconnect", "nvgroup": "nvgroup", "fusion": "fusion",
+    "fusion_queue": "fusion", "fusion_group": "fusion", "fusion_route": "fusion",
 }
 ROUTE_USES = {
     "pmpi": set(),
