@@ -92,13 +92,10 @@
 //        still correct, only not asynchronous; on GPU buffers with an MPI that is not
 //        CUDA-aware, the buffers are staged through host memory   core/host_staging
 //      run_fused(): MPI_Iallreduce calls fused                algorithms/fusion
-//      statistics (STREAMCOLL_STATS)                          core/stats
+//      statistics (STREAMCOLL_STATS)      shim/dispatch_report.cpp, core/stats
 #include "shim/dispatch.hpp"
 
 #include <time.h>
-
-#include <mutex>
-#include <unordered_set>
 
 #include "algorithms/fusion.hpp"
 #include "algorithms/route.hpp"
@@ -575,45 +572,6 @@ int run_on_route(const CollArgs& a, const Decision& d) {
   return rc;
 }
 
-// STREAMCOLL_DEBUG=info: once per communicator and (collective, route, memory kind,
-// stream, size class of a power of 4), the route a call took and why.
-void explain_once(const CollArgs& a, const Decision& d) {
-  int size_class = 0;
-  for (uint64_t b = d.bytes; b > 1; b >>= 2) ++size_class;
-  const uint64_t key = static_cast<uint64_t>(a.coll) | uint64_t{a.nonblocking} << 8 |
-                       static_cast<uint64_t>(d.route) << 9 | static_cast<uint64_t>(d.env.mem) << 17 |
-                       uint64_t{d.env.has_stream} << 25 | static_cast<uint64_t>(size_class) << 26;
-  // A call decided without a communicator context (no rule can route its collective
-  // here: straight to the MPI) is explained once per process.
-  static std::mutex no_ctx_mu;
-  static std::unordered_set<uint64_t> no_ctx;
-  {
-    std::lock_guard<std::mutex> lock(d.ctx ? d.ctx->explained_mu : no_ctx_mu);
-    if (!(d.ctx ? d.ctx->explained : no_ctx).insert(key).second) return;
-  }
-  int size = d.ctx ? d.ctx->size : 0;
-  if (!size) PMPI_Comm_size(a.comm, &size);
-  SC_INFO("%s of %llu B on %s memory%s, %d ranks: %s (%s)", call_name(a.coll, a.nonblocking).c_str(),
-          static_cast<unsigned long long>(d.bytes), std::string(name(d.env.mem)).c_str(),
-          d.env.has_stream ? " with a stream" : "", size, std::string(name(d.route)).c_str(),
-          !d.why.empty() ? d.why.c_str()
-          : d.ctx        ? "the first matching rule"
-                         : "no rule of the table can route this collective here");
-}
-
-// What the NVTX range and the timeline say of a routed call.
-void trace_routed(trace::Call& t, const CollArgs& a, const Decision& d) {
-  const bool gpu = d.env.mem == MemKind::device || d.env.mem == MemKind::managed ||
-                   d.env.mem == MemKind::mixed;
-  const trace::Mode mode = !gpu                   ? trace::Mode::host
-                           : capture::replaying() ? trace::Mode::captured
-                           : d.env.has_stream     ? trace::Mode::stream
-                                                  : trace::Mode::classic;
-  int size = d.ctx ? d.ctx->size : 0;
-  if (!size) PMPI_Comm_size(a.comm, &size);
-  t.routed(d.route, d.env.mem, mode, d.bytes, size, d.env.has_stream ? d.env.stream : nullptr);
-}
-
 // An earlier stream-ordered operation on this communicator that failed after its call had
 // returned: reported after this call ran (it decided nothing from it), when this one
 // succeeded.
@@ -672,23 +630,5 @@ int dispatch_described(const CollArgs& a, Runtime& rt) {
 }
 
 }  // namespace
-
-uint64_t stats_clock() { return now_ns(); }
-
-void record_call(Coll c, bool nonblocking, RouteId route, MemKind mem, uint64_t bytes,
-                 uint64_t t0, const config::RouteChoice* choice) {
-  Runtime::get().stats().record(c, nonblocking, route, mem, bytes, now_ns() - t0);
-  // The route with its parameters, for streamcoll_last_route (statistics only: the
-  // string costs a little per call).
-  std::string& last = last_route_text();
-  last = name(route);
-  if (choice && choice->route == route)  // (pmpi's only parameter: fuse=)
-    for (const auto& [k, v] : choice->params) last += " " + k + "=" + v;
-}
-
-std::string& last_route_text() {
-  thread_local std::string text;
-  return text;
-}
 
 }  // namespace streamcoll

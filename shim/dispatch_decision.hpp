@@ -1,8 +1,9 @@
 // The pieces of dispatch (shim/dispatch.cpp: how a call is routed) shared by its files:
 // a call's decision (Decision), what this rank sees of it (Mine), steps 2 and 3 of
 // decide() for blocking calls and persistent inits (shim/dispatch_agree.cpp), the small
-// helpers of the call path, inline, and the call path's steps that a persistent start
-// runs too (shim/dispatch_persistent.cpp). Internal to shim/dispatch*.cpp.
+// helpers of the call path, inline, the call path's steps that a persistent start runs
+// too (shim/dispatch_persistent.cpp), and what a routed call reports
+// (shim/dispatch_report.cpp). Internal to shim/dispatch*.cpp.
 #pragma once
 
 #include <mpi.h>
@@ -138,8 +139,15 @@ Decision decide(const CollArgs& a, Runtime& rt);
 int sync_stream(void* stream);
 int run_on_pmpi(const CollArgs& a, Decision& d, Runtime& rt);
 int run_on_route(const CollArgs& a, const Decision& d);
-void explain_once(const CollArgs& a, const Decision& d);
-void trace_routed(trace::Call& t, const CollArgs& a, const Decision& d);
 int report_async_error(const CollArgs& a, CommContext* ctx, int rc);
+
+// ---- what a routed call reports (shim/dispatch_report.cpp) ----
+
+// STREAMCOLL_DEBUG=info: once per communicator and (collective, route, memory kind,
+// stream, size class of a power of 4), the route a call took and why.
+void explain_once(const CollArgs& a, const Decision& d);
+
+// What the NVTX range and the timeline say of a routed call.
+void trace_routed(trace::Call& t, const CollArgs& a, const Decision& d);
 
 }  // namespace streamcoll::dispatch_detail
