@@ -27,10 +27,10 @@
 // waits for it, and only then starts b. The rule:
 //   - every rank sees the same sequence of fusible calls on the communicator (MPI orders
 //     collectives alike on every rank; whether a call is fusible is decided from the
-//     agreed facts and the table, core/../shim/dispatch.cpp), and the calls of a group
-//     are a run of that sequence: same datatype, op and fuse= limit, at most SIZE bytes
-//     together. Where a run must end (a call that differs, or the limit) is the same on
-//     every rank;
+//     agreed facts and the table, shim/dispatch_agree.cpp: rule_fuse_limit), and the
+//     calls of a group are a run of that sequence: same datatype, op and fuse= limit, at
+//     most SIZE bytes together. Where a run must end (a call that differs, or the limit)
+//     is the same on every rank;
 //   - a rank closes its open group when the run is complete, when the application waits
 //     for or tests one of the group's requests (or the request of a later call), when it
 //     makes another collective call on the communicator, or when the group has been open

@@ -49,7 +49,7 @@ class Join {
   virtual int wait_on(void* app) = 0;
 };
 
-/// Route ht's stream-ordered staging (algorithms/ht.cpp) for one contribution whose
+/// Route ht's stream-ordered staging (algorithms/ht_stream.cpp) for one contribution whose
 /// host part another component runs: algorithms/fusion.hpp's stream-ordered MPI_Iallreduce
 /// calls, whose host part is a fused message. On GPU `device`, after what `app` (a
 /// CUstream, the communicator's attached stream) holds at the call:

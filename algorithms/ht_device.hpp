@@ -1,4 +1,4 @@
-// Route ht's GPU side, shared by its calls (algorithms/ht.cpp) and fusion's stream-ordered
+// Route ht's GPU side, shared by its calls (algorithms/ht_staged.cpp) and fusion's stream-ordered
 // stages (ht_stream): pinned, device-mapped host memory and 4-byte flags in a pool; per
 // GPU its primary context, one side stream per communicator, an event pool, and the
 // spin-wait kernel that holds a stream where stream memory operations are unsupported;

@@ -32,7 +32,7 @@ struct CallEnv {
   /// classic and stream-ordered forms would exchange different messages takes the agreed
   /// one on every rank (blueconnect's outcome exchange).
   bool agreed_stream = false;
-  /// A blocking call decided from its signature's earlier agreements (shim/dispatch.cpp:
+  /// A blocking call decided from its signature's earlier agreements (shim/dispatch_agree.cpp:
   /// cacheable): the ranks' buffers and streams may differ from the agreed facts and from
   /// each other, so a route whose blocking forms differ by stream (ht's algo=mpi) takes
   /// one form on every rank. False for every other call (the facts were agreed at it).
@@ -94,7 +94,7 @@ class Route {
   /// Whether this route takes part in `a` (a blocking call it accepted) with whatever
   /// buffers and stream each rank passes, when the call is decided from facts agreed at
   /// earlier calls of its signature, which may no longer hold on some rank
-  /// (shim/dispatch.cpp: cacheable): a rank whose memory kind, GPU or stream differs from
+  /// (shim/dispatch_agree.cpp: cacheable): a rank whose memory kind, GPU or stream differs from
   /// `agreed` adapts inside run() (stages its buffers, runs classic where it has no
   /// stream, repacks a derived datatype, fails the call on every rank through the route's
   /// failure path), never by leaving the call. Then the dispatcher need not agree at every

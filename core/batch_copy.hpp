@@ -5,7 +5,7 @@
 //
 // Many small copies between GPU buffers and pinned host memory in one launch: a fused
 // group of MPI_Iallreduce calls packs each member's GPU buffer into its slice of the
-// fused (pinned) buffer and unpacks the result likewise (algorithms/fusion.cpp through
+// fused (pinned) buffer and unpacks the result likewise (algorithms/fusion_group.cpp through
 // host_staging's CUDA backend). The kernel reads and writes pinned host memory in place
 // (unified addressing: its host address is valid on the GPU), so a group costs one launch
 // and one synchronisation per direction instead of a copy per member. Block b copies the

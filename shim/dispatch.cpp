@@ -75,13 +75,15 @@
 //        step 1   candidate()? (rank-invariant: table, forced routes, arguments) -> pmpi
 //        step 2   blocking, decide_blocking(): the signature's agreement, at once or
 //                 from earlier calls (context created the first time, collectively)
+//                                                             shim/dispatch_agree.cpp
 //                 non-blocking: the last blocking call's agreement, or pmpi
 //                 a persistent collective's init, decide_persistent_init(): agreed at
 //                 once (MPI makes the init non-local); its starts run that decision
-//                 (plan_persistent, start_persistent; shim/persistent.cpp)
+//                 (plan_persistent, start_persistent: shim/dispatch_persistent.cpp;
+//                 the MPI symbols in shim/persistent.cpp)
 //                 agreed facts not routable (mixed kinds, a rank's arguments) -> pmpi
 //        step 3   choose_route(), walk_rules(): tuning table with the agreed facts: first
-//                 matching rule                               config/tuning_table
+//                 matching rule          shim/dispatch_agree.cpp, config/tuning_table
 //                 route absent, unable on some rank, or declines -> the next rule
 //                 (a forced route: STREAMCOLL_ROUTE, streamcoll_comm_set_route)  -> pmpi
 //                 no rule left                                -> pmpi
@@ -90,13 +92,10 @@
 //        still correct, only not asynchronous; on GPU buffers with an MPI that is not
 //        CUDA-aware, the buffers are staged through host memory   core/host_staging
 //      run_fused(): MPI_Iallreduce calls fused                algorithms/fusion
-//      statistics (STREAMCOLL_STATS)                          core/stats
+//      statistics (STREAMCOLL_STATS)      shim/dispatch_report.cpp, core/stats
 #include "shim/dispatch.hpp"
 
 #include <time.h>
-
-#include <mutex>
-#include <unordered_set>
 
 #include "algorithms/fusion.hpp"
 #include "algorithms/route.hpp"
@@ -115,57 +114,29 @@
 #include "core/stats.hpp"
 #include "core/trace.hpp"
 #include "shim/capture.hpp"
+#include "shim/dispatch_decision.hpp"
 #include "shim/steady.hpp"
 #include "streamext/stream_attr.hpp"
 
 namespace streamcoll {
 namespace {
 
-struct Decision {
-  int error = MPI_SUCCESS;  ///< raised by streamcoll itself instead of running the call
-  MPI_Comm error_comm = MPI_COMM_NULL;  ///< where `error` is raised
-  RouteId route = RouteId::pmpi;
-  CallEnv env;  ///< memory kind, attached stream
-  host_staging::KnownKinds kinds;  ///< each significant buffer's kind, classified once
-  bool agreed_stream = false;  ///< the agreed facts: every rank's call carries a stream
-  uint64_t bytes = 0;
-  bool well_formed = false;  ///< arguments checked: MPI will not reject the call
-  CommContext* ctx = nullptr;
-  const config::RouteChoice* choice = nullptr;
-  std::shared_ptr<const config::TuningTable> forced;  ///< keeps `choice` alive if from it
-  /// STREAMCOLL_DEBUG=info only: the rule that chose, the routes that declined and why,
-  /// or why the call could not be routed (explain_once).
-  std::string why;
-  /// The fuse= limit of `choice` when the call is fused (algorithms/fusion.hpp), else 0: found
-  /// by the rule walk, once per call.
-  uint64_t fuse = 0;
-  /// The communicator asserts host memory only (core/alloc_kinds.hpp): env.mem is from
-  /// the assertion, equal on every rank; no GPU buffer to stage.
-  bool asserted_host = false;
-  /// The facts the call was decided from say every rank passed host memory
-  /// (AgreedFacts::host_only): equal on every rank.
-  bool agreed_host = false;
-  /// A blocking call decided from its signature's agreements: those (on ctx).
-  SignatureAgreements* sig = nullptr;
-};
-
-// A failure of the call, raised through the communicator's error handler; a replayed call
-// (shim/capture.hpp) raises nothing: its replay lane keeps its failure for the next call.
-void raise_error(MPI_Comm comm, int rc) {
-  if (!capture::replaying()) PMPI_Comm_call_errhandler(comm, rc);
-}
-
-// The stream a call on `comm` is ordered on: the communicator's (streamext), or, for a
-// call a CUDA graph replays, its replay lane's own.
-bool call_stream(MPI_Comm comm, void** stream) {
-  return capture::replay_stream(stream) || streamext::attached(comm, stream);
-}
-
-uint64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
+using dispatch_detail::call_stream;
+using dispatch_detail::check_choice;
+using dispatch_detail::choose_route;
+using dispatch_detail::decide;
+using dispatch_detail::decide_blocking;
+using dispatch_detail::decide_persistent_init;
+using dispatch_detail::Decision;
+using dispatch_detail::explain_once;
+using dispatch_detail::Mine;
+using dispatch_detail::now_ns;
+using dispatch_detail::raise_error;
+using dispatch_detail::report_async_error;
+using dispatch_detail::run_on_pmpi;
+using dispatch_detail::run_on_route;
+using dispatch_detail::sync_stream;
+using dispatch_detail::trace_routed;
 
 int type_size(MPI_Datatype t, const TypeInfo* info) {
   if (info) return info->size;
@@ -223,231 +194,6 @@ bool invariant_verdict(Verdict v, Coll c) {
     default:  // invalid arguments, inter-communicator, no data, user op, op not defined
       return false;
   }
-}
-
-// The fuse= limit of `choice` for the call `a` of `bytes` (CallKey convention) on `ctx`
-// when the call is to be fused (algorithms/fusion.hpp), else 0: an MPI_Iallreduce on a
-// communicator with a fusion queue, at most the limit. Equal on every rank: from the
-// agreed facts, the rule and the call's size. Calls that carry a stream are fused too
-// (stream-ordered where the agreed facts have one: algorithms/fusion.hpp, STREAMS).
-uint64_t rule_fuse_limit(const CollArgs& a, const CommContext& ctx,
-                         const config::RouteChoice& choice, uint64_t bytes) {
-  if (!a.nonblocking || a.persistent_init || a.coll != Coll::allreduce || !ctx.fusion) return 0;
-  const auto v = choice.param("fuse");
-  if (!v) return 0;
-  const auto limit = config::parse_size(*v);
-  return limit && bytes <= *limit ? *limit : 0;
-}
-
-// The call's signature: what MPI requires every rank to pass alike (core/agreement.hpp).
-CallSignature signature_of(const CollArgs& a, uint64_t bytes) {
-  CallSignature s;
-  s.coll = a.coll;
-  s.bytes = bytes;
-  if (a.coll == Coll::reduce || a.coll == Coll::bcast) s.root = a.root;
-  if (takes_op(a.coll))
-    if (const OpInfo* op = find_op(a.op)) s.op = 1 + static_cast<int>(op->kind);
-  return s;
-}
-
-// What this rank sees of a call (core/agreement.hpp), its unable routes asked of the
-// routes only when the facts are exchanged.
-class Mine {
- public:
-  Mine(const CollArgs& a, const CallEnv& env, bool ineligible, bool stream) : a_(a), env_(env) {
-    f_.mem = env.mem;
-    f_.ineligible = ineligible;
-    f_.stream = stream;
-  }
-  CommContext* ctx = nullptr;  ///< set before get()
-  const LocalFacts& get() {
-    if (!unable_known_)
-      for (int r = 0; r < kNumRoutes; ++r)
-        if (Route* route = find_route(static_cast<RouteId>(r)); route && !f_.ineligible &&
-                                                               !route->able_here(a_, *ctx, env_))
-          f_.unable |= 1u << r;
-    unable_known_ = true;
-    return f_;
-  }
-
- private:
-  const CollArgs& a_;
-  const CallEnv& env_;
-  LocalFacts f_;
-  bool unable_known_ = false;
-};
-
-// Step 2 of decide() for a blocking call: the facts it decides from, agreed now
-// (*agreed_now) or at earlier calls of its signature (SignatureAgreements), starting a
-// refresh where the schedule says.
-AgreedFacts signature_facts(SignatureAgreements& sig, CommContext& ctx, MPI_Comm comm, int size,
-                            Mine& mine, bool* agreed_now) {
-  *agreed_now = sig.begin_call();
-  if (*agreed_now) return sig.agree(comm, size, mine.get());
-  AgreedFacts agreed = sig.adopt();
-  if (sig.refreshes()) sig.refresh(size > 1 ? ctx.agreement_comm() : comm, size, mine.get());
-  return agreed;
-}
-
-// Whether a blocking call routed as `d` from `agreed` may decide from earlier agreements
-// (the next call of its signature too). Host-memory facts and stream-ordered facts (GPU
-// memory with a stream on every rank), where an agreement per call would hold the host
-// for late peers, may; classic GPU calls, whose host waits for the operation (and so the
-// peers) anyway, agree at every call, so a stream attached later, or a route that became
-// unable, is seen at the next one. Then the route must take part with whatever buffers
-// and stream each rank has now, whatever the adopted facts said: pmpi takes anything;
-// another route says whether it does (Route::adapts: nccl, ccube, ht; nvgroup and
-// blueconnect stream-ordered), a Fortran call running on its C arguments. From the
-// route, the agreed facts and the call's arguments that MPI makes equal on every rank:
-// equal everywhere.
-bool cacheable(const Decision& d, const CollArgs& a, const AgreedFacts& agreed) {
-  if (d.fuse) return false;  // (fusion takes MPI_I* calls only: never here)
-  // Facts that are not routable (ranks' kinds differ, or a rank's arguments suited only
-  // pmpi: how it described an earlier call's type signature, which the
-  // call signature does not hold) are this call's only when agreed at it.
-  if (!agreed.valid || !agreed.routable) return false;
-  const bool host = agreed.mem == MemKind::host || agreed.mem == MemKind::pinned;
-  if (!host && !d.agreed_stream) return false;  // classic GPU calls agree at every call
-  if (d.route == RouteId::pmpi) return true;
-  Route* route = find_route(d.route);
-  if (!route || !d.choice || !d.ctx) return false;
-  CallEnv env = d.env;
-  env.mem = agreed.mem;
-  env.has_stream = d.agreed_stream;
-  env.unable = agreed.unable;
-  return route->adapts(a, *d.ctx, *d.choice, env);
-}
-
-// STREAMCOLL_CHECK: every rank chose `route` on `mem` (core/agreement.hpp). A blocking call
-// and a persistent collective's init (non-local) are checked at once; a non-blocking call
-// later, on the communicator's private duplicate, which the first checked blocking call
-// makes (checked_context): never on the application's communicator, which the program may
-// free right after the call's MPI_Wait.
-void check_choice(const CollArgs& a, const CommContext* ctx, RouteId route, MemKind mem, int rank) {
-  const bool local = a.nonblocking && !a.persistent_init;
-  check_agreement(a.comm, ctx ? ctx->agreement_comm_made() : MPI_COMM_NULL, a.coll, local, route,
-                  mem, rank);
-}
-
-// Under STREAMCOLL_CHECK, at a blocking call or a persistent init (a point every rank of
-// the communicator reaches alike): the private duplicate the checks of its non-blocking
-// calls run on, made once.
-void checked_context(CommContext& ctx, bool check) {
-  if (check && ctx.size > 1) ctx.agreement_comm();
-}
-
-// Step 3's rule walk: the matching rules in order (`walk`: the forced routes' rule, else
-// the table's, the rest of the table on demand) until one's route is in this build, no
-// rank is unable to run it, and it accepts the call (Route::accepts, from the agreed
-// facts `env`). Fills d.route, d.choice, d.fuse.
-void walk_rules(Decision& d, const CollArgs& a, const CallEnv& env, const config::CallKey& key,
-                const DecisionCache::Rules& walk, int rank, bool check, Runtime& rt) {
-  CommContext* ctx = d.ctx;
-  // A forced route (streamcoll_comm_set_route, STREAMCOLL_ROUTE) that declines goes to
-  // pmpi; a table rule's route that declines hands the call to the next matching rule.
-  // Routes are asked about the call as every rank describes it: where this rank describes
-  // a bcast or gather-like call's data its own way, as repacking would pass it.
-  CollArgs view;
-  const CollArgs& asked = !takes_op(a.coll) && repack::basic_view(a, &view) ? view : a;
-  config::RuleWalk rules(rt.table(), walk.forced, key, walk.table, walk.count, walk.overflow);
-  const config::Rule* rule = rules.rule();
-  // STREAMCOLL_CHECK: the rule every rank matched, before its route sets anything up.
-  if (check) check_choice(a, ctx, rule ? rule->choice.route : RouteId::pmpi, env.mem, rank);
-  while (rule) {
-    d.choice = &rule->choice;
-    // A fuse= rule fuses the calls it matches whatever its route would say to them (route
-    // nccl declines MPI_I* calls, say): the fused message is routed by its own size
-    // (algorithms/fusion.hpp, ROUTE).
-    if ((d.fuse = rule_fuse_limit(a, *ctx, rule->choice, d.bytes))) {
-      d.route = rule->choice.route;
-      break;
-    }
-    Route* route = find_route(rule->choice.route);
-    // GPU memory on one rank: only pmpi and self (one_rank()); nothing there is worth an
-    // NCCL communicator, GPU scratch or pinned staging. (Host memory keeps the table's
-    // routes: what they take is host memory, on a route the table or the program chose.)
-    const bool gpu = env.mem == MemKind::device || env.mem == MemKind::managed ||
-                     env.mem == MemKind::mixed;
-    const bool one_rank_route = ctx->size > 1 || !gpu || !rt.settings().one_rank_self ||
-                                rule->choice.route == RouteId::pmpi ||
-                                rule->choice.route == RouteId::self;
-    if (route && one_rank_route && !(env.unable >> static_cast<int>(rule->choice.route) & 1u) &&
-        route->accepts(asked, *ctx, rule->choice, env)) {
-      d.route = rule->choice.route;
-      break;
-    }
-    if (rule->choice.route == RouteId::pmpi) break;
-    const config::Rule* next = rules.next();
-    if (trace::nvtx_on() || log_enabled(LogLevel::info)) {
-      const std::string declined =
-          "route " + std::string(name(rule->choice.route)) + " (" + rule->origin + ") " +
-          (!route ? "is not available"
-           : (env.unable >> static_cast<int>(rule->choice.route) & 1u) ? "cannot run on some rank"
-                                                                        : "declines this call");
-      if (trace::nvtx_on())
-        trace::mark((call_name(a.coll, a.nonblocking) + ": " + declined + "; " +
-                     (next ? "trying " + next->origin : std::string("using pmpi")))
-                        .c_str());
-      if (log_enabled(LogLevel::info)) d.why += declined + "; ";
-    }
-    SC_TRACE("%s: route %s (%s) %s; %s%s", call_name(a.coll, a.nonblocking).c_str(),
-             std::string(name(rule->choice.route)).c_str(), rule->origin.c_str(),
-             !route ? "is not available"
-             : (env.unable >> static_cast<int>(rule->choice.route) & 1u)
-                 ? "cannot run on some rank"
-                 : "declines this call",
-             next ? "trying " : "using pmpi", next ? next->origin.c_str() : "");
-    rule = next;
-    if (!rule) d.choice = nullptr;
-  }
-  if (log_enabled(LogLevel::info))
-    d.why += rule && d.choice ? "rule " + rule->origin + " chose it" : "no rule left: pmpi";
-}
-
-// Step 3 of decide(), the route: the table and the forced routes matched with the agreed
-// facts; routes decide whether they accept from the agreed facts too (Route::accepts).
-// Fills d.route, d.choice, d.fuse, d.env.agreed_mem, d.agreed_stream.
-void choose_route(Decision& d, const CollArgs& a, const AgreedFacts& agreed, int size, int rank,
-                  bool check, Runtime& rt) {
-  CommContext* ctx = d.ctx;
-  const std::shared_ptr<const config::TuningTable>& forced = d.forced;
-  if (!agreed.valid || !agreed.routable) {
-    if (check) check_choice(a, ctx, d.route, MemKind::host, rank);
-    if (trace::nvtx_on() && agreed.valid)
-      trace::mark((call_name(a.coll, a.nonblocking) + " -> pmpi: " + agreed.why).c_str());
-    if (log_enabled(LogLevel::info))
-      d.why = agreed.valid ? agreed.why : "no blocking call has agreed on its facts yet";
-    SC_TRACE("%s %llu B on %s memory -> pmpi (%s)", call_name(a.coll, a.nonblocking).c_str(),
-             static_cast<unsigned long long>(d.bytes), std::string(name(d.env.mem)).c_str(),
-             agreed.valid ? agreed.why : "no blocking call has agreed on its facts yet");
-    return;
-  }
-  d.env.agreed_mem = agreed.mem;
-  CallEnv env = d.env;  // what the route decides from: agreed, with this rank's GPU
-  env.mem = agreed.mem;
-  env.has_stream = agreed.stream &&
-                   (agreed.mem == MemKind::device || agreed.mem == MemKind::managed);
-  d.agreed_stream = d.env.agreed_stream = env.agreed_stream = env.has_stream;
-  env.unable = agreed.unable;
-  config::CallKey key{a.coll, d.bytes, size, ctx->nodes, ctx->ppn, env.mem, env.has_stream};
-  // The matching rules: the forced routes' first (streamcoll_comm_set_route), else the
-  // table's in order; from the communicator's decision cache when a call with this key was
-  // walked before (STREAMCOLL_DECISION_CACHE), else walked now, one rule at a time.
-  DecisionCache::Rules walk;
-  const int cache = rt.settings().decision_cache;
-  if (cache > 0 || (cache < 0 && rt.table().rules().size() >= config::kDecisionCacheRules)) {
-    walk = ctx->decisions.lookup(key, forced, rt.table(), rt.table_generation());
-  } else {
-    if (forced) walk.forced = forced->match(key);
-    if (!walk.forced && (walk.table[0] = rt.table().match(key))) {
-      walk.count = 1;
-      walk.overflow = true;  // the rest on demand
-    }
-  }
-  walk_rules(d, a, env, key, walk, rank, check, rt);
-  SC_TRACE("%s %llu B on %s memory%s -> %s", call_name(a.coll, a.nonblocking).c_str(),
-           static_cast<unsigned long long>(d.bytes), std::string(name(d.env.mem)).c_str(),
-           d.env.has_stream ? " with a stream" : "", std::string(name(d.route)).c_str());
 }
 
 // The errors streamcoll raises itself before looking at a call further (MPIs that crash
@@ -592,63 +338,6 @@ bool candidate(const CollArgs& a, const Decision& d, Verdict verdict,
   return is;
 }
 
-// Steps 2 and 3 for a blocking call. It is a point every rank of the communicator reaches
-// and decides alike (step 1): the context is created there (collectively, the first
-// time). The first call of a signature (core/agreement.hpp: CallSignature) agrees at once
-// on what each rank sees; while its calls go where any rank's buffers can be taken
-// (cacheable()), later ones decide from agreements started at earlier calls of the
-// signature (SignatureAgreements: no collective of streamcoll's own on their path but a
-// refresh now and then, so a stream-ordered call does not wait for late peers), and a
-// call that those facts would route elsewhere agrees at once.
-void decide_blocking(Decision& d, const CollArgs& a, Mine& mine, int size, int rank, bool check,
-                     Runtime& rt) {
-  if (!d.ctx) d.ctx = comm_context(a.comm, true);
-  if (!d.ctx) return;  // the MPI failed to set one up (on every rank)
-  CommContext& ctx = *d.ctx;
-  mine.ctx = &ctx;
-  checked_context(ctx, check);
-  SignatureAgreements& sig = ctx.signature(signature_of(a, d.bytes));
-  bool agreed_now = false;
-  AgreedFacts agreed = signature_facts(sig, ctx, a.comm, size, mine, &agreed_now);
-  // MPI_Iallreduce fusion's queue (algorithms/fusion.hpp), made at the first blocking call
-  // that gets here (every rank of the communicator reaches this point alike) when a rule
-  // can fuse and the progress thread may call MPI: equal on every rank.
-  if (!ctx.fusion_tried && rt.thread_multiple() &&
-      (rt.table().fuses() || (d.forced && d.forced->fuses()))) {
-    ctx.fusion_tried = true;
-    ctx.fusion = fusion::open(ctx, d.forced, d.env.device);
-  }
-  d.agreed_host = agreed.valid && agreed.host_only;
-  const CallEnv local_env = d.env;
-  choose_route(d, a, agreed, size, rank, check, rt);
-  if (!agreed_now && !cacheable(d, a, agreed)) {
-    // Facts from earlier calls would take this one where a rank whose own facts differ
-    // could not adapt: every rank (deciding alike) agrees on this call's facts, and the
-    // route is chosen again (what choose_route sets, reset).
-    agreed = sig.agree(a.comm, size, mine.get());
-    d.env = local_env;
-    d.route = RouteId::pmpi;
-    d.choice = nullptr;
-    d.fuse = 0;
-    d.agreed_stream = false;
-    d.agreed_host = agreed.valid && agreed.host_only;
-    choose_route(d, a, agreed, size, rank, check, rt);
-  } else if (!agreed_now) {
-    d.env.adopted = true;
-  }
-  // The steady path (shim/steady.hpp) may repeat a decision for the MPI's own call that
-  // needs nothing of streamcoll's around it: no fused group, and no staging outcomes to
-  // exchange (an MPI that is not CUDA-aware exchanges them unless every rank passed host
-  // memory: run_on_pmpi).
-  const bool steady = d.route == RouteId::pmpi && !d.fuse &&
-                      (!rt.staging_job() || d.agreed_host || a.coll == Coll::barrier);
-  sig.decided(cacheable(d, a, agreed), d.route != RouteId::pmpi, steady);
-  d.sig = &sig;
-  ctx.agreed[static_cast<int>(a.coll)] = agreed;
-  ctx.agreed_last = agreed;
-  ctx.agreed_by = nullptr;
-}
-
 // After a blocking call's decision: what the steady path may repeat (shim/steady.hpp),
 // remembered with the buffers this rank's calls with these arguments read or write, or
 // forgotten where the decision says it may not.
@@ -668,23 +357,6 @@ void remember_steady(const CollArgs& a, const Decision& d, int rank, int size, i
     }
   }
   steady::remember(a, learned);
-}
-
-// Steps 2 and 3 for a persistent collective's init (MPI_Allreduce_init, ...), decided as
-// the non-blocking call its starts are: MPI makes the init non-local and ordered like any
-// collective, so every rank of the communicator reaches it alike, and the facts are
-// agreed there, at once, on the buffers every start will use (the init fixes them).
-// Routes may set up collectively (collective_point()). Fusion is never chosen
-// (rule_fuse_limit): a start runs on its own.
-void decide_persistent_init(Decision& d, const CollArgs& a, Mine& mine, int size, int rank,
-                            bool check, Runtime& rt) {
-  if (!d.ctx) d.ctx = comm_context(a.comm, true);
-  if (!d.ctx) return;  // the MPI failed to set one up (on every rank)
-  mine.ctx = d.ctx;
-  checked_context(*d.ctx, check);
-  const AgreedFacts agreed = agree_call(a.comm, size, mine.get());
-  d.agreed_host = agreed.valid && agreed.host_only;
-  choose_route(d, a, agreed, size, rank, check, rt);
 }
 
 // A communicator of one rank whose call has a buffer in GPU memory: route self
@@ -712,6 +384,10 @@ bool one_rank(const CollArgs& a, Decision& d, int size, Verdict verdict, Runtime
            static_cast<unsigned long long>(d.bytes), std::string(name(d.env.mem)).c_str());
   return true;
 }
+
+}  // namespace
+
+namespace dispatch_detail {
 
 // How the call is routed, in the order of the map at the top of this file: arguments
 // screened, this rank's memory kind and stream, step 1 (candidate?), then steps 2 and 3
@@ -777,6 +453,10 @@ int sync_stream(void* stream) {
   return MPI_SUCCESS;
 }
 
+}  // namespace dispatch_detail
+
+namespace {
+
 // Whether a non-blocking call on a.comm may leave pmpi: an earlier blocking call agreed on
 // routable facts for it (decide() routes it from those).
 bool may_route(const CollArgs& a) {
@@ -833,6 +513,10 @@ int run_fused(const CollArgs& a, const Decision& d) {
   return rc;
 }
 
+}  // namespace
+
+namespace dispatch_detail {
+
 // A call to the MPI's own collective. A failed synchronisation of the stream still leaves
 // this rank in the call (the others are in it); it is this rank's failure (with an outcome
 // exchange: everyone's).
@@ -888,45 +572,6 @@ int run_on_route(const CollArgs& a, const Decision& d) {
   return rc;
 }
 
-// STREAMCOLL_DEBUG=info: once per communicator and (collective, route, memory kind,
-// stream, size class of a power of 4), the route a call took and why.
-void explain_once(const CollArgs& a, const Decision& d) {
-  int size_class = 0;
-  for (uint64_t b = d.bytes; b > 1; b >>= 2) ++size_class;
-  const uint64_t key = static_cast<uint64_t>(a.coll) | uint64_t{a.nonblocking} << 8 |
-                       static_cast<uint64_t>(d.route) << 9 | static_cast<uint64_t>(d.env.mem) << 17 |
-                       uint64_t{d.env.has_stream} << 25 | static_cast<uint64_t>(size_class) << 26;
-  // A call decided without a communicator context (no rule can route its collective
-  // here: straight to the MPI) is explained once per process.
-  static std::mutex no_ctx_mu;
-  static std::unordered_set<uint64_t> no_ctx;
-  {
-    std::lock_guard<std::mutex> lock(d.ctx ? d.ctx->explained_mu : no_ctx_mu);
-    if (!(d.ctx ? d.ctx->explained : no_ctx).insert(key).second) return;
-  }
-  int size = d.ctx ? d.ctx->size : 0;
-  if (!size) PMPI_Comm_size(a.comm, &size);
-  SC_INFO("%s of %llu B on %s memory%s, %d ranks: %s (%s)", call_name(a.coll, a.nonblocking).c_str(),
-          static_cast<unsigned long long>(d.bytes), std::string(name(d.env.mem)).c_str(),
-          d.env.has_stream ? " with a stream" : "", size, std::string(name(d.route)).c_str(),
-          !d.why.empty() ? d.why.c_str()
-          : d.ctx        ? "the first matching rule"
-                         : "no rule of the table can route this collective here");
-}
-
-// What the NVTX range and the timeline say of a routed call.
-void trace_routed(trace::Call& t, const CollArgs& a, const Decision& d) {
-  const bool gpu = d.env.mem == MemKind::device || d.env.mem == MemKind::managed ||
-                   d.env.mem == MemKind::mixed;
-  const trace::Mode mode = !gpu                   ? trace::Mode::host
-                           : capture::replaying() ? trace::Mode::captured
-                           : d.env.has_stream     ? trace::Mode::stream
-                                                  : trace::Mode::classic;
-  int size = d.ctx ? d.ctx->size : 0;
-  if (!size) PMPI_Comm_size(a.comm, &size);
-  t.routed(d.route, d.env.mem, mode, d.bytes, size, d.env.has_stream ? d.env.stream : nullptr);
-}
-
 // An earlier stream-ordered operation on this communicator that failed after its call had
 // returned: reported after this call ran (it decided nothing from it), when this one
 // succeeded.
@@ -943,6 +588,10 @@ int report_async_error(const CollArgs& a, CommContext* ctx, int rc) {
   }
   return rc;
 }
+
+}  // namespace dispatch_detail
+
+namespace {
 
 // dispatch() for a call whose datatypes need no repacking.
 int dispatch_described(const CollArgs& a, Runtime& rt) {
@@ -981,154 +630,5 @@ int dispatch_described(const CollArgs& a, Runtime& rt) {
 }
 
 }  // namespace
-
-uint64_t stats_clock() { return now_ns(); }
-
-void record_call(Coll c, bool nonblocking, RouteId route, MemKind mem, uint64_t bytes,
-                 uint64_t t0, const config::RouteChoice* choice) {
-  Runtime::get().stats().record(c, nonblocking, route, mem, bytes, now_ns() - t0);
-  // The route with its parameters, for streamcoll_last_route (statistics only: the
-  // string costs a little per call).
-  std::string& last = last_route_text();
-  last = name(route);
-  if (choice && choice->route == route)  // (pmpi's only parameter: fuse=)
-    for (const auto& [k, v] : choice->params) last += " " + k + "=" + v;
-}
-
-std::string& last_route_text() {
-  thread_local std::string text;
-  return text;
-}
-
-// A persistent collective: decided at its init, started without a decision.
-struct PersistentPlan {
-  CollArgs a;                        ///< the init's arguments (arrays: the copies below)
-  std::vector<int> counts, displs;
-  Decision d;                        ///< decided at the init; d.choice points at `choice`
-  config::RouteChoice choice;
-  std::shared_ptr<std::atomic<bool>> alive;  ///< the communicator context's (d.ctx)
-  bool mpi_request = false;          ///< the starts are MPI_Start of the MPI's own request
-};
-
-bool plan_uses_mpi_request(const PersistentPlan& p) { return p.mpi_request; }
-
-PlanPtr plan_persistent(const CollArgs& init, bool avoid_mpi_request, int* rc) {
-  *rc = MPI_SUCCESS;
-  Runtime& rt = Runtime::get();
-  if (g_in_binding || !rt.active()) return nullptr;
-  PlanPtr p = std::make_shared<PersistentPlan>();
-  p->a = init;
-  p->a.nonblocking = true;
-  p->a.persistent_init = true;
-  Decision& d = p->d;
-  d = decide(p->a, rt);
-  if (d.error != MPI_SUCCESS) {
-    raise_error(d.error_comm, d.error);
-    *rc = d.error;
-    return nullptr;
-  }
-  if (log_enabled(LogLevel::info)) explain_once(p->a, d);
-  // The pmpi route on the MPI's own persistent request, unless the job stages GPU buffers
-  // through the host (an MPI that is not CUDA-aware: the MPI's request would be handed the
-  // GPU buffers) and some rank may pass GPU memory: then each start is the MPI's
-  // non-blocking form, staged (core/host_staging). From facts equal on every rank (the
-  // job's staging, the agreed or asserted host memory), so every rank starts alike.
-  if (d.route == RouteId::pmpi) {
-    p->mpi_request = !d.well_formed || (!avoid_mpi_request &&
-                                        (!rt.staging_job() || init.coll == Coll::barrier ||
-                                         d.agreed_host || d.asserted_host));
-    // Nothing for streamcoll at the starts but the order after this rank's stream.
-    if (p->mpi_request && d.env.mem != MemKind::device && d.env.mem != MemKind::managed)
-      return nullptr;
-  }
-  if (d.well_formed && (init.recvcounts || init.displs)) {
-    int size = d.ctx ? d.ctx->size : 0;
-    if (!size) PMPI_Comm_size(init.comm, &size);
-    if (init.recvcounts) p->counts.assign(init.recvcounts, init.recvcounts + size);
-    if (init.displs) p->displs.assign(init.displs, init.displs + size);
-    p->a.recvcounts = init.recvcounts ? p->counts.data() : nullptr;
-    p->a.displs = init.displs ? p->displs.data() : nullptr;
-  }
-  if (d.choice) {
-    p->choice = *d.choice;  // the table may be replaced before the last start
-    d.choice = &p->choice;
-  }
-  if (d.ctx) p->alive = d.ctx->alive;
-  p->a.persistent_init = false;
-  p->a.request = nullptr;
-  return p;
-}
-
-int start_persistent(const PlanPtr& plan, MPI_Request* handle, MPI_Request* inner) {
-  Runtime& rt = Runtime::get();
-  const PersistentPlan& p = *plan;
-  *inner = MPI_REQUEST_NULL;
-  // The communicator freed before this start (MPI allows it; MPICH keeps its attributes,
-  // and so the context, while a request holds it; Open MPI 4.1 deletes them at
-  // MPI_Comm_free, and its own persistent collectives crash when started then): the
-  // context and the route's state are gone, and so is the MPI's collective module of the
-  // communicator. Every rank freed it at the same point of its collectives on it, so every
-  // rank fails the start alike (MPI_ERR_COMM, raised on MPI_COMM_WORLD), with a message.
-  const bool alive = !p.alive || p.alive->load(std::memory_order_acquire);
-  void* stream = nullptr;
-  const bool gpu = p.d.env.mem == MemKind::device || p.d.env.mem == MemKind::managed;
-  const bool has_stream = alive && gpu && call_stream(p.a.comm, &stream);
-  // On a stream being captured: recorded, each launch starting it as here (on the
-  // replay lane's stream, where call_stream finds it), with the MPI's own request too.
-  // The application's start gets a request already complete (*inner: also for a plan on
-  // the MPI's own request, which is not started now, and whose wait then must not reach
-  // the MPI: MPICH 4.0 never completes a wait on a persistent request not yet started).
-  if (has_stream && !capture::replaying()) {
-    const MPI_Request h = handle ? *handle : MPI_REQUEST_NULL;
-    auto replay = [plan, h](MPI_Request* op) {
-      MPI_Request mine = h;
-      int rc = start_persistent(plan, &mine, op);
-      // The MPI's own request: waited for here, in the MPI (a pmpi call holds the
-      // replay lane's thread as a live one holds the caller's), not through the wrappers,
-      // which may hold the application's view of the handle.
-      if (plan->mpi_request && rc == MPI_SUCCESS) rc = SC_NEXT(MPI_Wait)(&mine, MPI_STATUS_IGNORE);
-      return rc;
-    };
-    CollArgs a = p.a;
-    a.request = inner;
-    if (int rc; capture::record_start(a, replay, &rc)) return rc;
-  }
-  if (p.mpi_request) {
-    const uint64_t t0 = rt.stats_on() ? now_ns() : 0;
-    const int own = has_stream ? sync_stream(stream) : MPI_SUCCESS;
-    int rc = SC_NEXT(MPI_Start)(handle);
-    if (own != MPI_SUCCESS && rc == MPI_SUCCESS) {
-      raise_error(p.a.comm, own);
-      rc = own;
-    }
-    if (t0)
-      rt.stats().record(p.a.coll, true, RouteId::pmpi, p.d.env.mem, p.d.bytes, now_ns() - t0);
-    return rc;
-  }
-  CollArgs a = p.a;
-  a.request = inner;
-  if (!alive) {
-    log_error("%s: a persistent collective request of streamcoll's started after its "
-              "communicator was freed (this MPI deleted the communicator's state at "
-              "MPI_Comm_free); failing it with MPI_ERR_COMM", call_name(a.coll, true).c_str());
-    raise_error(MPI_COMM_WORLD, MPI_ERR_COMM);
-    return MPI_ERR_COMM;
-  }
-  const bool timed = rt.stats_on();
-  Decision d = p.d;  // (a copy: graphs replay the plan from a replay lane's thread)
-  const uint64_t t0 = timed ? now_ns() : 0;
-  trace::Call traced(a.coll, true);
-  d.env.has_stream = has_stream;
-  d.env.stream = has_stream ? stream : nullptr;
-  if (traced.on()) trace_routed(traced, a, d);
-#if STREAMCOLL_HAVE_CUDA
-  cuda::RelaxedCapture relaxed(d.env.mem != MemKind::host);
-#endif
-  if (d.ctx && d.ctx->fusion) fusion::poke(*d.ctx->fusion);
-  int rc = d.route == RouteId::pmpi ? run_on_pmpi(a, d, rt) : run_on_route(a, d);
-  rc = report_async_error(a, d.ctx, rc);
-  if (timed) rt.stats().record(a.coll, true, d.route, d.env.mem, d.bytes, now_ns() - t0);
-  return rc;
-}
 
 }  // namespace streamcoll

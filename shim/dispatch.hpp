@@ -46,7 +46,7 @@ void derive_child(MPI_Comm parent, int rc, MPI_Comm child);
 int dispatch(const CollArgs& a);
 
 /// A persistent collective's routing (MPI_Allreduce_init, ...: shim/persistent.cpp),
-/// decided once, at its init; opaque outside shim/dispatch.cpp.
+/// decided once, at its init; opaque outside shim/dispatch_persistent.cpp.
 struct PersistentPlan;
 /// Shared: a CUDA graph that captured a start holds it too (shim/capture.hpp).
 using PlanPtr = std::shared_ptr<PersistentPlan>;

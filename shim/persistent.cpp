@@ -3,7 +3,8 @@
 // what the handle is, and how the wait/test family treats it).
 //
 //   MPI_Allreduce_init(...)   pass_through(): nothing can route it here -> the MPI's init
-//     plan_persistent()        screened, agreed, routed and set up once (shim/dispatch.cpp)
+//     plan_persistent()        screened, agreed, routed and set up once
+//                              (shim/dispatch_persistent.cpp)
 //       no plan                -> the MPI's init; its starts are the MPI's own
 //       the pmpi route         -> the MPI's init; the plan kept for its starts (the order
 //                                 after this rank's stream, or the staged non-blocking form)
@@ -100,8 +101,9 @@ constexpr bool kMpiAllgatherInitWrong = true;
 constexpr bool kMpiAllgatherInitWrong = false;
 #endif
 
-// A persistent collective's init: planned (shim/dispatch.cpp), then the request made: the
-// MPI's own (`mpi_init`) where the starts use it or nothing is planned, else the stand-in.
+// A persistent collective's init: planned (shim/dispatch_persistent.cpp), then the request
+// made: the MPI's own (`mpi_init`) where the starts use it or nothing is planned, else the
+// stand-in.
 template <class MpiInit>
 int init(CollArgs a, MPI_Request* request, MpiInit mpi_init) {
   if (request == nullptr) return mpi_init();  // the MPI raises it

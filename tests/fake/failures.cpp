@@ -199,7 +199,7 @@ bool one_try(const Setup& s, Kind k, How how, bool in_place, bool nccl_api, cons
   // found before the stream went on; a later one when only the stream's end could show
   // it): of three calls, all right, one fails at most.
   // Blocking reductions on route nccl (allreduce on ccube; bcast, allgather and alltoall
-  // on nccl too) decide from their signature's earlier agreements (shim/dispatch.cpp:
+  // on nccl too) decide from their signature's earlier agreements (shim/dispatch_agree.cpp:
   // cacheable): the calls still routed to the aborted NCCL
   // communicator fail on every rank (none can know of the abort in time to go elsewhere
   // alone) until a refresh agreed without it is adopted, at most kRefreshRouted (8) +

@@ -896,7 +896,7 @@ void unsupported(const Ctx& c) {
 // Host, pinned and managed buffers go to pmpi by the default table. On a duplicate of
 // `comm`: there the first call of each signature agrees at once (on `comm`, a signature
 // last called stream-ordered on device memory would decide from those facts for a few
-// calls, its host-memory calls staged through NCCL: shim/dispatch.cpp, cacheable).
+// calls, its host-memory calls staged through NCCL: shim/dispatch_agree.cpp, cacheable).
 void other_memory(MPI_Comm parent) {
   MPI_Comm comm;
   MPI_Comm_dup(parent, &comm);

@@ -46,10 +46,12 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"/]+)/([^"]+)"')
 # A route absent from ROUTE_USES builds on none.
 ROUTE_FILES = {
     "pmpi": "pmpi", "nccl": "nccl", "nccl_comm": "nccl", "ccube": "ccube", "ht": "ht",
-    "ht_device": "ht", "blueconnect": "blueconnect", "blueconnect_comm": "blueconnect",
+    "ht_device": "ht", "ht_host": "ht", "ht_staged": "ht", "ht_stream": "ht",
+    "blueconnect": "blueconnect", "blueconnect_comm": "blueconnect",
     "blueconnect_engine": "blueconnect", "blueconnect_gpu": "blueconnect", "nvgroup": "nvgroup",
     "nvgroup_group": "nvgroup", "nvgroup_launch": "nvgroup", "nvgroup_module": "nvgroup",
     "nvgroup_setup": "nvgroup", "fusion": "fusion",
+    "fusion_queue": "fusion", "fusion_group": "fusion", "fusion_route": "fusion",
 }
 ROUTE_USES = {
     "pmpi": set(),
