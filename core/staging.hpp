@@ -19,7 +19,7 @@
 //
 // The GPU routes (nccl, ccube, nvgroup, blueconnect) stage through GpuStage, below: the
 // sequence written once. Which streams it is given, when the host waits and how a failure
-// is told to the peers belong to the route (nccl.cpp, nvgroup_launch.cpp: run_staged;
+// is told to the peers belong to the route (nccl_enqueue.cpp, nvgroup_launch.cpp: run_staged;
 // blueconnect_gpu.cpp: run_gpu_staged); route ht stages to pinned host memory on its own
 // (ht_staged.cpp: enqueue_staged, run_device_classic). A staged rank without a stream keeps plain
 // MPI semantics: its buffers are final when the call returns or its request completes.

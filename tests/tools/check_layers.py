@@ -45,7 +45,8 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"/]+)/([^"]+)"')
 # (route_ids); ROUTE_FILES names its other files (and fusion's, which packs for routes).
 # A route absent from ROUTE_USES builds on none.
 ROUTE_FILES = {
-    "pmpi": "pmpi", "nccl": "nccl", "nccl_comm": "nccl", "ccube": "ccube", "ht": "ht",
+    "pmpi": "pmpi", "nccl": "nccl", "nccl_comm": "nccl", "nccl_detail": "nccl",
+    "nccl_enqueue": "nccl", "nccl_setup": "nccl", "ccube": "ccube", "ht": "ht",
     "ht_device": "ht", "ht_host": "ht", "ht_staged": "ht", "ht_stream": "ht",
     "blueconnect": "blueconnect", "blueconnect_comm": "blueconnect",
     "blueconnect_engine": "blueconnect", "blueconnect_gpu": "blueconnect", "nvgroup": "nvgroup",
