@@ -298,22 +298,6 @@ int run_device_classic(const CollArgs& a, HtComm& hc, AlgoSel algo, int extent, 
   return rc;
 }
 
-
-int stand_in(const CollArgs& a, const std::shared_ptr<HtComm>& hc, AlgoSel algo, int extent,
-             uint64_t bytes, bool status, int rc) {
-  // (Without failure flags the part could not tell the others: the job ends here, before
-  // the call returns.)
-  if (algo == Algo::mpi && !status) abort_lost_input(a.comm, "ht", rc);
-  auto* task = new StandInTask(hc, a, algo, extent, bytes, status);
-  if (!progress::submit(task)) {
-    while (!task->step()) {
-    }
-    delete task;
-  }
-  if (a.nonblocking && a.request) *a.request = MPI_REQUEST_NULL;
-  return rc;
-}
-
 int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, AlgoSel algo,
                      int extent, Device& gpu, const CallEnv& env, config::HtWait mode,
                      bool status) {
@@ -399,5 +383,20 @@ void drop_side_streams(uint64_t id) { DeviceSide::get().drop(id); }
 #else
 void drop_side_streams(uint64_t) {}
 #endif  // STREAMCOLL_HAVE_CUDA
+
+int stand_in(const CollArgs& a, const std::shared_ptr<HtComm>& hc, AlgoSel algo, int extent,
+             uint64_t bytes, bool status, int rc) {
+  // (Without failure flags the part could not tell the others: the job ends here, before
+  // the call returns.)
+  if (algo == Algo::mpi && !status) abort_lost_input(a.comm, "ht", rc);
+  auto* task = new StandInTask(hc, a, algo, extent, bytes, status);
+  if (!progress::submit(task)) {
+    while (!task->step()) {
+    }
+    delete task;
+  }
+  if (a.nonblocking && a.request) *a.request = MPI_REQUEST_NULL;
+  return rc;
+}
 
 }  // namespace streamcoll::ht_detail

@@ -66,6 +66,18 @@ void unwind_staged(Staging* st, CUstream stream, bool may_block, bool enqueued,
 int run_device_classic(const CollArgs& a, HtComm& hc, AlgoSel algo, int extent, Device& gpu,
                        bool status);
 
+// Stream-ordered (env.has_stream) or non-blocking: through the engine.
+int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, AlgoSel algo,
+                     int extent, Device& gpu, const CallEnv& env, config::HtWait mode,
+                     bool status);
+
+// The GPU whose context carries this rank's copies: the device buffer's, else the current
+// context's (managed memory), else device 0.
+int gpu_of(const CallEnv& env);
+
+#endif  // STREAMCOLL_HAVE_CUDA
+
+// (Host memory only: in every build.)
 // This rank's part of a host collective whose input it could not produce: it runs on
 // scratch memory, tainted, so that the other ranks are neither left waiting for it nor
 // handed garbage as data, and ends by itself; nothing waits for it.
@@ -96,16 +108,5 @@ class StandInTask final : public progress::Task {
 // Returns `rc`.
 int stand_in(const CollArgs& a, const std::shared_ptr<HtComm>& hc, AlgoSel algo, int extent,
              uint64_t bytes, bool status, int rc);
-
-// Stream-ordered (env.has_stream) or non-blocking: through the engine.
-int run_device_async(const CollArgs& a, const std::shared_ptr<HtComm>& hc, AlgoSel algo,
-                     int extent, Device& gpu, const CallEnv& env, config::HtWait mode,
-                     bool status);
-
-// The GPU whose context carries this rank's copies: the device buffer's, else the current
-// context's (managed memory), else device 0.
-int gpu_of(const CallEnv& env);
-
-#endif  // STREAMCOLL_HAVE_CUDA
 
 }  // namespace streamcoll::ht_detail
