@@ -8,10 +8,14 @@
 # (from the meson test `build-without-cuda`; MPI: the build's -Dmpi; PROGRAM:
 # collectives_check_plain of this build, which is not linked with streamcoll.)
 set -euo pipefail
-src=$(cd "$1" && pwd) mpi=$2 prog=$3
+src=$(cd "$1" && pwd) mpi=$2 prog=$(realpath "$3")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "build-without-cuda: FAIL: $*" >&2; exit 1; }
+# Away from the build folder the test runs in: meson setup ends with `ninja -t restat` and
+# `-t cleandead` run in the current folder, which in the suite's build folder removed its
+# outputs that ninja does not list (the Fortran module, libstreamcoll_fortran.a.p/streamcoll.mod).
+cd "$work"
 echo "build-without-cuda: building the library with -Dcuda=disabled"
 meson setup "$work/build" "$src" -Dmpi="$mpi" -Dcuda=disabled -Dtests=false \
   --buildtype=debug -Doptimization=0 > "$work/setup.log" 2>&1 || { cat "$work/setup.log"; fail "meson setup"; }

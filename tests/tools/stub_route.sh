@@ -14,11 +14,15 @@
 # (MPI: the build's -Dmpi, so that the copy is built for the MPI the program is)
 # (from the meson test `stub-route`; the copy and its build under a temporary folder).
 set -euo pipefail
-src=$(cd "$1" && pwd) prog=$2 fake_cuda_dir=$3 mpi=$4
+src=$(cd "$1" && pwd) prog=$(realpath "$2") fake_cuda_dir=$(realpath "$3") mpi=$4
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "stub-route: FAIL: $*" >&2; exit 1; }
+# Away from the build folder the test runs in: meson setup ends with `ninja -t restat` and
+# `-t cleandead` run in the current folder, which in the suite's build folder removed its
+# outputs that ninja does not list (the Fortran module, libstreamcoll_fortran.a.p/streamcoll.mod).
+cd "$work"
 
 mkdir "$work/src"
 tar -C "$src" --exclude='./build*' --exclude=./.git -cf - . | tar -C "$work/src" -xf -
