@@ -79,16 +79,7 @@
 
 namespace streamcoll {
 
-using namespace nccl_detail;
-using cuda::driver;
-using cuda::ScopedContext;
-
-// The NCCL communicators, their watchdog, pool and reaper: algorithms/nccl_comm.
-using nccl::g_live_nccl;
-using nccl::NcclComm;
-using nccl::Pool;
-using nccl::Reaper;
-using nccl::Watchdog;
+using namespace nccl_detail;  // with its names for the driver and nccl_comm's types
 
 // Routes nccl and ccube: one class (ccube's hooks: algorithms/ccube.cpp), one NCCL
 // communicator per communicator (route nccl's state, set up by whichever of them is first

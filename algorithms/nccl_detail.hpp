@@ -18,11 +18,24 @@
 #include "algorithms/nccl_comm.hpp"
 #include "algorithms/route.hpp"
 #include "core/call_request.hpp"
+#include "core/cuda_driver.hpp"
 #include "core/coll_args.hpp"
 #include "core/comm_context.hpp"
 #include "core/datatypes.hpp"
 
 namespace streamcoll::nccl_detail {
+
+// The names route nccl's files use (all three: nccl.cpp through `using namespace`): the
+// driver, and the NCCL communicators, their watchdog, pool and reaper (algorithms/nccl_comm).
+using cuda::driver;
+using cuda::ScopedContext;
+
+// The NCCL communicators, their watchdog, pool and reaper: algorithms/nccl_comm.
+using nccl::g_live_nccl;
+using nccl::NcclComm;
+using nccl::Pool;
+using nccl::Reaper;
+using nccl::Watchdog;
 
 class NcclState final : public RouteState {
  public:

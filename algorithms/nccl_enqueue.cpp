@@ -21,16 +21,6 @@
 
 namespace streamcoll::nccl_detail {
 
-using cuda::driver;
-using cuda::ScopedContext;
-
-// The NCCL communicators, their watchdog, pool and reaper: algorithms/nccl_comm.
-using nccl::g_live_nccl;
-using nccl::NcclComm;
-using nccl::Pool;
-using nccl::Reaper;
-using nccl::Watchdog;
-
 // A non-blocking call in flight: complete once the event on the stream that ran it is
 // (stream-ordered: the attached stream waits for it, and the request completes at once);
 // `after` (a staged call's copies back) runs once it is over, whatever its outcome.

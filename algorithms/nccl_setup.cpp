@@ -25,16 +25,6 @@
 namespace streamcoll {
 namespace nccl_detail {
 
-using cuda::driver;
-using cuda::ScopedContext;
-
-// The NCCL communicators, their watchdog, pool and reaper: algorithms/nccl_comm.
-using nccl::g_live_nccl;
-using nccl::NcclComm;
-using nccl::Pool;
-using nccl::Reaper;
-using nccl::Watchdog;
-
 namespace {
 
 // FNV-1a over bytes.
