@@ -5,9 +5,10 @@
 namespace streamcoll {
 namespace {
 constexpr std::array<std::string_view, kNumColls> kCollNames = {
-    "allreduce", "reduce",         "bcast",
-    "allgather", "allgatherv",     "reduce_scatter",
-    "reduce_scatter_block", "alltoall", "barrier"};
+#define COLL(id, ...) #id,
+#include "base/colls.def"
+#undef COLL
+};
 constexpr std::array<std::string_view, kNumMemKinds> kMemNames = {
     "host", "pinned", "device", "managed", "mixed"};
 

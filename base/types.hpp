@@ -10,19 +10,18 @@
 
 namespace streamcoll {
 
-/// A collective, blocking or not (MPI_Iallreduce is `allreduce` with nonblocking=true).
+/// A collective, blocking or not (MPI_Iallreduce is `allreduce` with nonblocking=true):
+/// one per row of base/colls.def, in its order (its description: base/coll_traits.hpp).
 enum class Coll : uint8_t {
-  allreduce,
-  reduce,
-  bcast,
-  allgather,
-  allgatherv,
-  reduce_scatter,
-  reduce_scatter_block,
-  alltoall,
-  barrier,
+#define COLL(id, ...) id,
+#include "base/colls.def"
+#undef COLL
 };
-inline constexpr int kNumColls = 9;
+inline constexpr int kNumColls = 0
+#define COLL(id, ...) +1
+#include "base/colls.def"
+#undef COLL
+    ;
 
 /// Where a buffer lives, as the CUDA driver reports it.
 enum class MemKind : uint8_t {

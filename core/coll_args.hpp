@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "base/coll_traits.hpp"
 #include "base/types.hpp"
 
 namespace streamcoll {
@@ -49,12 +50,6 @@ struct FortranCall {
   MPI_Fint* request = nullptr;          ///< non-blocking calls: where the binding puts its request
 };
 
-/// True for the collectives that take an MPI_Op.
-inline bool takes_op(Coll c) {
-  return c == Coll::allreduce || c == Coll::reduce || c == Coll::reduce_scatter ||
-         c == Coll::reduce_scatter_block;
-}
-
 /// Whether every rank of the communicator reaches this call alike, so that a route may run
 /// collective set-up in Route::accepts: a blocking call, or the init of a persistent
 /// collective (MPI 4.0, "Persistent Collective Operations": the init calls are non-local
@@ -70,8 +65,9 @@ bool obviously_invalid(const CollArgs& a);
 /// True if the call has a null sendbuf or recvbuf pointer at all (cheap pre-check for
 /// null_data_buffer; bcast's only buffer is recvbuf).
 inline bool has_null_pointer(const CollArgs& a) {
-  if (a.coll == Coll::barrier) return false;
-  return a.recvbuf == nullptr || (a.coll != Coll::bcast && a.sendbuf == nullptr);
+  const CollTraits& t = traits(a.coll);
+  return (t.recv != Recv::none && a.recvbuf == nullptr) ||
+         (t.send != Ext::none && a.sendbuf == nullptr);
 }
 
 /// One buffer the call reads or writes on this rank, with its extent in bytes.

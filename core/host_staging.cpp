@@ -1,5 +1,7 @@
 #include "core/host_staging.hpp"
 
+#include "core/coll_shape.hpp"
+
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -96,50 +98,16 @@ StagingExtents staging_extents(const CollArgs& a, int rank, int size, const Type
   auto add = [](std::vector<ByteRange>& v, ByteRange r) {
     if (!r.empty()) v.push_back(r);
   };
-  const int64_t n = a.count, p = size;
-  switch (a.coll) {
-    case Coll::barrier:
-      break;
-    case Coll::allreduce:
-    case Coll::reduce:
-      if (a.coll == Coll::reduce && rank != a.root) {  // recvbuf is not significant
-        if (!in_place) x.send = S.elements(0, n);
-        break;
-      }
-      if (!in_place) x.send = S.elements(0, n);
-      add(out, R.elements(0, n));
-      if (in_place) in = out;
-      break;
-    case Coll::bcast:
-      add(rank == a.root ? in : out, R.elements(0, n));
-      break;
-    case Coll::allgather:
-      if (!in_place) x.send = S.elements(0, a.sendcount);
-      add(out, R.elements(0, int64_t{a.recvcount} * p));
-      if (in_place) add(in, R.elements(int64_t{rank} * a.recvcount, a.recvcount));
-      break;
-    case Coll::allgatherv:
-      if (!in_place) x.send = S.elements(0, a.sendcount);
-      for (int i = 0; i < size; ++i) add(out, R.elements(a.displs[i], a.recvcounts[i]));
-      if (in_place) add(in, R.elements(a.displs[rank], a.recvcounts[rank]));
-      break;
-    case Coll::alltoall:
-      if (!in_place) x.send = S.elements(0, int64_t{a.sendcount} * p);
-      add(out, R.elements(0, int64_t{a.recvcount} * p));
-      if (in_place) in = out;
-      break;
-    case Coll::reduce_scatter_block:
-      if (!in_place) x.send = S.elements(0, n * p);
-      add(out, R.elements(0, n));
-      if (in_place) add(in, R.elements(0, n * p));
-      break;
-    case Coll::reduce_scatter: {
-      int64_t total = 0;
-      for (int i = 0; i < size; ++i) total += std::max(0, a.recvcounts[i]);
-      if (!in_place) x.send = S.elements(0, total);
-      add(out, R.elements(0, a.recvcounts[rank]));
-      if (in_place) add(in, R.elements(0, total));
-      break;
+  const CollTraits& t = traits(a.coll);
+  if (!in_place && t.send != Ext::none && significant(t.send_at, a, rank))
+    x.send = S.elements(0, static_cast<int64_t>(elements(t.send, a, size)));
+  for_each_result(a, rank, size, [&](int64_t first, int64_t n) { add(out, R.elements(first, n)); });
+  if (in_place_here(a, rank) || (t.in_place == Input::at_root && rank == a.root)) {
+    if (t.in_place == Input::out) {
+      in = out;
+    } else {
+      const ElemRange r = input_region(a, rank, size);
+      add(in, R.elements(r.first, r.n));
     }
   }
   // Holes in the receive type: MPI leaves them alone, so the copy back must carry what
@@ -187,21 +155,15 @@ bool span_of(MPI_Datatype t, TypeSpan* s) {
 
 // The send and receive datatypes of `a` (reduction family and bcast: a.datatype).
 bool spans_of(const CollArgs& a, TypeSpan* send, TypeSpan* recv) {
-  switch (a.coll) {
-    case Coll::barrier:
+  switch (traits(a.coll).types) {
+    case Types::none:
       *send = *recv = TypeSpan{};
       return true;
-    case Coll::allreduce:
-    case Coll::reduce:
-    case Coll::bcast:
-    case Coll::reduce_scatter:
-    case Coll::reduce_scatter_block:
+    case Types::one:
       if (!span_of(a.datatype, recv)) return false;
       *send = *recv;
       return true;
-    case Coll::allgather:
-    case Coll::allgatherv:
-    case Coll::alltoall:
+    case Types::two:
       if (!span_of(a.recvtype, recv)) return false;
       if (a.sendbuf == MPI_IN_PLACE) return *send = *recv, true;
       return span_of(a.sendtype, send);

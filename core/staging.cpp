@@ -1,74 +1,62 @@
 // Staging (core/staging.hpp): the layout of a staged call, and its copies.
 #include "core/staging.hpp"
 
+#include "core/coll_shape.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/datatypes.hpp"
 #include "core/errors.hpp"
 #include "core/host_staging.hpp"
 #include "core/stats.hpp"
 
+#include <algorithm>
 #include <string>
 
 namespace streamcoll::staging {
 
 bool layout(const CollArgs& a, int rank, int size, Layout* l, bool result_apart) {
-  const TypeInfo* t =
-      find_type(takes_op(a.coll) || a.coll == Coll::bcast ? a.datatype : a.recvtype);
+  const CollTraits& tr = traits(a.coll);
+  if (tr.recv == Recv::none) return false;
+  const TypeInfo* t = find_type(tr.types == Types::one ? a.datatype : a.recvtype);
   if (!t) return false;
-  const uint64_t ts = static_cast<uint64_t>(t->size);
-  const uint64_t p = static_cast<uint64_t>(size), me = static_cast<uint64_t>(rank);
-  const bool in_place = a.sendbuf == MPI_IN_PLACE;
-  const char* in = static_cast<const char*>(in_place ? a.recvbuf : a.sendbuf);
+  const int64_t ts = t->size;
   *l = Layout{};
-  std::vector<Layout::Range>& out = l->out;
-  switch (a.coll) {
-    case Coll::allreduce:
-      l->scratch = l->in_bytes = static_cast<uint64_t>(a.count) * ts;
-      out.push_back({0, l->scratch});
-      break;
-    case Coll::reduce:
-      l->scratch = l->in_bytes = static_cast<uint64_t>(a.count) * ts;
-      if (rank == a.root && result_apart) {
-        out.push_back({0, l->in_bytes, l->in_bytes});
-        l->scratch = 2 * l->in_bytes;
-      } else if (rank == a.root) {
-        out.push_back({0, l->scratch});
-      }
-      break;
-    case Coll::bcast:
-      l->scratch = static_cast<uint64_t>(a.count) * ts;
-      in = static_cast<const char*>(a.recvbuf);
-      if (rank == a.root)
-        l->in_bytes = l->scratch;
-      else
-        out.push_back({0, l->scratch});
-      break;
-    case Coll::allgather: {
-      const uint64_t block = static_cast<uint64_t>(a.recvcount) * ts;
-      l->scratch = p * block;
-      l->in_off = me * block;
-      l->in_bytes = block;
-      if (in_place) {  // this rank's block is the input: left alone
-        in += me * block;
-        if (me > 0) out.push_back({0, me * block, 0});
-        if (me + 1 < p) out.push_back({(me + 1) * block, (p - me - 1) * block, (me + 1) * block});
-      } else {
-        out.push_back({0, l->scratch});
-      }
-      break;
+  // Scratch mirrors recvbuf: the result ranges at their own offsets, the input where the
+  // row says it lies (in recvbuf when in place, copied from sendbuf otherwise).
+  const bool in_place = in_place_here(a, rank);
+  const ElemRange input = input_region(a, rank, size);
+  const bool own_block = in_place && tr.in_place == Input::own_block;
+  bool ok = input.first >= 0 && input.n >= 0;
+  uint64_t end = 0;
+  for_each_result(a, rank, size, [&](int64_t first, int64_t n) {
+    ok = ok && first >= 0 && n >= 0;
+    if (!ok || n == 0) return;
+    end = std::max(end, static_cast<uint64_t>((first + n) * ts));
+    if (!own_block) return l->out.push_back({static_cast<uint64_t>(first * ts), static_cast<uint64_t>(n * ts)});
+    // In place, this rank's block is the input: left alone.
+    if (first < input.first) {
+      const int64_t below = std::min(n, input.first - first);
+      l->out.push_back({static_cast<uint64_t>(first * ts), static_cast<uint64_t>(below * ts)});
     }
-    case Coll::reduce_scatter_block:
-      l->scratch = l->in_bytes = p * static_cast<uint64_t>(a.count) * ts;
-      out.push_back({0, static_cast<uint64_t>(a.count) * ts});
-      break;
-    case Coll::alltoall:
-      l->scratch = l->in_bytes = p * static_cast<uint64_t>(a.recvcount) * ts;
-      out.push_back({0, l->scratch});
-      break;
-    default:
-      return false;
+    const int64_t lo = std::max(first, input.first + input.n);
+    if (first + n > lo)
+      l->out.push_back({static_cast<uint64_t>(lo * ts), static_cast<uint64_t>((first + n - lo) * ts)});
+  });
+  if (!ok) return false;
+  for (Layout::Range& r : l->out) r.from = r.off;
+  l->in_off = static_cast<uint64_t>(input.first * ts);
+  l->in_bytes = static_cast<uint64_t>(input.n * ts);
+  l->scratch = std::max(end, l->in_off + l->in_bytes);
+  // (MPI_IN_PLACE on a rank where it means nothing, a reduce's non-root, reads recvbuf
+  // as well: never the sentinel's address.)
+  const bool marked = a.sendbuf == MPI_IN_PLACE;
+  const bool from_recv = marked || tr.in_place == Input::at_root;
+  l->in = static_cast<const char*>(from_recv ? a.recvbuf : a.sendbuf) + (marked ? l->in_off : 0);
+  if (result_apart && tr.op && tr.rooted && !l->out.empty()) {
+    // The root of a reduce for a host schedule that does not reduce in place: its result
+    // after the input.
+    for (Layout::Range& r : l->out) r.from += l->in_bytes;
+    l->scratch += l->in_bytes;
   }
-  l->in = in;
   return true;
 }
 

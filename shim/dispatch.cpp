@@ -262,13 +262,11 @@ bool screen_arguments(const CollArgs& a, Decision& d, CallFacts* f, CommContext*
     d.error_comm = a.comm;
     return false;
   }
-  if ((a.coll == Coll::reduce || a.coll == Coll::bcast) && (a.root < 0 || a.root >= *size))
+  if (rooted(a.coll) && (a.root < 0 || a.root >= *size))
     return false;  // MPI_ERR_ROOT from PMPI
   d.well_formed = true;
 
-  const bool reduction_family = a.coll == Coll::allreduce || a.coll == Coll::reduce ||
-                                a.coll == Coll::bcast || a.coll == Coll::reduce_scatter ||
-                                a.coll == Coll::reduce_scatter_block;
+  const bool reduction_family = one_type(a.coll);  // `datatype` for both sides
   const MPI_Datatype rtype = reduction_family ? a.datatype : a.recvtype;
   const MPI_Datatype stype =
       reduction_family ? a.datatype : (a.sendbuf == MPI_IN_PLACE ? rtype : a.sendtype);

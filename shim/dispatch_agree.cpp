@@ -40,7 +40,7 @@ CallSignature signature_of(const CollArgs& a, uint64_t bytes) {
   CallSignature s;
   s.coll = a.coll;
   s.bytes = bytes;
-  if (a.coll == Coll::reduce || a.coll == Coll::bcast) s.root = a.root;
+  if (rooted(a.coll)) s.root = a.root;
   if (takes_op(a.coll))
     if (const OpInfo* op = find_op(a.op)) s.op = 1 + static_cast<int>(op->kind);
   return s;

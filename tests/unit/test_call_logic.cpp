@@ -161,6 +161,12 @@ TEST_CASE("obviously invalid arguments go to the real MPI") {
   CHECK(obviously_invalid(g));
   g.sendbuf = MPI_IN_PLACE;  // sendtype is ignored in place
   CHECK_FALSE(obviously_invalid(g));
+  g.sendcount = -1;  // and so is sendcount (MPI: both are ignored with MPI_IN_PLACE)
+  CHECK_FALSE(obviously_invalid(g));
+  g.sendbuf = s;
+  CHECK(obviously_invalid(g));
+  g.sendcount = 1;
+  g.sendtype = MPI_INT;
 
   CollArgs v;
   v.coll = Coll::allgatherv;
@@ -354,4 +360,20 @@ TEST_CASE("reduce_local: every integer type reduces MIN, MAX and SUM right at it
   CHECK(reduction_type(MPI_UNSIGNED_LONG) == (sizeof(long) == 8 ? MPI_UINT64_T : MPI_UINT32_T));
   CHECK(reduction_type(MPI_DOUBLE) == MPI_DOUBLE);
   CHECK(reduction_type(MPI_2INT) == MPI_2INT);
+}
+
+TEST_CASE("the collectives' rows say what MPI says of each") {
+  // Written out here from the MPI standard's signatures, apart from base/colls.def.
+  for (int i = 0; i < kNumColls; ++i) {
+    const Coll c = static_cast<Coll>(i);
+    CAPTURE(name(c));
+    const bool op = c == Coll::allreduce || c == Coll::reduce || c == Coll::reduce_scatter ||
+                    c == Coll::reduce_scatter_block;
+    CHECK(takes_op(c) == op);
+    CHECK(rooted(c) == (c == Coll::reduce || c == Coll::bcast));
+    CHECK(one_type(c) == (op || c == Coll::bcast));
+    CHECK(parse_coll(name(c)) == c);
+  }
+  CHECK(kNumColls == 9);
+  CHECK(name(Coll::reduce_scatter_block) == "reduce_scatter_block");
 }

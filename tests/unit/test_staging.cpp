@@ -122,14 +122,45 @@ TEST_CASE("device staging: reduce_scatter_block reads every block, writes its fi
   }
 }
 
-TEST_CASE("device staging: alltoall, and collectives without a staged form") {
+TEST_CASE("device staging: alltoall, and a collective without a staged form") {
   Layout l;
   REQUIRE(layout(gather(Coll::alltoall, false, 2), 0, 3, &l));
   CHECK(l.in_bytes == 24);
   CHECK(out_of(l) == Ranges{{0, 24}});
-  CHECK_FALSE(layout(gather(Coll::allgatherv, false, 2), 0, 3, &l));
-  CHECK_FALSE(layout(reduction(Coll::reduce_scatter, false, 2), 0, 3, &l));
   CHECK_FALSE(layout(reduction(Coll::barrier, false, 0), 0, 3, &l));
+}
+
+TEST_CASE("device staging: the vector collectives, read from their rows") {
+  // allgatherv at 3 ranks: blocks out of order, one empty, a gap (elements 3-4 of
+  // recvbuf are not written); MPI_INT, so 4 bytes an element.
+  static const int counts[] = {2, 0, 3}, displs[] = {5, 0, 1};
+  CollArgs v = gather(Coll::allgatherv, false, 0);
+  v.recvcounts = counts;
+  v.displs = displs;
+  Layout l;
+  REQUIRE(layout(v, 1, 3, &l));  // this rank's block is empty: no input
+  CHECK(l.in_bytes == 0);
+  CHECK(l.scratch == 28);  // up to the end of rank 0's block, element 7
+  CHECK(moves_of(l) == Moves{{20, 8, 20}, {4, 12, 4}});
+  v.sendbuf = MPI_IN_PLACE;
+  REQUIRE(layout(v, 2, 3, &l));  // in place: rank 2's block (elements 1-3) is the input
+  CHECK(l.in == g_recv + 4);
+  CHECK(l.in_off == 4);
+  CHECK(l.in_bytes == 12);
+  CHECK(out_of(l) == Ranges{{20, 8}});
+  static const int negative[] = {5, 0, -1};
+  v.displs = negative;
+  CHECK_FALSE(layout(v, 0, 3, &l));  // a negative displacement has no mirrored scratch
+
+  // reduce_scatter: every rank's input is the whole vector, its result its own count.
+  static const int rs[] = {1, 2, 3};
+  CollArgs r = reduction(Coll::reduce_scatter, false, 0);
+  r.recvcounts = rs;
+  REQUIRE(layout(r, 2, 3, &l));
+  CHECK(l.in == g_send);
+  CHECK(l.in_bytes == 24);
+  CHECK(l.scratch == 24);
+  CHECK(out_of(l) == Ranges{{0, 12}});
 }
 
 TEST_CASE("staging: each result range comes from the same offset of scratch, in place") {
